@@ -1,0 +1,1 @@
+"""sched-harness: record, check, replay and diff scheduler step traces."""

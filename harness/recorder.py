@@ -1,0 +1,149 @@
+"""Turn engine steps into trace rows, and record whole runs.
+
+The row order inside a step is the order things happened (docs/trace-format.md):
+inputs (``arrival``, ``reject``, ``abort``), ``schedule_begin`` (state before
+scheduling), decisions (``preempt`` and ``schedule`` interleaved as taken),
+``schedule_end`` (state after), ``output`` (model output), ``finish``,
+``update_end``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import reference
+from reference.config import EngineConfig
+from reference.engine import Engine, EngineSummary, SchedulerFactory, StepRecord
+from reference.scheduler import FinishedRequest, Preemption, Scheduler
+from reference.workload import RequestSpec, Workload
+
+from harness.trace import TraceWriter
+
+Row = dict[str, Any]
+
+
+def _request_fields(spec: RequestSpec) -> Row:
+    return {
+        "request_id": spec.request_id,
+        "arrival_time_s": spec.arrival_time,
+        "abort_time_s": spec.abort_time,
+        "priority": spec.priority,
+        "prompt_token_ids": list(spec.prompt_token_ids),
+        "max_tokens": spec.max_tokens,
+        "min_tokens": spec.min_tokens,
+        "ignore_eos": spec.ignore_eos,
+        "eos_token_id": spec.eos_token_id,
+        "stop_token_ids": list(spec.stop_token_ids),
+        "scripted_output_len": spec.scripted_output_len,
+    }
+
+
+def spec_from_row(row: Row) -> RequestSpec:
+    """Rebuild the workload's RequestSpec from an ``arrival``/``reject`` row."""
+    return RequestSpec(
+        request_id=row["request_id"],
+        arrival_time=row["arrival_time_s"],
+        prompt_token_ids=tuple(row["prompt_token_ids"] or ()),
+        max_tokens=row["max_tokens"],
+        min_tokens=row["min_tokens"],
+        ignore_eos=row["ignore_eos"],
+        eos_token_id=row["eos_token_id"],
+        stop_token_ids=tuple(row["stop_token_ids"] or ()),
+        priority=row["priority"],
+        scripted_output_len=row["scripted_output_len"],
+        abort_time=row["abort_time_s"],
+    )
+
+
+def _finish_row(kind: str, fin: FinishedRequest) -> Row:
+    return {
+        "kind": kind,
+        "request_id": fin.request_id,
+        "status": fin.status.name,
+        "finish_reason": fin.finish_reason,
+        "stop_reason": None if fin.stop_reason is None else str(fin.stop_reason),
+        "num_output_tokens": fin.num_output_tokens,
+        "block_ids": fin.freed_block_ids,
+    }
+
+
+def step_rows(rec: StepRecord) -> list[Row]:
+    """All rows of one step, with ``step`` and ``event_index`` filled in."""
+    assert rec.output is not None and rec.update is not None
+    out = rec.output
+    rows: list[Row] = []
+    rows += [{"kind": "arrival", **_request_fields(s)} for s in rec.arrivals]
+    rows += [{"kind": "reject", "message": r.reason, **_request_fields(r.spec)} for r in rec.rejections]
+    rows += [_finish_row("abort", f) for f in rec.aborts]
+    rows.append({"kind": "schedule_begin", "clock_s": rec.clock, "waiting": rec.waiting_before,
+                 "running": rec.running_before, "num_free_blocks": rec.num_free_blocks_before})
+    for event in out.events:
+        if isinstance(event, Preemption):
+            rows.append({"kind": "preempt", "request_id": event.request_id, "status": "RUNNING",
+                         "num_computed_tokens": event.num_computed_tokens,
+                         "block_ids": event.freed_block_ids})
+        else:
+            rows.append({"kind": "schedule", "request_id": event.request_id,
+                         "schedule_kind": event.kind,
+                         "num_computed_tokens": event.num_computed_tokens,
+                         "num_scheduled_tokens": event.num_scheduled_tokens,
+                         "num_prefix_hit_tokens": event.num_prefix_hit_tokens,
+                         "block_ids": event.new_block_ids})
+    rows.append({"kind": "schedule_end", "waiting": rec.waiting_after, "running": rec.running_after,
+                 "num_free_blocks": rec.num_free_blocks_after_schedule,
+                 "token_budget": out.token_budget,
+                 "total_num_scheduled_tokens": out.total_num_scheduled_tokens,
+                 "preempted_req_ids": sorted(out.preempted_req_ids),
+                 "finished_req_ids": sorted(out.finished_req_ids)})
+    rows += [{"kind": "output", "request_id": req_id, "token_ids": tokens}
+             for req_id, tokens in rec.sampled.items() if tokens]
+    rows += [_finish_row("finish", f) for f in rec.update.finished]
+    rows.append({"kind": "update_end", "num_free_blocks": rec.num_free_blocks_after_update})
+    for index, row in enumerate(rows):
+        row["step"] = rec.step
+        row["event_index"] = index
+    return rows
+
+
+def trace_metadata(workload: Workload, config: EngineConfig, seed: int, engine: str) -> dict[str, Any]:
+    """The self-describing metadata every trace carries."""
+    return {
+        "engine": engine,
+        "engine_version": reference.__version__,
+        "vllm_semantics": reference.VLLM_VERSION,
+        "config": config.to_dict(),
+        "config_fingerprint": config.fingerprint(),
+        "workload": {"source": workload.source, "sha256": workload.sha256,
+                     "params": workload.params},
+        "seed": seed,
+    }
+
+
+def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, seed: int = 0,
+           engine: str = "reference", scheduler_factory: SchedulerFactory = Scheduler,
+           on_progress: Callable[[StepRecord], None] | None = None) -> EngineSummary:
+    """Run ``workload`` on the engine and write the trace to ``out_path``.
+
+    The file appears only when the run completes (temp file + rename); on any
+    exception nothing is left behind and an existing ``out_path`` is kept.
+    Raises whatever the engine raises (e.g. EngineStalled).
+    """
+    meta = trace_metadata(workload, config, seed, engine)
+    engine_obj = Engine(config, seed=seed, scheduler_factory=scheduler_factory)
+    with TraceWriter(out_path, meta) as writer:
+        def on_step(rec: StepRecord) -> None:
+            writer.add_step(step_rows(rec))
+            if on_progress is not None:
+                on_progress(rec)
+        summary = engine_obj.run(workload, on_step)
+    return summary
+
+
+def run_to_rows(workload: Workload, config: EngineConfig, *, seed: int = 0,
+                scheduler_factory: SchedulerFactory = Scheduler,
+                on_step_rows: Callable[[int, list[Row]], None]) -> EngineSummary:
+    """Run the engine and hand each step's rows to ``on_step_rows`` (no file)."""
+    engine_obj = Engine(config, seed=seed, scheduler_factory=scheduler_factory)
+    return engine_obj.run(workload, lambda rec: on_step_rows(rec.step, step_rows(rec)))

@@ -1,0 +1,216 @@
+"""Step traces: one Parquet file per run, one row per event (docs/trace-format.md).
+
+Written with pyarrow as the run goes (a row group per ``rows_per_group``
+events, cut at step boundaries) to a temporary name in the target folder and
+renamed on success, so a crashed run never leaves a file that looks complete.
+The file's key-value metadata (key ``sched_harness``) makes it self-contained:
+schema version, engine, full config and its fingerprint, workload source and
+sha256, seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+METADATA_KEY = b"sched_harness"
+
+_i32 = pa.int32()
+_ids = pa.list_(pa.int32())
+_strs = pa.list_(pa.string())
+
+SCHEMA = pa.schema([
+    # Where: step number, order inside the step, event kind, request.
+    pa.field("step", _i32, nullable=False),
+    pa.field("event_index", _i32, nullable=False),
+    pa.field("kind", pa.string(), nullable=False),
+    pa.field("request_id", pa.string()),
+    # schedule_begin: virtual clock at step start (seconds).
+    pa.field("clock_s", pa.float64()),
+    # arrival / reject: the request as the workload gave it.
+    pa.field("arrival_time_s", pa.float64()),
+    pa.field("abort_time_s", pa.float64()),
+    pa.field("priority", _i32),
+    pa.field("prompt_token_ids", _ids),
+    pa.field("max_tokens", _i32),
+    pa.field("min_tokens", _i32),
+    pa.field("ignore_eos", pa.bool_()),
+    pa.field("eos_token_id", _i32),
+    pa.field("stop_token_ids", _ids),
+    pa.field("scripted_output_len", _i32),
+    # schedule / preempt decisions.
+    pa.field("schedule_kind", pa.string()),
+    pa.field("num_computed_tokens", _i32),
+    pa.field("num_scheduled_tokens", _i32),
+    pa.field("num_prefix_hit_tokens", _i32),
+    pa.field("block_ids", _ids),
+    # output / finish / abort / reject.
+    pa.field("token_ids", _ids),
+    pa.field("status", pa.string()),
+    pa.field("finish_reason", pa.string()),
+    pa.field("stop_reason", pa.string()),
+    pa.field("num_output_tokens", _i32),
+    pa.field("message", pa.string()),
+    # Per-step state snapshots (schedule_begin, schedule_end, update_end).
+    pa.field("waiting", _strs),
+    pa.field("running", _strs),
+    pa.field("num_free_blocks", _i32),
+    pa.field("token_budget", _i32),
+    pa.field("total_num_scheduled_tokens", _i32),
+    pa.field("preempted_req_ids", _strs),
+    pa.field("finished_req_ids", _strs),
+])
+COLUMNS = tuple(SCHEMA.names)
+
+EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "preempt", "schedule",
+               "schedule_end", "output", "finish", "update_end")
+
+
+class TraceError(Exception):
+    """An unusable trace file. ``str()`` is a one-line message naming the file."""
+
+
+@dataclass
+class Trace:
+    """An opened, validated trace: ``meta`` (the metadata dict) and its path."""
+
+    path: Path
+    meta: dict[str, Any]
+    num_rows: int
+    _file: pq.ParquetFile
+
+    def iter_steps(self) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """Yield (step, events of that step in order), reading one row group at
+        a time: memory is bounded by a row group, not by the trace.
+
+        Raises TraceError on a corrupt row group or events out of order.
+        """
+        current: int | None = None
+        events: list[dict[str, Any]] = []
+        last_key = (-1, -1)
+        try:
+            for batch in self._file.iter_batches(batch_size=65536, columns=list(COLUMNS)):
+                for row in batch.to_pylist():
+                    key = (row["step"], row["event_index"])
+                    if key <= last_key:
+                        raise TraceError(f"{self.path}: events out of order at step {key[0]} "
+                                         f"event {key[1]}")
+                    last_key = key
+                    if row["step"] != current:
+                        if current is not None:
+                            yield current, events
+                        current, events = row["step"], []
+                    events.append(row)
+        except (OSError, pa.ArrowException) as exc:
+            raise TraceError(f"{self.path}: corrupt or truncated data ({_one_line(exc)})") from None
+        if current is not None:
+            yield current, events
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def open_trace(path: str | os.PathLike[str]) -> Trace:
+    """Open and validate a trace. Raises TraceError (missing file, not Parquet,
+    truncated, no metadata, unknown schema version, missing column)."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{p}: no such file")
+    if p.is_dir():
+        raise TraceError(f"{p}: is a directory, not a trace file")
+    try:
+        pf = pq.ParquetFile(p)
+    except (OSError, pa.ArrowException) as exc:
+        raise TraceError(f"{p}: not a Parquet file or truncated ({_one_line(exc)})") from None
+    raw = (pf.metadata.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        raise TraceError(f"{p}: Parquet file without sched-harness metadata (not a trace)")
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        raise TraceError(f"{p}: sched-harness metadata is not valid JSON") from None
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise TraceError(f"{p}: unknown trace schema version {version!r} "
+                         f"(this harness reads version {SCHEMA_VERSION})")
+    names = set(pf.schema_arrow.names)
+    missing = [c for c in COLUMNS if c not in names]
+    if missing:
+        raise TraceError(f"{p}: missing column(s) {', '.join(missing)}")
+    for key in ("engine", "config", "seed", "workload"):
+        if key not in meta:
+            raise TraceError(f"{p}: metadata lacks {key!r}")
+    return Trace(p, meta, pf.metadata.num_rows, pf)
+
+
+class TraceWriter:
+    """Streams event rows to ``path`` via a temporary file renamed on ``close``.
+
+    Use as a context manager; an exception inside discards the temporary
+    file and leaves any existing ``path`` untouched. ``add_step(rows)`` takes
+    one step's rows (dicts keyed by column name; missing keys are null).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any],
+                 rows_per_group: int = 50_000) -> None:
+        self.path = Path(path)
+        self.rows_per_group = rows_per_group
+        meta = {"schema_version": SCHEMA_VERSION, **meta}
+        schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.close(fd)
+        self._tmp = Path(tmp)
+        self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
+        self._schema = schema
+        self._buffer: dict[str, list[Any]] = {c: [] for c in COLUMNS}
+        self._buffered = 0
+        self.num_rows = 0
+
+    def add_step(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            for column in COLUMNS:
+                self._buffer[column].append(row.get(column))
+        self._buffered += len(rows)
+        if self._buffered >= self.rows_per_group:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buffered:
+            table = pa.Table.from_pydict(self._buffer, schema=self._schema)
+            self._writer.write_table(table)
+            self.num_rows += self._buffered
+            self._buffer = {c: [] for c in COLUMNS}
+            self._buffered = 0
+
+    def close(self) -> None:
+        """Flush, finish the file and rename it into place (atomic)."""
+        self._flush()
+        self._writer.close()
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        """Discard the temporary file."""
+        try:
+            self._writer.close()
+        finally:
+            self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -1,0 +1,151 @@
+"""Engine configuration: one frozen dataclass, validated at the edge.
+
+Field names are vLLM's (``SchedulerConfig``, ``CacheConfig``, ``ModelConfig``);
+defaults are vLLM 0.33.0's ``SchedulerConfig`` defaults (spec 10.1) except
+``num_gpu_blocks`` and ``max_model_len``, which vLLM derives from the GPU and
+the model and which we must be told.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+POLICIES = ("fcfs", "priority")
+
+
+class ConfigError(ValueError):
+    """A bad engine configuration; the message names the field and the problem."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything that drives the reference engine's decisions.
+
+    Units: tokens unless stated; ``num_gpu_blocks`` in blocks (including the
+    null block 0, as vLLM's ``num_gpu_blocks``); step costs in seconds of the
+    virtual clock: a step that schedules T tokens lasts
+    ``step_fixed_s + step_per_token_s * T``.
+    """
+
+    num_gpu_blocks: int = 1024
+    block_size: int = 16
+    max_model_len: int = 8192
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_num_scheduled_tokens: int | None = None
+    policy: str = "fcfs"
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    watermark: float = 0.0
+    scheduler_reserve_full_isl: bool = True
+    step_fixed_s: float = 0.005
+    step_per_token_s: float = 0.0001
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def token_budget(self) -> int:
+        """``max_num_scheduled_tokens`` if set, else ``max_num_batched_tokens``."""
+        if self.max_num_scheduled_tokens is not None:
+            return self.max_num_scheduled_tokens
+        return self.max_num_batched_tokens
+
+    def validate(self) -> None:
+        """Raise ConfigError on a configuration vLLM would refuse (or we cannot run)."""
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+        for name in ("num_gpu_blocks", "block_size", "max_model_len", "max_num_seqs",
+                     "max_num_batched_tokens"):
+            positive(name)
+        if self.max_num_scheduled_tokens is not None:
+            positive("max_num_scheduled_tokens")
+            if self.max_num_scheduled_tokens > self.max_num_batched_tokens:
+                raise ConfigError("max_num_scheduled_tokens must be <= max_num_batched_tokens")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.num_gpu_blocks < 2:
+            raise ConfigError("num_gpu_blocks must be >= 2 (block 0 is the null block)")
+        if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
+            raise ConfigError("long_prefill_token_threshold must be an integer >= 0")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ConfigError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.step_fixed_s < 0 or self.step_per_token_s < 0 or self.step_fixed_s + self.step_per_token_s <= 0:
+            raise ConfigError("step costs must be >= 0 and not both 0")
+        # vLLM (SchedulerConfig.verify_max_model_len): without chunked prefill a
+        # whole prompt must fit one step's budget.
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.max_model_len}) with chunked prefill disabled")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs})")
+        # vLLM (check_enough_kv_cache_memory): one max_model_len request must fit the pool.
+        needed = -(-self.max_model_len // self.block_size)
+        if needed > self.num_gpu_blocks - 1:
+            raise ConfigError(
+                f"max_model_len {self.max_model_len} needs {needed} KV blocks of "
+                f"{self.block_size} tokens but the pool has only {self.num_gpu_blocks - 1} "
+                f"usable blocks: raise num_gpu_blocks or lower max_model_len")
+
+    # -- serialisation ------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def fingerprint(self) -> str:
+        """sha256 hex of the canonical JSON of ``to_dict()``."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
+        """Build from a dict (e.g. trace metadata). Unknown keys raise ConfigError."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"unknown config key(s): {', '.join(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def with_overrides(self, overrides: dict[str, str]) -> EngineConfig:
+        """Apply ``key=value`` strings (from ``--set``), parsing each by the field's type."""
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        values: dict[str, Any] = {}
+        for key, raw in overrides.items():
+            if key not in fields:
+                raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(fields))}")
+            values[key] = _parse_value(key, str(fields[key].type), raw)
+        return dataclasses.replace(self, **values)
+
+
+def _parse_value(key: str, type_name: str, raw: str) -> Any:
+    text = raw.strip()
+    try:
+        if type_name == "bool":
+            lowered = text.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if type_name == "int":
+            return int(text)
+        if type_name == "int | None":
+            return None if text.lower() in ("", "none") else int(text)
+        if type_name == "float":
+            return float(text)
+        return text
+    except ValueError:
+        raise ConfigError(f"bad value for {key}: {raw!r} is not a {type_name}") from None

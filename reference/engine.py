@@ -1,0 +1,210 @@
+"""The engine loop: a virtual clock, arrivals, aborts, schedule, execute, update.
+
+Plays vLLM's ``EngineCore.step`` (``vllm/v1/engine/core.py``) in synchronous
+mode, with the scripted model runner and a virtual clock instead of a GPU:
+
+* a request arrives when the clock passes its ``arrival_time``; the input
+  processor's checks run first (``vllm/v1/engine/input_processor.py``): an
+  empty prompt or one longer than ``max_model_len`` is rejected and recorded,
+  never clipped or dropped;
+* a request is aborted when the clock passes its ``abort_time``;
+* a step lasts ``step_fixed_s + step_per_token_s * total_num_scheduled_tokens``
+  seconds of virtual time;
+* when nothing is unfinished the clock jumps to the next arrival.
+
+Every step is handed to ``on_step`` as a ``StepRecord`` (the recorder writes
+it to the trace).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from reference.config import EngineConfig
+from reference.model_runner import RequestScript, ScriptedModelRunner
+from reference.request import Request, RequestStatus, SamplingParams
+from reference.scheduler import FinishedRequest, Scheduler, SchedulerOutput, UpdateResult
+from reference.workload import RequestSpec, Workload
+
+
+class EngineStalled(RuntimeError):
+    """Unfinished requests remain but the scheduler schedules nothing and no
+    future arrival or abort can change that (a liveness failure)."""
+
+
+@dataclass
+class Rejection:
+    """A request refused at arrival by the input processor's checks."""
+
+    spec: RequestSpec
+    reason: str
+
+
+@dataclass
+class StepRecord:
+    """Everything one engine step saw and decided, in order.
+
+    Inputs: ``arrivals`` (admitted to the scheduler), ``rejections``,
+    ``aborts`` (finished by the client before scheduling). State before
+    scheduling: ``waiting_before``, ``running_before`` (ids, queue order),
+    ``num_free_blocks_before``. Decisions: ``output``; then ``waiting_after``,
+    ``running_after``, ``num_free_blocks_after_schedule``. Model output:
+    ``sampled``. Update: ``update``; ``num_free_blocks_after_update``.
+    ``clock`` is the virtual time (seconds) at step start.
+    """
+
+    step: int
+    clock: float
+    arrivals: list[RequestSpec] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+    aborts: list[FinishedRequest] = field(default_factory=list)
+    waiting_before: list[str] = field(default_factory=list)
+    running_before: list[str] = field(default_factory=list)
+    num_free_blocks_before: int = 0
+    output: SchedulerOutput | None = None
+    waiting_after: list[str] = field(default_factory=list)
+    running_after: list[str] = field(default_factory=list)
+    num_free_blocks_after_schedule: int = 0
+    sampled: dict[str, list[int]] = field(default_factory=dict)
+    update: UpdateResult | None = None
+    num_free_blocks_after_update: int = 0
+
+
+@dataclass
+class EngineSummary:
+    """Totals of one run (counts of requests, steps, tokens)."""
+
+    steps: int = 0
+    requests: int = 0
+    finished: int = 0
+    rejected: int = 0
+    aborted: int = 0
+    preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    scheduled_tokens: int = 0
+    clock: float = 0.0
+
+
+def reject_reason(spec: RequestSpec, config: EngineConfig) -> str | None:
+    """Why vLLM's input processor would refuse ``spec``, or None."""
+    if not spec.prompt_token_ids:
+        return "empty prompt"
+    if len(spec.prompt_token_ids) > config.max_model_len:
+        return (f"prompt of {len(spec.prompt_token_ids)} tokens is longer than "
+                f"max_model_len {config.max_model_len}")
+    return None
+
+
+SchedulerFactory = Callable[[EngineConfig], Scheduler]
+
+
+class Engine:
+    """One scheduler + the scripted runner, driven by a workload.
+
+    ``scheduler_factory`` lets a candidate (e.g. a deliberately broken mutant)
+    replace the reference scheduler. ``max_steps`` bounds the run.
+    """
+
+    def __init__(self, config: EngineConfig, *, seed: int = 0,
+                 scheduler_factory: SchedulerFactory = Scheduler,
+                 max_steps: int = 10_000_000) -> None:
+        self.config = config
+        self.scheduler = scheduler_factory(config)
+        self.runner = ScriptedModelRunner(seed)
+        self.max_steps = max_steps
+
+    def run(self, workload: Workload,
+            on_step: Callable[[StepRecord], None] | None = None) -> EngineSummary:
+        """Run ``workload`` to completion. Raises EngineStalled on a livelock."""
+        sched = self.scheduler
+        pending = sorted(workload.requests, key=lambda r: (r.arrival_time, r.request_id))
+        aborts = sorted((r.abort_time, r.request_id) for r in workload.requests
+                        if r.abort_time is not None)
+        summary = EngineSummary()
+        clock = 0.0
+        next_arrival = 0
+        next_abort = 0
+        step = 0
+        while next_arrival < len(pending) or sched.get_num_unfinished_requests():
+            if not sched.get_num_unfinished_requests() and pending[next_arrival].arrival_time > clock:
+                clock = pending[next_arrival].arrival_time
+            if step >= self.max_steps:
+                raise EngineStalled(f"no completion within {self.max_steps} steps")
+            rec = StepRecord(step=step, clock=clock)
+            while next_arrival < len(pending) and pending[next_arrival].arrival_time <= clock:
+                spec = pending[next_arrival]
+                next_arrival += 1
+                summary.requests += 1
+                reason = reject_reason(spec, self.config)
+                if reason is not None:
+                    rec.rejections.append(Rejection(spec, reason))
+                    summary.rejected += 1
+                    continue
+                rec.arrivals.append(spec)
+                sched.add_request(self._make_request(spec))
+                self.runner.add_request(spec.request_id, RequestScript(
+                    len(spec.prompt_token_ids), spec.scripted_output_len, spec.eos_token_id))
+            while next_abort < len(aborts) and aborts[next_abort][0] <= clock:
+                req_id = aborts[next_abort][1]
+                if req_id not in sched.requests and any(p.request_id == req_id for p in pending[next_arrival:]):
+                    break  # aborts apply once the request has arrived
+                next_abort += 1
+                for fin in sched.finish_requests([req_id], RequestStatus.FINISHED_ABORTED):
+                    rec.aborts.append(fin)
+                    self.runner.finish(req_id)
+                    summary.aborted += 1
+
+            rec.waiting_before = [r.request_id for r in sched.waiting]
+            rec.running_before = [r.request_id for r in sched.running]
+            rec.num_free_blocks_before = sched.kv_cache_manager.num_free_blocks
+            output = sched.schedule()
+            rec.output = output
+            rec.waiting_after = [r.request_id for r in sched.waiting]
+            rec.running_after = [r.request_id for r in sched.running]
+            rec.num_free_blocks_after_schedule = sched.kv_cache_manager.num_free_blocks
+            rec.sampled = self.runner.execute(output)
+            rec.update = sched.update_from_output(output, rec.sampled)
+            rec.num_free_blocks_after_update = sched.kv_cache_manager.num_free_blocks
+            for fin in rec.update.finished:
+                self.runner.finish(fin.request_id)
+
+            summary.steps += 1
+            summary.finished += len(rec.update.finished)
+            summary.preemptions += len(output.preemptions)
+            summary.prefix_hit_tokens += sum(s.num_prefix_hit_tokens for s in output.scheduled)
+            summary.scheduled_tokens += output.total_num_scheduled_tokens
+            if on_step is not None:
+                on_step(rec)
+            step += 1
+
+            total = output.total_num_scheduled_tokens
+            clock += self.config.step_fixed_s + self.config.step_per_token_s * total
+            if total == 0 and sched.get_num_unfinished_requests():
+                # Nothing ran: only a new arrival or abort can unblock us.
+                upcoming = [pending[next_arrival].arrival_time] if next_arrival < len(pending) else []
+                upcoming += [aborts[next_abort][0]] if next_abort < len(aborts) else []
+                if not upcoming:
+                    raise EngineStalled(
+                        f"step {rec.step}: {sched.get_num_unfinished_requests()} unfinished "
+                        f"requests but nothing scheduled and no arrival or abort ahead")
+                clock = max(clock, min(upcoming))
+        summary.clock = clock
+        return summary
+
+    def _make_request(self, spec: RequestSpec) -> Request:
+        params = SamplingParams(
+            max_tokens=spec.max_tokens,
+            min_tokens=spec.min_tokens,
+            ignore_eos=spec.ignore_eos,
+            eos_token_id=spec.eos_token_id,
+            stop_token_ids=tuple(spec.stop_token_ids),
+        )
+        return Request(
+            request_id=spec.request_id,
+            prompt_token_ids=list(spec.prompt_token_ids),
+            sampling_params=params,
+            arrival_time=spec.arrival_time,
+            priority=spec.priority,
+            block_size=self.config.block_size,
+        )

@@ -1,0 +1,142 @@
+"""The KV-cache manager: block tables per request, prefix lookup, allocation.
+
+Mirrors ``vllm/v1/core/kv_cache_manager.py::KVCacheManager`` together with the
+full-attention ``single_type_kv_cache_manager.py::FullAttentionManager`` of
+vLLM 0.33.0 (spec 5.6-5.8, 10.7) for one full-attention KV-cache group.
+"""
+
+from __future__ import annotations
+
+from reference.block_pool import BlockPool
+from reference.kv_cache_utils import KVCacheBlock
+from reference.request import Request, RequestStatus
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Owns the block pool and every request's block table.
+
+    ``req_to_blocks[id]`` is the request's table in allocation order (prefix
+    hits first). ``num_cached_block[id]`` counts its leading blocks already
+    registered in the prefix cache.
+    """
+
+    def __init__(self, *, num_gpu_blocks: int, block_size: int, max_model_len: int,
+                 enable_caching: bool, watermark: float = 0.0) -> None:
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
+        # vLLM: int(watermark * kv_cache_config.num_blocks); num_blocks counts the null block.
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_block: dict[str, int] = {}
+
+    # -- lookup -------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest prefix-cache hit: (hit blocks, hit length in tokens).
+
+        The hit is whole blocks, stops at the first missing hash (hashes are
+        chained) and is at most ``num_tokens - 1`` tokens: the last token is
+        always recomputed to produce logits. Hit blocks are not touched here;
+        ``allocate_slots`` takes their references. Caching off: ([], 0).
+        """
+        if not self.enable_caching:
+            return [], 0
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    # -- allocation ---------------------------------------------------------
+    def _num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                new_computed_blocks: list[KVCacheBlock]) -> int:
+        num_required = cdiv(num_tokens, self.block_size)
+        table = self.req_to_blocks.get(request_id, ())
+        num_new = max(num_required - len(new_computed_blocks) - len(table), 0)
+        # Touching a free hit block removes it from the free queue: count it.
+        num_evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        return num_new + num_evictable
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, *,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: list[KVCacheBlock] | None = None,
+                       num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False,
+                       has_scheduled_reqs: bool = True) -> list[KVCacheBlock] | None:
+        """Give ``request`` slots for ``num_new_tokens`` more tokens (+ lookahead).
+
+        Returns the newly allocated blocks (possibly empty) or None when they do
+        not fit; None changes nothing (no references taken, no queue moved).
+        Steps (spec 5.7): watermark only for WAITING/PREEMPTED admissions while
+        something runs; the full-sequence gate for admissions; add prefix hits
+        (touch); pop new blocks from the free-queue head; eagerly register
+        full blocks up to min(computed + new, num_tokens) in the prefix cache.
+
+        Raises ValueError if both ``num_new_tokens`` and the hit are 0.
+        """
+        hits = new_computed_blocks or []
+        if num_new_tokens == 0 and num_new_computed_tokens == 0:
+            raise ValueError("num_new_tokens must be > 0 when there are no computed tokens to adopt")
+        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(num_local_computed, self.max_model_len)
+        watermark = 0
+        if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            watermark = self.watermark_blocks
+        free = self.block_pool.get_num_free_blocks()
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if self._num_blocks_to_allocate(request.request_id, full, hits) + watermark > free:
+                return None
+        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens,
+                                   self.max_model_len)
+        needed = self._num_blocks_to_allocate(request.request_id, num_tokens_need_slot, hits)
+        if needed + watermark > free:
+            return None
+
+        table = self.req_to_blocks.setdefault(request.request_id, [])
+        if hits:
+            assert not table, "prefix hits are only adopted by a request without blocks"
+            self.block_pool.touch(hits)
+            table.extend(hits)
+            self.num_cached_block[request.request_id] = len(hits)
+        num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(table)
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        table.extend(new_blocks)
+        self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the request's full blocks within its first ``num_tokens``."""
+        if not self.enable_caching:
+            return
+        num_cached = self.num_cached_block.get(request.request_id, 0)
+        num_full = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
+        if num_full <= num_cached:
+            return
+        table = self.req_to_blocks[request.request_id]
+        self.block_pool.cache_full_blocks(table, request.block_hashes, num_cached, num_full)
+        self.num_cached_block[request.request_id] = num_full
+
+    # -- free ---------------------------------------------------------------
+    def free(self, request: Request) -> list[int]:
+        """Free the request's table tail-first; returns the freed ids in that order."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_block.pop(request.request_id, None)
+        ordered = blocks[::-1]
+        self.block_pool.free_blocks(ordered)
+        return [b.block_id for b in ordered]
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()

@@ -1,0 +1,373 @@
+"""The scheduler: which requests run each step, with how many tokens.
+
+Mirrors ``vllm/v1/core/sched/scheduler.py::Scheduler`` of vLLM 0.33.0 (spec
+sections 3, 4, 6 and the 0.33.0 deltas of section 10) for one full-attention
+KV-cache group, text-only requests, no LoRA, no KV connector, synchronous
+scheduling and no speculative decoding.
+
+There is no prefill or decode phase: each request has ``num_computed_tokens``
+and a target (``num_tokens_with_spec`` + placeholders); every step gives
+requests tokens so the computed count catches up, first to ``running`` (in
+order, preempting on KV shortage), then, only if nobody was preempted, to
+``waiting`` (admissions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reference.config import EngineConfig
+from reference.kv_cache_manager import KVCacheManager
+from reference.request import Request, RequestStatus, check_stop
+from reference.request_queue import create_request_queue
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step, as the worker is told.
+
+    ``kind``: "new" (first admission), "resumed" (admitted after preemption) or
+    "running". ``num_computed_tokens`` is the value *before* this step (after
+    the prefix lookup for admissions). ``new_block_ids``: blocks added to its
+    table this step; for admissions the whole table, prefix hits first.
+    """
+
+    request_id: str
+    kind: str
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    num_prefix_hit_tokens: int
+    new_block_ids: list[int]
+
+
+@dataclass
+class Preemption:
+    """A victim of the preemption loop: its computed count before, and the
+    blocks it gave back in free order (tail first)."""
+
+    request_id: str
+    num_computed_tokens: int
+    freed_block_ids: list[int]
+
+
+@dataclass
+class FinishedRequest:
+    """A request that left the engine: why, and the blocks it freed (tail first)."""
+
+    request_id: str
+    status: RequestStatus
+    finish_reason: str | None
+    stop_reason: int | str | None
+    num_output_tokens: int
+    freed_block_ids: list[int]
+
+
+@dataclass
+class SchedulerOutput:
+    """What ``schedule()`` decided (vLLM ``SchedulerOutput``, normalised).
+
+    ``events`` keeps the order in which decisions were taken: ScheduledRequest
+    and Preemption items interleaved (a PRIORITY victim scheduled earlier in
+    the step is removed: its tokens were given back). ``num_scheduled_tokens``
+    maps id -> tokens in scheduling order. ``token_budget`` is the budget left.
+    """
+
+    events: list[ScheduledRequest | Preemption]
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    preempted_req_ids: set[str]
+    finished_req_ids: set[str]
+    token_budget: int
+
+    @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        return [e for e in self.events if isinstance(e, ScheduledRequest)]
+
+    @property
+    def preemptions(self) -> list[Preemption]:
+        return [e for e in self.events if isinstance(e, Preemption)]
+
+
+@dataclass
+class UpdateResult:
+    """What ``update_from_output`` did: tokens appended per request (after stop
+    truncation) and the requests that finished, in processing order."""
+
+    new_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    finished: list[FinishedRequest] = field(default_factory=list)
+
+
+class Scheduler:
+    """The reference scheduler. One instance per engine (per DP rank).
+
+    State: ``requests`` (id -> Request, unfinished only), ``waiting`` (policy
+    queue), ``running`` (list, admission order), ``kv_cache_manager``.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.max_model_len = config.max_model_len
+        self.max_num_running_reqs = config.max_num_seqs
+        self.max_num_scheduled_tokens = config.token_budget
+        self.kv_cache_manager = KVCacheManager(
+            num_gpu_blocks=config.num_gpu_blocks,
+            block_size=config.block_size,
+            max_model_len=config.max_model_len,
+            enable_caching=config.enable_prefix_caching,
+            watermark=config.watermark,
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting = create_request_queue(config.policy)
+        self.running: list[Request] = []
+        # Ids finished / preempted since the previous schedule(): the next
+        # SchedulerOutput carries them so the worker drops their state.
+        self.finished_req_ids: set[str] = set()
+        self.reset_preempted_req_ids: set[str] = set()
+        # Tokens the model samples per scheduled step (0 only for diffusion).
+        self.num_sampled_tokens_per_step = 1
+
+    # -- requests in and out -------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Enqueue a new request in ``waiting``. ValueError on a duplicate id."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.waiting.add_request(request)
+        self.requests[request.request_id] = request
+
+    def finish_requests(self, request_ids: list[str], finished_status: RequestStatus) -> list[FinishedRequest]:
+        """Finish requests from outside (client abort). Unknown or already
+        finished ids are ignored. Returns what was finished, in the given order."""
+        assert RequestStatus.is_finished(finished_status)
+        valid = [self.requests[i] for i in request_ids
+                 if i in self.requests and not self.requests[i].is_finished()]
+        gone = set(map(id, valid))
+        self.running = [r for r in self.running if id(r) not in gone]
+        self.waiting.remove_requests(valid)
+        finished = []
+        for request in valid:
+            request.status = finished_status
+            finished.append(self._free_request(request))
+        return finished
+
+    def _free_request(self, request: Request) -> FinishedRequest:
+        assert request.is_finished()
+        self.finished_req_ids.add(request.request_id)
+        freed = self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        return FinishedRequest(request.request_id, request.status, request.get_finished_reason(),
+                               request.stop_reason, request.num_output_tokens, freed)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # -- schedule --------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Decide one step. See the module docstring and spec 3, 4, 10.3-10.6."""
+        events: list[ScheduledRequest | Preemption] = []
+        scheduled_running: dict[str, ScheduledRequest] = {}
+        preempted: list[Request] = []
+        num_scheduled_tokens: dict[str, int] = {}
+        token_budget = self.max_num_scheduled_tokens
+        # 0.33.0 input budget; draft slots are 0 without a draft-model proposer.
+        draft_slots = 0
+        input_budget = self.config.max_num_batched_tokens
+        # 0.33.0: the long-prefill cap applies only when someone could starve.
+        num_eligible = len(self.running) + len(self.waiting)
+        threshold = self.config.long_prefill_token_threshold if num_eligible > 1 else 0
+
+        # 1. RUNNING requests, in order.
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            if input_budget <= draft_slots:
+                break
+            num_new_tokens = (request.num_tokens_with_spec + request.num_output_placeholders
+                              - request.num_computed_tokens)
+            if 0 < threshold < num_new_tokens:
+                num_new_tokens = threshold
+            num_new_tokens = min(num_new_tokens, token_budget, input_budget - draft_slots)
+            # Keep the sampled token's position inside max_model_len.
+            num_new_tokens = min(num_new_tokens, self.max_model_len - request.num_computed_tokens
+                                 - self.num_sampled_tokens_per_step)
+            if num_new_tokens <= 0:
+                # Skip, not break: lower-priority requests may still run.
+                req_index += 1
+                continue
+
+            num_computed_before = request.num_computed_tokens
+            while True:
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                if new_blocks is not None:
+                    break
+                # Out of KV blocks: preempt the lowest-priority running request.
+                if self.config.policy == "priority":
+                    victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+                    victim_index = self.running.index(victim)
+                    del self.running[victim_index]
+                    # 0.33.0: decrement whenever the victim sat before the cursor.
+                    if victim_index < req_index:
+                        req_index -= 1
+                    given_back = scheduled_running.pop(victim.request_id, None)
+                    if given_back is not None:
+                        events.remove(given_back)
+                        restored = num_scheduled_tokens.pop(victim.request_id)
+                        token_budget += restored
+                        input_budget += restored + draft_slots
+                else:
+                    victim = self.running.pop()
+                events.append(self._preempt_request(victim))
+                preempted.append(victim)
+                if victim is request:
+                    break
+
+            if new_blocks is None:
+                if self.config.policy == "priority" and request.status == RequestStatus.PREEMPTED:
+                    # 0.33.0: it preempted itself; `req_index` already points at
+                    # the next (higher-priority) request, which may still fit.
+                    continue
+                break
+
+            record = ScheduledRequest(request.request_id, "running", num_computed_before,
+                                      num_new_tokens, 0, [b.block_id for b in new_blocks])
+            events.append(record)
+            scheduled_running[request.request_id] = record
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            token_budget -= num_new_tokens
+            input_budget -= num_new_tokens + draft_slots
+            req_index += 1
+
+        # 2. WAITING requests, only if nobody was preempted this step.
+        if not preempted:
+            while token_budget > 0:
+                if not self.waiting or input_budget <= draft_slots:
+                    break
+                if len(self.running) >= self.max_num_running_reqs:
+                    break
+                request = self.waiting.peek_request()
+                # Prefix lookup: preempted requests were reset to 0 and re-match.
+                hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+                request_budget = min(token_budget, input_budget - draft_slots)
+                num_new_tokens = request.num_tokens - num_hit_tokens
+                if 0 < threshold < num_new_tokens:
+                    num_new_tokens = threshold
+                if not self.config.enable_chunked_prefill and num_new_tokens > request_budget:
+                    break  # no skipping ahead to shorter requests
+                num_new_tokens = min(num_new_tokens, request_budget)
+                assert num_new_tokens > 0
+                new_blocks = self.kv_cache_manager.allocate_slots(
+                    request, num_new_tokens,
+                    num_new_computed_tokens=num_hit_tokens,
+                    new_computed_blocks=hit_blocks,
+                    full_sequence_must_fit=self.config.scheduler_reserve_full_isl,
+                    has_scheduled_reqs=bool(self.running),
+                )
+                if new_blocks is None:
+                    break  # admission never preempts
+
+                self.waiting.pop_request()
+                self.running.append(request)
+                if request.status == RequestStatus.WAITING:
+                    kind = "new"
+                elif request.status == RequestStatus.PREEMPTED:
+                    kind = "resumed"
+                else:
+                    raise RuntimeError(f"invalid status {request.status.name} in waiting")
+                events.append(ScheduledRequest(
+                    request.request_id, kind, num_hit_tokens, num_new_tokens, num_hit_tokens,
+                    self.kv_cache_manager.get_block_ids(request.request_id)))
+                num_scheduled_tokens[request.request_id] = num_new_tokens
+                token_budget -= num_new_tokens
+                input_budget -= num_new_tokens + draft_slots
+                request.status = RequestStatus.RUNNING
+                request.num_computed_tokens = num_hit_tokens
+
+        total = sum(num_scheduled_tokens.values())
+        assert total <= self.max_num_scheduled_tokens
+        assert token_budget >= 0 and input_budget >= 0
+        assert len(self.running) <= self.max_num_running_reqs
+
+        output = SchedulerOutput(
+            events=events,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=total,
+            preempted_req_ids=self.reset_preempted_req_ids,
+            finished_req_ids=self.finished_req_ids,
+            token_budget=token_budget,
+        )
+        self._update_after_schedule(output)
+        return output
+
+    def _preempt_request(self, request: Request) -> Preemption:
+        """Spec 4.3: free blocks, reset progress, back to the head of waiting.
+
+        The caller has already removed ``request`` from ``running``.
+        """
+        assert request.status == RequestStatus.RUNNING, "only running requests can be preempted"
+        num_computed_before = request.num_computed_tokens
+        freed = self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.drop_stale_output = False
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
+        request.num_preemptions += 1
+        self.waiting.prepend_request(request)
+        self.reset_preempted_req_ids.add(request.request_id)
+        return Preemption(request.request_id, num_computed_before, freed)
+
+    def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        # Advance computed counts now, so the next schedule() can continue a
+        # chunked prefill before this step's output returns.
+        for req_id, n in output.num_scheduled_tokens.items():
+            request = self.requests[req_id]
+            request.num_computed_tokens += n
+            request.num_in_flight_tokens += n
+            request.is_prefill_chunk = request.num_computed_tokens < (
+                request.num_tokens + request.num_output_placeholders)
+        # Fresh sets: the output keeps the old objects.
+        self.finished_req_ids = set()
+        self.reset_preempted_req_ids = set()
+
+    # -- update ----------------------------------------------------------------
+    def update_from_output(self, output: SchedulerOutput,
+                           sampled_token_ids: dict[str, list[int]]) -> UpdateResult:
+        """Apply the model's sampled tokens for ``output`` (spec 6, 10.8).
+
+        ``sampled_token_ids[id]`` is empty for a partial prefill chunk. Tokens
+        are appended one at a time with ``check_stop`` after each; a stop
+        truncates the rest. Finished requests leave ``running`` and free
+        their blocks (tail first).
+        """
+        result = UpdateResult()
+        stopped: set[int] = set()
+        for req_id, n in output.num_scheduled_tokens.items():
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue  # aborted while in flight
+            request.num_in_flight_tokens -= n
+            is_stale = request.num_stale_output_tokens > 0
+            if is_stale:
+                request.num_stale_output_tokens -= n
+            new_token_ids = list(sampled_token_ids.get(req_id, ()))
+            if not new_token_ids:
+                continue
+            status_before = request.status
+            for num_new, token_id in enumerate(new_token_ids, 1):
+                request.append_output_token_ids(token_id)
+                if check_stop(request, self.max_model_len):
+                    if not is_stale:
+                        request.num_computed_tokens -= len(new_token_ids) - num_new
+                    del new_token_ids[num_new:]
+                    break
+            result.new_token_ids[req_id] = new_token_ids
+            if request.is_finished():
+                if status_before == RequestStatus.RUNNING:
+                    stopped.add(id(request))
+                else:
+                    self.waiting.remove_requests([request])
+                result.finished.append(self._free_request(request))
+        if stopped:
+            self.running = [r for r in self.running if id(r) not in stopped]
+        return result
