@@ -15,7 +15,7 @@ from typing import Any
 
 import reference
 from reference.config import EngineConfig
-from reference.engine import Engine, EngineSummary, SchedulerFactory, StepRecord
+from reference.engine import Engine, EngineStalled, EngineSummary, SchedulerFactory, StepRecord
 from reference.scheduler import FinishedRequest, Preemption, Scheduler
 from reference.workload import RequestSpec, Workload
 
@@ -128,7 +128,9 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
 
     The file appears only when the run completes (temp file + rename); on any
     exception nothing is left behind and an existing ``out_path`` is kept.
-    Raises whatever the engine raises (e.g. EngineStalled).
+    A stalled engine (EngineStalled) is a finding, not a crash: the trace up to
+    the stall is written, ``summary.stalled`` says why, and ``harness check``
+    reports the requests left behind (LIVENESS).
     """
     meta = trace_metadata(workload, config, seed, engine)
     engine_obj = Engine(config, seed=seed, scheduler_factory=scheduler_factory)
@@ -137,7 +139,11 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
             writer.add_step(step_rows(rec))
             if on_progress is not None:
                 on_progress(rec)
-        summary = engine_obj.run(workload, on_step)
+        try:
+            summary = engine_obj.run(workload, on_step)
+        except EngineStalled as exc:
+            summary = engine_obj.summary
+            summary.stalled = str(exc)
     return summary
 
 

@@ -84,6 +84,7 @@ class EngineSummary:
     prefix_hit_tokens: int = 0
     scheduled_tokens: int = 0
     clock: float = 0.0
+    stalled: str | None = None
 
 
 def reject_reason(spec: RequestSpec, config: EngineConfig) -> str | None:
@@ -113,6 +114,7 @@ class Engine:
         self.scheduler = scheduler_factory(config)
         self.runner = ScriptedModelRunner(seed)
         self.max_steps = max_steps
+        self.summary = EngineSummary()
 
     def run(self, workload: Workload,
             on_step: Callable[[StepRecord], None] | None = None) -> EngineSummary:
@@ -121,7 +123,7 @@ class Engine:
         pending = sorted(workload.requests, key=lambda r: (r.arrival_time, r.request_id))
         aborts = sorted((r.abort_time, r.request_id) for r in workload.requests
                         if r.abort_time is not None)
-        summary = EngineSummary()
+        summary = self.summary = EngineSummary()
         clock = 0.0
         next_arrival = 0
         next_abort = 0
@@ -129,6 +131,7 @@ class Engine:
         while next_arrival < len(pending) or sched.get_num_unfinished_requests():
             if not sched.get_num_unfinished_requests() and pending[next_arrival].arrival_time > clock:
                 clock = pending[next_arrival].arrival_time
+            summary.clock = clock
             if step >= self.max_steps:
                 raise EngineStalled(f"no completion within {self.max_steps} steps")
             rec = StepRecord(step=step, clock=clock)

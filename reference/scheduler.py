@@ -201,21 +201,20 @@ class Scheduler:
                 if new_blocks is not None:
                     break
                 # Out of KV blocks: preempt the lowest-priority running request.
-                if self.config.policy == "priority":
-                    victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
-                    victim_index = self.running.index(victim)
-                    del self.running[victim_index]
-                    # 0.33.0: decrement whenever the victim sat before the cursor.
-                    if victim_index < req_index:
-                        req_index -= 1
-                    given_back = scheduled_running.pop(victim.request_id, None)
-                    if given_back is not None:
-                        events.remove(given_back)
-                        restored = num_scheduled_tokens.pop(victim.request_id)
-                        token_budget += restored
-                        input_budget += restored + draft_slots
-                else:
-                    victim = self.running.pop()
+                victim = self._select_victim()
+                victim_index = self.running.index(victim)
+                del self.running[victim_index]
+                # 0.33.0: decrement whenever the victim sat before the cursor
+                # (only possible under PRIORITY: the FCFS tail never does).
+                if victim_index < req_index:
+                    req_index -= 1
+                given_back = scheduled_running.pop(victim.request_id, None)
+                if given_back is not None:
+                    # PRIORITY give-back of a victim scheduled earlier this step.
+                    events.remove(given_back)
+                    restored = num_scheduled_tokens.pop(victim.request_id)
+                    token_budget += restored
+                    input_budget += restored + draft_slots
                 events.append(self._preempt_request(victim))
                 preempted.append(victim)
                 if victim is request:
@@ -297,6 +296,14 @@ class Scheduler:
         )
         self._update_after_schedule(output)
         return output
+
+    def _select_victim(self) -> Request:
+        """Spec 4.2: PRIORITY takes the running request with the largest
+        (priority, arrival_time), the first such in running order; FCFS the
+        tail of running (the most recently admitted)."""
+        if self.config.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
 
     def _preempt_request(self, request: Request) -> Preemption:
         """Spec 4.3: free blocks, reset progress, back to the head of waiting.

@@ -108,7 +108,8 @@ class RequestSpec:
             zero-padded to 6 digits, so lexicographic order equals numeric
             order.
         arrival_time: seconds since the first request of the workload,
-            already divided by the loader's ``time_scale``; finite and >= 0.
+            already divided by the loader's ``time_scale``; finite and >= 0
+            (an int is accepted and stored as float).
         prompt_token_ids: the prompt, a non-empty tuple of ints in
             ``[0, VOCAB_SIZE)`` (a list is accepted and converted).
         max_tokens: maximum number of output tokens, >= 1.
@@ -188,6 +189,10 @@ class RequestSpec:
             raise WorkloadError(
                 f"{where}: abort_time must be None or a finite number >= arrival_time={self.arrival_time}"
             )
+        # Normalise ints to floats so equal specs compare and serialise identically.
+        object.__setattr__(self, "arrival_time", float(self.arrival_time))
+        if self.abort_time is not None:
+            object.__setattr__(self, "abort_time", float(self.abort_time))
 
 
 @dataclass(frozen=True)

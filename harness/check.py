@@ -1,0 +1,542 @@
+"""Check a trace's invariants from the trace alone, in one streaming pass.
+
+The checker keeps a shadow of what the trace says: each live request's tokens,
+status, ``num_computed_tokens`` and block table, the owners of every block and
+what each full block holds. Memory is bounded by live requests and the pool,
+not by trace length. Every violation is a witness a human can check (in the
+spirit of Jepsen's Elle): step, request, rule, the contradicting values, and
+the request's recent events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.invariants import INVARIANTS
+
+MAX_VIOLATIONS = 50
+HISTORY = 8
+
+
+@dataclass
+class Violation:
+    """One broken invariant, with the evidence."""
+
+    invariant: str
+    step: int
+    request: str | None
+    message: str
+    history: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"invariant": self.invariant, "step": self.step, "request": self.request,
+                "message": self.message, "history": self.history}
+
+
+@dataclass
+class _Req:
+    request_id: str
+    priority: int
+    arrival_time: float
+    num_prompt_tokens: int
+    max_tokens: int
+    min_tokens: int
+    eos_token_id: int | None
+    stop_token_ids: tuple[int, ...]
+    token_ids: list[int]
+    status: str = "WAITING"
+    num_computed_tokens: int = 0
+    blocks: list[int] = field(default_factory=list)
+    shared_ok: set[int] = field(default_factory=set)
+    chain: list[bytes] = field(default_factory=list)
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+@dataclass
+class CheckResult:
+    """Outcome of ``check_trace``; counts are over the whole trace."""
+
+    steps: int = 0
+    requests: int = 0
+    finished: int = 0
+    rejected: int = 0
+    aborted: int = 0
+    preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    events: int = 0
+    violations: list[Violation] = field(default_factory=list)
+    num_violations: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.num_violations == 0
+
+
+def _chain(parent: bytes | None, tokens: list[int]) -> bytes:
+    h = hashlib.sha256(parent or b"root")
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class TraceChecker:
+    """Feed steps in order with ``check_step``; call ``finish`` at the end."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.cfg = config
+        self.bs: int = config["block_size"]
+        self.num_gpu_blocks: int = config["num_gpu_blocks"]
+        self.max_model_len: int = config["max_model_len"]
+        self.max_num_seqs: int = config["max_num_seqs"]
+        self.token_budget: int = config.get("max_num_scheduled_tokens") or config["max_num_batched_tokens"]
+        self.threshold: int = config.get("long_prefill_token_threshold", 0)
+        self.caching: bool = config["enable_prefix_caching"]
+        self.policy: str = config["policy"]
+        self.result = CheckResult()
+        self.reqs: dict[str, _Req] = {}
+        self.owners: dict[int, set[str]] = {}
+        # Full blocks: content chain hash per block, and blocks per content.
+        self.content: dict[int, bytes] = {}
+        self.cached: dict[bytes, set[int]] = {}
+        self.finished_since_schedule: set[str] = set()
+        self.prev_running: list[str] = []
+        self.prev_waiting: list[str] = []
+        self.step = -1
+
+    # -- reporting -------------------------------------------------------------
+    def _violate(self, invariant: str, request: str | None, message: str) -> None:
+        assert invariant in INVARIANTS, invariant
+        self.result.num_violations += 1
+        if len(self.result.violations) >= MAX_VIOLATIONS:
+            return
+        req = self.reqs.get(request) if request else None
+        history = list(req.history) if req else []
+        self.result.violations.append(Violation(invariant, self.step, request, message, history))
+
+    def _note(self, req: _Req, text: str) -> None:
+        req.history.append(f"step {self.step}: {text}")
+
+    # -- block bookkeeping ----------------------------------------------------
+    def _held(self) -> int:
+        return len(self.owners)
+
+    def _conservation(self, where: str, num_free: int | None) -> None:
+        if num_free is None:
+            return
+        usable = self.num_gpu_blocks - 1
+        if num_free + self._held() != usable:
+            self._violate("BLOCK-CONSERVATION", None,
+                          f"at {where}: {num_free} free + {self._held()} held != {usable} usable blocks")
+
+    def _acquire(self, req: _Req, block: int, as_hit: bool) -> None:
+        holders = self.owners.setdefault(block, set())
+        if req.request_id in holders:
+            self._violate("BLOCK-EXCLUSIVE", req.request_id, f"block {block} appears twice in its table")
+        if holders and not as_hit:
+            self._violate("BLOCK-EXCLUSIVE", req.request_id,
+                          f"newly allocated block {block} is still held by {sorted(holders)}")
+        if block == 0:
+            self._violate("BLOCK-EXCLUSIVE", req.request_id, "the null block 0 was allocated")
+        if not as_hit:
+            # A fresh allocation evicts whatever the block cached before.
+            old = self.content.pop(block, None)
+            if old is not None:
+                self.cached[old].discard(block)
+                if not self.cached[old]:
+                    del self.cached[old]
+        else:
+            req.shared_ok.add(block)
+        holders.add(req.request_id)
+        req.blocks.append(block)
+
+    def _release_all(self, req: _Req, freed: list[int], kind: str) -> None:
+        expected = req.blocks[::-1]
+        if kind == "preempt":
+            # A PRIORITY victim scheduled earlier in the step also returns the
+            # blocks it got then (its schedule event was withdrawn).
+            if not set(expected) <= set(freed):
+                self._violate("PREEMPT-EFFECTS", req.request_id,
+                              f"freed {freed} but it held {req.blocks}")
+            for extra in set(freed) - set(expected):
+                if self.owners.get(extra):
+                    self._violate("BLOCK-EXCLUSIVE", req.request_id,
+                                  f"freed block {extra} held by {sorted(self.owners[extra])}")
+        elif freed != expected:
+            self._violate("FREE-ORDER", req.request_id,
+                          f"freed {freed}, expected its table tail first {expected}")
+        for block in req.blocks:
+            holders = self.owners.get(block)
+            if holders is not None:
+                holders.discard(req.request_id)
+                if not holders:
+                    del self.owners[block]
+        req.blocks = []
+        req.shared_ok = set()
+
+    def _register_full_blocks(self, req: _Req, upto_tokens: int) -> None:
+        """Record the content of the request's blocks fully covered by
+        ``upto_tokens`` (what vLLM caches eagerly at schedule time)."""
+        n_full = min(upto_tokens, req.num_tokens) // self.bs
+        while len(req.chain) < n_full:
+            i = len(req.chain)
+            req.chain.append(_chain(req.chain[-1] if req.chain else None,
+                                    req.token_ids[i * self.bs:(i + 1) * self.bs]))
+        if not self.caching:
+            return
+        for i in range(min(n_full, len(req.blocks))):
+            block = req.blocks[i]
+            if block not in self.content:
+                self.content[block] = req.chain[i]
+                self.cached.setdefault(req.chain[i], set()).add(block)
+
+    def _longest_cached_prefix(self, req: _Req) -> int:
+        max_blocks = (req.num_tokens - 1) // self.bs
+        self._register_full_blocks(req, 0)  # make sure chain exists up to needed length
+        n = 0
+        while n < max_blocks:
+            if len(req.chain) <= n:
+                req.chain.append(_chain(req.chain[-1] if req.chain else None,
+                                        req.token_ids[n * self.bs:(n + 1) * self.bs]))
+            if not self.cached.get(req.chain[n]):
+                break
+            n += 1
+        return n * self.bs
+
+    # -- events ---------------------------------------------------------------
+    def check_step(self, step: int, events: list[dict[str, Any]]) -> None:
+        self.step = step
+        self.result.steps += 1
+        self.result.events += len(events)
+        st = _StepState()
+        for ev in events:
+            handler = getattr(self, "_on_" + ev["kind"], None)
+            if handler is None:
+                self._violate("STATE-CONTINUITY", ev.get("request_id"), f"unknown event kind {ev['kind']!r}")
+                continue
+            handler(ev, st)
+
+    def _on_arrival(self, ev: dict, st: _StepState) -> None:
+        rid = ev["request_id"]
+        prompt = list(ev["prompt_token_ids"] or [])
+        self.result.requests += 1
+        if rid in self.reqs:
+            self._violate("STATE-CONTINUITY", rid, "request id arrived twice")
+        if not prompt or len(prompt) > self.max_model_len:
+            self._violate("ARRIVAL-ADMISSIBLE", rid,
+                          f"accepted a prompt of {len(prompt)} tokens with max_model_len {self.max_model_len}")
+        req = _Req(rid, ev["priority"], ev["arrival_time_s"], len(prompt), ev["max_tokens"],
+                   ev["min_tokens"], None if ev["ignore_eos"] else ev["eos_token_id"],
+                   tuple(ev["stop_token_ids"] or ()), prompt)
+        self._note(req, f"arrived, {len(prompt)} prompt tokens, max_tokens {req.max_tokens}")
+        self.reqs[rid] = req
+        st.arrived.append(rid)
+
+    def _on_reject(self, ev: dict, st: _StepState) -> None:
+        self.result.requests += 1
+        self.result.rejected += 1
+        n = len(ev["prompt_token_ids"] or [])
+        if 0 < n <= self.max_model_len:
+            self._violate("ARRIVAL-ADMISSIBLE", ev["request_id"],
+                          f"rejected a {n}-token prompt that fits max_model_len {self.max_model_len}")
+
+    def _finish(self, ev: dict, kind: str) -> _Req | None:
+        rid = ev["request_id"]
+        req = self.reqs.get(rid)
+        if req is None:
+            self._violate("STATE-CONTINUITY", rid, f"{kind} of an unknown or finished request")
+            return None
+        self._release_all(req, list(ev["block_ids"] or []), kind)
+        req.status = ev["status"]
+        self.finished_since_schedule.add(rid)
+        self._note(req, f"{kind}: {ev['status']} ({ev['finish_reason']})")
+        del self.reqs[rid]
+        return req
+
+    def _on_abort(self, ev: dict, st: _StepState) -> None:
+        if self._finish(ev, "abort") is not None:
+            self.result.aborted += 1
+            st.aborted.add(ev["request_id"])
+
+    def _on_schedule_begin(self, ev: dict, st: _StepState) -> None:
+        running, waiting = list(ev["running"]), list(ev["waiting"])
+        st.running_before, st.waiting_before = running, waiting
+        st.sim_running = list(running)
+        expected_running = [r for r in self.prev_running if r not in st.aborted]
+        if running != expected_running:
+            self._violate("STATE-CONTINUITY", None,
+                          f"running at step start {running} != previous end {expected_running}")
+        expected_waiting = [r for r in self.prev_waiting if r not in st.aborted] + st.arrived
+        if sorted(waiting) != sorted(expected_waiting) or (self.policy == "fcfs" and waiting != expected_waiting):
+            self._violate("STATE-CONTINUITY", None,
+                          f"waiting at step start {waiting} != previous end + arrivals {expected_waiting}")
+        self._conservation("schedule_begin", ev["num_free_blocks"])
+        st.eligible = len(running) + len(waiting)
+
+    def _on_preempt(self, ev: dict, st: _StepState) -> None:
+        rid = ev["request_id"]
+        self.result.preemptions += 1
+        req = self.reqs.get(rid)
+        if req is None or req.status != "RUNNING" or rid not in st.sim_running:
+            status = req.status if req else "unknown"
+            self._violate("PREEMPT-ONLY-RUNNING", rid,
+                          f"preempted a request with status {status}, running queue {st.sim_running}")
+            if req is None:
+                return
+        elif self.policy == "fcfs":
+            if st.sim_running[-1] != rid:
+                self._violate("FCFS-VICTIM-TAIL", rid,
+                              f"victim is not the tail of running {st.sim_running}")
+        else:
+            def key(r: str) -> tuple:
+                q = self.reqs[r]
+                return (q.priority, q.arrival_time)
+            top = max(st.sim_running, key=key)
+            if key(rid) != key(top):
+                self._violate("PRIORITY-VICTIM-MAX", rid,
+                              f"victim (priority, arrival) {key(rid)} but {top} has {key(top)}")
+        if rid in st.scheduled:
+            st.scheduled.remove(rid)  # PRIORITY give-back: should not happen once emitted
+            self._violate("RUNNING-ORDER", rid, "preempted after its schedule event was emitted")
+        if ev["num_computed_tokens"] != req.num_computed_tokens:
+            self._violate("COMPUTED-CONTINUITY", rid,
+                          f"preempt says computed {ev['num_computed_tokens']}, expected {req.num_computed_tokens}")
+        self._release_all(req, list(ev["block_ids"] or []), "preempt")
+        if rid in st.sim_running:
+            st.sim_running.remove(rid)
+        req.status = "PREEMPTED"
+        req.num_computed_tokens = 0
+        st.preempted.append(rid)
+        self._note(req, f"preempted with {ev['num_computed_tokens']} computed tokens")
+
+    def _on_schedule(self, ev: dict, st: _StepState) -> None:
+        rid, kind = ev["request_id"], ev["schedule_kind"]
+        n, computed = ev["num_scheduled_tokens"], ev["num_computed_tokens"]
+        hit = ev["num_prefix_hit_tokens"] or 0
+        req = self.reqs.get(rid)
+        if req is None:
+            self._violate("STATE-CONTINUITY", rid, "scheduled an unknown or finished request")
+            return
+        if rid in st.scheduled:
+            self._violate("RUNNING-ORDER", rid, "scheduled twice in one step")
+        st.scheduled.append(rid)
+        st.total += n
+        if n is None or n <= 0:
+            self._violate("BUDGET-TOKENS", rid, f"num_scheduled_tokens {n} is not positive")
+            return
+        if 0 < self.threshold < n and st.eligible > 1:
+            self._violate("BUDGET-THRESHOLD", rid,
+                          f"{n} tokens > long_prefill_token_threshold {self.threshold}")
+        if kind == "running":
+            if req.status != "RUNNING" or rid not in st.sim_running:
+                self._violate("RUNNING-ORDER", rid, f"scheduled as running but status {req.status}")
+            else:
+                idx = st.sim_running.index(rid)
+                if idx < st.last_running_index:
+                    self._violate("RUNNING-ORDER", rid,
+                                  f"scheduled out of running order {st.sim_running}")
+                st.last_running_index = idx
+            if computed != req.num_computed_tokens:
+                self._violate("COMPUTED-CONTINUITY", rid,
+                              f"num_computed_tokens {computed}, expected {req.num_computed_tokens}")
+            if computed + n > self.max_model_len - 1:
+                self._violate("SCHEDULED-SPAN", rid,
+                              f"{computed} + {n} tokens passes max_model_len - 1 = {self.max_model_len - 1}")
+            for block in ev["block_ids"] or []:
+                self._acquire(req, block, as_hit=False)
+        else:
+            self._on_admission(ev, st, req, kind, hit, computed, n)
+        if computed + n > req.num_tokens:
+            self._violate("SCHEDULED-SPAN", rid,
+                          f"{computed} computed + {n} scheduled > {req.num_tokens} tokens")
+        need = _cdiv(computed + n, self.bs)
+        if len(req.blocks) != need:
+            self._violate("BLOCKS-COVER", rid,
+                          f"table has {len(req.blocks)} blocks for {computed + n} tokens, needs {need}")
+        req.num_computed_tokens = computed + n
+        self._register_full_blocks(req, computed + n)
+        self._note(req, f"scheduled {kind}: computed {computed} + {n}"
+                        + (f", prefix hit {hit}" if kind != "running" else "")
+                        + f", new blocks {list(ev['block_ids'] or [])}")
+
+    def _on_admission(self, ev: dict, st: _StepState, req: _Req, kind: str, hit: int,
+                      computed: int, n: int) -> None:
+        rid = req.request_id
+        if st.preempted:
+            self._violate("NO-ADMIT-AFTER-PREEMPT", rid,
+                          f"admitted ({kind}) in a step that preempted {st.preempted}")
+        expected_status = {"new": "WAITING", "resumed": "PREEMPTED"}.get(kind)
+        if req.status != expected_status:
+            self._violate("ADMISSION-ORDER", rid, f"admitted as {kind} but its status was {req.status}")
+        position = len(st.admitted)
+        if position >= len(st.waiting_before) or st.waiting_before[position] != rid:
+            self._violate("ADMISSION-ORDER", rid,
+                          f"admission #{position + 1} of the step, but waiting was {st.waiting_before[:position + 3]}...")
+        if len(st.sim_running) >= self.max_num_seqs:
+            self._violate("MAX-NUM-SEQS", rid,
+                          f"admitted with {len(st.sim_running)} running = max_num_seqs {self.max_num_seqs}")
+        st.admitted.append(rid)
+        st.sim_running.append(rid)
+        if req.blocks:
+            self._violate("PREEMPT-EFFECTS", rid, f"admitted while still holding blocks {req.blocks}")
+            self._release_all(req, req.blocks[::-1], "finish")
+        if computed != hit:
+            self._violate("COMPUTED-CONTINUITY", rid,
+                          f"admitted with num_computed_tokens {computed} != prefix hit {hit}")
+        if hit % self.bs or hit > req.num_tokens - 1 or (hit and not self.caching):
+            self._violate("PREFIX-HIT-RULES", rid,
+                          f"hit of {hit} tokens (block_size {self.bs}, {req.num_tokens} tokens, "
+                          f"caching {'on' if self.caching else 'off'})")
+        block_ids = list(ev["block_ids"] or [])
+        n_hit = hit // self.bs
+        if self.caching:
+            longest = self._longest_cached_prefix(req)
+            if hit != longest:
+                self._violate("PREFIX-HIT-RULES", rid,
+                              f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
+            for i, block in enumerate(block_ids[:n_hit]):
+                if i < len(req.chain) and self.content.get(block) != req.chain[i]:
+                    self._violate("PREFIX-HIT-RULES", rid,
+                                  f"hit block {block} (#{i}) does not hold this request's prefix block")
+                    break
+        for i, block in enumerate(block_ids):
+            self._acquire(req, block, as_hit=i < n_hit)
+        req.status = "RUNNING"
+        self.result.prefix_hit_tokens += hit
+
+    def _on_schedule_end(self, ev: dict, st: _StepState) -> None:
+        total = ev["total_num_scheduled_tokens"]
+        if total != st.total or total > self.token_budget:
+            self._violate("BUDGET-TOKENS", None,
+                          f"total {total} (events sum {st.total}) vs budget {self.token_budget}")
+        if ev["token_budget"] != self.token_budget - st.total:
+            self._violate("BUDGET-TOKENS", None,
+                          f"budget left {ev['token_budget']} != {self.token_budget} - {st.total}")
+        running = list(ev["running"])
+        if running != st.sim_running:
+            self._violate("STATE-CONTINUITY", None, f"running after schedule {running} != expected {st.sim_running}")
+        if len(running) > self.max_num_seqs:
+            self._violate("MAX-NUM-SEQS", None, f"{len(running)} running > max_num_seqs {self.max_num_seqs}")
+        waiting = list(ev["waiting"])
+        rest = [r for r in st.waiting_before if r not in st.admitted]
+        if self.policy == "fcfs":
+            expected = st.preempted[::-1] + rest
+            if waiting[:len(st.preempted)] != st.preempted[::-1]:
+                self._violate("PREEMPT-WAITING-HEAD", st.preempted[0] if st.preempted else None,
+                              f"victims {st.preempted} are not at the head of waiting {waiting[:5]}...")
+            elif waiting != expected:
+                self._violate("STATE-CONTINUITY", None, f"waiting after schedule {waiting} != expected {expected}")
+        else:
+            keys = [(self.reqs[r].priority, self.reqs[r].arrival_time, r) for r in waiting if r in self.reqs]
+            if keys != sorted(keys):
+                self._violate("PREEMPT-WAITING-HEAD", None, f"waiting not in priority order: {waiting[:8]}...")
+            if sorted(waiting) != sorted(st.preempted + rest):
+                self._violate("STATE-CONTINUITY", None, f"waiting after schedule {waiting} != {st.preempted + rest}")
+        if set(ev["preempted_req_ids"] or []) != set(st.preempted):
+            self._violate("FINISHED-IDS", None,
+                          f"preempted_req_ids {ev['preempted_req_ids']} != preempted {st.preempted}")
+        if set(ev["finished_req_ids"] or []) != self.finished_since_schedule:
+            self._violate("FINISHED-IDS", None,
+                          f"finished_req_ids {ev['finished_req_ids']} != finished since last schedule "
+                          f"{sorted(self.finished_since_schedule)}")
+        self.finished_since_schedule = set()
+        self._conservation("schedule_end", ev["num_free_blocks"])
+        self.prev_running, self.prev_waiting = running, waiting
+        st.sim_running = running
+
+    def _on_output(self, ev: dict, st: _StepState) -> None:
+        rid = ev["request_id"]
+        req = self.reqs.get(rid)
+        tokens = list(ev["token_ids"] or [])
+        if req is None or rid not in st.scheduled:
+            self._violate("OUTPUT-ONLY-COMPLETE", rid, "output for a request not scheduled this step")
+            return
+        st.outputs.add(rid)
+        if req.num_computed_tokens < req.num_tokens or len(tokens) != 1:
+            self._violate("OUTPUT-ONLY-COMPLETE", rid,
+                          f"{len(tokens)} token(s) sampled with {req.num_computed_tokens} of "
+                          f"{req.num_tokens} tokens computed")
+        token = tokens[-1]
+        req.token_ids.extend(tokens)
+        stop = None
+        if token == req.eos_token_id or token in req.stop_token_ids:
+            stop = "stop"
+        elif req.num_tokens >= self.max_model_len or req.num_output_tokens >= req.max_tokens:
+            stop = "length"
+        st.expected_stop[rid] = stop
+        self._note(req, f"sampled {tokens}" + (f" -> must stop ({stop})" if stop else ""))
+
+    def _on_finish(self, ev: dict, st: _StepState) -> None:
+        rid = ev["request_id"]
+        expected = st.expected_stop.get(rid)
+        req = self.reqs.get(rid)
+        if req is not None and expected != ev["finish_reason"]:
+            self._violate("STOP-RULES", rid,
+                          f"finished with {ev['finish_reason']!r} but check_stop gives {expected!r} "
+                          f"({req.num_output_tokens} outputs, max_tokens {req.max_tokens})")
+        if self._finish(ev, "finish") is not None:
+            self.result.finished += 1
+            st.finished.add(rid)
+
+    def _on_update_end(self, ev: dict, st: _StepState) -> None:
+        for rid, stop in st.expected_stop.items():
+            if stop is not None and rid not in st.finished:
+                self._violate("STOP-RULES", rid, f"check_stop gives {stop!r} but the request did not finish")
+        for rid in st.scheduled:
+            req = self.reqs.get(rid)
+            if req is None:
+                continue
+            complete = req.num_computed_tokens >= req.num_tokens - (1 if rid in st.outputs else 0)
+            if complete and rid not in st.outputs:
+                self._violate("OUTPUT-ONLY-COMPLETE", rid,
+                              f"reached {req.num_computed_tokens} of {req.num_tokens} tokens but sampled nothing")
+        self.prev_running = [r for r in self.prev_running if r not in st.finished]
+        self._conservation("update_end", ev["num_free_blocks"])
+
+    def finish(self) -> CheckResult:
+        """Close the pass: liveness over the whole trace."""
+        for rid, req in list(self.reqs.items())[:MAX_VIOLATIONS]:
+            self._violate("LIVENESS", rid, f"still {req.status} with {req.num_output_tokens} outputs "
+                                           f"at the end of the trace")
+        return self.result
+
+
+@dataclass
+class _StepState:
+    arrived: list[str] = field(default_factory=list)
+    aborted: set[str] = field(default_factory=set)
+    running_before: list[str] = field(default_factory=list)
+    waiting_before: list[str] = field(default_factory=list)
+    sim_running: list[str] = field(default_factory=list)
+    eligible: int = 0
+    preempted: list[str] = field(default_factory=list)
+    scheduled: list[str] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)
+    last_running_index: int = -1
+    total: int = 0
+    outputs: set[str] = field(default_factory=set)
+    expected_stop: dict[str, str | None] = field(default_factory=dict)
+    finished: set[str] = field(default_factory=set)
+
+
+def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]]) -> CheckResult:
+    """Run every invariant over ``steps`` (as yielded by ``Trace.iter_steps``)."""
+    checker = TraceChecker(config)
+    for step, events in steps:
+        checker.check_step(step, events)
+    return checker.finish()

@@ -1,0 +1,244 @@
+"""The ``harness`` command line: record, check, replay, invariants.
+
+Exit codes for every command: 0 ok, 1 invariant violation or divergence,
+2 unusable input (missing, not Parquet, truncated, unknown schema version,
+missing column, bad config or workload), with a one-line message naming the
+file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from reference.config import ConfigError, EngineConfig
+from reference.engine import SchedulerFactory
+from reference.mutants import MUTANTS
+from reference.scheduler import Scheduler
+from reference.workload import WorkloadError, load_workload
+
+from harness.check import CheckResult, check_steps
+from harness.invariants import INVARIANTS
+from harness.recorder import record as record_run
+from harness.replay import Divergence, replay as replay_trace
+from harness.trace import Trace, TraceError, open_trace
+
+console = Console(stderr=False, highlight=False)
+err = Console(stderr=True, highlight=False)
+
+EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE = 0, 1, 2
+
+
+def _fail(message: str) -> None:
+    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    sys.exit(EXIT_UNUSABLE)
+
+
+def resolve_candidate(spec: str) -> SchedulerFactory:
+    """``reference`` or ``mutant:NAME``; click.BadParameter otherwise."""
+    if spec == "reference":
+        return Scheduler
+    if spec.startswith("mutant:"):
+        name = spec.split(":", 1)[1]
+        if name in MUTANTS:
+            return MUTANTS[name]
+        raise click.BadParameter(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
+    raise click.BadParameter(f"unknown candidate {spec!r}: use 'reference' or 'mutant:NAME'")
+
+
+def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="sched-harness")
+def main() -> None:
+    """Record, check and replay step traces of LLM-serving schedulers.
+
+    The reference engine mirrors vLLM 0.33.0's v1 scheduler and KV-cache
+    manager. Exit codes: 0 ok, 1 violation or divergence, 2 unusable input.
+    """
+
+
+@main.command()
+@click.argument("workload")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
+              help="Trace file to write (Parquet). Written to a temp file, renamed on success.")
+@click.option("--limit", type=click.IntRange(min=1), help="Use the first N requests of the workload.")
+@click.option("--time-scale", type=float, default=1.0, show_default=True,
+              help="Divide arrival times by X (X=10: ten times the load).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed for synthesized prompt tokens and the scripted model.")
+@click.option("--priority-levels", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Give requests seeded random priorities in [0, N) (for --set policy=priority).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Engine config (vLLM names): num_gpu_blocks, block_size, max_num_seqs, "
+                   "max_num_batched_tokens, max_model_len, policy (fcfs|priority), "
+                   "enable_prefix_caching, enable_chunked_prefill, long_prefill_token_threshold, ...")
+@click.option("--engine", default="reference", show_default=True,
+              help="Engine to record: 'reference' or 'mutant:NAME' (a deliberately broken one).")
+def record(workload: str, output: str, limit: int | None, time_scale: float, seed: int,
+           priority_levels: int, sets: tuple[str, ...], engine: str) -> None:
+    """Run WORKLOAD on the engine and write its step trace.
+
+    WORKLOAD is an Azure LLM inference CSV, a Mooncake JSONL, or
+    'synthetic[:N]'.
+    """
+    factory = resolve_candidate(engine)
+    try:
+        config = EngineConfig().with_overrides(_parse_sets(sets))
+    except ConfigError as exc:
+        _fail(f"bad config: {exc}")
+    try:
+        wl = load_workload(workload, limit=limit, time_scale=time_scale, seed=seed,
+                           priority_levels=priority_levels)
+    except (WorkloadError, OSError) as exc:
+        _fail(str(exc))
+    total = len(wl.requests)
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total} requests done"),
+                  TextColumn("step {task.fields[step]}"), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task("recording", total=total, step=0)
+        done = 0
+
+        def on_progress(rec) -> None:
+            nonlocal done
+            done += len(rec.update.finished) + len(rec.aborts) + len(rec.rejections)
+            if rec.step % 64 == 0:
+                progress.update(task, completed=done, step=rec.step)
+        summary = record_run(wl, config, output, seed=seed, engine=engine,
+                             scheduler_factory=factory, on_progress=on_progress)
+    console.print(f"recorded [bold]{output}[/]: {summary.steps} steps, {summary.requests} requests "
+                  f"({summary.finished} finished, {summary.rejected} rejected, {summary.aborted} aborted), "
+                  f"{summary.preemptions} preemptions, {summary.prefix_hit_tokens} prefix-hit tokens, "
+                  f"{summary.clock:.2f} s virtual time")
+    if summary.stalled:
+        err.print(f"[bold red]engine stalled:[/] {summary.stalled} (the trace ends there)")
+        sys.exit(EXIT_FOUND)
+
+
+def _open(path: str) -> Trace:
+    try:
+        return open_trace(path)
+    except TraceError as exc:
+        _fail(str(exc))
+    raise AssertionError
+
+
+def _check(trace: Trace) -> CheckResult:
+    try:
+        return check_steps(trace.meta["config"], trace.iter_steps())
+    except TraceError as exc:
+        _fail(str(exc))
+    except (KeyError, TypeError) as exc:
+        _fail(f"{trace.path}: malformed trace ({type(exc).__name__}: {exc})")
+    raise AssertionError
+
+
+def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, trace: Trace,
+            extra: dict[str, Any] | None = None) -> None:
+    ok = result.ok and divergence is None
+    if as_json:
+        payload = {"ok": ok, "trace": str(trace.path), "engine": trace.meta.get("engine"),
+                   "steps": result.steps, "requests": result.requests, "finished": result.finished,
+                   "rejected": result.rejected, "aborted": result.aborted,
+                   "preemptions": result.preemptions, "prefix_hit_tokens": result.prefix_hit_tokens,
+                   "num_violations": result.num_violations,
+                   "violations": [v.to_dict() for v in result.violations],
+                   "divergence": divergence.to_dict() if divergence else None, **(extra or {})}
+        click.echo(json.dumps(payload, default=str))
+        return
+    table = Table(show_header=False, box=None)
+    for label, value in [("trace", str(trace.path)), ("engine", trace.meta.get("engine")),
+                         ("steps", result.steps), ("requests", result.requests),
+                         ("finished", result.finished), ("rejected", result.rejected),
+                         ("aborted", result.aborted), ("preemptions", result.preemptions),
+                         ("prefix-hit tokens", result.prefix_hit_tokens)]:
+        table.add_row(label, str(value))
+    console.print(table)
+    for v in result.violations:
+        console.print(f"[bold red]VIOLATION[/] {v.invariant} at step {v.step}"
+                      + (f", request {v.request}" if v.request else "") + f": {v.message}")
+        console.print(f"  rule: {INVARIANTS[v.invariant].statement}")
+        for line in v.history:
+            console.print(f"    {line}")
+    if result.num_violations > len(result.violations):
+        console.print(f"... and {result.num_violations - len(result.violations)} more violations")
+    if divergence is not None:
+        console.print(f"[bold red]DIVERGENCE[/] at step {divergence.step}, event #{divergence.event_index}"
+                      f" ({divergence.kind or '-'}), request {divergence.request or '-'}, "
+                      f"field {divergence.field}: expected {divergence.expected!r}, got {divergence.actual!r}")
+        if divergence.diff:
+            console.print(divergence.diff)
+        for side, rows in (("trace", divergence.context_expected), ("candidate", divergence.context_actual)):
+            console.print(f"  {side} step {divergence.step}:")
+            for row in rows[:12]:
+                console.print("    " + _brief_row(row))
+    if ok:
+        console.print("[bold green]conformant[/]" + (f": {extra['replayed_steps']} steps replayed, "
+                                                    f"identical decisions" if extra else ""))
+
+
+def _brief_row(row: dict[str, Any]) -> str:
+    keys = ("kind", "request_id", "schedule_kind", "num_computed_tokens", "num_scheduled_tokens",
+            "num_prefix_hit_tokens", "block_ids", "token_ids", "finish_reason", "num_free_blocks")
+    return " ".join(f"{k}={row[k]}" for k in keys if row.get(k) not in (None, []))
+
+
+@main.command()
+@click.argument("trace_path", metavar="TRACE")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
+def check(trace_path: str, as_json: bool) -> None:
+    """Check every invariant of TRACE from the trace alone."""
+    trace = _open(trace_path)
+    result = _check(trace)
+    _report(result, None, as_json, trace)
+    sys.exit(EXIT_OK if result.ok else EXIT_FOUND)
+
+
+@main.command()
+@click.argument("trace_path", metavar="TRACE")
+@click.option("--candidate", default="reference", show_default=True,
+              help="Engine to re-drive: 'reference' or 'mutant:NAME'.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
+def replay(trace_path: str, candidate: str, as_json: bool) -> None:
+    """Check TRACE, then re-drive CANDIDATE with its inputs and compare decisions step by step."""
+    factory = resolve_candidate(candidate)
+    trace = _open(trace_path)
+    result = _check(trace)
+    try:
+        divergence, compared = replay_trace(trace, factory)
+    except TraceError as exc:
+        _fail(str(exc))
+    except ConfigError as exc:
+        _fail(f"{trace.path}: bad config in trace metadata: {exc}")
+    _report(result, divergence, as_json, trace,
+            {"candidate": candidate, "replayed_steps": compared})
+    sys.exit(EXIT_OK if result.ok and divergence is None else EXIT_FOUND)
+
+
+@main.command()
+def invariants() -> None:
+    """List the invariant catalogue: id, spec section, statement."""
+    table = Table("id", "spec", "statement")
+    for inv in INVARIANTS.values():
+        table.add_row(inv.id, inv.spec, inv.statement)
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

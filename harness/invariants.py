@@ -1,0 +1,51 @@
+"""The invariant catalogue: stable ids, one-line statements, spec sections.
+
+Each id is what ``harness check`` reports; ``harness invariants`` lists them.
+The checks themselves live in ``harness.check`` (one streaming pass).
+Statements say what must hold, not what vLLM happens to do: where real vLLM
+breaks one, that is a finding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Invariant:
+    id: str
+    statement: str
+    spec: str
+
+
+INVARIANTS: dict[str, Invariant] = {inv.id: inv for inv in [
+    Invariant("ARRIVAL-ADMISSIBLE", "An accepted request has a non-empty prompt of at most max_model_len tokens; a rejected one does not.", "2.3, engine input processor"),
+    Invariant("STATE-CONTINUITY", "Queues and counters seen at step start/end follow from the previous step's state and this step's events.", "3.1"),
+    Invariant("BUDGET-TOKENS", "total_num_scheduled_tokens = sum of entries <= token budget; every entry > 0; the budget left is consistent.", "8 #1, 10.3"),
+    Invariant("BUDGET-THRESHOLD", "With more than one eligible request and long_prefill_token_threshold > 0, no entry exceeds the threshold.", "8 #2, 10.3"),
+    Invariant("MAX-NUM-SEQS", "len(running) <= max_num_seqs; a request is admitted only while len(running) < max_num_seqs.", "8 #3, 10.3"),
+    Invariant("PREEMPT-ONLY-RUNNING", "Only RUNNING requests in the running queue are preempted.", "4.3, 8 #5"),
+    Invariant("NO-ADMIT-AFTER-PREEMPT", "A step that preempted admits nothing from waiting.", "3.1 step 5, 8 #4"),
+    Invariant("PREEMPT-EFFECTS", "A preempted request gives back every block it holds, leaves running, and resumes from a fresh prefix lookup (num_computed_tokens reset).", "4.3, 8 #5"),
+    Invariant("PREEMPT-WAITING-HEAD", "FCFS: this step's victims sit at the head of waiting in their former running order; PRIORITY: waiting stays in priority order.", "4.4, 8 #11"),
+    Invariant("FCFS-VICTIM-TAIL", "FCFS: each victim is the current tail of running.", "4.2, 8 #7"),
+    Invariant("PRIORITY-VICTIM-MAX", "PRIORITY: each victim has the largest (priority, arrival_time) among the current running requests.", "4.2, 8 #8"),
+    Invariant("RUNNING-ORDER", "Running requests are scheduled in running-queue order, each at most once per step.", "3.2, 8 #13"),
+    Invariant("ADMISSION-ORDER", "Admissions follow waiting-queue order: the admitted requests are the head of waiting, as new (WAITING) or resumed (PREEMPTED).", "3.4, 8 #13-14"),
+    Invariant("COMPUTED-CONTINUITY", "num_computed_tokens before a step equals the previous value plus the tokens scheduled since (prefix-hit length at admission).", "3.8, 8 #16"),
+    Invariant("SCHEDULED-SPAN", "computed + scheduled <= num_tokens, and <= max_model_len - 1 for running requests.", "3.5, 8 #17"),
+    Invariant("PREFIX-HIT-RULES", "A prefix hit is whole blocks, at most num_tokens - 1 tokens, 0 with caching off; hit blocks hold exactly the request's prefix, and the hit is the longest one cached.", "5.6, 8 #29"),
+    Invariant("BLOCKS-COVER", "After scheduling, a request's table has exactly ceil((computed + scheduled) / block_size) blocks.", "5.7"),
+    Invariant("BLOCK-EXCLUSIVE", "A newly allocated block is held by nobody; a block in two tables is a full, prefix-shared block.", "5.3, 8 #26"),
+    Invariant("BLOCK-CONSERVATION", "free blocks + distinct held blocks = num_gpu_blocks - 1 (null block excluded).", "5.1, 8 #24"),
+    Invariant("FREE-ORDER", "A finished, aborted or preempted request frees exactly its table, tail block first.", "5.2, 5.8"),
+    Invariant("OUTPUT-ONLY-COMPLETE", "A request samples exactly one token in a step iff the step reaches the end of its known tokens (none for partial prefill chunks).", "6, 8 #18"),
+    Invariant("STOP-RULES", "A request finishes exactly when check_stop says so (EOS unless ignore_eos, stop token, length), with that reason; min_tokens never overrides.", "6, 10.8, 8 #22"),
+    Invariant("FINISHED-IDS", "preempted_req_ids and finished_req_ids of a step list exactly the requests preempted in it / finished since the previous schedule().", "3.9, 8 #12, #23"),
+    Invariant("LIVENESS", "Every accepted request finishes (stopped, length-capped or aborted) by the end of the trace.", "8"),
+]}
+
+
+def describe(invariant_id: str) -> Invariant:
+    """The catalogue entry; KeyError for an unknown id."""
+    return INVARIANTS[invariant_id]

@@ -1,0 +1,139 @@
+"""Re-drive an engine with a trace's inputs and find the first divergence.
+
+The workload (every arrival and rejection, with its prompt and sampling
+parameters) and the config come from the trace itself; the scripted model is
+re-created from the trace's seed, so the candidate sees the same model outputs
+for the same positions. The candidate's steps are compared with the trace's
+as they are produced; the run stops at the first differing step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import zip_longest
+from typing import Any
+
+import pyarrow.parquet as pq
+from deepdiff import DeepDiff
+
+from reference.config import EngineConfig
+from reference.engine import EngineStalled, SchedulerFactory
+from reference.workload import Workload
+
+from harness.recorder import Row, run_to_rows, spec_from_row
+from harness.trace import Trace, TraceError
+
+
+@dataclass
+class Divergence:
+    """The first point where the candidate's events differ from the trace's.
+
+    ``field`` is a column name (or "event" when one side has no event at
+    that position); ``context`` holds the step's events on both sides.
+    """
+
+    step: int
+    request: str | None
+    field: str
+    expected: Any
+    actual: Any
+    event_index: int
+    kind: str | None
+    diff: str
+    context_expected: list[Row]
+    context_actual: list[Row]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "request": self.request, "field": self.field,
+                "expected": self.expected, "actual": self.actual,
+                "event_index": self.event_index, "kind": self.kind}
+
+
+class _Diverged(Exception):
+    pass
+
+
+def workload_from_trace(trace: Trace) -> Workload:
+    """Rebuild the recorded workload (arrivals and rejections, in order)."""
+    try:
+        table = pq.read_table(trace.path, filters=[("kind", "in", ["arrival", "reject"])])
+    except Exception as exc:  # pyarrow raises several types for bad files
+        raise TraceError(f"{trace.path}: cannot read arrivals ({' '.join(str(exc).split())[:200]})") from None
+    specs = tuple(spec_from_row(r) for r in table.to_pylist())
+    w = trace.meta["workload"]
+    return Workload(source=w["source"], sha256=w["sha256"], params=w.get("params", {}), requests=specs)
+
+
+def _normalise(row: Row) -> Row:
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def first_difference(step: int, expected: list[Row], actual: list[Row]) -> Divergence | None:
+    """Compare one step's events; None when identical."""
+    if expected == actual:
+        return None
+    for index, (exp, act) in enumerate(zip_longest(expected, actual)):
+        exp_n = _normalise(exp) if exp is not None else None
+        act_n = _normalise(act) if act is not None else None
+        if exp_n == act_n:
+            continue
+        request = (exp or act or {}).get("request_id")
+        kind = (exp or act or {}).get("kind")
+        if exp_n is None or act_n is None or exp_n.get("kind") != act_n.get("kind") \
+                or exp_n.get("request_id") != act_n.get("request_id"):
+            field_name = "event"
+            exp_v = _brief(exp_n)
+            act_v = _brief(act_n)
+        else:
+            keys = sorted(set(exp_n) | set(act_n))
+            field_name = next(k for k in keys if exp_n.get(k) != act_n.get(k))
+            exp_v, act_v = exp_n.get(field_name), act_n.get(field_name)
+        diff = DeepDiff(exp_n, act_n, verbose_level=2).pretty() if exp_n and act_n else ""
+        return Divergence(step, request, field_name, exp_v, act_v, index, kind, diff,
+                          expected, actual)
+    return None
+
+
+def _brief(row: Row | None) -> str | None:
+    if row is None:
+        return None
+    return f"{row.get('kind')} {row.get('request_id') or ''}".strip()
+
+
+def replay(trace: Trace, scheduler_factory: SchedulerFactory) -> tuple[Divergence | None, int]:
+    """Re-drive ``scheduler_factory`` with the trace's inputs.
+
+    Returns (first divergence or None, number of steps compared). A candidate
+    that stalls or raises diverges at the step where it did.
+    """
+    config = EngineConfig.from_dict(trace.meta["config"])
+    workload = workload_from_trace(trace)
+    recorded = trace.iter_steps()
+    compared = 0
+
+    def on_step_rows(step: int, rows: list[Row]) -> None:
+        nonlocal compared
+        expected_step, expected = next(recorded, (None, []))
+        if expected_step is None:
+            raise _Diverged(Divergence(step, None, "event", "end of trace", f"step {step}", 0, None,
+                                       "", [], rows))
+        if expected_step != step:
+            raise _Diverged(Divergence(step, None, "step", expected_step, step, 0, None, "", expected, rows))
+        found = first_difference(step, expected, rows)
+        compared += 1
+        if found is not None:
+            raise _Diverged(found)
+
+    try:
+        run_to_rows(workload, config, seed=trace.meta["seed"], scheduler_factory=scheduler_factory,
+                    on_step_rows=on_step_rows)
+    except _Diverged as d:
+        return d.args[0], compared
+    except EngineStalled as exc:
+        return Divergence(compared, None, "event", "next step", f"engine stalled: {exc}", 0, None,
+                          "", [], []), compared
+    leftover = next(recorded, None)
+    if leftover is not None:
+        step, rows = leftover
+        return Divergence(step, None, "event", f"step {step}", "end of run", 0, None, "", rows, []), compared
+    return None, compared
