@@ -30,8 +30,8 @@ from harness.recorder import record as record_run
 from harness.replay import Divergence, replay as replay_trace
 from harness.trace import Trace, TraceError, open_trace
 
-console = Console(stderr=False, highlight=False)
-err = Console(stderr=True, highlight=False)
+console = Console(stderr=False, highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE = 0, 1, 2
 

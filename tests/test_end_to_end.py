@@ -1,0 +1,223 @@
+"""record -> check -> replay on real workload slices, bad input, and broken engines.
+
+Every checker must be shown to fire: each mutant of reference/mutants.py is
+recorded on a scenario that exercises its bug and ``harness check`` must exit 1
+naming the intended invariant.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.trace import METADATA_KEY
+from reference.mutants import EXPECTED_INVARIANT, MUTANTS
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+AZURE_CODE = DATA / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_code.csv"
+MOONCAKE = DATA / "mooncake-fast25" / "conversation_trace.jsonl"
+needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data not present")
+
+# A tight pool: decodes run out of blocks, so preemption really happens.
+TIGHT = ["--set", "num_gpu_blocks=30", "--set", "max_model_len=96", "--set", "max_num_seqs=4",
+         "--set", "block_size=4", "--set", "max_num_batched_tokens=64"]
+# A roomy pool where max_num_seqs is the binding limit.
+ROOMY = ["--set", "num_gpu_blocks=200", "--set", "max_model_len=96", "--set", "max_num_seqs=4",
+         "--set", "block_size=4", "--set", "max_num_batched_tokens=64"]
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def run_json(*args: str) -> tuple[int, dict]:
+    code, out = run(*args, "--json")
+    return code, json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def azure_trace(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("azure") / "azure.parquet"
+    code, out = run("record", AZURE_CODE, "--limit", 300, "--time-scale", 10, "--set", "num_gpu_blocks=600",
+                    "--set", "max_num_seqs=64", "--set", "max_model_len=8192", "-o", path)
+    assert code == 0, out
+    return path
+
+
+@needs_data
+def test_azure_slice_record_check_replay(azure_trace: Path) -> None:
+    code, report = run_json("replay", azure_trace)
+    assert code == 0, report
+    assert report["ok"] is True
+    assert report["requests"] == 300
+    assert report["finished"] == 300
+    assert report["rejected"] == 0
+    assert report["preemptions"] == 6
+    assert report["prefix_hit_tokens"] == 14800  # resumed requests re-hit their own blocks
+    assert report["steps"] == report["replayed_steps"] == 2824
+    assert report["violations"] == [] and report["divergence"] is None
+
+
+@needs_data
+def test_mooncake_slice_has_prefix_hits_and_rejections(tmp_path: Path) -> None:
+    path = tmp_path / "mc.parquet"
+    code, out = run("record", MOONCAKE, "--limit", 40, "--time-scale", 20, "--set", "num_gpu_blocks=2100",
+                    "--set", "max_model_len=32768", "--set", "max_num_seqs=16", "-o", path)
+    assert code == 0, out
+    code, report = run_json("replay", path)
+    assert code == 0, report
+    assert report["finished"] == 38
+    assert report["rejected"] == 2  # prompts longer than max_model_len, recorded, not clipped
+    assert report["prefix_hit_tokens"] == 19920  # hash id 0 and longer shared prefixes hit
+    assert report["preemptions"] == 1
+    rejects = pq.read_table(path, filters=[("kind", "=", "reject")]).to_pylist()
+    assert [len(r["prompt_token_ids"]) > 32768 for r in rejects] == [True, True]
+    assert all("longer than max_model_len" in r["message"] for r in rejects)
+
+
+def test_synthetic_tight_pool_preempts_and_is_conformant(tmp_path: Path) -> None:
+    path = tmp_path / "syn.parquet"
+    code, out = run("record", "synthetic:60", *TIGHT, "-o", path)
+    assert code == 0, out
+    code, report = run_json("replay", path)
+    assert code == 0, report
+    assert (report["steps"], report["finished"], report["preemptions"]) == (392, 60, 1)
+
+
+def test_record_is_deterministic(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    for path in (a, b):
+        assert run("record", "synthetic:30", *TIGHT, "--seed", 7, "-o", path)[0] == 0
+    assert pq.read_table(a).equals(pq.read_table(b))
+    assert pq.ParquetFile(a).metadata.metadata[METADATA_KEY] == pq.ParquetFile(b).metadata.metadata[METADATA_KEY]
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_every_mutant_is_caught_by_its_invariant(tmp_path: Path, name: str) -> None:
+    path = tmp_path / f"{name}.parquet"
+    scenario = ROOMY if name == "ignore-max-num-seqs" else TIGHT
+    run("record", "synthetic:60", *scenario, "--engine", f"mutant:{name}", "-o", path)
+    code, report = run_json("check", path)
+    assert code == 1
+    assert EXPECTED_INVARIANT[name] in {v["invariant"] for v in report["violations"]}
+    first = next(v for v in report["violations"] if v["invariant"] == EXPECTED_INVARIANT[name])
+    assert first["step"] >= 0 and first["message"]
+
+
+def test_admit_after_preempt_witness(tmp_path: Path) -> None:
+    path = tmp_path / "m.parquet"
+    run("record", "synthetic:60", *TIGHT, "--engine", "mutant:admit-after-preempt", "-o", path)
+    code, report = run_json("check", path)
+    assert code == 1
+    v = next(v for v in report["violations"] if v["invariant"] == "NO-ADMIT-AFTER-PREEMPT")
+    assert v["step"] == 148
+    assert v["request"] == "r000025"
+    # The mutant re-admitted the very request it had just preempted.
+    assert v["message"] == "admitted (resumed) in a step that preempted ['r000025']"
+
+
+def test_replay_against_a_mutant_reports_first_divergence(tmp_path: Path) -> None:
+    path = tmp_path / "ref.parquet"
+    assert run("record", "synthetic:60", *TIGHT, "-o", path)[0] == 0
+    code, report = run_json("replay", path, "--candidate", "mutant:preempt-head")
+    assert code == 1
+    assert report["violations"] == []  # the trace itself is fine
+    d = report["divergence"]
+    assert d["step"] == 148
+    assert d["request"] == "r000024"
+    assert (d["field"], d["expected"], d["actual"]) == ("event", "schedule r000024", "preempt r000024")
+    code, out = run("replay", path, "--candidate", "mutant:preempt-head")
+    assert code == 1 and "DIVERGENCE at step 148" in out
+
+
+# -- unusable input: exit 2 with a one-line message naming the file --------
+
+@pytest.fixture
+def small_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "small.parquet"
+    assert run("record", "synthetic:10", *ROOMY, "-o", path)[0] == 0
+    return path
+
+
+def _assert_unusable(path: Path, fragment: str) -> None:
+    for command in ("check", "replay"):
+        code, out = run(command, path)
+        assert code == 2, out
+        assert str(path) in out and fragment in out, out
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    _assert_unusable(tmp_path / "nope.parquet", "no such file")
+
+
+def test_not_parquet(tmp_path: Path) -> None:
+    path = tmp_path / "text.parquet"
+    path.write_text("step,kind\n0,arrival\n")
+    _assert_unusable(path, "not a Parquet file")
+
+
+def test_truncated_file(small_trace: Path, tmp_path: Path) -> None:
+    data = small_trace.read_bytes()
+    path = tmp_path / "truncated.parquet"
+    path.write_bytes(data[: len(data) // 2])
+    _assert_unusable(path, "truncated")
+
+
+def _rewrite(src: Path, dst: Path, table: pa.Table, meta: dict) -> None:
+    pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta)}), dst)
+
+
+def test_unknown_schema_version(small_trace: Path, tmp_path: Path) -> None:
+    table = pq.read_table(small_trace)
+    meta = json.loads(pq.ParquetFile(small_trace).metadata.metadata[METADATA_KEY])
+    meta["schema_version"] = 99
+    path = tmp_path / "v99.parquet"
+    _rewrite(small_trace, path, table, meta)
+    _assert_unusable(path, "unknown trace schema version 99")
+
+
+def test_missing_column(small_trace: Path, tmp_path: Path) -> None:
+    table = pq.read_table(small_trace)
+    meta = json.loads(pq.ParquetFile(small_trace).metadata.metadata[METADATA_KEY])
+    path = tmp_path / "nocol.parquet"
+    _rewrite(small_trace, path, table.drop_columns(["num_free_blocks"]), meta)
+    _assert_unusable(path, "missing column(s) num_free_blocks")
+
+
+def test_plain_parquet_without_metadata(tmp_path: Path) -> None:
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"x": [1, 2]}), path)
+    _assert_unusable(path, "without sched-harness metadata")
+
+
+def test_bad_config_and_workload_exit_2(tmp_path: Path) -> None:
+    out_path = tmp_path / "x.parquet"
+    code, out = run("record", "synthetic:5", "--set", "max_model_len=100000", "-o", out_path)
+    assert code == 2 and "max_model_len 100000 needs" in out
+    code, out = run("record", "synthetic:5", "--set", "no_such_key=1", "-o", out_path)
+    assert code == 2 and "unknown config key 'no_such_key'" in out
+    code, out = run("record", tmp_path / "missing.csv", "-o", out_path)
+    assert code == 2 and "missing.csv" in out
+    assert not out_path.exists()
+
+
+def test_failed_record_keeps_existing_trace(small_trace: Path) -> None:
+    before = small_trace.read_bytes()
+    code, _ = run("record", "synthetic:5", "--set", "policy=lifo", "-o", small_trace)
+    assert code == 2
+    assert small_trace.read_bytes() == before
+    assert not list(small_trace.parent.glob(".*.tmp"))
+
+
+def test_invariants_listing() -> None:
+    code, out = run("invariants")
+    assert code == 0
+    for inv in ("PREEMPT-ONLY-RUNNING", "NO-ADMIT-AFTER-PREEMPT", "BLOCK-CONSERVATION", "FCFS-VICTIM-TAIL"):
+        assert inv in out
