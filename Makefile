@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	@mkdir -p out
-	$(BIN)/harness record $(AZURE_CODE) --limit 500 --time-scale 10 --seed 0 \
-		--set num_gpu_blocks=1200 --set max_num_seqs=64 --set max_num_batched_tokens=2048 \
+	$(BIN)/harness record $(AZURE_CODE) --limit 500 --time-scale 30 --seed 0 \
+		--set num_gpu_blocks=600 --set max_num_seqs=64 --set max_num_batched_tokens=2048 \
 		--set max_model_len=8192 -o $(DEMO_TRACE)
 	$(BIN)/harness replay $(DEMO_TRACE)
 
