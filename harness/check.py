@@ -52,8 +52,8 @@ class _Req:
     status: str = "WAITING"
     num_computed_tokens: int = 0
     blocks: list[int] = field(default_factory=list)
-    shared_ok: set[int] = field(default_factory=set)
     chain: list[bytes] = field(default_factory=list)
+    registered: int = 0  # leading table blocks whose content is recorded
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
 
     @property
@@ -160,8 +160,6 @@ class TraceChecker:
                 self.cached[old].discard(block)
                 if not self.cached[old]:
                     del self.cached[old]
-        else:
-            req.shared_ok.add(block)
         holders.add(req.request_id)
         req.blocks.append(block)
 
@@ -187,34 +185,36 @@ class TraceChecker:
                 if not holders:
                     del self.owners[block]
         req.blocks = []
-        req.shared_ok = set()
+        req.registered = 0
+
+    def _extend_chain(self, req: _Req, n_blocks: int) -> None:
+        """Content hashes of the request's first ``n_blocks`` full blocks."""
+        while len(req.chain) < n_blocks:
+            i = len(req.chain)
+            req.chain.append(_chain(req.chain[-1] if req.chain else None,
+                                    req.token_ids[i * self.bs:(i + 1) * self.bs]))
 
     def _register_full_blocks(self, req: _Req, upto_tokens: int) -> None:
         """Record the content of the request's blocks fully covered by
         ``upto_tokens`` (what vLLM caches eagerly at schedule time)."""
-        n_full = min(upto_tokens, req.num_tokens) // self.bs
-        while len(req.chain) < n_full:
-            i = len(req.chain)
-            req.chain.append(_chain(req.chain[-1] if req.chain else None,
-                                    req.token_ids[i * self.bs:(i + 1) * self.bs]))
         if not self.caching:
             return
-        for i in range(min(n_full, len(req.blocks))):
+        n_full = min(upto_tokens, req.num_tokens, len(req.blocks) * self.bs) // self.bs
+        self._extend_chain(req, n_full)
+        for i in range(req.registered, n_full):
             block = req.blocks[i]
             if block not in self.content:
                 self.content[block] = req.chain[i]
                 self.cached.setdefault(req.chain[i], set()).add(block)
+        req.registered = max(req.registered, n_full)
 
     def _longest_cached_prefix(self, req: _Req) -> int:
+        """Tokens of the longest prefix whose full blocks are all cached,
+        capped at num_tokens - 1 (the last token is always recomputed)."""
         max_blocks = (req.num_tokens - 1) // self.bs
-        self._register_full_blocks(req, 0)  # make sure chain exists up to needed length
+        self._extend_chain(req, max_blocks)
         n = 0
-        while n < max_blocks:
-            if len(req.chain) <= n:
-                req.chain.append(_chain(req.chain[-1] if req.chain else None,
-                                        req.token_ids[n * self.bs:(n + 1) * self.bs]))
-            if not self.cached.get(req.chain[n]):
-                break
+        while n < max_blocks and self.cached.get(req.chain[n]):
             n += 1
         return n * self.bs
 
