@@ -197,6 +197,10 @@ class TraceWriter:
         """Flush, finish the file and rename it into place (atomic)."""
         self._flush()
         self._writer.close()
+        # mkstemp creates 0600; give the trace the usual umask-based mode.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self._tmp, 0o666 & ~umask)
         os.replace(self._tmp, self.path)
 
     def abort(self) -> None:

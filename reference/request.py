@@ -160,8 +160,10 @@ def check_stop(request: Request, max_model_len: int) -> bool:
 
     Order (vLLM 0.33.0 ``check_stop``, spec section 10.8): EOS, then a stop token
     (``stop_reason`` = that token), then length (``num_tokens >= max_model_len``
-    or ``num_output_tokens >= max_tokens``), and only then ``min_tokens``
-    suppresses the remaining checks. Returns True when the request stopped.
+    or ``num_output_tokens >= max_tokens``). In 0.33.0 ``min_tokens`` only
+    suppresses repetition detection, which the reference does not model; the
+    sampler (here: the scripted model) is what keeps stop tokens out before
+    ``min_tokens``. Returns True when the request stopped.
     """
     params = request.sampling_params
     last = request.output_token_ids[-1]
