@@ -76,6 +76,11 @@ class EngineConfig:
             raise ConfigError("num_gpu_blocks must be >= 2 (block 0 is the null block)")
         if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
             raise ConfigError("long_prefill_token_threshold must be an integer >= 0")
+        if self.long_prefill_token_threshold > self.max_model_len:
+            # vLLM SchedulerConfig.verify_max_model_len
+            raise ConfigError(
+                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) cannot be "
+                f"greater than max_model_len ({self.max_model_len})")
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.step_fixed_s < 0 or self.step_per_token_s < 0 or self.step_fixed_s + self.step_per_token_s <= 0:

@@ -62,8 +62,8 @@ class SamplingParams:
     config; with ``ignore_eos`` it is treated as absent (``check_stop`` never
     fires on it). Units: tokens.
 
-    Raises ValueError on ``max_tokens < 1`` or ``min_tokens < 0`` (vLLM's
-    ``SamplingParams._verify_args``).
+    Raises ValueError on ``max_tokens < 1``, ``min_tokens < 0`` or
+    ``min_tokens > max_tokens`` (vLLM's ``SamplingParams._verify_args``).
     """
 
     max_tokens: int = 16
@@ -77,6 +77,8 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
 
     @property
     def effective_eos_token_id(self) -> int | None:
