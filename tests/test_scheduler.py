@@ -254,8 +254,8 @@ def test_fcfs_preemption_victim_is_running_tail_and_resumes_with_prefix_hit():
     step 1. In step 2 r0's decode needs a 3rd block: the victim is the running
     tail r1, which frees [4, 3] (both hashed -> tail of the queue); r0 then
     pops block 4. r1 ends PREEMPTED, 0 computed, no blocks, at the head of
-    waiting (ahead of r2, which arrived earlier but was added to waiting
-    later); nothing is admitted that step although block 3 is free.
+    waiting (ahead of r2, which was already waiting); nothing is admitted
+    that step.
     r0 finishes (max_tokens 2) and frees [4, 2, 1]. In step 3 r1 resumes:
     its first block (3) is still cached (16-token hit; its second block's
     hash went with block 4), it schedules 33 - 16 = 17 tokens and r2 follows.
@@ -404,6 +404,84 @@ def test_priority_self_preemption_continues_running_loop():
     assert out3.preempted_req_ids == {"A"}
     assert running_ids(sched) == ["B"]
     assert waiting_ids(sched) == ["A"]
+
+
+def test_priority_victim_skipped_before_cursor_does_not_make_loop_jump():
+    """0.33.0 (spec 10.5): removing a victim that sits before the cursor always
+    decrements the index, even if the victim was skipped (not scheduled) this
+    step, so no request is jumped over (the 4.2 quirk is gone).
+
+    Pool of 5, no full-sequence gate, budget 32, threshold 15. V (priority 9)
+    runs alone in step 1 ([1]). Step 2 decodes V ([2]) and admits R and T
+    (priority 0) with 15-token chunks ([3], [4]). Step 3 is scheduled while
+    step 2 is still in flight: V has nothing to compute and is skipped; R needs
+    a 2nd block, the victim is V (index 0 < cursor), V frees [2, 1], R takes 2
+    and T, right behind R, is still scheduled and takes 1.
+    """
+    sched = make_scheduler(num_gpu_blocks=5, max_model_len=64, max_num_seqs=4,
+                           max_num_batched_tokens=32, policy="priority",
+                           long_prefill_token_threshold=15, scheduler_reserve_full_isl=False)
+    sched.add_request(make_request("V", 16, priority=9, arrival_time=0.0))
+    out1, _ = step(sched)
+    assert scheduled(out1) == [("V", "new", 0, 16, [1])]
+    sched.add_request(make_request("R", 48, priority=0, arrival_time=1.0))
+    sched.add_request(make_request("T", 48, priority=0, arrival_time=2.0))
+    out2 = sched.schedule()
+    assert scheduled(out2) == [("V", "running", 16, 1, [2]),
+                               ("R", "new", 0, 15, [3]),
+                               ("T", "new", 0, 15, [4])]
+    out3 = sched.schedule()  # step 2's output not processed yet
+    assert out3.events == [
+        Preemption("V", 17, [2, 1]),
+        ScheduledRequest("R", "running", 15, 15, 0, [2]),
+        ScheduledRequest("T", "running", 15, 15, 0, [1]),
+    ]
+    assert out3.num_scheduled_tokens == {"R": 15, "T": 15}
+    assert running_ids(sched) == ["R", "T"]
+    assert waiting_ids(sched) == ["V"]
+    assert sched.requests["V"].num_stale_output_tokens == 1  # step 2's token is in flight
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "vLLM 0.33.0 Scheduler.schedule() waiting loop skips a request whose "
+    "num_stale_output_tokens > 0 and not drop_stale_output ('Deliverable stale "
+    "output still in flight', vllm/v1/core/sched/scheduler.py); "
+    "reference/scheduler.py Scheduler.schedule has no such skip and resumes it "
+    "while its pre-preemption token is still in flight"))
+def test_preempted_request_with_stale_output_in_flight_is_not_resumed():
+    """Same start as the test above: V is preempted while step 2 (which
+    decodes V) is still in flight, so V has a stale share of 1 token. R and T
+    are then aborted, freeing the pool. vLLM does not resume V until that
+    in-flight output has been delivered (resuming could resample a position
+    the output later delivers): the next schedule() admits nothing. Once
+    step 2's output arrives (V gets its token: 18 tokens) V resumes with all
+    18 tokens."""
+    sched = make_scheduler(num_gpu_blocks=5, max_model_len=64, max_num_seqs=4,
+                           max_num_batched_tokens=32, policy="priority",
+                           long_prefill_token_threshold=15, scheduler_reserve_full_isl=False)
+    sched.add_request(make_request("V", 16, priority=9, arrival_time=0.0))
+    step(sched)
+    sched.add_request(make_request("R", 48, priority=0, arrival_time=1.0))
+    sched.add_request(make_request("T", 48, priority=0, arrival_time=2.0))
+    out2 = sched.schedule()
+    out3 = sched.schedule()
+    assert out3.preempted_req_ids == {"V"}
+    v = sched.requests["V"]
+    assert (v.num_stale_output_tokens, v.drop_stale_output) == (1, False)
+    sched.finish_requests(["R", "T"], RequestStatus.FINISHED_ABORTED)
+    assert sched.kv_cache_manager.num_free_blocks == 4
+
+    out4 = sched.schedule()
+    assert out4.num_scheduled_tokens == {}
+    assert waiting_ids(sched) == ["V"]
+    assert v.status == RequestStatus.PREEMPTED
+
+    result = sched.update_from_output(out2, {"V": [TOKEN]})
+    assert result.new_token_ids == {"V": [TOKEN]}
+    assert (v.num_stale_output_tokens, v.num_tokens) == (0, 18)
+    out5 = sched.schedule()
+    assert [(s.request_id, s.kind, s.num_scheduled_tokens) for s in out5.scheduled] == [
+        ("V", "resumed", 18)]
 
 
 def test_fcfs_same_scenario_preempts_tail_instead():
