@@ -237,7 +237,7 @@ class TraceChecker:
         self.result.requests += 1
         if rid in self.reqs:
             self._violate("STATE-CONTINUITY", rid, "request id arrived twice")
-        if not prompt or len(prompt) > self.max_model_len:
+        if not prompt or len(prompt) >= self.max_model_len:
             self._violate("ARRIVAL-ADMISSIBLE", rid,
                           f"accepted a prompt of {len(prompt)} tokens with max_model_len {self.max_model_len}")
         req = _Req(rid, ev["priority"], ev["arrival_time_s"], len(prompt), ev["max_tokens"],
@@ -251,7 +251,7 @@ class TraceChecker:
         self.result.requests += 1
         self.result.rejected += 1
         n = len(ev["prompt_token_ids"] or [])
-        if 0 < n <= self.max_model_len:
+        if 0 < n < self.max_model_len:
             self._violate("ARRIVAL-ADMISSIBLE", ev["request_id"],
                           f"rejected a {n}-token prompt that fits max_model_len {self.max_model_len}")
 
@@ -281,7 +281,8 @@ class TraceChecker:
         if running != expected_running:
             self._violate("STATE-CONTINUITY", None,
                           f"running at step start {running} != previous end {expected_running}")
-        expected_waiting = [r for r in self.prev_waiting if r not in st.aborted] + st.arrived
+        # A request may arrive and be aborted before the same step starts.
+        expected_waiting = [r for r in self.prev_waiting + st.arrived if r not in st.aborted]
         if sorted(waiting) != sorted(expected_waiting) or (self.policy == "fcfs" and waiting != expected_waiting):
             self._violate("STATE-CONTINUITY", None,
                           f"waiting at step start {waiting} != previous end + arrivals {expected_waiting}")

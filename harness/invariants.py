@@ -19,7 +19,7 @@ class Invariant:
 
 
 INVARIANTS: dict[str, Invariant] = {inv.id: inv for inv in [
-    Invariant("ARRIVAL-ADMISSIBLE", "An accepted request has a non-empty prompt of at most max_model_len tokens; a rejected one does not.", "2.3, engine input processor"),
+    Invariant("ARRIVAL-ADMISSIBLE", "An accepted request has a non-empty prompt shorter than max_model_len (room for one output token); a rejected one does not.", "2.3, engine input processor"),
     Invariant("STATE-CONTINUITY", "Queues and counters seen at step start/end follow from the previous step's state and this step's events.", "3.1"),
     Invariant("BUDGET-TOKENS", "total_num_scheduled_tokens = sum of entries <= token budget; every entry > 0; the budget left is consistent.", "8 #1, 10.3"),
     Invariant("BUDGET-THRESHOLD", "With more than one eligible request and long_prefill_token_threshold > 0, no entry exceeds the threshold.", "8 #2, 10.3"),

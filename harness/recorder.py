@@ -143,7 +143,7 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
             summary = engine_obj.run(workload, on_step)
         except EngineStalled as exc:
             summary = engine_obj.summary
-            summary.stalled = str(exc)
+            summary.stalled = writer.stalled = str(exc)
     return summary
 
 

@@ -16,7 +16,6 @@ from typing import Any
 import pyarrow.parquet as pq
 from deepdiff import DeepDiff
 
-from reference.config import EngineConfig
 from reference.engine import EngineStalled, SchedulerFactory
 from reference.workload import Workload
 
@@ -106,7 +105,7 @@ def replay(trace: Trace, scheduler_factory: SchedulerFactory) -> tuple[Divergenc
     Returns (first divergence or None, number of steps compared). A candidate
     that stalls or raises diverges at the step where it did.
     """
-    config = EngineConfig.from_dict(trace.meta["config"])
+    config = trace.config
     workload = workload_from_trace(trace)
     recorded = trace.iter_steps()
     compared = 0
@@ -130,6 +129,9 @@ def replay(trace: Trace, scheduler_factory: SchedulerFactory) -> tuple[Divergenc
     except _Diverged as d:
         return d.args[0], compared
     except EngineStalled as exc:
+        # A trace that ended in the same stall is matched, not diverged from.
+        if trace.summary.get("stalled") is not None and next(recorded, None) is None:
+            return None, compared
         return Divergence(compared, None, "event", "next step", f"engine stalled: {exc}", 0, None,
                           "", [], []), compared
     leftover = next(recorded, None)

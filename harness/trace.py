@@ -21,8 +21,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reference.config import ConfigError, EngineConfig
+
 SCHEMA_VERSION = 1
 METADATA_KEY = b"sched_harness"
+# Written in the footer when the run ends: {"steps", "events", "stalled"}.
+SUMMARY_KEY = b"sched_harness_summary"
 
 _i32 = pa.int32()
 _ids = pa.list_(pa.int32())
@@ -81,10 +85,14 @@ class TraceError(Exception):
 
 @dataclass
 class Trace:
-    """An opened, validated trace: ``meta`` (the metadata dict) and its path."""
+    """An opened, validated trace: its path, ``meta`` (the metadata dict),
+    ``config`` (validated, fingerprint verified) and ``summary`` (footer:
+    steps, events, and why the engine stalled, if it did)."""
 
     path: Path
     meta: dict[str, Any]
+    config: EngineConfig
+    summary: dict[str, Any]
     num_rows: int
     _file: pq.ParquetFile
 
@@ -97,6 +105,7 @@ class Trace:
         current: int | None = None
         events: list[dict[str, Any]] = []
         last_key = (-1, -1)
+        num_steps = 0
         try:
             for batch in self._file.iter_batches(batch_size=65536, columns=list(COLUMNS)):
                 for row in batch.to_pylist():
@@ -109,11 +118,15 @@ class Trace:
                         if current is not None:
                             yield current, events
                         current, events = row["step"], []
+                        num_steps += 1
                     events.append(row)
         except (OSError, pa.ArrowException) as exc:
             raise TraceError(f"{self.path}: corrupt or truncated data ({_one_line(exc)})") from None
         if current is not None:
             yield current, events
+        if num_steps != self.summary["steps"]:
+            raise TraceError(f"{self.path}: incomplete trace: the footer says "
+                             f"{self.summary['steps']} steps, the file holds {num_steps}")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -139,6 +152,8 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
         meta = json.loads(raw)
     except ValueError:
         raise TraceError(f"{p}: sched-harness metadata is not valid JSON") from None
+    if not isinstance(meta, dict):
+        raise TraceError(f"{p}: sched-harness metadata is not a JSON object")
     version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
         raise TraceError(f"{p}: unknown trace schema version {version!r} "
@@ -147,10 +162,37 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
     missing = [c for c in COLUMNS if c not in names]
     if missing:
         raise TraceError(f"{p}: missing column(s) {', '.join(missing)}")
-    for key in ("engine", "config", "seed", "workload"):
+    config = _validate_meta(p, meta)
+    raw_summary = (pf.metadata.metadata or {}).get(SUMMARY_KEY)
+    try:
+        summary = json.loads(raw_summary) if raw_summary is not None else None
+    except ValueError:
+        summary = None
+    if not isinstance(summary, dict) or not isinstance(summary.get("steps"), int) \
+            or not isinstance(summary.get("events"), int):
+        raise TraceError(f"{p}: no valid run summary in the footer (the run did not finish "
+                         f"writing, or the file was rewritten)")
+    if summary["events"] != pf.metadata.num_rows:
+        raise TraceError(f"{p}: incomplete trace: the footer says {summary['events']} events, "
+                         f"the file holds {pf.metadata.num_rows}")
+    return Trace(p, meta, config, summary, pf.metadata.num_rows, pf)
+
+
+def _validate_meta(p: Path, meta: Any) -> EngineConfig:
+    """Check the metadata's shape; return its config, validated and fingerprint-checked."""
+    for key, kind in (("engine", str), ("config", dict), ("seed", int), ("workload", dict),
+                      ("config_fingerprint", str)):
         if key not in meta:
             raise TraceError(f"{p}: metadata lacks {key!r}")
-    return Trace(p, meta, pf.metadata.num_rows, pf)
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            raise TraceError(f"{p}: metadata {key!r} must be a {kind.__name__}, got {meta[key]!r}")
+    try:
+        config = EngineConfig.from_dict(meta["config"])
+    except ConfigError as exc:
+        raise TraceError(f"{p}: bad config in metadata: {exc}") from None
+    if config.fingerprint() != meta["config_fingerprint"]:
+        raise TraceError(f"{p}: config does not match its fingerprint (metadata edited?)")
+    return config
 
 
 class TraceWriter:
@@ -176,8 +218,11 @@ class TraceWriter:
         self._buffer: dict[str, list[Any]] = {c: [] for c in COLUMNS}
         self._buffered = 0
         self.num_rows = 0
+        self._num_steps = 0
+        self.stalled: str | None = None
 
     def add_step(self, rows: list[dict[str, Any]]) -> None:
+        self._num_steps += 1
         for row in rows:
             for column in COLUMNS:
                 self._buffer[column].append(row.get(column))
@@ -194,8 +239,11 @@ class TraceWriter:
             self._buffered = 0
 
     def close(self) -> None:
-        """Flush, finish the file and rename it into place (atomic)."""
+        """Flush, write the footer summary, finish the file and rename it
+        into place (atomic)."""
         self._flush()
+        summary = {"steps": self._num_steps, "events": self.num_rows, "stalled": self.stalled}
+        self._writer.add_key_value_metadata({SUMMARY_KEY: json.dumps(summary, sort_keys=True)})
         self._writer.close()
         # mkstemp creates 0600; give the trace the usual umask-based mode.
         umask = os.umask(0)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 POLICIES = ("fcfs", "priority")
+MAX_NUM_GPU_BLOCKS = 4_194_304
 
 
 class ConfigError(ValueError):
@@ -68,8 +70,17 @@ class EngineConfig:
             positive(name)
         if self.max_num_scheduled_tokens is not None:
             positive("max_num_scheduled_tokens")
-            if self.max_num_scheduled_tokens > self.max_num_batched_tokens:
-                raise ConfigError("max_num_scheduled_tokens must be <= max_num_batched_tokens")
+        if self.num_gpu_blocks > MAX_NUM_GPU_BLOCKS:
+            # A harness limit, not vLLM's: one Python object per block.
+            raise ConfigError(f"num_gpu_blocks {self.num_gpu_blocks} is above this harness's "
+                              f"limit of {MAX_NUM_GPU_BLOCKS}")
+        for name in ("watermark", "step_fixed_s", "step_per_token_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "scheduler_reserve_full_isl"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.num_gpu_blocks < 2:

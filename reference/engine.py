@@ -5,8 +5,8 @@ mode, with the scripted model runner and a virtual clock instead of a GPU:
 
 * a request arrives when the clock passes its ``arrival_time``; the input
   processor's checks run first (``vllm/v1/engine/input_processor.py``): an
-  empty prompt or one longer than ``max_model_len`` is rejected and recorded,
-  never clipped or dropped;
+  empty prompt or one of ``max_model_len`` tokens or more is rejected and
+  recorded, never clipped or dropped;
 * a request is aborted when the clock passes its ``abort_time``;
 * a step lasts ``step_fixed_s + step_per_token_s * total_num_scheduled_tokens``
   seconds of virtual time;
@@ -88,11 +88,19 @@ class EngineSummary:
 
 
 def reject_reason(spec: RequestSpec, config: EngineConfig) -> str | None:
-    """Why vLLM's input processor would refuse ``spec``, or None."""
-    if not spec.prompt_token_ids:
+    """Why vLLM's input processor would refuse ``spec``, or None.
+
+    vLLM 0.33.0 ``InputProcessor._validate_prompt_len``: an empty prompt, a
+    prompt longer than ``max_model_len``, and, for generation, a prompt of
+    exactly ``max_model_len`` tokens (no room for one output token).
+    """
+    n = len(spec.prompt_token_ids)
+    if n == 0:
         return "empty prompt"
-    if len(spec.prompt_token_ids) > config.max_model_len:
-        return (f"prompt of {len(spec.prompt_token_ids)} tokens is longer than "
+    if n > config.max_model_len:
+        return f"prompt of {n} tokens is longer than max_model_len {config.max_model_len}"
+    if n == config.max_model_len:
+        return (f"prompt of {n} tokens plus at least 1 output token is longer than "
                 f"max_model_len {config.max_model_len}")
     return None
 

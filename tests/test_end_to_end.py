@@ -221,3 +221,98 @@ def test_invariants_listing() -> None:
     assert code == 0
     for inv in ("PREEMPT-ONLY-RUNNING", "NO-ADMIT-AFTER-PREEMPT", "BLOCK-CONSERVATION", "FCFS-VICTIM-TAIL"):
         assert inv in out
+
+
+# -- regressions found by the adversarial review -----------------------------
+
+def test_abort_in_arrival_step_is_not_a_state_continuity_violation(tmp_path: Path) -> None:
+    """A request that arrives and is aborted before the same step starts left
+    the checker expecting it in waiting (false STATE-CONTINUITY alarm)."""
+    from harness.recorder import record
+    from reference.config import EngineConfig
+    from reference.workload import synthetic
+
+    path = tmp_path / "abort.parquet"
+    summary = record(synthetic(9, seed=1, abort_fraction=1.0), EngineConfig(), path, seed=1)
+    assert (summary.finished, summary.aborted, summary.stalled) == (6, 3, None)
+    rows = pq.read_table(path, columns=["step", "kind", "request_id"],
+                         filters=[("kind", "in", ["arrival", "abort"])]).to_pylist()
+    arrived = {r["request_id"]: r["step"] for r in rows if r["kind"] == "arrival"}
+    same_step = [r["request_id"] for r in rows
+                 if r["kind"] == "abort" and arrived[r["request_id"]] == r["step"]]
+    assert same_step == ["r000008"]
+    code, report = run_json("replay", path)
+    assert code == 0, report["violations"]
+    assert report["aborted"] == 3
+
+
+def test_prompt_of_exactly_max_model_len_is_rejected_not_stalled(tmp_path: Path) -> None:
+    """vLLM 0.33.0's input processor refuses a prompt of exactly max_model_len
+    tokens (no room for an output token); accepting it stalled the engine at
+    max_model_len - 1 computed tokens forever."""
+    path = tmp_path / "mml.parquet"
+    code, out = run("record", "synthetic:50", "--set", "max_model_len=64",
+                    "--set", "max_num_batched_tokens=32", "--set", "max_num_seqs=4", "-o", path)
+    assert code == 0, out
+    code, report = run_json("replay", path)
+    assert code == 0, report
+    rejects = pq.read_table(path, filters=[("kind", "=", "reject")]).to_pylist()
+    assert sorted(len(r["prompt_token_ids"]) for r in rejects) == [64, 64]
+    assert all("plus at least 1 output token" in r["message"] for r in rejects)
+
+
+def test_replay_of_a_stalled_trace_matches_the_identical_stall(tmp_path: Path) -> None:
+    """Chunked prefill off with a per-step budget below the prompt length is a
+    config vLLM 0.33.0 accepts and that never admits the request: record
+    writes the trace up to the stall, check reports LIVENESS, and replay sees
+    the candidate stall at the same point (no divergence)."""
+    path = tmp_path / "stall.parquet"
+    code, out = run("record", "synthetic:5", "--set", "enable_chunked_prefill=false",
+                    "--set", "max_model_len=64", "--set", "max_num_batched_tokens=64",
+                    "--set", "max_num_seqs=4", "--set", "max_num_scheduled_tokens=8", "-o", path)
+    assert code == 1 and "engine stalled" in out
+    code, report = run_json("replay", path)
+    assert code == 1
+    assert report["divergence"] is None
+    assert {v["invariant"] for v in report["violations"]} == {"LIVENESS"}
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ("step_fixed_s=nan", "step_fixed_s must be a finite number"),
+    ("step_per_token_s=inf", "step_per_token_s must be a finite number"),
+    ("num_gpu_blocks=99999999999999", "above this harness's limit"),
+    ("long_prefill_token_threshold=9000", "cannot be greater than max_model_len"),
+])
+def test_bad_numbers_in_config_exit_2(tmp_path: Path, setting: str, fragment: str) -> None:
+    code, out = run("record", "synthetic:5", "--set", setting, "-o", tmp_path / "x.parquet")
+    assert code == 2 and fragment in out, out
+
+
+def _retag(src: Path, dst: Path, edit) -> None:
+    """Copy a trace with edited metadata, keeping the footer summary."""
+    pf = pq.ParquetFile(src)
+    kv = dict(pf.metadata.metadata)
+    meta = json.loads(kv[METADATA_KEY])
+    kv[METADATA_KEY] = json.dumps(edit(meta))
+    pq.write_table(pq.read_table(src).replace_schema_metadata(kv), dst)
+
+
+def test_edited_config_without_new_fingerprint_exit_2(small_trace: Path, tmp_path: Path) -> None:
+    path = tmp_path / "edited.parquet"
+    _retag(small_trace, path, lambda m: {**m, "config": {**m["config"], "block_size": 0}})
+    _assert_unusable(path, "bad config in metadata")
+    _retag(small_trace, path, lambda m: {**m, "config": {**m["config"], "max_num_seqs": 5}})
+    _assert_unusable(path, "does not match its fingerprint")
+
+
+def test_metadata_that_is_not_an_object_exit_2(small_trace: Path, tmp_path: Path) -> None:
+    path = tmp_path / "list.parquet"
+    _retag(small_trace, path, lambda m: [1])
+    _assert_unusable(path, "not a JSON object")
+
+
+def test_zero_row_trace_is_incomplete(small_trace: Path, tmp_path: Path) -> None:
+    pf = pq.ParquetFile(small_trace)
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pq.read_table(small_trace).slice(0, 0).replace_schema_metadata(pf.metadata.metadata), path)
+    _assert_unusable(path, "incomplete trace")
