@@ -19,11 +19,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from reference.config import ConfigError, EngineConfig
-from reference.engine import SchedulerFactory
-from reference.mutants import MUTANTS
-from reference.scheduler import Scheduler
+from reference.candidate import CandidateError, CandidateFactory
 from reference.workload import WorkloadError, load_workload
 
+from harness.candidates import CandidateSpecError, resolve_candidate
 from harness.check import CheckResult, check_steps
 from harness.invariants import INVARIANTS
 from harness.recorder import record as record_run
@@ -41,16 +40,11 @@ def _fail(message: str) -> None:
     sys.exit(EXIT_UNUSABLE)
 
 
-def resolve_candidate(spec: str) -> SchedulerFactory:
-    """``reference`` or ``mutant:NAME``; click.BadParameter otherwise."""
-    if spec == "reference":
-        return Scheduler
-    if spec.startswith("mutant:"):
-        name = spec.split(":", 1)[1]
-        if name in MUTANTS:
-            return MUTANTS[name]
-        raise click.BadParameter(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
-    raise click.BadParameter(f"unknown candidate {spec!r}: use 'reference' or 'mutant:NAME'")
+def _candidate(spec: str) -> CandidateFactory:
+    try:
+        return resolve_candidate(spec)
+    except CandidateSpecError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
@@ -97,7 +91,7 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
     WORKLOAD is an Azure LLM inference CSV, a Mooncake JSONL, or
     'synthetic[:N]'.
     """
-    factory = resolve_candidate(engine)
+    factory = _candidate(engine)
     try:
         config = EngineConfig().with_overrides(_parse_sets(sets))
     except ConfigError as exc:
@@ -120,8 +114,12 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
             done += len(rec.update.finished) + len(rec.aborts) + len(rec.rejections)
             if rec.step % 64 == 0:
                 progress.update(task, completed=done, step=rec.step)
-        summary = record_run(wl, config, output, seed=seed, engine=engine,
-                             scheduler_factory=factory, on_progress=on_progress)
+        try:
+            summary = record_run(wl, config, output, seed=seed, engine=engine,
+                                 candidate_factory=factory, on_progress=on_progress)
+        except CandidateError as exc:
+            err.print(f"[bold red]error:[/] {engine}: {exc} (no trace written)")
+            sys.exit(EXIT_FOUND)
     console.print(f"recorded [bold]{output}[/]: {summary.steps} steps, {summary.requests} requests "
                   f"({summary.finished} finished, {summary.rejected} rejected, {summary.aborted} aborted), "
                   f"{summary.preemptions} preemptions, {summary.prefix_hit_tokens} prefix-hit tokens, "
@@ -217,7 +215,7 @@ def check(trace_path: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
 def replay(trace_path: str, candidate: str, as_json: bool) -> None:
     """Check TRACE, then re-drive CANDIDATE with its inputs and compare decisions step by step."""
-    factory = resolve_candidate(candidate)
+    factory = _candidate(candidate)
     trace = _open(trace_path)
     result = _check(trace)
     try:

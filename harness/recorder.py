@@ -15,7 +15,8 @@ from typing import Any
 
 import reference
 from reference.config import EngineConfig
-from reference.engine import Engine, EngineStalled, EngineSummary, SchedulerFactory, StepRecord
+from reference.candidate import CandidateFactory
+from reference.engine import Engine, EngineStalled, EngineSummary, StepRecord
 from reference.scheduler import FinishedRequest, Preemption, Scheduler
 from reference.workload import RequestSpec, Workload
 
@@ -122,7 +123,7 @@ def trace_metadata(workload: Workload, config: EngineConfig, seed: int, engine: 
 
 
 def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, seed: int = 0,
-           engine: str = "reference", scheduler_factory: SchedulerFactory = Scheduler,
+           engine: str = "reference", candidate_factory: CandidateFactory = Scheduler,
            on_progress: Callable[[StepRecord], None] | None = None) -> EngineSummary:
     """Run ``workload`` on the engine and write the trace to ``out_path``.
 
@@ -133,7 +134,7 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
     reports the requests left behind (LIVENESS).
     """
     meta = trace_metadata(workload, config, seed, engine)
-    engine_obj = Engine(config, seed=seed, scheduler_factory=scheduler_factory)
+    engine_obj = Engine(config, seed=seed, candidate_factory=candidate_factory)
     with TraceWriter(out_path, meta) as writer:
         def on_step(rec: StepRecord) -> None:
             writer.add_step(step_rows(rec))
@@ -148,8 +149,8 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
 
 
 def run_to_rows(workload: Workload, config: EngineConfig, *, seed: int = 0,
-                scheduler_factory: SchedulerFactory = Scheduler,
+                candidate_factory: CandidateFactory = Scheduler,
                 on_step_rows: Callable[[int, list[Row]], None]) -> EngineSummary:
     """Run the engine and hand each step's rows to ``on_step_rows`` (no file)."""
-    engine_obj = Engine(config, seed=seed, scheduler_factory=scheduler_factory)
+    engine_obj = Engine(config, seed=seed, candidate_factory=candidate_factory)
     return engine_obj.run(workload, lambda rec: on_step_rows(rec.step, step_rows(rec)))

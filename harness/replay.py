@@ -16,7 +16,8 @@ from typing import Any
 import pyarrow.parquet as pq
 from deepdiff import DeepDiff
 
-from reference.engine import EngineStalled, SchedulerFactory
+from reference.candidate import CandidateError, CandidateFactory
+from reference.engine import EngineStalled
 from reference.workload import Workload
 
 from harness.recorder import Row, run_to_rows, spec_from_row
@@ -99,8 +100,8 @@ def _brief(row: Row | None) -> str | None:
     return f"{row.get('kind')} {row.get('request_id') or ''}".strip()
 
 
-def replay(trace: Trace, scheduler_factory: SchedulerFactory) -> tuple[Divergence | None, int]:
-    """Re-drive ``scheduler_factory`` with the trace's inputs.
+def replay(trace: Trace, candidate_factory: CandidateFactory) -> tuple[Divergence | None, int]:
+    """Re-drive ``candidate_factory`` with the trace's inputs.
 
     Returns (first divergence or None, number of steps compared). A candidate
     that stalls or raises diverges at the step where it did.
@@ -124,10 +125,13 @@ def replay(trace: Trace, scheduler_factory: SchedulerFactory) -> tuple[Divergenc
             raise _Diverged(found)
 
     try:
-        run_to_rows(workload, config, seed=trace.meta["seed"], scheduler_factory=scheduler_factory,
+        run_to_rows(workload, config, seed=trace.meta["seed"], candidate_factory=candidate_factory,
                     on_step_rows=on_step_rows)
     except _Diverged as d:
         return d.args[0], compared
+    except CandidateError as exc:
+        return Divergence(exc.step, None, "exception", "no exception", str(exc), 0, None,
+                          "", [], []), compared
     except EngineStalled as exc:
         # A trace that ended in the same stall is matched, not diverged from.
         if trace.summary.get("stalled") is not None and next(recorded, None) is None:

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from reference.config import EngineConfig
 from reference.model_runner import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
-from reference.scheduler import FinishedRequest, Scheduler, SchedulerOutput, UpdateResult
+from reference.candidate import Candidate, CandidateError, CandidateFactory
+from reference.output import FinishedRequest, SchedulerOutput, UpdateResult
+from reference.scheduler import Scheduler
 from reference.workload import RequestSpec, Workload
 
 
@@ -105,29 +107,32 @@ def reject_reason(spec: RequestSpec, config: EngineConfig) -> str | None:
     return None
 
 
-SchedulerFactory = Callable[[EngineConfig], Scheduler]
-
-
 class Engine:
-    """One scheduler + the scripted runner, driven by a workload.
+    """One candidate scheduler + the scripted runner, driven by a workload.
 
-    ``scheduler_factory`` lets a candidate (e.g. a deliberately broken mutant)
-    replace the reference scheduler. ``max_steps`` bounds the run.
+    ``candidate_factory(config)`` builds the scheduler (default: the
+    reference); see ``reference.candidate`` for the protocol. ``max_steps``
+    bounds the run. Anything the candidate raises is re-raised as
+    CandidateError naming the step.
     """
 
     def __init__(self, config: EngineConfig, *, seed: int = 0,
-                 scheduler_factory: SchedulerFactory = Scheduler,
+                 candidate_factory: CandidateFactory = Scheduler,
                  max_steps: int = 10_000_000) -> None:
         self.config = config
-        self.scheduler = scheduler_factory(config)
+        try:
+            self.scheduler: Candidate = candidate_factory(config)
+        except Exception as exc:
+            raise CandidateError(0, exc) from exc
         self.runner = ScriptedModelRunner(seed)
         self.max_steps = max_steps
         self.summary = EngineSummary()
 
     def run(self, workload: Workload,
             on_step: Callable[[StepRecord], None] | None = None) -> EngineSummary:
-        """Run ``workload`` to completion. Raises EngineStalled on a livelock."""
-        sched = self.scheduler
+        """Run ``workload`` to completion. Raises EngineStalled on a livelock,
+        CandidateError if the candidate raises."""
+        sched = _Guarded(self.scheduler, self)
         pending = sorted(workload.requests, key=lambda r: (r.arrival_time, r.request_id))
         aborts = sorted((r.abort_time, r.request_id) for r in workload.requests
                         if r.abort_time is not None)
@@ -136,6 +141,7 @@ class Engine:
         next_arrival = 0
         next_abort = 0
         step = 0
+        arrived: set[str] = set()
         while next_arrival < len(pending) or sched.get_num_unfinished_requests():
             if not sched.get_num_unfinished_requests() and pending[next_arrival].arrival_time > clock:
                 clock = pending[next_arrival].arrival_time
@@ -143,10 +149,12 @@ class Engine:
             if step >= self.max_steps:
                 raise EngineStalled(f"no completion within {self.max_steps} steps")
             rec = StepRecord(step=step, clock=clock)
+            self.current_step = step
             while next_arrival < len(pending) and pending[next_arrival].arrival_time <= clock:
                 spec = pending[next_arrival]
                 next_arrival += 1
                 summary.requests += 1
+                arrived.add(spec.request_id)
                 reason = reject_reason(spec, self.config)
                 if reason is not None:
                     rec.rejections.append(Rejection(spec, reason))
@@ -158,7 +166,7 @@ class Engine:
                     len(spec.prompt_token_ids), spec.scripted_output_len, spec.eos_token_id))
             while next_abort < len(aborts) and aborts[next_abort][0] <= clock:
                 req_id = aborts[next_abort][1]
-                if req_id not in sched.requests and any(p.request_id == req_id for p in pending[next_arrival:]):
+                if req_id not in arrived:
                     break  # aborts apply once the request has arrived
                 next_abort += 1
                 for fin in sched.finish_requests([req_id], RequestStatus.FINISHED_ABORTED):
@@ -166,17 +174,17 @@ class Engine:
                     self.runner.finish(req_id)
                     summary.aborted += 1
 
-            rec.waiting_before = [r.request_id for r in sched.waiting]
-            rec.running_before = [r.request_id for r in sched.running]
-            rec.num_free_blocks_before = sched.kv_cache_manager.num_free_blocks
+            before = sched.snapshot()
+            rec.waiting_before, rec.running_before = list(before.waiting), list(before.running)
+            rec.num_free_blocks_before = before.num_free_blocks
             output = sched.schedule()
             rec.output = output
-            rec.waiting_after = [r.request_id for r in sched.waiting]
-            rec.running_after = [r.request_id for r in sched.running]
-            rec.num_free_blocks_after_schedule = sched.kv_cache_manager.num_free_blocks
+            after = sched.snapshot()
+            rec.waiting_after, rec.running_after = list(after.waiting), list(after.running)
+            rec.num_free_blocks_after_schedule = after.num_free_blocks
             rec.sampled = self.runner.execute(output)
             rec.update = sched.update_from_output(output, rec.sampled)
-            rec.num_free_blocks_after_update = sched.kv_cache_manager.num_free_blocks
+            rec.num_free_blocks_after_update = sched.snapshot().num_free_blocks
             for fin in rec.update.finished:
                 self.runner.finish(fin.request_id)
 
@@ -203,6 +211,8 @@ class Engine:
         summary.clock = clock
         return summary
 
+    current_step = 0
+
     def _make_request(self, spec: RequestSpec) -> Request:
         params = SamplingParams(
             max_tokens=spec.max_tokens,
@@ -219,3 +229,22 @@ class Engine:
             priority=spec.priority,
             block_size=self.config.block_size,
         )
+
+
+class _Guarded:
+    """Calls the candidate, turning anything it raises into CandidateError
+    (so the engine's own errors and the caller's callbacks pass through)."""
+
+    def __init__(self, candidate: Candidate, engine: Engine) -> None:
+        self._candidate = candidate
+        self._engine = engine
+
+    def __getattr__(self, name: str):
+        method = getattr(self._candidate, name)
+
+        def call(*args, **kwargs):
+            try:
+                return method(*args, **kwargs)
+            except Exception as exc:
+                raise CandidateError(self._engine.current_step, exc) from exc
+        return call

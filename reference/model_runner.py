@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from reference.scheduler import SchedulerOutput
+from reference.output import SchedulerOutput
 
 VOCAB_SIZE = 32000
 FIRST_SAMPLED_TOKEN_ID = 10

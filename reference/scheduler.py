@@ -14,87 +14,12 @@ order, preempting on KV shortage), then, only if nobody was preempted, to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from reference.config import EngineConfig
 from reference.kv_cache_manager import KVCacheManager
+from reference.output import (FinishedRequest, Preemption, ScheduledRequest, SchedulerOutput,
+                              SchedulerSnapshot, UpdateResult)
 from reference.request import Request, RequestStatus, check_stop
 from reference.request_queue import create_request_queue
-
-
-@dataclass
-class ScheduledRequest:
-    """One request's share of a step, as the worker is told.
-
-    ``kind``: "new" (first admission), "resumed" (admitted after preemption) or
-    "running". ``num_computed_tokens`` is the value *before* this step (after
-    the prefix lookup for admissions). ``new_block_ids``: blocks added to its
-    table this step; for admissions the whole table, prefix hits first.
-    """
-
-    request_id: str
-    kind: str
-    num_computed_tokens: int
-    num_scheduled_tokens: int
-    num_prefix_hit_tokens: int
-    new_block_ids: list[int]
-
-
-@dataclass
-class Preemption:
-    """A victim of the preemption loop: its computed count before, and the
-    blocks it gave back in free order (tail first)."""
-
-    request_id: str
-    num_computed_tokens: int
-    freed_block_ids: list[int]
-
-
-@dataclass
-class FinishedRequest:
-    """A request that left the engine: why, and the blocks it freed (tail first)."""
-
-    request_id: str
-    status: RequestStatus
-    finish_reason: str | None
-    stop_reason: int | str | None
-    num_output_tokens: int
-    freed_block_ids: list[int]
-
-
-@dataclass
-class SchedulerOutput:
-    """What ``schedule()`` decided (vLLM ``SchedulerOutput``, normalised).
-
-    ``events`` keeps the order in which decisions were taken: ScheduledRequest
-    and Preemption items interleaved (a PRIORITY victim scheduled earlier in
-    the step is removed: its tokens were given back). ``num_scheduled_tokens``
-    maps id -> tokens in scheduling order. ``token_budget`` is the budget left.
-    """
-
-    events: list[ScheduledRequest | Preemption]
-    num_scheduled_tokens: dict[str, int]
-    total_num_scheduled_tokens: int
-    preempted_req_ids: set[str]
-    finished_req_ids: set[str]
-    token_budget: int
-
-    @property
-    def scheduled(self) -> list[ScheduledRequest]:
-        return [e for e in self.events if isinstance(e, ScheduledRequest)]
-
-    @property
-    def preemptions(self) -> list[Preemption]:
-        return [e for e in self.events if isinstance(e, Preemption)]
-
-
-@dataclass
-class UpdateResult:
-    """What ``update_from_output`` did: tokens appended per request (after stop
-    truncation) and the requests that finished, in processing order."""
-
-    new_token_ids: dict[str, list[int]] = field(default_factory=dict)
-    finished: list[FinishedRequest] = field(default_factory=list)
 
 
 class Scheduler:
@@ -161,9 +86,24 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.requests
+
+    def snapshot(self) -> SchedulerSnapshot:
+        """Queue orders and free blocks (the candidate protocol's state view)."""
+        return SchedulerSnapshot(tuple(r.request_id for r in self.waiting),
+                                 tuple(r.request_id for r in self.running),
+                                 self.kv_cache_manager.num_free_blocks)
+
     # -- schedule --------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
-        """Decide one step. See the module docstring and spec 3, 4, 10.3-10.6."""
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """Decide one step. See the module docstring and spec 3, 4, 10.3-10.6.
+
+        ``throttle_prefills`` (the DP prefill throttle, spec 7.1) is not
+        modelled yet: True raises NotImplementedError.
+        """
+        if throttle_prefills:
+            raise NotImplementedError("the data-parallel prefill throttle is not modelled yet")
         events: list[ScheduledRequest | Preemption] = []
         scheduled_running: dict[str, ScheduledRequest] = {}
         preempted: list[Request] = []

@@ -1,0 +1,48 @@
+"""Resolve a candidate spec to a factory: the harness's plug-in point.
+
+Specs: ``reference`` (the reference scheduler), ``mutant:NAME`` (a
+deliberately broken one from ``reference/mutants.py``), or
+``package.module:factory`` where ``factory(config: EngineConfig)`` returns an
+object satisfying ``reference.candidate.Candidate``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from reference.candidate import CandidateFactory
+from reference.mutants import MUTANTS
+from reference.scheduler import Scheduler
+
+
+class CandidateSpecError(ValueError):
+    """A candidate spec that names nothing loadable; the message says why."""
+
+
+def resolve_candidate(spec: str) -> CandidateFactory:
+    """Factory for ``spec``. Raises CandidateSpecError (unknown mutant, module
+    that does not import, missing or non-callable attribute, bad syntax)."""
+    if spec == "reference":
+        return Scheduler
+    if spec.startswith("mutant:"):
+        name = spec.split(":", 1)[1]
+        if name not in MUTANTS:
+            raise CandidateSpecError(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
+        return MUTANTS[name]
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CandidateSpecError(
+            f"unknown candidate {spec!r}: use 'reference', 'mutant:NAME' or 'package.module:factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an import can fail in any way
+        raise CandidateSpecError(f"cannot import {module_name!r} for candidate {spec!r}: "
+                                 f"{type(exc).__name__}: {exc}") from None
+    factory = module
+    for part in attr.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise CandidateSpecError(f"module {module_name!r} has no attribute {attr!r}")
+    if not callable(factory):
+        raise CandidateSpecError(f"{spec!r} is not callable")
+    return factory

@@ -1,0 +1,64 @@
+"""The candidate protocol: the small step-level API the engine loop drives.
+
+A candidate is any scheduler the harness can record or re-drive: the
+reference ``Scheduler``, a mutant, a user's own implementation, or (issue 4)
+real vLLM behind a subprocess. It is built by a *factory*
+``factory(config: EngineConfig) -> Candidate`` and must be deterministic.
+
+Per engine step the loop calls, in order: ``add_request`` for each arrival,
+``finish_requests`` for each abort, ``snapshot()``, ``schedule()``,
+``snapshot()``, then ``update_from_output`` with the scripted model's tokens,
+then ``snapshot()``. Decisions come back in the reference's normalised types
+(``SchedulerOutput``, ``UpdateResult``, ``FinishedRequest``), which is what
+the trace records and the checker reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from reference.config import EngineConfig
+from reference.output import FinishedRequest, SchedulerOutput, SchedulerSnapshot, UpdateResult
+from reference.request import Request, RequestStatus
+
+
+@runtime_checkable
+class Candidate(Protocol):
+    """What the engine loop needs from a scheduler (vLLM ``SchedulerInterface``
+    names, ``vllm/v1/core/sched/interface.py``)."""
+
+    def add_request(self, request: Request) -> None:
+        """Enqueue a new request (status WAITING)."""
+
+    def finish_requests(self, request_ids: list[str],
+                        finished_status: RequestStatus) -> list[FinishedRequest]:
+        """Finish requests from outside (abort); ignore unknown/finished ids."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """Decide one step."""
+
+    def update_from_output(self, output: SchedulerOutput,
+                           sampled_token_ids: dict[str, list[int]]) -> UpdateResult:
+        """Apply the model's sampled tokens for ``output``."""
+
+    def has_request(self, request_id: str) -> bool:
+        """True while the request is known and unfinished."""
+
+    def get_num_unfinished_requests(self) -> int:
+        """Requests added and not yet finished."""
+
+    def snapshot(self) -> SchedulerSnapshot:
+        """Queues and free blocks now."""
+
+
+CandidateFactory = Callable[[EngineConfig], Candidate]
+
+
+class CandidateError(RuntimeError):
+    """The candidate raised; ``step`` is where, ``__cause__`` the exception."""
+
+    def __init__(self, step: int, exc: BaseException) -> None:
+        super().__init__(f"candidate raised {type(exc).__name__} at step {step}: "
+                         f"{' '.join(str(exc).split())[:300]}")
+        self.step = step

@@ -1,0 +1,102 @@
+"""What a scheduler step decides, in normalised form.
+
+Mirrors ``vllm/v1/core/sched/output.py`` (``SchedulerOutput``) and the
+per-request results of ``update_from_output``, reduced to what decisions and
+the trace need. Every candidate (reference, mutant, user code, real vLLM)
+reports in these types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reference.request import RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step, as the worker is told.
+
+    ``kind``: "new" (first admission), "resumed" (admitted after preemption) or
+    "running". ``num_computed_tokens`` is the value *before* this step (after
+    the prefix lookup for admissions). ``new_block_ids``: blocks added to its
+    table this step; for admissions the whole table, prefix hits first.
+    """
+
+    request_id: str
+    kind: str
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    num_prefix_hit_tokens: int
+    new_block_ids: list[int]
+
+
+@dataclass
+class Preemption:
+    """A victim of the preemption loop: its computed count before, and the
+    blocks it gave back in free order (tail first)."""
+
+    request_id: str
+    num_computed_tokens: int
+    freed_block_ids: list[int]
+
+
+@dataclass
+class FinishedRequest:
+    """A request that left the engine: why, and the blocks it freed (tail first)."""
+
+    request_id: str
+    status: RequestStatus
+    finish_reason: str | None
+    stop_reason: int | str | None
+    num_output_tokens: int
+    freed_block_ids: list[int]
+
+
+@dataclass
+class SchedulerOutput:
+    """What ``schedule()`` decided (vLLM ``SchedulerOutput``, normalised).
+
+    ``events`` keeps the order in which decisions were taken: ScheduledRequest
+    and Preemption items interleaved (a PRIORITY victim scheduled earlier in
+    the step is removed: its tokens were given back). ``num_scheduled_tokens``
+    maps id -> tokens in scheduling order. ``token_budget`` is the budget left.
+    """
+
+    events: list[ScheduledRequest | Preemption]
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    preempted_req_ids: set[str]
+    finished_req_ids: set[str]
+    token_budget: int
+
+    @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        return [e for e in self.events if isinstance(e, ScheduledRequest)]
+
+    @property
+    def preemptions(self) -> list[Preemption]:
+        return [e for e in self.events if isinstance(e, Preemption)]
+
+
+@dataclass
+class UpdateResult:
+    """What ``update_from_output`` did: tokens appended per request (after stop
+    truncation) and the requests that finished, in processing order."""
+
+    new_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    finished: list[FinishedRequest] = field(default_factory=list)
+
+
+
+@dataclass(frozen=True)
+class SchedulerSnapshot:
+    """Queue orders (request ids) and the free KV block count at one instant.
+
+    ``waiting`` is in the order requests would be examined (FCFS: queue
+    order; PRIORITY: pop order).
+    """
+
+    waiting: tuple[str, ...]
+    running: tuple[str, ...]
+    num_free_blocks: int

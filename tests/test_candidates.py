@@ -1,0 +1,97 @@
+"""Candidates: loading by spec, the protocol, and candidates that misbehave."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.candidates import CandidateSpecError, resolve_candidate
+from harness.cli import main
+from reference.candidate import Candidate
+from reference.config import EngineConfig
+from reference.mutants import MUTANTS
+from reference.scheduler import Scheduler
+
+SMALL = ["--set", "num_gpu_blocks=30", "--set", "max_model_len=96", "--set", "max_num_seqs=4",
+         "--set", "block_size=4", "--set", "max_num_batched_tokens=64"]
+
+
+def run(*args) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def test_reference_and_mutants_satisfy_the_protocol() -> None:
+    config = EngineConfig(num_gpu_blocks=30, max_model_len=96, block_size=4, max_num_seqs=4,
+                          max_num_batched_tokens=64)
+    for factory in [Scheduler, *MUTANTS.values()]:
+        assert isinstance(factory(config), Candidate)
+
+
+def test_resolve_specs() -> None:
+    assert resolve_candidate("reference") is Scheduler
+    assert resolve_candidate("mutant:preempt-head") is MUTANTS["preempt-head"]
+    assert resolve_candidate("reference.scheduler:Scheduler") is Scheduler
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("mutant:nope", "unknown mutant 'nope'"),
+    ("nosuchmodule_xyz:make", "cannot import 'nosuchmodule_xyz'"),
+    ("reference.scheduler:NoSuch", "has no attribute 'NoSuch'"),
+    ("reference.config:POLICIES", "is not callable"),
+    ("lifo", "unknown candidate 'lifo'"),
+])
+def test_bad_specs(spec: str, fragment: str) -> None:
+    with pytest.raises(CandidateSpecError, match=fragment):
+        resolve_candidate(spec)
+    code, out = run("record", "synthetic:3", "--engine", spec, "-o", "/tmp/never.parquet")
+    assert code == 2 and fragment in out
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch):
+    """A user's candidate package on sys.path: one good, one that raises."""
+    (tmp_path / "usercand.py").write_text(textwrap.dedent('''
+        from reference.scheduler import Scheduler
+
+        class Exploding(Scheduler):
+            def schedule(self, throttle_prefills=False):
+                if len(self.running) >= 2:
+                    raise ZeroDivisionError("boom")
+                return super().schedule(throttle_prefills)
+
+        def make(config):
+            return Scheduler(config)
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "usercand"
+    sys.modules.pop("usercand", None)
+
+
+def test_module_factory_candidate_records_and_replays(tmp_path: Path, user_module: str) -> None:
+    path = tmp_path / "t.parquet"
+    code, out = run("record", "synthetic:20", *SMALL, "--engine", f"{user_module}:make", "-o", path)
+    assert code == 0, out
+    code, out = run("replay", path, "--candidate", f"{user_module}:make", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["engine"] == "usercand:make" and report["divergence"] is None
+
+
+def test_candidate_that_raises(tmp_path: Path, user_module: str) -> None:
+    path = tmp_path / "t.parquet"
+    code, out = run("record", "synthetic:20", *SMALL, "--engine", f"{user_module}:Exploding", "-o", path)
+    assert code == 1
+    assert "raised ZeroDivisionError at step 9: boom (no trace written)" in out
+    assert not path.exists()
+    assert run("record", "synthetic:20", *SMALL, "-o", path)[0] == 0
+    code, out = run("replay", path, "--candidate", f"{user_module}:Exploding", "--json")
+    assert code == 1
+    d = json.loads(out)["divergence"]
+    assert (d["step"], d["field"]) == (9, "exception")
+    assert d["actual"] == "candidate raised ZeroDivisionError at step 9: boom"
