@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness.invariants import INVARIANTS
 
-MAX_VIOLATIONS = 50
+MAX_PER_INVARIANT = 10
 HISTORY = 8
 
 
@@ -79,6 +79,7 @@ class CheckResult:
     events: int = 0
     violations: list[Violation] = field(default_factory=list)
     num_violations: int = 0
+    by_invariant: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -111,6 +112,9 @@ class TraceChecker:
         self.result = CheckResult()
         self.reqs: dict[str, _Req] = {}
         self.owners: dict[int, set[str]] = {}
+        # The free queue as the trace implies it, head first (spec 5.2).
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, self.num_gpu_blocks))
+        self.free_queue_known = True  # false after the first ALLOC-FROM-HEAD violation
         # Full blocks: content chain hash per block, and blocks per content.
         self.content: dict[int, bytes] = {}
         self.cached: dict[bytes, set[int]] = {}
@@ -123,7 +127,11 @@ class TraceChecker:
     def _violate(self, invariant: str, request: str | None, message: str) -> None:
         assert invariant in INVARIANTS, invariant
         self.result.num_violations += 1
-        if len(self.result.violations) >= MAX_VIOLATIONS:
+        counts = self.result.by_invariant
+        counts[invariant] = counts.get(invariant, 0) + 1
+        # Keep the first few witnesses of *each* invariant, so one noisy rule
+        # cannot hide another.
+        if counts[invariant] > MAX_PER_INVARIANT:
             return
         req = self.reqs.get(request) if request else None
         history = list(req.history) if req else []
@@ -140,9 +148,10 @@ class TraceChecker:
         if num_free is None:
             return
         usable = self.num_gpu_blocks - 1
-        if num_free + self._held() != usable:
+        if num_free + self._held() != usable or num_free != len(self.free_queue):
             self._violate("BLOCK-CONSERVATION", None,
-                          f"at {where}: {num_free} free + {self._held()} held != {usable} usable blocks")
+                          f"at {where}: {num_free} free + {self._held()} held != {usable} usable blocks "
+                          f"(the trace implies {len(self.free_queue)} free)")
 
     def _acquire(self, req: _Req, block: int, as_hit: bool) -> None:
         holders = self.owners.setdefault(block, set())
@@ -153,7 +162,18 @@ class TraceChecker:
                           f"newly allocated block {block} is still held by {sorted(holders)}")
         if block == 0:
             self._violate("BLOCK-EXCLUSIVE", req.request_id, "the null block 0 was allocated")
-        if not as_hit:
+        if as_hit:
+            # Touching a free hit block unlinks it from wherever it sits.
+            self.free_queue.pop(block, None)
+        else:
+            head = next(iter(self.free_queue), None)
+            if block != head and self.free_queue_known:
+                preview = list(self.free_queue)[:8]
+                self._violate("ALLOC-FROM-HEAD", req.request_id,
+                              f"allocated block {block} but the free queue starts {preview}; "
+                              f"the queue order can no longer be inferred, so this check stops here")
+                self.free_queue_known = False
+            self.free_queue.pop(block, None)
             # A fresh allocation evicts whatever the block cached before.
             old = self.content.pop(block, None)
             if old is not None:
@@ -164,26 +184,28 @@ class TraceChecker:
         req.blocks.append(block)
 
     def _release_all(self, req: _Req, freed: list[int], kind: str) -> None:
+        """Drop the request's references in ``freed`` order and move the
+        blocks reaching ref 0 into the simulated free queue: unhashed (or
+        caching off) to the head in that order, hashed to the tail."""
         expected = req.blocks[::-1]
-        if kind == "preempt":
-            # A PRIORITY victim scheduled earlier in the step also returns the
-            # blocks it got then (its schedule event was withdrawn).
-            if not set(expected) <= set(freed):
-                self._violate("PREEMPT-EFFECTS", req.request_id,
-                              f"freed {freed} but it held {req.blocks}")
-            for extra in set(freed) - set(expected):
-                if self.owners.get(extra):
-                    self._violate("BLOCK-EXCLUSIVE", req.request_id,
-                                  f"freed block {extra} held by {sorted(self.owners[extra])}")
-        elif freed != expected:
+        if freed != expected:
             self._violate("FREE-ORDER", req.request_id,
                           f"freed {freed}, expected its table tail first {expected}")
-        for block in req.blocks:
+        to_head: list[int] = []
+        to_tail: list[int] = []
+        for block in expected:
             holders = self.owners.get(block)
-            if holders is not None:
-                holders.discard(req.request_id)
-                if not holders:
-                    del self.owners[block]
+            if holders is None:
+                continue
+            holders.discard(req.request_id)
+            if not holders:
+                del self.owners[block]
+                (to_tail if block in self.content else to_head).append(block)
+        for block in reversed(to_head):
+            self.free_queue[block] = None
+            self.free_queue.move_to_end(block, last=False)
+        for block in to_tail:
+            self.free_queue[block] = None
         req.blocks = []
         req.registered = 0
 
@@ -312,18 +334,39 @@ class TraceChecker:
                 self._violate("PRIORITY-VICTIM-MAX", rid,
                               f"victim (priority, arrival) {key(rid)} but {top} has {key(top)}")
         if rid in st.scheduled:
-            st.scheduled.remove(rid)  # PRIORITY give-back: should not happen once emitted
-            self._violate("RUNNING-ORDER", rid, "preempted after its schedule event was emitted")
+            self._violate("PRIORITY-GIVE-BACK", rid,
+                          "preempted after being scheduled this step without a withdraw")
+            st.scheduled.remove(rid)
         if ev["num_computed_tokens"] != req.num_computed_tokens:
             self._violate("COMPUTED-CONTINUITY", rid,
                           f"preempt says computed {ev['num_computed_tokens']}, expected {req.num_computed_tokens}")
         self._release_all(req, list(ev["block_ids"] or []), "preempt")
         if rid in st.sim_running:
+            index = st.sim_running.index(rid)
             st.sim_running.remove(rid)
+            if index < st.last_running_index:
+                st.last_running_index -= 1
         req.status = "PREEMPTED"
         req.num_computed_tokens = 0
         st.preempted.append(rid)
         self._note(req, f"preempted with {ev['num_computed_tokens']} computed tokens")
+
+    def _on_withdraw(self, ev: dict, st: _StepState) -> None:
+        """PRIORITY give-back: undo this step's scheduling of a victim."""
+        rid, n = ev["request_id"], ev["num_scheduled_tokens"]
+        req = self.reqs.get(rid)
+        if self.policy != "priority" or req is None or rid not in st.scheduled:
+            self._violate("PRIORITY-GIVE-BACK", rid,
+                          f"withdrew a request not scheduled this step (policy {self.policy})")
+            return
+        if st.scheduled_tokens.get(rid) != n:
+            self._violate("PRIORITY-GIVE-BACK", rid,
+                          f"gave back {n} tokens but {st.scheduled_tokens.get(rid)} were scheduled")
+        st.scheduled.remove(rid)
+        st.total -= st.scheduled_tokens.pop(rid, 0)
+        st.withdrawn.append(rid)
+        req.num_computed_tokens -= n
+        self._note(req, f"withdrawn: {n} tokens given back")
 
     def _on_schedule(self, ev: dict, st: _StepState) -> None:
         rid, kind = ev["request_id"], ev["schedule_kind"]
@@ -337,6 +380,7 @@ class TraceChecker:
             self._violate("RUNNING-ORDER", rid, "scheduled twice in one step")
         st.scheduled.append(rid)
         st.total += n
+        st.scheduled_tokens[rid] = n
         if n is None or n <= 0:
             self._violate("BUDGET-TOKENS", rid, f"num_scheduled_tokens {n} is not positive")
             return
@@ -448,6 +492,10 @@ class TraceChecker:
                 self._violate("PREEMPT-WAITING-HEAD", None, f"waiting not in priority order: {waiting[:8]}...")
             if sorted(waiting) != sorted(st.preempted + rest):
                 self._violate("STATE-CONTINUITY", None, f"waiting after schedule {waiting} != {st.preempted + rest}")
+        never_preempted = [r for r in st.withdrawn if r not in st.preempted]
+        if never_preempted:
+            self._violate("PRIORITY-GIVE-BACK", never_preempted[0],
+                          f"withdrawn but not preempted in the step: {never_preempted}")
         if set(ev["preempted_req_ids"] or []) != set(st.preempted):
             self._violate("FINISHED-IDS", None,
                           f"preempted_req_ids {ev['preempted_req_ids']} != preempted {st.preempted}")
@@ -511,7 +559,7 @@ class TraceChecker:
 
     def finish(self) -> CheckResult:
         """Close the pass: liveness over the whole trace."""
-        for rid, req in list(self.reqs.items())[:MAX_VIOLATIONS]:
+        for rid, req in self.reqs.items():
             self._violate("LIVENESS", rid, f"still {req.status} with {req.num_output_tokens} outputs "
                                            f"at the end of the trace")
         return self.result
@@ -527,6 +575,8 @@ class _StepState:
     eligible: int = 0
     preempted: list[str] = field(default_factory=list)
     scheduled: list[str] = field(default_factory=list)
+    scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    withdrawn: list[str] = field(default_factory=list)
     admitted: list[str] = field(default_factory=list)
     last_running_index: int = -1
     total: int = 0

@@ -23,7 +23,7 @@ from reference.candidate import CandidateError, CandidateFactory
 from reference.workload import WorkloadError, load_workload
 
 from harness.candidates import CandidateSpecError, resolve_candidate
-from harness.check import CheckResult, check_steps
+from harness.check import MAX_PER_INVARIANT, CheckResult, check_steps
 from harness.invariants import INVARIANTS
 from harness.recorder import record as record_run
 from harness.replay import Divergence, replay as replay_trace
@@ -156,6 +156,7 @@ def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, t
                    "rejected": result.rejected, "aborted": result.aborted,
                    "preemptions": result.preemptions, "prefix_hit_tokens": result.prefix_hit_tokens,
                    "num_violations": result.num_violations,
+                   "violations_by_invariant": result.by_invariant,
                    "violations": [v.to_dict() for v in result.violations],
                    "divergence": divergence.to_dict() if divergence else None, **(extra or {})}
         click.echo(json.dumps(payload, default=str))
@@ -175,7 +176,9 @@ def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, t
         for line in v.history:
             console.print(f"    {line}")
     if result.num_violations > len(result.violations):
-        console.print(f"... and {result.num_violations - len(result.violations)} more violations")
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(result.by_invariant.items()))
+        console.print(f"... {result.num_violations} violations in all ({counts}); "
+                      f"the first {MAX_PER_INVARIANT} of each are shown")
     if divergence is not None:
         console.print(f"[bold red]DIVERGENCE[/] at step {divergence.step}, event #{divergence.event_index}"
                       f" ({divergence.kind or '-'}), request {divergence.request or '-'}, "
@@ -236,6 +239,30 @@ def invariants() -> None:
     for inv in INVARIANTS.values():
         table.add_row(inv.id, inv.spec, inv.statement)
     console.print(table)
+
+
+@main.command()
+@click.argument("trace_a", metavar="A")
+@click.argument("trace_b", metavar="B")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
+def diff(trace_a: str, trace_b: str, as_json: bool) -> None:
+    """Compare two traces of the same workload step by step (A: expected, B: actual).
+
+    Reports config differences, the first divergent step and summary deltas.
+    Exit 0 identical, 1 different, 2 unusable or not the same workload.
+    """
+    from harness.diff import diff_traces, render_report
+
+    a, b = _open(trace_a), _open(trace_b)
+    try:
+        result = diff_traces(a, b)
+    except TraceError as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), default=str))
+    else:
+        render_report(result, console)
+    sys.exit(EXIT_OK if result.same else EXIT_FOUND)
 
 
 if __name__ == "__main__":

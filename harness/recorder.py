@@ -17,7 +17,8 @@ import reference
 from reference.config import EngineConfig
 from reference.candidate import CandidateFactory
 from reference.engine import Engine, EngineStalled, EngineSummary, StepRecord
-from reference.scheduler import FinishedRequest, Preemption, Scheduler
+from reference.output import FinishedRequest, Preemption, Withdrawal
+from reference.scheduler import Scheduler
 from reference.workload import RequestSpec, Workload
 
 from harness.trace import TraceWriter
@@ -81,7 +82,11 @@ def step_rows(rec: StepRecord) -> list[Row]:
     rows.append({"kind": "schedule_begin", "clock_s": rec.clock, "waiting": rec.waiting_before,
                  "running": rec.running_before, "num_free_blocks": rec.num_free_blocks_before})
     for event in out.events:
-        if isinstance(event, Preemption):
+        if isinstance(event, Withdrawal):
+            rows.append({"kind": "withdraw", "request_id": event.request_id,
+                         "num_scheduled_tokens": event.num_scheduled_tokens,
+                         "block_ids": event.block_ids})
+        elif isinstance(event, Preemption):
             rows.append({"kind": "preempt", "request_id": event.request_id, "status": "RUNNING",
                          "num_computed_tokens": event.num_computed_tokens,
                          "block_ids": event.freed_block_ids})

@@ -75,7 +75,7 @@ SCHEMA = pa.schema([
 ])
 COLUMNS = tuple(SCHEMA.names)
 
-EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "preempt", "schedule",
+EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "schedule", "withdraw", "preempt",
                "schedule_end", "output", "finish", "update_end")
 
 

@@ -42,6 +42,19 @@ class Preemption:
 
 
 @dataclass
+class Withdrawal:
+    """PRIORITY give-back (spec 4.2): a request scheduled earlier in this step
+    was chosen as a preemption victim; its ``num_scheduled_tokens`` return to
+    the budget and it leaves the step's output. ``block_ids`` are the blocks
+    that scheduling had added (they are freed by the preemption that follows).
+    """
+
+    request_id: str
+    num_scheduled_tokens: int
+    block_ids: list[int]
+
+
+@dataclass
 class FinishedRequest:
     """A request that left the engine: why, and the blocks it freed (tail first)."""
 
@@ -57,13 +70,15 @@ class FinishedRequest:
 class SchedulerOutput:
     """What ``schedule()`` decided (vLLM ``SchedulerOutput``, normalised).
 
-    ``events`` keeps the order in which decisions were taken: ScheduledRequest
-    and Preemption items interleaved (a PRIORITY victim scheduled earlier in
-    the step is removed: its tokens were given back). ``num_scheduled_tokens``
-    maps id -> tokens in scheduling order. ``token_budget`` is the budget left.
+    ``events`` keeps the order in which decisions were taken: ScheduledRequest,
+    Withdrawal and Preemption items interleaved. A PRIORITY victim scheduled
+    earlier in the step keeps its ScheduledRequest in ``events`` followed by a
+    Withdrawal; it is absent from ``num_scheduled_tokens`` and ``scheduled``
+    (what the worker is told). ``num_scheduled_tokens`` maps id -> tokens in
+    scheduling order. ``token_budget`` is the budget left.
     """
 
-    events: list[ScheduledRequest | Preemption]
+    events: list[ScheduledRequest | Withdrawal | Preemption]
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     preempted_req_ids: set[str]
@@ -72,7 +87,9 @@ class SchedulerOutput:
 
     @property
     def scheduled(self) -> list[ScheduledRequest]:
-        return [e for e in self.events if isinstance(e, ScheduledRequest)]
+        """The requests the worker runs this step, in scheduling order."""
+        return [e for e in self.events
+                if isinstance(e, ScheduledRequest) and e.request_id in self.num_scheduled_tokens]
 
     @property
     def preemptions(self) -> list[Preemption]:

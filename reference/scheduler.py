@@ -17,7 +17,7 @@ from __future__ import annotations
 from reference.config import EngineConfig
 from reference.kv_cache_manager import KVCacheManager
 from reference.output import (FinishedRequest, Preemption, ScheduledRequest, SchedulerOutput,
-                              SchedulerSnapshot, UpdateResult)
+                              SchedulerSnapshot, UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus, check_stop
 from reference.request_queue import create_request_queue
 
@@ -104,7 +104,7 @@ class Scheduler:
         """
         if throttle_prefills:
             raise NotImplementedError("the data-parallel prefill throttle is not modelled yet")
-        events: list[ScheduledRequest | Preemption] = []
+        events: list[ScheduledRequest | Withdrawal | Preemption] = []
         scheduled_running: dict[str, ScheduledRequest] = {}
         preempted: list[Request] = []
         num_scheduled_tokens: dict[str, int] = {}
@@ -151,8 +151,8 @@ class Scheduler:
                 given_back = scheduled_running.pop(victim.request_id, None)
                 if given_back is not None:
                     # PRIORITY give-back of a victim scheduled earlier this step.
-                    events.remove(given_back)
                     restored = num_scheduled_tokens.pop(victim.request_id)
+                    events.append(Withdrawal(victim.request_id, restored, given_back.new_block_ids))
                     token_budget += restored
                     input_budget += restored + draft_slots
                 events.append(self._preempt_request(victim))

@@ -106,7 +106,7 @@ def test_every_mutant_is_caught_by_its_invariant(tmp_path: Path, name: str) -> N
     run("record", "synthetic:60", *scenario, "--engine", f"mutant:{name}", "-o", path)
     code, report = run_json("check", path)
     assert code == 1
-    assert EXPECTED_INVARIANT[name] in {v["invariant"] for v in report["violations"]}
+    assert EXPECTED_INVARIANT[name] in report["violations_by_invariant"]
     first = next(v for v in report["violations"] if v["invariant"] == EXPECTED_INVARIANT[name])
     assert first["step"] >= 0 and first["message"]
 
@@ -131,8 +131,9 @@ def test_replay_against_a_mutant_reports_first_divergence(tmp_path: Path) -> Non
     assert report["violations"] == []  # the trace itself is fine
     d = report["divergence"]
     assert d["step"] == 148
-    assert d["request"] == "r000024"
-    assert (d["field"], d["expected"], d["actual"]) == ("event", "schedule r000024", "preempt r000024")
+    assert d["request"] == "r000025"
+    # The reference preempts the running tail; the mutant withdraws the head.
+    assert (d["field"], d["expected"], d["actual"]) == ("event", "preempt r000025", "withdraw r000024")
     code, out = run("replay", path, "--candidate", "mutant:preempt-head")
     assert code == 1 and "DIVERGENCE at step 148" in out
 

@@ -15,6 +15,7 @@ import pytest
 
 from reference.config import ConfigError, EngineConfig
 from reference.request import Request, RequestStatus, SamplingParams
+from reference.output import Withdrawal
 from reference.scheduler import Preemption, ScheduledRequest, Scheduler, SchedulerOutput
 
 BS = 16
@@ -363,15 +364,19 @@ def _two_running_priority_requests(policy: str, a_prompt: int):
 def test_priority_preemption_gives_back_budget_of_already_scheduled_victim():
     """PRIORITY: A (decode fits its 2 blocks) is scheduled first; B then needs
     a 3rd block. The victim is max(priority, arrival) = A, already scheduled
-    this step: its ScheduledRequest leaves the events and
-    num_scheduled_tokens and its token is given back. A frees [2, 1] (2 is a
-    partial unhashed block -> head), and B takes block 2."""
+    this step: a Withdrawal follows its ScheduledRequest in the events, it
+    leaves num_scheduled_tokens and ``scheduled`` and its token is given
+    back. A frees [2, 1] (2 is a partial unhashed block -> head), and B takes
+    block 2."""
     sched = _two_running_priority_requests("priority", a_prompt=20)
     out3 = sched.schedule()
     assert out3.events == [
+        ScheduledRequest("A", "running", 21, 1, 0, []),
+        Withdrawal("A", 1, []),
         Preemption("A", 21, [2, 1]),
         ScheduledRequest("B", "running", 32, 1, 0, [2]),
     ]
+    assert out3.scheduled == [ScheduledRequest("B", "running", 32, 1, 0, [2])]
     assert out3.num_scheduled_tokens == {"B": 1}
     assert out3.total_num_scheduled_tokens == 1
     assert out3.token_budget == 63
