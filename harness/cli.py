@@ -265,5 +265,144 @@ def diff(trace_a: str, trace_b: str, as_json: bool) -> None:
     sys.exit(EXIT_OK if result.same else EXIT_FOUND)
 
 
+# ---------------------------------------------------------------- golden traces
+
+@main.group()
+def golden() -> None:
+    """Golden traces: one reference recording per canonical scenario (harness/scenarios.py),
+    pinned by MANIFEST.json."""
+
+
+@golden.command("check")
+@click.option("--dir", "golden_dir", default="golden", show_default=True,
+              type=click.Path(file_okay=False), help="Folder holding the goldens and MANIFEST.json.")
+@click.option("--candidate", default="reference", show_default=True,
+              help="Engine to re-drive with each golden's inputs: 'reference', 'mutant:NAME' or "
+                   "'package.module:factory'.")
+def golden_check(golden_dir: str, candidate: str) -> None:
+    """Check every scenario's golden: present, sha256 and config fingerprint as in the manifest,
+    invariants hold, and CANDIDATE makes identical decisions. Exit 0 all ok, 1 any failure,
+    2 unusable folder or manifest."""
+    from rich.markup import escape
+
+    from harness.golden import GoldenError, check_goldens
+
+    factory = _candidate(candidate)
+    try:
+        results = check_goldens(golden_dir, factory)
+    except GoldenError as exc:
+        _fail(str(exc))
+    width = max(len(r.scenario) for r in results)
+    for r in results:
+        if r.ok:
+            console.print(f"[bold green]ok  [/] {r.scenario:<{width}}  {r.steps} steps, "
+                          f"{r.replayed_steps} replayed identically")
+        else:
+            console.print(f"[bold red]FAIL[/] {r.scenario:<{width}}  {escape(r.reason)}")
+    failed = sum(not r.ok for r in results)
+    colour = "red" if failed else "green"
+    console.print(f"[bold {colour}]{len(results) - failed} ok, {failed} failed[/] "
+                  f"({golden_dir}, candidate {candidate})")
+    sys.exit(EXIT_FOUND if failed else EXIT_OK)
+
+
+@golden.command("update")
+@click.option("--dir", "golden_dir", default="golden", show_default=True,
+              type=click.Path(file_okay=False), help="Folder holding the goldens and MANIFEST.json.")
+@click.option("--scenario", "names", multiple=True, metavar="NAME",
+              help="Re-record only this scenario (repeatable); default: all.")
+@click.option("--prune", is_flag=True, help="Remove goldens of scenarios that no longer exist.")
+def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool) -> None:
+    """Re-record goldens with the reference (temp file + rename), rewrite MANIFEST.json
+    atomically, and report per scenario: new, unchanged or changed (and how)."""
+    from rich.markup import escape
+
+    from harness.golden import GoldenError, update_goldens
+
+    try:
+        changes = update_goldens(golden_dir, list(names) or None, prune=prune)
+    except GoldenError as exc:
+        _fail(str(exc))
+    styles = {"new": "cyan", "unchanged": "green", "changed": "yellow", "removed": "magenta",
+              "unused": "red", "refused": "bold red"}
+    width = max((len(c.scenario) for c in changes), default=0)
+    for c in changes:
+        first = f"  {escape(c.details[0])}" if c.details else ""
+        console.print(f"[{styles.get(c.status, 'white')}]{c.status:<9}[/] "
+                      f"{c.scenario:<{width}}{first}".rstrip())
+        for line in c.details[1:]:
+            console.print(f"          {' ' * width}  {escape(line)}")
+    sys.exit(EXIT_FOUND if any(c.status == "refused" for c in changes) else EXIT_OK)
+
+
+@main.command()
+@click.option("--list", "list_only", is_flag=True, help="Print the mutant names, one per line, and exit.")
+@click.option("--mutant", "mutant_names", multiple=True, metavar="NAME", help="Run only these mutants.")
+@click.option("--scenario", "scenario_names", multiple=True, metavar="NAME",
+              help="Run only these scenarios (default: all of harness/scenarios.py).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the matrix.")
+def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tuple[str, ...],
+            as_json: bool) -> None:
+    """Run every mutant on every scenario and print the kill matrix.
+
+    A cell shows how often the mutant's intended invariant fired (blank: never).
+    Exit 1 if any mutant survives (its invariant fired on no scenario), or if
+    the clean reference violates anything.
+    """
+    from harness.mutation import kill_matrix, run_candidate
+    from harness.scenarios import SCENARIOS
+    from reference.mutants import MUTANTS_AND_TARGETS
+    from reference.scheduler import Scheduler
+
+    if list_only:
+        for name in MUTANTS_AND_TARGETS:
+            click.echo(name)
+        return
+    for name in mutant_names:
+        if name not in MUTANTS_AND_TARGETS:
+            raise click.BadParameter(f"unknown mutant {name!r}", param_hint="--mutant")
+    for name in scenario_names:
+        if name not in SCENARIOS:
+            raise click.BadParameter(f"unknown scenario {name!r}", param_hint="--scenario")
+    scenario_list = list(scenario_names) or list(SCENARIOS)
+    clean = {s: run_candidate(Scheduler, SCENARIOS[s]) for s in scenario_list}
+    rows = kill_matrix(list(mutant_names) or None, scenario_list)
+    dirty = {s: c.result.by_invariant for s, c in clean.items() if not c.result.ok}
+    survivors = [r.mutant for r in rows if not r.killed]
+    if as_json:
+        click.echo(json.dumps({
+            "ok": not survivors and not dirty, "survivors": survivors, "reference_violations": dirty,
+            "matrix": {r.mutant: {"target": r.target, "killed": r.killed,
+                                  "cells": {s: {"target_hits": c.result.by_invariant.get(r.target, 0),
+                                                "violations": c.result.by_invariant, "ended": c.ended}
+                                            for s, c in r.cells.items()}} for r in rows}}))
+    else:
+        table = Table("killed")
+        table.add_column("mutant", no_wrap=True)
+        table.add_column("target invariant", no_wrap=True)
+        for s in scenario_list:
+            table.add_column(s, overflow="fold")
+        table.columns.append(table.columns.pop(0))  # "killed" last
+        table.add_row("[dim]reference[/]", "[dim](none)[/]",
+                      *[("ok" if clean[s].result.ok else f"[red]{clean[s].result.num_violations}[/]")
+                        for s in scenario_list], "")
+        for r in rows:
+            cells = []
+            for s in scenario_list:
+                hits = r.cells[s].result.by_invariant.get(r.target, 0)
+                mark = "*" if r.cells[s].ended else ""
+                cells.append(f"{hits}{mark}" if hits else mark)
+            table.add_row(r.mutant, r.target, *cells,
+                          "[green]yes[/]" if r.killed else "[bold red]SURVIVED[/]")
+        console.print(table)
+        console.print("cells: times the target invariant fired; * = the run ended early "
+                      "(stalled or the candidate raised)")
+        if dirty:
+            console.print(f"[bold red]the reference violates invariants:[/] {dirty}")
+        console.print(f"{len(rows) - len(survivors)}/{len(rows)} mutants killed"
+                      + (f"; survivors: {', '.join(survivors)}" if survivors else ""))
+    sys.exit(EXIT_FOUND if survivors or dirty else EXIT_OK)
+
+
 if __name__ == "__main__":
     main()

@@ -239,8 +239,8 @@ def decision_diff(rows_a: list[Row], rows_b: list[Row]) -> str:
 
 
 def decision_rows(rows: list[Row]) -> list[Row]:
-    """The step's decision rows (preempt, schedule, schedule_end, finish),
-    without nulls, ``step`` and ``event_index``."""
+    """The step's decision rows (kinds ``DECISION_KINDS``), without nulls,
+    ``step`` and ``event_index``."""
     return [_strip(r) for r in rows if r["kind"] in DECISION_KINDS]
 
 
@@ -274,6 +274,8 @@ class FirstDivergence:
 
 @dataclass
 class DiffResult:
+    """Outcome of ``diff_traces``; ``to_dict`` is the ``--json`` object."""
+
     a: Trace
     b: Trace
     config_diff: dict[str, dict[str, Any]]
@@ -407,9 +409,10 @@ def render_report(result: DiffResult, console: Console) -> None:
                   f"request {escape(d.request or '-')}, field {escape(d.field)}: "
                   f"A {escape(repr(d.a))}, B {escape(repr(d.b))}")
     if d.decision_diff:
-        console.print("  decision rows (preempt/schedule/schedule_end/finish), A -> B:")
+        console.print(f"  decision rows ({'/'.join(DECISION_KINDS)}), DeepDiff A -> B:")
         for line in d.decision_diff.splitlines():
-            console.print("    " + escape(line))
+            if line.strip():
+                console.print("    " + escape(line))
     end_a, end_b = d.prev_end_a, d.prev_end_b
     if end_a is not None or end_b is not None:
         if end_a == end_b or end_b is None or end_a is None:

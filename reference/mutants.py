@@ -10,14 +10,15 @@ from __future__ import annotations
 from reference.block_pool import BlockPool
 from reference.kv_cache_manager import KVCacheManager
 from reference.request import Request, RequestStatus
-from reference.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from reference.output import Preemption, ScheduledRequest, SchedulerOutput, Withdrawal
+from reference.scheduler import Scheduler
 
 
 class AdmitAfterPreempt(Scheduler):
     """Runs the waiting phase even in a step that preempted (NO-ADMIT-AFTER-PREEMPT)."""
 
-    def schedule(self) -> SchedulerOutput:
-        output = super().schedule()
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        output = super().schedule(throttle_prefills)
         if not output.preemptions or not self.waiting:
             return output
         # Admit the head of waiting anyway if it fits (the bug).
@@ -104,21 +105,130 @@ class NoStopOnMaxTokens(Scheduler):
         return super().update_from_output(output, sampled_token_ids)
 
 
-MUTANTS: dict[str, type[Scheduler]] = {
-    "admit-after-preempt": AdmitAfterPreempt,
-    "preempt-head": PreemptHead,
-    "leak-on-finish": LeakOnFinish,
-    "hit-evicted-block": HitEvictedBlock,
-    "ignore-max-num-seqs": IgnoreMaxNumSeqs,
-    "no-stop-on-max-tokens": NoStopOnMaxTokens,
-}
+class PreemptWaiting(Scheduler):
+    """When it preempts, also marks the head of waiting PREEMPTED although it
+    never ran (PREEMPT-ONLY-RUNNING)."""
 
-# Which invariant each mutant must trip (used by the self-test).
-EXPECTED_INVARIANT: dict[str, str] = {
-    "admit-after-preempt": "NO-ADMIT-AFTER-PREEMPT",
-    "preempt-head": "FCFS-VICTIM-TAIL",
-    "leak-on-finish": "BLOCK-CONSERVATION",
-    "hit-evicted-block": "PREFIX-HIT-RULES",
-    "ignore-max-num-seqs": "MAX-NUM-SEQS",
-    "no-stop-on-max-tokens": "STOP-RULES",
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        output = super().schedule(throttle_prefills)
+        if output.preemptions:
+            for request in self.waiting:
+                if request.status == RequestStatus.WAITING:
+                    request.status = RequestStatus.PREEMPTED
+                    request.num_preemptions += 1
+                    output.events.append(Preemption(request.request_id, 0, []))
+                    output.preempted_req_ids.add(request.request_id)
+                    break
+        return output
+
+
+class LifoPriorityVictim(Scheduler):
+    """Under PRIORITY picks the running tail, as FCFS would
+    (PRIORITY-VICTIM-MAX)."""
+
+    def _select_victim(self) -> Request:
+        return self.running[-1]
+
+
+class NoGiveBack(Scheduler):
+    """PRIORITY victim scheduled earlier in the step keeps its tokens in the
+    output: the worker runs a preempted request (PRIORITY-GIVE-BACK)."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        output = super().schedule(throttle_prefills)
+        for event in [e for e in output.events if isinstance(e, Withdrawal)]:
+            output.events.remove(event)
+            output.num_scheduled_tokens[event.request_id] = event.num_scheduled_tokens
+            output.total_num_scheduled_tokens += event.num_scheduled_tokens
+            output.token_budget -= event.num_scheduled_tokens
+        return output
+
+
+class _AbortLeakKVCacheManager(KVCacheManager):
+    def free(self, request: Request) -> list[int]:
+        if request.status == RequestStatus.FINISHED_ABORTED:
+            self.req_to_blocks.pop(request.request_id, None)
+            self.num_cached_block.pop(request.request_id, None)
+            return []  # the blocks never return to the pool
+        return super().free(request)
+
+
+class LeakOnAbort(Scheduler):
+    """An aborted request's blocks are forgotten, not freed (FREE-ORDER)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager = _AbortLeakKVCacheManager(
+            num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
+            max_model_len=config.max_model_len, enable_caching=config.enable_prefix_caching,
+            watermark=config.watermark)
+
+
+class _DoubleFreeKVCacheManager(KVCacheManager):
+    def free(self, request: Request) -> list[int]:
+        blocks = list(self.req_to_blocks.get(request.request_id, ()))
+        freed = super().free(request)
+        # The bug: a block still shared with another request is released a
+        # second time, so it enters the free queue while still referenced.
+        shared = [b for b in blocks if b.ref_cnt > 0]
+        self.block_pool.free_blocks(shared[:1])
+        return freed
+
+
+class _TolerantBlockPool(BlockPool):
+    def free_blocks(self, ordered_blocks) -> None:
+        # Ignore frees of blocks already at ref 0 instead of asserting, so the
+        # double free shows up in the trace rather than as a crash.
+        super().free_blocks([b for b in ordered_blocks if b.ref_cnt > 0])
+
+
+class DoubleFreeShared(Scheduler):
+    """Frees a prefix-shared block twice; it is then handed to a new owner
+    while the other request still holds it (BLOCK-CONSERVATION)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager = _DoubleFreeKVCacheManager(
+            num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
+            max_model_len=config.max_model_len, enable_caching=config.enable_prefix_caching,
+            watermark=config.watermark)
+        self.kv_cache_manager.block_pool = _TolerantBlockPool(
+            config.num_gpu_blocks, config.enable_prefix_caching)
+
+
+class _TailFreeBlockPool(BlockPool):
+    def free_blocks(self, ordered_blocks) -> None:
+        ordered = list(ordered_blocks)
+        for block in ordered:
+            block.ref_cnt -= 1
+        # The bug: every block goes to the tail, unhashed ones included.
+        self.free_block_queue.append_n([b for b in ordered if b.ref_cnt == 0])
+
+
+class FreeUnhashedToTail(Scheduler):
+    """Unhashed (partial) blocks are freed to the tail instead of the head
+    (ALLOC-FROM-HEAD: the next allocation does not take the expected block)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager.block_pool = _TailFreeBlockPool(
+            config.num_gpu_blocks, config.enable_prefix_caching)
+
+
+# Mutant name -> (class, the invariant that must catch it).
+MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
+    "admit-after-preempt": (AdmitAfterPreempt, "NO-ADMIT-AFTER-PREEMPT"),
+    "preempt-head": (PreemptHead, "FCFS-VICTIM-TAIL"),
+    "preempt-waiting": (PreemptWaiting, "PREEMPT-ONLY-RUNNING"),
+    "lifo-priority-victim": (LifoPriorityVictim, "PRIORITY-VICTIM-MAX"),
+    "no-give-back": (NoGiveBack, "PRIORITY-GIVE-BACK"),
+    "leak-on-finish": (LeakOnFinish, "BLOCK-CONSERVATION"),
+    "leak-on-abort": (LeakOnAbort, "FREE-ORDER"),
+    "double-free-shared": (DoubleFreeShared, "BLOCK-CONSERVATION"),
+    "free-unhashed-to-tail": (FreeUnhashedToTail, "ALLOC-FROM-HEAD"),
+    "hit-evicted-block": (HitEvictedBlock, "PREFIX-HIT-RULES"),
+    "ignore-max-num-seqs": (IgnoreMaxNumSeqs, "MAX-NUM-SEQS"),
+    "no-stop-on-max-tokens": (NoStopOnMaxTokens, "STOP-RULES"),
 }
+MUTANTS: dict[str, type[Scheduler]] = {k: v[0] for k, v in MUTANTS_AND_TARGETS.items()}
+EXPECTED_INVARIANT: dict[str, str] = {k: v[1] for k, v in MUTANTS_AND_TARGETS.items()}
