@@ -355,9 +355,10 @@ class TraceChecker:
         """PRIORITY give-back: undo this step's scheduling of a victim."""
         rid, n = ev["request_id"], ev["num_scheduled_tokens"]
         req = self.reqs.get(rid)
-        if self.policy != "priority" or req is None or rid not in st.scheduled:
-            self._violate("PRIORITY-GIVE-BACK", rid,
-                          f"withdrew a request not scheduled this step (policy {self.policy})")
+        if self.policy != "priority":
+            self._violate("PRIORITY-GIVE-BACK", rid, "withdrew a scheduled request under FCFS")
+        if req is None or rid not in st.scheduled:
+            self._violate("PRIORITY-GIVE-BACK", rid, "withdrew a request not scheduled this step")
             return
         if st.scheduled_tokens.get(rid) != n:
             self._violate("PRIORITY-GIVE-BACK", rid,

@@ -1,0 +1,484 @@
+"""Golden traces: one reference recording per canonical scenario, pinned by a manifest.
+
+``golden/<scenario>.parquet`` is the reference engine's trace of
+``harness.scenarios.SCENARIOS[<scenario>]``; ``golden/MANIFEST.json`` pins each
+file (sha256) and what it was recorded from and says (config fingerprint,
+engine, step and request counts). Recording is byte-deterministic, so a golden
+changes only when the reference's decisions, the scenario, or the Parquet
+writer change.
+
+- ``check_goldens(dir, candidate_factory)``: every scenario has a golden whose
+  bytes match the manifest, recorded from the scenario's current config,
+  workload and seed; the trace passes every invariant; its numbers match the
+  manifest; and the candidate, re-driven with its inputs, makes the same
+  decisions. Goldens or manifest entries for no known scenario fail too.
+- ``update_goldens(dir, names, prune)``: the only writer. Re-records each
+  scenario to a temporary file, checks it, compares it with the old golden,
+  renames it into place, and rewrites the manifest atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+import reference
+from reference.candidate import CandidateFactory
+from reference.config import ConfigError
+from reference.scheduler import Scheduler
+
+from harness.check import CheckResult, check_steps
+from harness.recorder import record
+from harness.replay import Divergence, first_difference, replay
+from harness.scenarios import SCENARIOS, Scenario
+from harness.trace import Trace, TraceError, open_trace
+
+MANIFEST_NAME = "MANIFEST.json"
+MANIFEST_VERSION = 1
+GOLDEN_ENGINE = "reference"
+SUFFIX = ".parquet"
+# Counts pinned per scenario (CheckResult attribute names).
+STATS = ("steps", "requests", "finished", "preemptions", "prefix_hit_tokens")
+ENTRY_KEYS = frozenset({"file", "description", "config_fingerprint", "engine", "engine_version",
+                        "sha256", *STATS})
+
+
+class GoldenError(Exception):
+    """The golden folder or its manifest is unusable (CLI exit 2). ``str()`` is one line."""
+
+
+@dataclass
+class GoldenResult:
+    """Outcome of checking one scenario's golden (or one unused golden).
+
+    ``reasons`` is empty when ok; ``unused`` marks a file or manifest entry
+    for no known scenario; ``divergence`` is the candidate's first divergence.
+    """
+
+    scenario: str
+    reasons: list[str] = field(default_factory=list)
+    steps: int | None = None
+    replayed_steps: int | None = None
+    divergence: Divergence | None = None
+    unused: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+
+@dataclass
+class GoldenChange:
+    """What ``update_goldens`` did to one scenario's golden.
+
+    ``status``: ``new``, ``unchanged``, ``changed``, ``removed`` (pruned),
+    ``unused`` (a golden for no known scenario, kept without ``--prune``) or
+    ``refused`` (the new recording stalled or broke an invariant; the old
+    golden is kept). ``details`` are human-readable lines (counts ``a -> b``,
+    the first divergent step vs the old golden, manifest fields changed).
+    """
+
+    scenario: str
+    status: str
+    old: dict[str, Any] | None = None
+    new: dict[str, Any] | None = None
+    details: list[str] = field(default_factory=list)
+    first_divergence: Divergence | None = None
+
+
+# ---------------------------------------------------------------- helpers
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def golden_path(directory: Path, name: str) -> Path:
+    return Path(directory) / f"{name}{SUFFIX}"
+
+
+def manifest_text(entries: dict[str, dict[str, Any]]) -> str:
+    """The manifest's canonical text: sorted keys, indent 2, trailing newline."""
+    doc = {"manifest_version": MANIFEST_VERSION, "scenarios": entries}
+    return json.dumps(doc, sort_keys=True, indent=2) + "\n"
+
+
+def read_manifest(directory: Path) -> dict[str, dict[str, Any]]:
+    """The manifest's entries by scenario name. Raises GoldenError when the
+    folder or manifest is missing or malformed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise GoldenError(f"{directory}: no such golden folder")
+    path = directory / MANIFEST_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise GoldenError(f"{path}: no manifest (create the goldens with 'harness golden update')") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GoldenError(f"{path}: unreadable manifest ({exc})") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise GoldenError(f"{path}: manifest is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("scenarios"), dict):
+        raise GoldenError(f"{path}: manifest must be a JSON object with a 'scenarios' object")
+    if doc.get("manifest_version") != MANIFEST_VERSION:
+        raise GoldenError(f"{path}: unknown manifest version {doc.get('manifest_version')!r} "
+                          f"(this harness reads version {MANIFEST_VERSION})")
+    entries = doc["scenarios"]
+    for name, entry in entries.items():
+        if not isinstance(entry, dict):
+            raise GoldenError(f"{path}: entry {name!r} is not a JSON object")
+        missing = sorted(ENTRY_KEYS - set(entry))
+        if missing:
+            raise GoldenError(f"{path}: entry {name!r} lacks {', '.join(missing)}")
+        for key in STATS:
+            if not isinstance(entry[key], int) or isinstance(entry[key], bool):
+                raise GoldenError(f"{path}: entry {name!r}: {key} must be an integer")
+        for key in ENTRY_KEYS - set(STATS):
+            if not isinstance(entry[key], str):
+                raise GoldenError(f"{path}: entry {name!r}: {key} must be a string")
+    return entries
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    return [f"{k} {old.get(k, '(unset)')!r} -> {new.get(k, '(unset)')!r}"
+            for k in sorted(set(old) | set(new)) if old.get(k, "(unset)") != new.get(k, "(unset)")]
+
+
+def _stale_reasons(scenario: Scenario, trace: Trace | None, entry: dict[str, Any]) -> list[str]:
+    """Why the golden no longer matches what the scenario would record."""
+    config = scenario.engine_config()
+    reasons = []
+    if entry["config_fingerprint"] != config.fingerprint():
+        if trace is not None and trace.meta["config_fingerprint"] == entry["config_fingerprint"]:
+            what = ", ".join(_config_changes(trace.meta["config"], config.to_dict()))
+        else:
+            what = (f"manifest fingerprint {entry['config_fingerprint'][:12]} vs current "
+                    f"{config.fingerprint()[:12]}")
+        reasons.append(f"stale: config changed ({what}); run 'harness golden update'")
+    if trace is None:
+        return reasons
+    if trace.meta["config_fingerprint"] != entry["config_fingerprint"]:
+        what = ", ".join(_config_changes(trace.meta["config"], config.to_dict())) or "same as the scenario's"
+        reasons.append(f"file's config fingerprint {trace.meta['config_fingerprint'][:12]} differs "
+                       f"from the manifest's {entry['config_fingerprint'][:12]} (file -> scenario: "
+                       f"{what})")
+    workload = scenario.make_workload()
+    recorded = trace.meta.get("workload", {})
+    if recorded.get("sha256") != workload.sha256 or recorded.get("params") != workload.params:
+        what = ", ".join(_config_changes(recorded.get("params") or {}, workload.params)) \
+            or f"sha256 {str(recorded.get('sha256'))[:12]} -> {workload.sha256[:12]}"
+        reasons.append(f"stale: workload changed ({what}); run 'harness golden update'")
+    if trace.meta.get("seed") != scenario.seed:
+        reasons.append(f"stale: seed changed ({trace.meta.get('seed')} -> {scenario.seed}); "
+                       f"run 'harness golden update'")
+    return reasons
+
+
+def _describe_divergence(d: Divergence) -> str:
+    where = f"step {d.step}, event #{d.event_index}"
+    if d.kind:
+        where += f" ({d.kind}{' ' + d.request if d.request else ''})"
+    return f"{where}, field {d.field}: expected {d.expected!r}, got {d.actual!r}"
+
+
+def _check_summary(result: CheckResult) -> str:
+    first = result.violations[0] if result.violations else None
+    text = f"{result.num_violations} invariant violation(s)"
+    if first is not None:
+        text += f", first {first.invariant} at step {first.step}" + \
+                (f" ({first.request})" if first.request else "") + f": {first.message}"
+    return text
+
+
+# ---------------------------------------------------------------- check
+
+def check_goldens(directory: str | os.PathLike[str],
+                  candidate_factory: CandidateFactory = Scheduler) -> list[GoldenResult]:
+    """Check every scenario's golden in ``directory`` (see the module docstring).
+
+    One result per scenario in ``SCENARIOS`` order, then one per unused
+    golden file or manifest entry (sorted). Raises GoldenError when the
+    folder or manifest is unusable.
+    """
+    directory = Path(directory)
+    entries = read_manifest(directory)
+    results = [_check_one(directory, scenario, entries.get(name), candidate_factory)
+               for name, scenario in SCENARIOS.items()]
+    files = {p.name[:-len(SUFFIX)] for p in directory.glob(f"*{SUFFIX}") if not p.name.startswith(".")}
+    for name in sorted((files | set(entries)) - set(SCENARIOS)):
+        where = [w for w, present in (("file", name in files), ("manifest entry", name in entries))
+                 if present]
+        results.append(GoldenResult(name, [f"unused golden ({' and '.join(where)}): no scenario "
+                                           f"named {name!r}; remove with 'harness golden update "
+                                           f"--prune'"], unused=True))
+    return results
+
+
+def _check_one(directory: Path, scenario: Scenario, entry: dict[str, Any] | None,
+               factory: CandidateFactory) -> GoldenResult:
+    name = scenario.name
+    path = golden_path(directory, name)
+    result = GoldenResult(name)
+    if not path.is_file():
+        result.reasons.append(f"missing golden {path.name}" +
+                              ("" if entry is None else " (listed in the manifest)"))
+        return result
+    if entry is None:
+        result.reasons.append(f"no manifest entry for {path.name}")
+        return result
+    if entry["file"] != path.name:
+        result.reasons.append(f"manifest names file {entry['file']!r}, expected {path.name!r}")
+    digest = sha256_file(path)
+    if digest != entry["sha256"]:
+        result.reasons.append(f"sha256 mismatch: file {digest[:12]}, manifest {entry['sha256'][:12]} "
+                              f"(edited or rewritten outside 'harness golden update')")
+    try:
+        trace = open_trace(path)
+    except TraceError as exc:
+        result.reasons += _stale_reasons(scenario, None, entry)
+        result.reasons.append(str(exc))
+        return result
+    result.reasons += _stale_reasons(scenario, trace, entry)
+    if trace.meta.get("engine") != GOLDEN_ENGINE or entry["engine"] != GOLDEN_ENGINE:
+        result.reasons.append(f"recorded by {trace.meta.get('engine')!r} (manifest "
+                              f"{entry['engine']!r}), not {GOLDEN_ENGINE!r}")
+    if trace.meta.get("engine_version") != entry["engine_version"]:
+        result.reasons.append(f"file's engine_version {trace.meta.get('engine_version')!r} differs "
+                              f"from the manifest's {entry['engine_version']!r}")
+    try:
+        checked = check_steps(trace.meta["config"], trace.iter_steps())
+    except (TraceError, KeyError, TypeError) as exc:
+        result.reasons.append(f"unreadable trace: {exc}")
+        return result
+    result.steps = checked.steps
+    if not checked.ok:
+        result.reasons.append(_check_summary(checked))
+    mismatched = [f"{k} {entry[k]} in manifest, {getattr(checked, k)} in file"
+                  for k in STATS if getattr(checked, k) != entry[k]]
+    if mismatched:
+        result.reasons.append("manifest counts differ: " + ", ".join(mismatched))
+    try:
+        divergence, compared = replay(trace, factory)
+    except (TraceError, ConfigError) as exc:
+        result.reasons.append(f"replay failed: {exc}")
+        return result
+    result.replayed_steps = compared
+    if divergence is not None:
+        result.divergence = divergence
+        result.reasons.append("candidate diverges at " + _describe_divergence(divergence))
+    return result
+
+
+# ---------------------------------------------------------------- update
+
+def update_goldens(directory: str | os.PathLike[str], names: Iterable[str] | None = None,
+                   prune: bool = False) -> list[GoldenChange]:
+    """Re-record the goldens of ``names`` (default: every scenario) into ``directory``.
+
+    Each scenario is recorded by the reference to a temporary file in the
+    folder and checked; if its bytes differ from the old golden it is renamed
+    into place, else the old file is left untouched. The manifest is rewritten
+    atomically (temp + rename) when its text changes. Goldens and manifest
+    entries of scenarios that no longer exist are removed only with ``prune``.
+    Raises GoldenError for an unknown scenario name, or an unreadable
+    manifest when only some scenarios are updated.
+    """
+    directory = Path(directory)
+    selected = list(SCENARIOS) if names is None else list(dict.fromkeys(names))
+    unknown = [n for n in selected if n not in SCENARIOS]
+    if unknown:
+        raise GoldenError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    if directory.exists() and not directory.is_dir():
+        raise GoldenError(f"{directory}: not a folder")
+    directory.mkdir(parents=True, exist_ok=True)
+    old_entries: dict[str, dict[str, Any]] = {}
+    if (directory / MANIFEST_NAME).exists():
+        try:
+            old_entries = read_manifest(directory)
+        except GoldenError as exc:
+            if names is not None:
+                raise GoldenError(f"{exc}; run 'harness golden update' without --scenario to "
+                                  f"rebuild it") from None
+    entries = dict(old_entries)
+    changes: list[GoldenChange] = []
+    pending: list[tuple[Path, Path]] = []  # (temporary file, golden) to rename into place
+    try:
+        for name in selected:
+            change, tmp = _update_one(directory, SCENARIOS[name], old_entries.get(name))
+            changes.append(change)
+            if change.new is not None:
+                entries[name] = change.new
+            if tmp is not None:
+                pending.append((tmp, golden_path(directory, name)))
+        for tmp, final in pending:
+            os.replace(tmp, final)
+        pending = []
+    finally:
+        for tmp, _ in pending:
+            tmp.unlink(missing_ok=True)
+    files = {p.name[:-len(SUFFIX)] for p in directory.glob(f"*{SUFFIX}") if not p.name.startswith(".")}
+    for name in sorted((files | set(entries)) - set(SCENARIOS)):
+        if prune:
+            golden_path(directory, name).unlink(missing_ok=True)
+            changes.append(GoldenChange(name, "removed", old=entries.pop(name, None),
+                                        details=["scenario no longer exists: golden removed"]))
+        else:
+            changes.append(GoldenChange(name, "unused", old=entries.get(name),
+                                        details=["no scenario of that name; kept (pass --prune "
+                                                 "to remove it)"]))
+    text = manifest_text(entries)
+    manifest = directory / MANIFEST_NAME
+    try:
+        current = manifest.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        current = None
+    if current != text:
+        _write_atomic(manifest, text)
+    return changes
+
+
+def _update_one(directory: Path, scenario: Scenario,
+                old_entry: dict[str, Any] | None) -> tuple[GoldenChange, Path | None]:
+    """Record ``scenario`` to a temporary file; return the change and the
+    temporary file to rename into place (None: keep the old golden)."""
+    name = scenario.name
+    final = golden_path(directory, name)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        summary = record(scenario.make_workload(), scenario.engine_config(), tmp, seed=scenario.seed,
+                         engine=GOLDEN_ENGINE, candidate_factory=Scheduler)
+        new_trace = open_trace(tmp)
+        checked = check_steps(new_trace.meta["config"], new_trace.iter_steps())
+        old_file = final if final.is_file() else None
+        if summary.stalled or not checked.ok:
+            why = f"engine stalled: {summary.stalled}" if summary.stalled else _check_summary(checked)
+            tmp.unlink()
+            return GoldenChange(name, "refused", old=old_entry,
+                                details=[f"the new recording is not conformant ({why}); old golden "
+                                         f"kept"]), None
+        entry = {
+            "file": final.name,
+            "description": scenario.description,
+            "config_fingerprint": new_trace.meta["config_fingerprint"],
+            "engine": GOLDEN_ENGINE,
+            "engine_version": reference.__version__,
+            "sha256": sha256_file(tmp),
+            **{k: getattr(checked, k) for k in STATS},
+        }
+        change = GoldenChange(name, "new", old=old_entry, new=entry, details=[_stats_line(entry)])
+        same_bytes = old_file is not None and sha256_file(old_file) == entry["sha256"]
+        if old_file is None and old_entry is None:
+            pass
+        elif same_bytes and old_entry == entry:
+            change.status = "unchanged"
+        else:
+            change.status = "changed"
+            change.details = _change_details(old_file, old_entry, entry, new_trace, same_bytes, change)
+        if same_bytes:
+            tmp.unlink()
+            return change, None
+        return change, tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _stats_line(entry: dict[str, Any]) -> str:
+    return (f"{entry['steps']} steps, {entry['requests']} requests, {entry['finished']} finished, "
+            f"{entry['preemptions']} preemptions, {entry['prefix_hit_tokens']} prefix-hit tokens")
+
+
+def _change_details(old_file: Path | None, old_entry: dict[str, Any] | None, entry: dict[str, Any],
+                    new_trace: Trace, same_bytes: bool, change: GoldenChange) -> list[str]:
+    details: list[str] = []
+    if old_file is None:
+        details.append("golden file was missing: recorded afresh")
+    if old_entry is None:
+        details.append("no manifest entry before")
+    else:
+        for key in STATS:
+            if old_entry[key] != entry[key]:
+                details.append(f"{key} {old_entry[key]} -> {entry[key]}")
+        for key in ("description", "config_fingerprint", "engine", "engine_version", "file"):
+            if old_entry[key] != entry[key]:
+                details.append(f"{key} {old_entry[key]!r} -> {entry[key]!r}")
+        if old_file is not None and old_entry["sha256"] != sha256_file(old_file):
+            details.append("old file did not match its manifest sha256")
+    if same_bytes or old_file is None:
+        return details
+    try:
+        old_trace = open_trace(old_file)
+    except TraceError as exc:
+        details.append(f"old golden unreadable, not compared: {exc}")
+        return details
+    if old_trace.meta.get("config") != new_trace.meta.get("config"):
+        changed = _config_changes(old_trace.meta.get("config") or {}, new_trace.meta["config"])
+        details.append("config: " + ", ".join(changed))
+    try:
+        divergence = _first_divergence(old_trace, new_trace)
+    except TraceError as exc:
+        details.append(f"old golden unreadable, not compared: {exc}")
+        return details
+    if divergence is None:
+        old_writer = pq.ParquetFile(old_file).metadata.created_by
+        new_writer = pq.ParquetFile(new_trace.path).metadata.created_by
+        writer = f" (writer {old_writer!r} -> {new_writer!r})" if old_writer != new_writer else ""
+        details.append(f"same events in every step; only the file bytes differ{writer}")
+    else:
+        change.first_divergence = divergence
+        details.append("first divergent step vs the old golden: " + _describe_divergence(divergence))
+    return details
+
+
+def _first_divergence(old: Trace, new: Trace) -> Divergence | None:
+    """The first step whose events differ between ``old`` (expected) and ``new``."""
+    for old_step, new_step in zip_longest(old.iter_steps(), new.iter_steps()):
+        if old_step is None or new_step is None:
+            step = (old_step or new_step)[0]
+            expected = f"step {step}" if old_step is not None else "end of trace"
+            actual = f"step {step}" if new_step is not None else "end of trace"
+            return Divergence(step, None, "event", expected, actual, 0, None, "",
+                              old_step[1] if old_step else [], new_step[1] if new_step else [])
+        if old_step[0] != new_step[0]:
+            return Divergence(min(old_step[0], new_step[0]), None, "step", old_step[0], new_step[0],
+                              0, None, "", old_step[1], new_step[1])
+        found = first_difference(old_step[0], old_step[1], new_step[1])
+        if found is not None:
+            return found
+    return None

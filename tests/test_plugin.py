@@ -1,0 +1,49 @@
+"""The pytest plugin: a user's suite runs the conformance suite against their candidate."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.scenarios import SCENARIOS
+
+N = len(SCENARIOS)
+
+
+def test_conformance_suite_passes_for_the_reference(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2 * N + 1)
+
+
+def test_conformance_suite_fails_a_mutant_with_witnesses(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance",
+                                           "--harness-candidate", "mutant:preempt-head")
+    outcomes = result.parseoutcomes()
+    # Four scenarios preempt under FCFS: each fails its invariants and its golden.
+    assert outcomes["failed"] == 8 and outcomes["passed"] == 2 * N + 1 - 8
+    result.stdout.fnmatch_lines(["*fcfs-tight: *FCFS-VICTIM-TAIL*",
+                                 "FCFS-VICTIM-TAIL at step 148, request r000024: victim is not the tail*",
+                                 "*fcfs-tight: candidate diverges at step 148*"])
+
+
+def test_user_candidate_module_and_bad_spec(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(mycand="""
+        from reference.scheduler import Scheduler
+        def make(config):
+            return Scheduler(config)
+    """)
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance",
+                                           "--harness-candidate", "mycand:make", "-k", "invariants")
+    result.assert_outcomes(passed=N, deselected=N + 1)
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance",
+                                           "--harness-candidate", "nosuch_mod:make", "-k", "invariants")
+    assert result.ret == 4
+    result.stdout.fnmatch_lines(["*--harness-candidate: cannot import 'nosuch_mod'*"])
+
+
+def test_update_golden_rerecords_into_a_folder(pytester: pytest.Pytester, tmp_path) -> None:
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "-k", "golden",
+                                           "--harness-golden-dir", str(tmp_path / "g"),
+                                           "--harness-update-golden", "-s")
+    result.assert_outcomes(passed=N + 1, deselected=N)
+    assert len(list((tmp_path / "g").glob("*.parquet"))) == N
+    result.stdout.fnmatch_lines(["*golden fcfs-tight: new*"])
