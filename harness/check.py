@@ -114,7 +114,8 @@ class TraceChecker:
         self.owners: dict[int, set[str]] = {}
         # The free queue as the trace implies it, head first (spec 5.2).
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, self.num_gpu_blocks))
-        self.free_queue_known = True  # false after the first ALLOC-FROM-HEAD violation
+        self.free_queue_known = True
+        self.zero_step_state: tuple | None = None  # queues of the last zero-token step  # false after the first ALLOC-FROM-HEAD violation
         # Full blocks: content chain hash per block, and blocks per content.
         self.content: dict[int, bytes] = {}
         self.cached: dict[bytes, set[int]] = {}
@@ -189,8 +190,13 @@ class TraceChecker:
         caching off) to the head in that order, hashed to the tail."""
         expected = req.blocks[::-1]
         if freed != expected:
-            self._violate("FREE-ORDER", req.request_id,
-                          f"freed {freed}, expected its table tail first {expected}")
+            if kind == "preempt":
+                self._violate("PREEMPT-EFFECTS", req.request_id,
+                              f"preemption freed {freed}, but it must give back its whole table "
+                              f"tail first: {expected}")
+            else:
+                self._violate("FREE-ORDER", req.request_id,
+                              f"freed {freed}, expected its table tail first {expected}")
         to_head: list[int] = []
         to_tail: list[int] = []
         for block in expected:
@@ -314,6 +320,9 @@ class TraceChecker:
     def _on_preempt(self, ev: dict, st: _StepState) -> None:
         rid = ev["request_id"]
         self.result.preemptions += 1
+        if st.admitted:
+            self._violate("WAITING-NEVER-PREEMPTS", rid,
+                          f"preempted after this step admitted {st.admitted}: admission must never preempt")
         req = self.reqs.get(rid)
         if req is None or req.status != "RUNNING" or rid not in st.sim_running:
             status = req.status if req else "unknown"
@@ -506,6 +515,19 @@ class TraceChecker:
                           f"{sorted(self.finished_since_schedule)}")
         self.finished_since_schedule = set()
         self._conservation("schedule_end", ev["num_free_blocks"])
+        if not st.running_before and st.waiting_before and not st.preempted and not st.admitted:
+            self._violate("IDLE-ADMISSION", st.waiting_before[0],
+                          f"nothing running, {len(st.waiting_before)} waiting, and nothing admitted: "
+                          f"a request that fits an empty engine must be admitted")
+        state = (tuple(st.waiting_before), tuple(st.running_before))
+        if st.total == 0 and (st.waiting_before or st.running_before):
+            if self.zero_step_state == state and not st.arrived and not st.aborted:
+                self._violate("NO-PROGRESS", None,
+                              f"a second step with no tokens scheduled and unchanged queues "
+                              f"(waiting {list(state[0])[:5]}, running {list(state[1])[:5]})")
+            self.zero_step_state = state
+        else:
+            self.zero_step_state = None
         self.prev_running, self.prev_waiting = running, waiting
         st.sim_running = running
 

@@ -44,6 +44,9 @@ INVARIANTS: dict[str, Invariant] = {inv.id: inv for inv in [
     Invariant("OUTPUT-ONLY-COMPLETE", "A request samples exactly one token in a step iff the step reaches the end of its known tokens (none for partial prefill chunks).", "6, 8 #18"),
     Invariant("STOP-RULES", "A request finishes exactly when check_stop says so (EOS unless ignore_eos, stop token, length), with that reason; min_tokens never overrides.", "6, 10.8, 8 #22"),
     Invariant("FINISHED-IDS", "preempted_req_ids and finished_req_ids of a step list exactly the requests preempted in it / finished since the previous schedule().", "3.9, 8 #12, #23"),
+    Invariant("WAITING-NEVER-PREEMPTS", "Admissions from waiting never preempt: no preemption follows an admission in a step.", "3.4 step 11, 8 #33"),
+    Invariant("IDLE-ADMISSION", "With nothing running and requests waiting, a step admits at least one (every accepted request fits an empty engine).", "8 (liveness)"),
+    Invariant("NO-PROGRESS", "No two consecutive steps schedule nothing with the same queues and no input in between.", "8 (liveness)"),
     Invariant("LIVENESS", "Every accepted request finishes (stopped, length-capped or aborted) by the end of the trace.", "8"),
 ]}
 

@@ -7,6 +7,8 @@ invariant that must catch it. Select one with ``--engine mutant:NAME`` or
 
 from __future__ import annotations
 
+import dataclasses
+
 from reference.block_pool import BlockPool
 from reference.kv_cache_manager import KVCacheManager
 from reference.request import Request, RequestStatus
@@ -215,6 +217,131 @@ class FreeUnhashedToTail(Scheduler):
             config.num_gpu_blocks, config.enable_prefix_caching)
 
 
+class BudgetOverrun(Scheduler):
+    """Schedules up to 16 tokens more per step than the budget (BUDGET-TOKENS)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(dataclasses.replace(
+            config, max_num_batched_tokens=config.max_num_batched_tokens + 16,
+            max_num_scheduled_tokens=None))
+
+
+class IgnoreThreshold(Scheduler):
+    """Ignores long_prefill_token_threshold (BUDGET-THRESHOLD)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(dataclasses.replace(config, long_prefill_token_threshold=0))
+
+
+class _PreemptLeakKVCacheManager(KVCacheManager):
+    def free(self, request: Request) -> list[int]:
+        if request.status != RequestStatus.RUNNING:
+            return super().free(request)
+        # Preemption (the request is still RUNNING here): the first block is
+        # dropped from the table but never returned to the pool.
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        if blocks:
+            blocks.pop(0)
+            self.num_cached_block.pop(request.request_id, None)
+        return super().free(request)
+
+
+class PreemptKeepsBlock(Scheduler):
+    """A preempted request does not give back its first block (PREEMPT-EFFECTS)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager = _PreemptLeakKVCacheManager(
+            num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
+            max_model_len=config.max_model_len, enable_caching=config.enable_prefix_caching,
+            watermark=config.watermark)
+
+
+class ReverseRunningOrder(Scheduler):
+    """Serves running requests newest first (RUNNING-ORDER)."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        before = list(self.running)
+        self.running.reverse()
+        output = super().schedule(throttle_prefills)
+        kept = [r for r in before if r in self.running]
+        self.running = kept + [r for r in self.running if r not in before]
+        return output
+
+
+class _OverAllocKVCacheManager(KVCacheManager):
+    def allocate_slots(self, request, num_new_tokens, **kwargs):
+        if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            kwargs["num_lookahead_tokens"] = self.block_size  # one block too many
+        return super().allocate_slots(request, num_new_tokens, **kwargs)
+
+
+class OverAllocate(Scheduler):
+    """Admissions get one block more than their tokens need (BLOCKS-COVER)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager = _OverAllocKVCacheManager(
+            num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
+            max_model_len=config.max_model_len, enable_caching=config.enable_prefix_caching,
+            watermark=config.watermark)
+
+
+class _ReuseHeldBlockPool(BlockPool):
+    def get_new_blocks(self, num_blocks: int):
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        for block in blocks:
+            self._maybe_evict_cached_block(block)
+            block.ref_cnt += 1
+        if blocks and blocks[-1].ref_cnt == 1:
+            # The bug: the last block stays at the head, to be handed out again.
+            self.free_block_queue.prepend_n([blocks[-1]])
+        return blocks
+
+
+class ReuseHeldBlock(Scheduler):
+    """Hands a block still held by one request to another (BLOCK-EXCLUSIVE)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager.block_pool = _ReuseHeldBlockPool(
+            config.num_gpu_blocks, config.enable_prefix_caching)
+
+
+class ForgetFinishedIds(Scheduler):
+    """Never tells the worker which requests finished (FINISHED-IDS)."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        output = super().schedule(throttle_prefills)
+        output.finished_req_ids = set()
+        return output
+
+
+class AdmissionPreempts(Scheduler):
+    """When admission stops with requests still waiting, preempts the request
+    it just admitted, as if the waiting loop could preempt
+    (WAITING-NEVER-PREEMPTS)."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        output = super().schedule(throttle_prefills)
+        admitted = [e for e in output.scheduled if e.kind != "running"]
+        if not admitted or output.preemptions or not self.waiting:
+            return output
+        last = admitted[-1]
+        request = self.requests[last.request_id]
+        n = output.num_scheduled_tokens.pop(last.request_id)
+        output.total_num_scheduled_tokens -= n
+        output.token_budget += n
+        request.num_computed_tokens -= n
+        request.num_in_flight_tokens -= n
+        self.running.remove(request)
+        output.events.append(Withdrawal(request.request_id, n, last.new_block_ids))
+        output.events.append(self._preempt_request(request))
+        output.preempted_req_ids.add(request.request_id)
+        self.reset_preempted_req_ids.discard(request.request_id)
+        return output
+
+
 # Mutant name -> (class, the invariant that must catch it).
 MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "admit-after-preempt": (AdmitAfterPreempt, "NO-ADMIT-AFTER-PREEMPT"),
@@ -227,6 +354,14 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "double-free-shared": (DoubleFreeShared, "BLOCK-CONSERVATION"),
     "free-unhashed-to-tail": (FreeUnhashedToTail, "ALLOC-FROM-HEAD"),
     "hit-evicted-block": (HitEvictedBlock, "PREFIX-HIT-RULES"),
+    "budget-overrun": (BudgetOverrun, "BUDGET-TOKENS"),
+    "ignore-threshold": (IgnoreThreshold, "BUDGET-THRESHOLD"),
+    "preempt-keeps-block": (PreemptKeepsBlock, "PREEMPT-EFFECTS"),
+    "reverse-running-order": (ReverseRunningOrder, "RUNNING-ORDER"),
+    "over-allocate": (OverAllocate, "BLOCKS-COVER"),
+    "reuse-held-block": (ReuseHeldBlock, "BLOCK-EXCLUSIVE"),
+    "forget-finished-ids": (ForgetFinishedIds, "FINISHED-IDS"),
+    "admission-preempts": (AdmissionPreempts, "WAITING-NEVER-PREEMPTS"),
     "ignore-max-num-seqs": (IgnoreMaxNumSeqs, "MAX-NUM-SEQS"),
     "no-stop-on-max-tokens": (NoStopOnMaxTokens, "STOP-RULES"),
 }

@@ -120,9 +120,9 @@ def test_mutants_command_prints_kill_matrix() -> None:
     code, out = run("mutants", "--list")
     assert code == 0 and out.split() == list(MUTANTS)
     code, report = run_json("mutants", "--scenario", "fcfs-tight", "--scenario", "priority-tight")
-    # Aborts and prefix sharing are exercised only by other scenarios.
+    # Aborts, prefix sharing and the threshold are exercised only by other scenarios.
     assert code == 1
-    assert report["survivors"] == ["leak-on-abort", "double-free-shared"]
+    assert report["survivors"] == ["leak-on-abort", "double-free-shared", "ignore-threshold"]
     assert report["reference_violations"] == {}
     cell = report["matrix"]["preempt-head"]["cells"]["fcfs-tight"]
     assert (cell["target_hits"], cell["ended"]) == (1, "")
@@ -294,7 +294,7 @@ def test_replay_of_a_stalled_trace_matches_the_identical_stall(tmp_path: Path) -
     code, report = run_json("replay", path)
     assert code == 1
     assert report["divergence"] is None
-    assert {v["invariant"] for v in report["violations"]} == {"LIVENESS"}
+    assert {v["invariant"] for v in report["violations"]} == {"IDLE-ADMISSION", "LIVENESS"}
 
 
 @pytest.mark.parametrize("setting, fragment", [
