@@ -54,6 +54,8 @@ class _Req:
     blocks: list[int] = field(default_factory=list)
     chain: list[bytes] = field(default_factory=list)
     registered: int = 0  # leading table blocks whose content is recorded
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts pending for the next step
+    prefill_chunk: bool = True  # still prefilling after its last scheduling
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
 
     @property
@@ -109,6 +111,7 @@ class TraceChecker:
         self.threshold: int = config.get("long_prefill_token_threshold", 0)
         self.caching: bool = config["enable_prefix_caching"]
         self.policy: str = config["policy"]
+        self.num_spec: int = config.get("num_speculative_tokens", 0)
         self.result = CheckResult()
         self.reqs: dict[str, _Req] = {}
         self.owners: dict[int, set[str]] = {}
@@ -357,6 +360,7 @@ class TraceChecker:
                 st.last_running_index -= 1
         req.status = "PREEMPTED"
         req.num_computed_tokens = 0
+        req.spec_token_ids = []  # drafts never survive a preemption
         st.preempted.append(rid)
         self._note(req, f"preempted with {ev['num_computed_tokens']} computed tokens")
 
@@ -397,7 +401,11 @@ class TraceChecker:
         if 0 < self.threshold < n and st.eligible > 1:
             self._violate("BUDGET-THRESHOLD", rid,
                           f"{n} tokens > long_prefill_token_threshold {self.threshold}")
+        drafts = list(ev["spec_token_ids"] or [])
+        st.drafts[rid] = drafts
+        blocks_before = len(req.blocks)
         if kind == "running":
+            self._check_running_drafts(req, computed, n, drafts)
             if req.status != "RUNNING" or rid not in st.sim_running:
                 self._violate("RUNNING-ORDER", rid, f"scheduled as running but status {req.status}")
             else:
@@ -415,19 +423,46 @@ class TraceChecker:
             for block in ev["block_ids"] or []:
                 self._acquire(req, block, as_hit=False)
         else:
+            self._check_admission_drafts(req, hit, n, drafts)
             self._on_admission(ev, st, req, kind, hit, computed, n)
-        if computed + n > req.num_tokens:
+        if computed + n > req.num_tokens + len(drafts):
             self._violate("SCHEDULED-SPAN", rid,
-                          f"{computed} computed + {n} scheduled > {req.num_tokens} tokens")
-        need = _cdiv(computed + n, self.bs)
+                          f"{computed} computed + {n} scheduled > {req.num_tokens} tokens "
+                          f"+ {len(drafts)} drafts")
+        # Rejected drafts can leave blocks past the need; tables never shrink.
+        need = max(blocks_before, _cdiv(computed + n, self.bs))
         if len(req.blocks) != need:
             self._violate("BLOCKS-COVER", rid,
                           f"table has {len(req.blocks)} blocks for {computed + n} tokens, needs {need}")
         req.num_computed_tokens = computed + n
+        req.prefill_chunk = computed + n < req.num_tokens
         self._register_full_blocks(req, computed + n)
         self._note(req, f"scheduled {kind}: computed {computed} + {n}"
                         + (f", prefix hit {hit}" if kind != "running" else "")
                         + f", new blocks {list(ev['block_ids'] or [])}")
+
+    def _check_running_drafts(self, req: _Req, computed: int, n: int, drafts: list[int]) -> None:
+        """Drafts ride on the tokens past num_tokens: exactly the first k of
+        the pending drafts, none for a prefill chunk; the rest are dropped."""
+        k = computed + n - req.num_tokens
+        expected = req.spec_token_ids[:k] if k > 0 else []
+        if drafts != expected:
+            self._violate("SPEC-TOKENS", req.request_id,
+                          f"scheduled drafts {drafts} but its pending drafts were {req.spec_token_ids} "
+                          f"and {max(k, 0)} draft positions were scheduled")
+        req.spec_token_ids = []
+
+    def _check_admission_drafts(self, req: _Req, hit: int, n: int, drafts: list[int]) -> None:
+        """Admissions carry no drafts, except the -1 padding of a new decode."""
+        if not drafts:
+            return
+        padded = (self.num_spec > 0 and n == 1 + self.num_spec and hit + 1 == req.num_tokens
+                  and drafts == [-1] * self.num_spec)
+        if not padded:
+            self._violate("SPEC-TOKENS", req.request_id,
+                          f"admitted with drafts {drafts} ({n} tokens, hit {hit} of {req.num_tokens}); "
+                          f"only a new decode may be padded with {self.num_spec} x -1")
+        req.spec_token_ids = []
 
     def _on_admission(self, ev: dict, st: _StepState, req: _Req, kind: str, hit: int,
                       computed: int, n: int) -> None:
@@ -539,19 +574,46 @@ class TraceChecker:
             self._violate("OUTPUT-ONLY-COMPLETE", rid, "output for a request not scheduled this step")
             return
         st.outputs.add(rid)
-        if req.num_computed_tokens < req.num_tokens or len(tokens) != 1:
+        drafts = st.drafts.get(rid, [])
+        if req.num_computed_tokens - len(drafts) < req.num_tokens or not 1 <= len(tokens) <= 1 + len(drafts):
             self._violate("OUTPUT-ONLY-COMPLETE", rid,
                           f"{len(tokens)} token(s) sampled with {req.num_computed_tokens} of "
-                          f"{req.num_tokens} tokens computed")
-        token = tokens[-1]
-        req.token_ids.extend(tokens)
+                          f"{req.num_tokens} tokens + {len(drafts)} drafts computed")
+        accepted = len(tokens) - 1
+        if tokens[:accepted] != drafts[:accepted]:
+            self._violate("SPEC-ACCEPTANCE", rid,
+                          f"sampled {tokens} does not start with the accepted drafts {drafts[:accepted]}")
+        # Rejected drafts roll back; then tokens are appended until a stop.
+        req.num_computed_tokens -= max(len(drafts) - accepted, 0)
         stop = None
-        if token == req.eos_token_id or token in req.stop_token_ids:
-            stop = "stop"
-        elif req.num_tokens >= self.max_model_len or req.num_output_tokens >= req.max_tokens:
-            stop = "length"
+        for i, token in enumerate(tokens):
+            req.token_ids.append(token)
+            if token == req.eos_token_id or token in req.stop_token_ids:
+                stop = "stop"
+            elif req.num_tokens >= self.max_model_len or req.num_output_tokens >= req.max_tokens:
+                stop = "length"
+            if stop:
+                req.num_computed_tokens -= len(tokens) - 1 - i
+                break
         st.expected_stop[rid] = stop
-        self._note(req, f"sampled {tokens}" + (f" -> must stop ({stop})" if stop else ""))
+        if self.num_spec > 0:
+            # 0.33.0 caches at update too (blocks completed by accepted drafts).
+            self._register_full_blocks(req, req.num_computed_tokens)
+        self._note(req, f"sampled {tokens}" + (f" (drafts {drafts})" if drafts else "")
+                        + (f" -> must stop ({stop})" if stop else ""))
+
+    def _on_draft(self, ev: dict, st: _StepState) -> None:
+        rid = ev["request_id"]
+        req = self.reqs.get(rid)
+        drafts = list(ev["spec_token_ids"] or [])
+        if req is None:
+            self._violate("SPEC-TOKENS", rid, "drafts stored for an unknown or finished request")
+            return
+        if req.prefill_chunk or len(drafts) != self.num_spec:
+            self._violate("SPEC-TOKENS", rid,
+                          f"stored {len(drafts)} drafts (num_speculative_tokens {self.num_spec}) "
+                          f"while {'prefilling' if req.prefill_chunk else 'decoding'}")
+        req.spec_token_ids = drafts
 
     def _on_finish(self, ev: dict, st: _StepState) -> None:
         rid = ev["request_id"]
@@ -573,8 +635,7 @@ class TraceChecker:
             req = self.reqs.get(rid)
             if req is None:
                 continue
-            complete = req.num_computed_tokens >= req.num_tokens - (1 if rid in st.outputs else 0)
-            if complete and rid not in st.outputs:
+            if rid not in st.outputs and req.num_computed_tokens - len(st.drafts.get(rid, [])) >= req.num_tokens:
                 self._violate("OUTPUT-ONLY-COMPLETE", rid,
                               f"reached {req.num_computed_tokens} of {req.num_tokens} tokens but sampled nothing")
         self.prev_running = [r for r in self.prev_running if r not in st.finished]
@@ -604,6 +665,7 @@ class _StepState:
     last_running_index: int = -1
     total: int = 0
     outputs: set[str] = field(default_factory=set)
+    drafts: dict[str, list[int]] = field(default_factory=dict)
     expected_stop: dict[str, str | None] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
 

@@ -42,6 +42,8 @@ INVARIANTS: dict[str, Invariant] = {inv.id: inv for inv in [
     Invariant("BLOCK-CONSERVATION", "free blocks + distinct held blocks = num_gpu_blocks - 1 (null block excluded).", "5.1, 8 #24"),
     Invariant("FREE-ORDER", "A finished, aborted or preempted request frees exactly its table, tail block first.", "5.2, 5.8"),
     Invariant("OUTPUT-ONLY-COMPLETE", "A request samples exactly one token in a step iff the step reaches the end of its known tokens (none for partial prefill chunks).", "6, 8 #18"),
+    Invariant("SPEC-TOKENS", "Drafts are stored only for decoding requests (num_speculative_tokens of them), scheduled only on the positions past num_tokens (the first k pending drafts, never for a prefill chunk), cleared by every scheduling and by preemption; admissions carry none except the -1 padding of a new decode.", "3.2 step 13, 3.4, 4.3, 10.6, 8 #19-20"),
+    Invariant("SPEC-ACCEPTANCE", "The model returns the accepted drafts plus one token; rejected drafts roll num_computed_tokens back.", "6 d, 10.8, 8 #21"),
     Invariant("STOP-RULES", "A request finishes exactly when check_stop says so (EOS unless ignore_eos, stop token, length), with that reason; min_tokens never overrides.", "6, 10.8, 8 #22"),
     Invariant("FINISHED-IDS", "preempted_req_ids and finished_req_ids of a step list exactly the requests preempted in it / finished since the previous schedule().", "3.9, 8 #12, #23"),
     Invariant("WAITING-NEVER-PREEMPTS", "Admissions from waiting never preempt: no preemption follows an admission in a step.", "3.4 step 11, 8 #33"),

@@ -96,7 +96,8 @@ def step_rows(rec: StepRecord) -> list[Row]:
                          "num_computed_tokens": event.num_computed_tokens,
                          "num_scheduled_tokens": event.num_scheduled_tokens,
                          "num_prefix_hit_tokens": event.num_prefix_hit_tokens,
-                         "block_ids": event.new_block_ids})
+                         "block_ids": event.new_block_ids,
+                         "spec_token_ids": event.spec_token_ids or None})
     rows.append({"kind": "schedule_end", "waiting": rec.waiting_after, "running": rec.running_after,
                  "num_free_blocks": rec.num_free_blocks_after_schedule,
                  "token_budget": out.token_budget,
@@ -106,6 +107,8 @@ def step_rows(rec: StepRecord) -> list[Row]:
     rows += [{"kind": "output", "request_id": req_id, "token_ids": tokens}
              for req_id, tokens in rec.sampled.items() if tokens]
     rows += [_finish_row("finish", f) for f in rec.update.finished]
+    rows += [{"kind": "draft", "request_id": req_id, "spec_token_ids": drafts}
+             for req_id, drafts in rec.drafts.items()]
     rows.append({"kind": "update_end", "num_free_blocks": rec.num_free_blocks_after_update})
     for index, row in enumerate(rows):
         row["step"] = rec.step

@@ -60,4 +60,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("preemption-heavy", "no full-sequence gate: admissions overcommit, many preemptions",
              {**_SMALL, "num_gpu_blocks": 30, "scheduler_reserve_full_isl": False,
               "watermark": 0.0}, {"num_requests": 60, "arrival_rate": 40.0}),
+    Scenario("spec-decode", "3 speculative tokens, 60% draft acceptance, EOS stops, a tight pool",
+             {**_SMALL, "num_gpu_blocks": 34, "num_speculative_tokens": 3, "draft_acceptance_rate": 0.6,
+              "scheduler_reserve_full_isl": False},
+             {"num_requests": 40, "eos_fraction": 0.5, "output_len": (1, 24), "arrival_rate": 30.0}),
+    Scenario("spec-decode-priority", "speculative decoding under PRIORITY: give-back drops drafts",
+             {**_SMALL, "num_gpu_blocks": 34, "num_speculative_tokens": 2, "draft_acceptance_rate": 0.8,
+              "policy": "priority", "scheduler_reserve_full_isl": False},
+             {"num_requests": 40, "priority_levels": 3, "output_len": (1, 24), "arrival_rate": 30.0}),
 ]}

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from reference.config import ConfigError, EngineConfig
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 METADATA_KEY = b"sched_harness"
 # Written in the footer when the run ends: {"steps", "events", "stalled"}.
 SUMMARY_KEY = b"sched_harness_summary"
@@ -57,6 +57,7 @@ SCHEMA = pa.schema([
     pa.field("num_scheduled_tokens", _i32),
     pa.field("num_prefix_hit_tokens", _i32),
     pa.field("block_ids", _ids),
+    pa.field("spec_token_ids", _ids),
     # output / finish / abort / reject.
     pa.field("token_ids", _ids),
     pa.field("status", pa.string()),
@@ -76,7 +77,7 @@ SCHEMA = pa.schema([
 COLUMNS = tuple(SCHEMA.names)
 
 EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "schedule", "withdraw", "preempt",
-               "schedule_end", "output", "finish", "update_end")
+               "schedule_end", "output", "finish", "draft", "update_end")
 
 
 class TraceError(Exception):
@@ -156,8 +157,9 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
         raise TraceError(f"{p}: sched-harness metadata is not a JSON object")
     version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
+        hint = "; re-record it with this harness" if isinstance(version, int) and version < SCHEMA_VERSION else ""
         raise TraceError(f"{p}: unknown trace schema version {version!r} "
-                         f"(this harness reads version {SCHEMA_VERSION})")
+                         f"(this harness reads version {SCHEMA_VERSION}{hint})")
     names = set(pf.schema_arrow.names)
     missing = [c for c in COLUMNS if c not in names]
     if missing:

@@ -8,7 +8,7 @@ real vLLM behind a subprocess. It is built by a *factory*
 Per engine step the loop calls, in order: ``add_request`` for each arrival,
 ``finish_requests`` for each abort, ``snapshot()``, ``schedule()``,
 ``snapshot()``, then ``update_from_output`` with the scripted model's tokens,
-then ``snapshot()``. Decisions come back in the reference's normalised types
+then ``snapshot()``, and with speculative decoding ``update_draft_token_ids``. Decisions come back in the reference's normalised types
 (``SchedulerOutput``, ``UpdateResult``, ``FinishedRequest``), which is what
 the trace records and the checker reads.
 """
@@ -41,6 +41,10 @@ class Candidate(Protocol):
     def update_from_output(self, output: SchedulerOutput,
                            sampled_token_ids: dict[str, list[int]]) -> UpdateResult:
         """Apply the model's sampled tokens for ``output``."""
+
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Store drafts for the next step (only called with speculative
+        decoding on); return what was stored per request."""
 
     def has_request(self, request_id: str) -> bool:
         """True while the request is known and unfinished."""

@@ -45,6 +45,11 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     watermark: float = 0.0
     scheduler_reserve_full_isl: bool = True
+    # Speculative decoding with an n-gram-style proposer (no KV lookahead,
+    # no draft slots). The scripted proposer's draft j matches the scripted
+    # model with probability draft_acceptance_rate (seeded; harness key).
+    num_speculative_tokens: int = 0
+    draft_acceptance_rate: float = 0.7
     step_fixed_s: float = 0.005
     step_per_token_s: float = 0.0001
 
@@ -74,7 +79,11 @@ class EngineConfig:
             # A harness limit, not vLLM's: one Python object per block.
             raise ConfigError(f"num_gpu_blocks {self.num_gpu_blocks} is above this harness's "
                               f"limit of {MAX_NUM_GPU_BLOCKS}")
-        for name in ("watermark", "step_fixed_s", "step_per_token_s"):
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 0:
+            raise ConfigError("num_speculative_tokens must be an integer >= 0")
+        if not 0.0 <= self.draft_acceptance_rate <= 1.0:
+            raise ConfigError(f"draft_acceptance_rate must be in [0, 1], got {self.draft_acceptance_rate}")
+        for name in ("watermark", "step_fixed_s", "step_per_token_s", "draft_acceptance_rate"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")

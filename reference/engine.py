@@ -31,8 +31,9 @@ from reference.workload import RequestSpec, Workload
 
 
 class EngineStalled(RuntimeError):
-    """Unfinished requests remain but the scheduler schedules nothing and no
-    future arrival or abort can change that (a liveness failure)."""
+    """A liveness failure: unfinished requests remain but the scheduler
+    schedules nothing and no future arrival or abort can change that, or no
+    token was sampled for ``2 * max_model_len + 1000`` steps (a livelock)."""
 
 
 @dataclass
@@ -52,7 +53,8 @@ class StepRecord:
     scheduling: ``waiting_before``, ``running_before`` (ids, queue order),
     ``num_free_blocks_before``. Decisions: ``output``; then ``waiting_after``,
     ``running_after``, ``num_free_blocks_after_schedule``. Model output:
-    ``sampled``. Update: ``update``; ``num_free_blocks_after_update``.
+    ``sampled``. Update: ``update``; ``num_free_blocks_after_update``;
+    ``drafts`` stored for the next step (speculative decoding).
     ``clock`` is the virtual time (seconds) at step start.
     """
 
@@ -71,6 +73,7 @@ class StepRecord:
     sampled: dict[str, list[int]] = field(default_factory=dict)
     update: UpdateResult | None = None
     num_free_blocks_after_update: int = 0
+    drafts: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -85,6 +88,8 @@ class EngineSummary:
     preemptions: int = 0
     prefix_hit_tokens: int = 0
     scheduled_tokens: int = 0
+    draft_tokens: int = 0
+    rejected_draft_tokens: int = 0
     clock: float = 0.0
     stalled: str | None = None
 
@@ -126,6 +131,9 @@ class Engine:
             raise CandidateError(0, exc) from exc
         self.runner = ScriptedModelRunner(seed)
         self.max_steps = max_steps
+        # A prefill of max_model_len tokens at one token per step, twice over:
+        # longer without any sampled token is a livelock, not slowness.
+        self.progress_window = 2 * config.max_model_len + 1000
         self.summary = EngineSummary()
 
     def run(self, workload: Workload,
@@ -142,6 +150,7 @@ class Engine:
         next_abort = 0
         step = 0
         arrived: set[str] = set()
+        last_progress = 0
         while next_arrival < len(pending) or sched.get_num_unfinished_requests():
             if not sched.get_num_unfinished_requests() and pending[next_arrival].arrival_time > clock:
                 clock = pending[next_arrival].arrival_time
@@ -187,12 +196,26 @@ class Engine:
             rec.num_free_blocks_after_update = sched.snapshot().num_free_blocks
             for fin in rec.update.finished:
                 self.runner.finish(fin.request_id)
+            if self.config.num_speculative_tokens > 0:
+                finished = {f.request_id for f in rec.update.finished}
+                proposals = self.runner.propose_drafts(
+                    [s.request_id for s in output.scheduled if s.request_id not in finished],
+                    self.config.num_speculative_tokens, self.config.draft_acceptance_rate)
+                rec.drafts = sched.update_draft_token_ids(proposals)
 
             summary.steps += 1
+            if rec.update.new_token_ids or rec.update.finished or rec.aborts:
+                last_progress = step
+            elif step - last_progress > self.progress_window:
+                raise EngineStalled(
+                    f"step {step}: no token sampled and nothing finished for "
+                    f"{self.progress_window} steps (livelock)")
             summary.finished += len(rec.update.finished)
             summary.preemptions += len(output.preemptions)
             summary.prefix_hit_tokens += sum(s.num_prefix_hit_tokens for s in output.scheduled)
             summary.scheduled_tokens += output.total_num_scheduled_tokens
+            summary.draft_tokens += rec.update.num_draft_tokens
+            summary.rejected_draft_tokens += rec.update.num_rejected_draft_tokens
             if on_step is not None:
                 on_step(rec)
             step += 1

@@ -40,6 +40,12 @@ def scripted_token(seed: int, request_id: str, output_index: int, script: Reques
     return FIRST_SAMPLED_TOKEN_ID + int.from_bytes(digest, "little") % (VOCAB_SIZE - FIRST_SAMPLED_TOKEN_ID)
 
 
+def _coin(seed: int, request_id: str, position: int) -> float:
+    """A seeded uniform number in [0, 1) for the proposer's accept/reject choice."""
+    digest = hashlib.blake2b(f"draft:{seed}:{request_id}:{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
 class ScriptedModelRunner:
     """Keeps, like a worker, each request's token count; samples by script.
 
@@ -63,16 +69,49 @@ class ScriptedModelRunner:
             self._drop(req_id)
         sampled: dict[str, list[int]] = {}
         for rec in output.scheduled:
-            end = rec.num_computed_tokens + rec.num_scheduled_tokens
-            if end < self._num_tokens[rec.request_id]:
-                sampled[rec.request_id] = []  # partial prefill chunk: no token
+            req_id = rec.request_id
+            end = rec.num_computed_tokens + rec.num_scheduled_tokens - len(rec.spec_token_ids)
+            if end < self._num_tokens[req_id]:
+                sampled[req_id] = []  # partial prefill chunk: no token
                 continue
-            index = self._num_outputs[rec.request_id]
-            token = scripted_token(self.seed, rec.request_id, index, self._scripts[rec.request_id])
-            sampled[rec.request_id] = [token]
-            self._num_outputs[rec.request_id] = index + 1
-            self._num_tokens[rec.request_id] += 1
+            # Greedy verification: each draft is accepted while it equals the
+            # token the model samples at its position; the first mismatch (or
+            # the position after the last draft) yields the bonus token.
+            index = self._num_outputs[req_id]
+            tokens: list[int] = []
+            for draft in rec.spec_token_ids:
+                token = scripted_token(self.seed, req_id, index + len(tokens), self._scripts[req_id])
+                tokens.append(token)
+                if token != draft:
+                    break
+            else:
+                tokens.append(scripted_token(self.seed, req_id, index + len(tokens), self._scripts[req_id]))
+            sampled[req_id] = tokens
+            self._num_outputs[req_id] = index + len(tokens)
+            self._num_tokens[req_id] += len(tokens)
         return sampled
+
+    def propose_drafts(self, request_ids: list[str], num_speculative_tokens: int,
+                       acceptance_rate: float) -> dict[str, list[int]]:
+        """The scripted proposer: ``num_speculative_tokens`` drafts for the
+        next positions of each request. Draft j equals the scripted model's
+        token there with probability ``acceptance_rate`` (a seeded coin per
+        (request, position)), else a token the model never samples there.
+        """
+        drafts: dict[str, list[int]] = {}
+        for req_id in request_ids:
+            if req_id not in self._scripts:
+                continue
+            index = self._num_outputs[req_id]
+            proposal = []
+            for j in range(num_speculative_tokens):
+                token = scripted_token(self.seed, req_id, index + j, self._scripts[req_id])
+                if _coin(self.seed, req_id, index + j) >= acceptance_rate:
+                    token = FIRST_SAMPLED_TOKEN_ID + (token - FIRST_SAMPLED_TOKEN_ID + 1) % (
+                        VOCAB_SIZE - FIRST_SAMPLED_TOKEN_ID)
+                proposal.append(token)
+            drafts[req_id] = proposal
+        return drafts
 
     def finish(self, request_id: str) -> None:
         """Forget a request (finished or aborted)."""

@@ -342,6 +342,36 @@ class AdmissionPreempts(Scheduler):
         return output
 
 
+class DraftsOnPrefill(Scheduler):
+    """Stores drafts for requests still prefilling (SPEC-TOKENS)."""
+
+    def update_draft_token_ids(self, draft_token_ids):
+        for request in self.requests.values():
+            if request.is_prefill_chunk and request.status == RequestStatus.RUNNING:
+                draft_token_ids.setdefault(request.request_id, [11] * self.num_spec_tokens)
+        stored = {}
+        for req_id, drafts in draft_token_ids.items():
+            request = self.requests.get(req_id)
+            if request is not None and not request.is_finished():
+                request.spec_token_ids = list(drafts)
+                stored[req_id] = request.spec_token_ids
+        return stored
+
+
+class NoDraftRollback(Scheduler):
+    """Rejected drafts are not rolled back: num_computed_tokens runs ahead of
+    the tokens that exist (COMPUTED-CONTINUITY)."""
+
+    def update_from_output(self, output, sampled_token_ids):
+        result = super().update_from_output(output, sampled_token_ids)
+        for req_id, drafts in output.scheduled_spec_decode_tokens.items():
+            request = self.requests.get(req_id)
+            sampled = sampled_token_ids.get(req_id, [])
+            if request is not None and sampled:
+                request.num_computed_tokens += len(drafts) - (len(sampled) - 1)
+        return result
+
+
 # Mutant name -> (class, the invariant that must catch it).
 MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "admit-after-preempt": (AdmitAfterPreempt, "NO-ADMIT-AFTER-PREEMPT"),
@@ -362,6 +392,8 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "reuse-held-block": (ReuseHeldBlock, "BLOCK-EXCLUSIVE"),
     "forget-finished-ids": (ForgetFinishedIds, "FINISHED-IDS"),
     "admission-preempts": (AdmissionPreempts, "WAITING-NEVER-PREEMPTS"),
+    "drafts-on-prefill": (DraftsOnPrefill, "SPEC-TOKENS"),
+    "no-draft-rollback": (NoDraftRollback, "COMPUTED-CONTINUITY"),
     "ignore-max-num-seqs": (IgnoreMaxNumSeqs, "MAX-NUM-SEQS"),
     "no-stop-on-max-tokens": (NoStopOnMaxTokens, "STOP-RULES"),
 }

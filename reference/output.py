@@ -29,6 +29,7 @@ class ScheduledRequest:
     num_scheduled_tokens: int
     num_prefix_hit_tokens: int
     new_block_ids: list[int]
+    spec_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -92,6 +93,11 @@ class SchedulerOutput:
                 if isinstance(e, ScheduledRequest) and e.request_id in self.num_scheduled_tokens]
 
     @property
+    def scheduled_spec_decode_tokens(self) -> dict[str, list[int]]:
+        """Drafts to verify per scheduled request (absent: none)."""
+        return {e.request_id: e.spec_token_ids for e in self.scheduled if e.spec_token_ids}
+
+    @property
     def preemptions(self) -> list[Preemption]:
         return [e for e in self.events if isinstance(e, Preemption)]
 
@@ -103,6 +109,8 @@ class UpdateResult:
 
     new_token_ids: dict[str, list[int]] = field(default_factory=dict)
     finished: list[FinishedRequest] = field(default_factory=list)
+    num_draft_tokens: int = 0
+    num_rejected_draft_tokens: int = 0
 
 
 

@@ -51,6 +51,7 @@ class Scheduler:
         self.reset_preempted_req_ids: set[str] = set()
         # Tokens the model samples per scheduled step (0 only for diffusion).
         self.num_sampled_tokens_per_step = 1
+        self.num_spec_tokens = config.num_speculative_tokens
 
     # -- requests in and out -------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -116,6 +117,10 @@ class Scheduler:
         num_eligible = len(self.running) + len(self.waiting)
         threshold = self.config.long_prefill_token_threshold if num_eligible > 1 else 0
 
+        # A running-loop request that was still prefilling before this step
+        # (then new decodes are not padded with placeholder drafts).
+        prefill_scheduled = False
+
         # 1. RUNNING requests, in order.
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
@@ -171,10 +176,19 @@ class Scheduler:
                                       num_new_tokens, 0, [b.block_id for b in new_blocks])
             events.append(record)
             scheduled_running[request.request_id] = record
+            prefill_scheduled |= request.is_prefill_chunk
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
             input_budget -= num_new_tokens + draft_slots
             req_index += 1
+            # Drafts ride along only on the tokens past num_tokens, so never
+            # on a prefill chunk; whatever is not scheduled is dropped.
+            if request.spec_token_ids:
+                k = (num_new_tokens + request.num_computed_tokens - request.num_tokens
+                     - request.num_output_placeholders)
+                if k > 0:
+                    record.spec_token_ids = request.spec_token_ids[:k]
+                request.spec_token_ids = []
 
         # 2. WAITING requests, only if nobody was preempted this step.
         if not preempted:
@@ -188,6 +202,18 @@ class Scheduler:
                 hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
                 request_budget = min(token_budget, input_budget - draft_slots)
                 num_new_tokens = request.num_tokens - num_hit_tokens
+                pad_spec_decode = False
+                # 0.33.0 (spec 10.6): a new decode (one token left) is padded to
+                # 1 + K with -1 drafts so the batch stays uniform.
+                if (self.num_spec_tokens > 0 and self.num_sampled_tokens_per_step > 0
+                        and num_new_tokens == 1 and not prefill_scheduled
+                        and (scheduled_running or num_hit_tokens > 0)):
+                    padded = 1 + self.num_spec_tokens
+                    if num_hit_tokens + padded + self.num_sampled_tokens_per_step <= self.max_model_len:
+                        if padded > request_budget:
+                            break  # rather not schedule than schedule unpadded
+                        num_new_tokens = padded
+                        pad_spec_decode = True
                 if 0 < threshold < num_new_tokens:
                     num_new_tokens = threshold
                 if not self.config.enable_chunked_prefill and num_new_tokens > request_budget:
@@ -214,7 +240,8 @@ class Scheduler:
                     raise RuntimeError(f"invalid status {request.status.name} in waiting")
                 events.append(ScheduledRequest(
                     request.request_id, kind, num_hit_tokens, num_new_tokens, num_hit_tokens,
-                    self.kv_cache_manager.get_block_ids(request.request_id)))
+                    self.kv_cache_manager.get_block_ids(request.request_id),
+                    [-1] * self.num_spec_tokens if pad_spec_decode else []))
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
                 input_budget -= num_new_tokens + draft_slots
@@ -289,18 +316,34 @@ class Scheduler:
         """
         result = UpdateResult()
         stopped: set[int] = set()
+        spec_tokens = output.scheduled_spec_decode_tokens
         for req_id, n in output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
+            is_stale = False
+            if request is not None:
+                request.num_in_flight_tokens -= n
+                if request.num_stale_output_tokens > 0:
+                    is_stale = True
+                    request.num_stale_output_tokens -= n
             if request is None or request.is_finished():
                 continue  # aborted while in flight
-            request.num_in_flight_tokens -= n
-            is_stale = request.num_stale_output_tokens > 0
-            if is_stale:
-                request.num_stale_output_tokens -= n
             new_token_ids = list(sampled_token_ids.get(req_id, ()))
+            drafts = spec_tokens.get(req_id)
+            if drafts and new_token_ids and not is_stale:
+                # Greedy verification: the model returns the accepted drafts
+                # plus one token; roll back the rejected positions.
+                accepted = max(len(new_token_ids) - self.num_sampled_tokens_per_step, 0)
+                rejected = len(drafts) - accepted
+                if request.num_computed_tokens > 0:
+                    request.num_computed_tokens -= rejected
+                if request.num_output_placeholders > 0:
+                    request.num_output_placeholders -= rejected
+                result.num_draft_tokens += len(drafts)
+                result.num_rejected_draft_tokens += rejected
             if not new_token_ids:
                 continue
             status_before = request.status
+            had_placeholders = request.num_output_placeholders > 0
             for num_new, token_id in enumerate(new_token_ids, 1):
                 request.append_output_token_ids(token_id)
                 if check_stop(request, self.max_model_len):
@@ -308,6 +351,14 @@ class Scheduler:
                         request.num_computed_tokens -= len(new_token_ids) - num_new
                     del new_token_ids[num_new:]
                     break
+            if not is_stale and request.num_output_placeholders > 0:
+                request.num_output_placeholders -= len(sampled_token_ids[req_id])
+            # 0.33.0 (spec 10.8): with drafts or placeholders, blocks completed
+            # by accepted tokens are cached now, before a stopped request frees.
+            if (not is_stale and status_before == RequestStatus.RUNNING
+                    and (had_placeholders or self.num_spec_tokens > 0)):
+                self.kv_cache_manager.cache_blocks(
+                    request, request.num_computed_tokens - request.num_in_flight_tokens)
             result.new_token_ids[req_id] = new_token_ids
             if request.is_finished():
                 if status_before == RequestStatus.RUNNING:
@@ -318,3 +369,17 @@ class Scheduler:
         if stopped:
             self.running = [r for r in self.running if id(r) not in stopped]
         return result
+
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Store the proposer's drafts for the next step (vLLM
+        ``update_draft_token_ids``): finished or unknown requests are ignored,
+        a request still prefilling gets none. Returns what was stored."""
+        stored: dict[str, list[int]] = {}
+        for req_id, drafts in draft_token_ids.items():
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            request.spec_token_ids = [] if request.is_prefill_chunk else list(drafts)
+            if request.spec_token_ids:
+                stored[req_id] = request.spec_token_ids
+        return stored

@@ -36,6 +36,8 @@ EXPECTED = {
     "no-chunked-prefill": (166, 30, 30, 0, 0),
     "eos-stop-abort": (111, 40, 38, 0, 0),
     "preemption-heavy": (230, 60, 60, 18, 436),
+    "spec-decode": (127, 40, 40, 5, 176),
+    "spec-decode-priority": (134, 40, 40, 8, 188),
 }
 
 
