@@ -78,6 +78,8 @@ class CheckResult:
     aborted: int = 0
     preemptions: int = 0
     prefix_hit_tokens: int = 0
+    draft_tokens: int = 0  # drafts sent for verification (incl. -1 padding)
+    rejected_draft_tokens: int = 0
     events: int = 0
     violations: list[Violation] = field(default_factory=list)
     num_violations: int = 0
@@ -585,6 +587,8 @@ class TraceChecker:
                           f"sampled {tokens} does not start with the accepted drafts {drafts[:accepted]}")
         # Rejected drafts roll back; then tokens are appended until a stop.
         req.num_computed_tokens -= max(len(drafts) - accepted, 0)
+        self.result.draft_tokens += len(drafts)
+        self.result.rejected_draft_tokens += max(len(drafts) - accepted, 0)
         stop = None
         for i, token in enumerate(tokens):
             req.token_ids.append(token)

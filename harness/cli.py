@@ -155,6 +155,8 @@ def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, t
                    "steps": result.steps, "requests": result.requests, "finished": result.finished,
                    "rejected": result.rejected, "aborted": result.aborted,
                    "preemptions": result.preemptions, "prefix_hit_tokens": result.prefix_hit_tokens,
+                   "draft_tokens": result.draft_tokens,
+                   "rejected_draft_tokens": result.rejected_draft_tokens,
                    "num_violations": result.num_violations,
                    "violations_by_invariant": result.by_invariant,
                    "violations": [v.to_dict() for v in result.violations],
@@ -162,11 +164,14 @@ def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, t
         click.echo(json.dumps(payload, default=str))
         return
     table = Table(show_header=False, box=None)
-    for label, value in [("trace", str(trace.path)), ("engine", trace.meta.get("engine")),
-                         ("steps", result.steps), ("requests", result.requests),
-                         ("finished", result.finished), ("rejected", result.rejected),
-                         ("aborted", result.aborted), ("preemptions", result.preemptions),
-                         ("prefix-hit tokens", result.prefix_hit_tokens)]:
+    rows = [("trace", str(trace.path)), ("engine", trace.meta.get("engine")),
+            ("steps", result.steps), ("requests", result.requests),
+            ("finished", result.finished), ("rejected", result.rejected),
+            ("aborted", result.aborted), ("preemptions", result.preemptions),
+            ("prefix-hit tokens", result.prefix_hit_tokens)]
+    if result.draft_tokens:
+        rows.append(("draft tokens (rejected)", f"{result.draft_tokens} ({result.rejected_draft_tokens})"))
+    for label, value in rows:
         table.add_row(label, str(value))
     console.print(table)
     for v in result.violations:
@@ -402,6 +407,27 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
         console.print(f"{len(rows) - len(survivors)}/{len(rows)} mutants killed"
                       + (f"; survivors: {', '.join(survivors)}" if survivors else ""))
     sys.exit(EXIT_FOUND if survivors or dirty else EXIT_OK)
+
+
+@main.command("vllm-env")
+@click.argument("version")
+@click.option("--force", is_flag=True, help="Rebuild even if the env is ready.")
+def vllm_env(version: str, force: bool) -> None:
+    """Build (or find) the CPU-only virtual environment of vLLM VERSION under .vllm-envs/,
+    needed by the candidate `vllm@VERSION`. Idempotent; prints progress and the env's Python.
+    Exit 2 with a one-line message on failure."""
+    from rich.markup import escape
+
+    from harness.vllm_env import VLLMEnvError, ensure_env
+
+    try:
+        python = ensure_env(version, log=lambda line: err.print(f"[dim]vllm-env:[/] {escape(line)}"),
+                            force=force)
+    except VLLMEnvError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"cannot build the vLLM {version} env: {exc}")
+    console.print(str(python))
 
 
 if __name__ == "__main__":
