@@ -56,6 +56,10 @@ class _Req:
     registered: int = 0  # leading table blocks whose content is recorded
     spec_token_ids: list[int] = field(default_factory=list)  # drafts pending for the next step
     prefill_chunk: bool = True  # still prefilling after its last scheduling
+    placeholders: int = 0  # async: sampled tokens in flight (num_output_placeholders)
+    in_flight: int = 0     # tokens scheduled in batches not yet processed
+    stale: int = 0         # in-flight tokens scheduled before its preemption
+    last_sched_seq: int = 0
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
 
     @property
@@ -114,13 +118,23 @@ class TraceChecker:
         self.caching: bool = config["enable_prefix_caching"]
         self.policy: str = config["policy"]
         self.num_spec: int = config.get("num_speculative_tokens", 0)
+        self.async_scheduling: bool = config.get("async_scheduling", False)
+        self.depth: int = config.get("max_concurrent_batches", 1)
+        self.defer: bool = config.get("defer_block_free", False)
+        # Batches scheduled but not yet processed, oldest first.
+        self.batches: deque[_Batch] = deque()
+        # Deferred frees (spec 5.10): sequence numbers and the FIFO of
+        # (fence, blocks in free order); their blocks stay held until drained.
+        self.sched_seq = 0
+        self.processed_seq = 0
+        self.deferred: deque[tuple[int, list[int]]] = deque()
         self.result = CheckResult()
         self.reqs: dict[str, _Req] = {}
         self.owners: dict[int, set[str]] = {}
         # The free queue as the trace implies it, head first (spec 5.2).
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, self.num_gpu_blocks))
-        self.free_queue_known = True
-        self.zero_step_state: tuple | None = None  # queues of the last zero-token step  # false after the first ALLOC-FROM-HEAD violation
+        self.free_queue_known = True  # false after the first ALLOC-FROM-HEAD violation
+        self.zero_step_state: tuple | None = None  # queues of the last zero-token step
         # Full blocks: content chain hash per block, and blocks per content.
         self.content: dict[int, bytes] = {}
         self.cached: dict[bytes, set[int]] = {}
@@ -189,10 +203,11 @@ class TraceChecker:
         holders.add(req.request_id)
         req.blocks.append(block)
 
-    def _release_all(self, req: _Req, freed: list[int], kind: str) -> None:
-        """Drop the request's references in ``freed`` order and move the
-        blocks reaching ref 0 into the simulated free queue: unhashed (or
-        caching off) to the head in that order, hashed to the tail."""
+    def _release_all(self, req: _Req, freed: list[int], kind: str, fence: int | None = None) -> None:
+        """Drop the request's references in ``freed`` order. Blocks reaching
+        ref 0 enter the simulated free queue (unhashed or caching off: head,
+        in that order; hashed: tail), or, for a deferred free, stay held by
+        the fence entry until it is drained."""
         expected = req.blocks[::-1]
         if freed != expected:
             if kind == "preempt":
@@ -202,13 +217,40 @@ class TraceChecker:
             else:
                 self._violate("FREE-ORDER", req.request_id,
                               f"freed {freed}, expected its table tail first {expected}")
+        if self.defer:
+            in_flight = req.last_sched_seq > self.processed_seq
+            if fence is None and in_flight:
+                self._violate("DEFERRED-FREE-FENCED", req.request_id,
+                              f"{kind} freed blocks {expected} at once although step seq "
+                              f"{req.last_sched_seq} that writes them is in flight "
+                              f"(processed_step_seq {self.processed_seq})")
+            elif fence is not None and (not in_flight or fence != self.sched_seq):
+                self._violate("DEFERRED-FREE-FENCED", req.request_id,
+                              f"{kind} deferred with fence {fence}; expected "
+                              f"{self.sched_seq if in_flight else 'an immediate free'}")
+        elif fence is not None:
+            self._violate("DEFERRED-FREE-FENCED", req.request_id,
+                          f"{kind} deferred a free (fence {fence}) with defer_block_free off")
+        if fence is not None:
+            holder = f"<deferred free, fence {fence}>"
+            for block in expected:
+                holders = self.owners.setdefault(block, set())
+                holders.discard(req.request_id)
+                holders.add(holder)
+            self.deferred.append((fence, expected))
+        else:
+            self._return_blocks(expected, req.request_id)
+        req.blocks = []
+        req.registered = 0
+
+    def _return_blocks(self, ordered: list[int], holder: str) -> None:
         to_head: list[int] = []
         to_tail: list[int] = []
-        for block in expected:
+        for block in ordered:
             holders = self.owners.get(block)
             if holders is None:
                 continue
-            holders.discard(req.request_id)
+            holders.discard(holder)
             if not holders:
                 del self.owners[block]
                 (to_tail if block in self.content else to_head).append(block)
@@ -217,8 +259,6 @@ class TraceChecker:
             self.free_queue.move_to_end(block, last=False)
         for block in to_tail:
             self.free_queue[block] = None
-        req.blocks = []
-        req.registered = 0
 
     def _extend_chain(self, req: _Req, n_blocks: int) -> None:
         """Content hashes of the request's first ``n_blocks`` full blocks."""
@@ -294,7 +334,9 @@ class TraceChecker:
         if req is None:
             self._violate("STATE-CONTINUITY", rid, f"{kind} of an unknown or finished request")
             return None
-        self._release_all(req, list(ev["block_ids"] or []), kind)
+        self._release_all(req, list(ev["block_ids"] or []), kind, ev.get("fence"))
+        if req.status == "PREEMPTED":
+            self.prev_waiting = [r for r in self.prev_waiting if r != rid]
         req.status = ev["status"]
         self.finished_since_schedule.add(rid)
         self._note(req, f"{kind}: {ev['status']} ({ev['finish_reason']})")
@@ -354,7 +396,7 @@ class TraceChecker:
         if ev["num_computed_tokens"] != req.num_computed_tokens:
             self._violate("COMPUTED-CONTINUITY", rid,
                           f"preempt says computed {ev['num_computed_tokens']}, expected {req.num_computed_tokens}")
-        self._release_all(req, list(ev["block_ids"] or []), "preempt")
+        self._release_all(req, list(ev["block_ids"] or []), "preempt", ev.get("fence"))
         if rid in st.sim_running:
             index = st.sim_running.index(rid)
             st.sim_running.remove(rid)
@@ -363,6 +405,8 @@ class TraceChecker:
         req.status = "PREEMPTED"
         req.num_computed_tokens = 0
         req.spec_token_ids = []  # drafts never survive a preemption
+        req.stale = req.in_flight  # output still in flight is stale
+        req.placeholders = 0
         st.preempted.append(rid)
         self._note(req, f"preempted with {ev['num_computed_tokens']} computed tokens")
 
@@ -382,6 +426,8 @@ class TraceChecker:
         st.total -= st.scheduled_tokens.pop(rid, 0)
         st.withdrawn.append(rid)
         req.num_computed_tokens -= n
+        req.in_flight -= n
+        req.placeholders -= st.placeholders_added.pop(rid, 0)
         self._note(req, f"withdrawn: {n} tokens given back")
 
     def _on_schedule(self, ev: dict, st: _StepState) -> None:
@@ -407,6 +453,10 @@ class TraceChecker:
         st.drafts[rid] = drafts
         blocks_before = len(req.blocks)
         if kind == "running":
+            if req.placeholders > 0 and computed + 2 - req.placeholders >= req.num_prompt_tokens + req.max_tokens:
+                self._violate("ASYNC-PLACEHOLDERS", rid,
+                              f"scheduled with {req.placeholders} tokens in flight that already reach "
+                              f"max_tokens {req.max_tokens} (computed {computed})")
             self._check_running_drafts(req, computed, n, drafts)
             if req.status != "RUNNING" or rid not in st.sim_running:
                 self._violate("RUNNING-ORDER", rid, f"scheduled as running but status {req.status}")
@@ -427,17 +477,22 @@ class TraceChecker:
         else:
             self._check_admission_drafts(req, hit, n, drafts)
             self._on_admission(ev, st, req, kind, hit, computed, n)
-        if computed + n > req.num_tokens + len(drafts):
+        if computed + n > req.num_tokens + len(drafts) + req.placeholders:
             self._violate("SCHEDULED-SPAN", rid,
                           f"{computed} computed + {n} scheduled > {req.num_tokens} tokens "
-                          f"+ {len(drafts)} drafts")
+                          f"+ {len(drafts)} drafts + {req.placeholders} placeholders")
         # Rejected drafts can leave blocks past the need; tables never shrink.
         need = max(blocks_before, _cdiv(computed + n, self.bs))
         if len(req.blocks) != need:
             self._violate("BLOCKS-COVER", rid,
                           f"table has {len(req.blocks)} blocks for {computed + n} tokens, needs {need}")
         req.num_computed_tokens = computed + n
-        req.prefill_chunk = computed + n < req.num_tokens
+        req.in_flight += n
+        req.prefill_chunk = computed + n < req.num_tokens + req.placeholders
+        if self.async_scheduling and not req.prefill_chunk:
+            st.placeholders_added[rid] = 1 + len(drafts)
+            req.placeholders += 1 + len(drafts)
+        st.ends[rid] = computed + n
         self._register_full_blocks(req, computed + n)
         self._note(req, f"scheduled {kind}: computed {computed} + {n}"
                         + (f", prefix hit {hit}" if kind != "running" else "")
@@ -446,7 +501,7 @@ class TraceChecker:
     def _check_running_drafts(self, req: _Req, computed: int, n: int, drafts: list[int]) -> None:
         """Drafts ride on the tokens past num_tokens: exactly the first k of
         the pending drafts, none for a prefill chunk; the rest are dropped."""
-        k = computed + n - req.num_tokens
+        k = computed + n - req.num_tokens - req.placeholders
         expected = req.spec_token_ids[:k] if k > 0 else []
         if drafts != expected:
             self._violate("SPEC-TOKENS", req.request_id,
@@ -475,7 +530,10 @@ class TraceChecker:
         expected_status = {"new": "WAITING", "resumed": "PREEMPTED"}.get(kind)
         if req.status != expected_status:
             self._violate("ADMISSION-ORDER", rid, f"admitted as {kind} but its status was {req.status}")
-        position = len(st.admitted)
+        if req.stale > 0:
+            self._violate("STALE-OUTPUT", rid,
+                          f"admitted ({kind}) with {req.stale} tokens of stale output still in flight")
+        position = len(st.admitted) + len(st.skipped)
         if position >= len(st.waiting_before) or st.waiting_before[position] != rid:
             self._violate("ADMISSION-ORDER", rid,
                           f"admission #{position + 1} of the step, but waiting was {st.waiting_before[:position + 3]}...")
@@ -519,6 +577,15 @@ class TraceChecker:
         if ev["token_budget"] != self.token_budget - st.total:
             self._violate("BUDGET-TOKENS", None,
                           f"budget left {ev['token_budget']} != {self.token_budget} - {st.total}")
+        if self.defer and st.total > 0:
+            self.sched_seq += 1
+            for rid in st.scheduled:
+                self.reqs[rid].last_sched_seq = self.sched_seq
+        self.batches.append(_Batch(self.step, list(st.scheduled), dict(st.scheduled_tokens),
+                                   dict(st.drafts), dict(st.ends), st.total))
+        if len(self.batches) > self.depth:
+            self._violate("STATE-CONTINUITY", None,
+                          f"{len(self.batches)} batches in flight > max_concurrent_batches {self.depth}")
         running = list(ev["running"])
         if running != st.sim_running:
             self._violate("STATE-CONTINUITY", None, f"running after schedule {running} != expected {st.sim_running}")
@@ -527,7 +594,9 @@ class TraceChecker:
         waiting = list(ev["waiting"])
         rest = [r for r in st.waiting_before if r not in st.admitted]
         if self.policy == "fcfs":
-            expected = st.preempted[::-1] + rest
+            # Victims go to the head in their old running order; requests
+            # skipped this step return to the head in the order met.
+            expected = st.preempted[::-1] + st.skipped + [r for r in rest if r not in st.skipped]
             if waiting[:len(st.preempted)] != st.preempted[::-1]:
                 self._violate("PREEMPT-WAITING-HEAD", st.preempted[0] if st.preempted else None,
                               f"victims {st.preempted} are not at the head of waiting {waiting[:5]}...")
@@ -552,12 +621,15 @@ class TraceChecker:
                           f"{sorted(self.finished_since_schedule)}")
         self.finished_since_schedule = set()
         self._conservation("schedule_end", ev["num_free_blocks"])
-        if not st.running_before and st.waiting_before and not st.preempted and not st.admitted:
+        # (Blocks still behind a deferred-free fence may legitimately block it.)
+        if (not st.running_before and st.waiting_before and not st.preempted and not st.admitted
+                and not st.skipped and not self.deferred):
             self._violate("IDLE-ADMISSION", st.waiting_before[0],
                           f"nothing running, {len(st.waiting_before)} waiting, and nothing admitted: "
                           f"a request that fits an empty engine must be admitted")
         state = (tuple(st.waiting_before), tuple(st.running_before))
-        if st.total == 0 and (st.waiting_before or st.running_before):
+        # Waiting on outputs in flight is not a lack of progress.
+        if st.total == 0 and (st.waiting_before or st.running_before) and len(self.batches) <= 1:
             if self.zero_step_state == state and not st.arrived and not st.aborted:
                 self._violate("NO-PROGRESS", None,
                               f"a second step with no tokens scheduled and unchanged queues "
@@ -568,27 +640,92 @@ class TraceChecker:
         self.prev_running, self.prev_waiting = running, waiting
         st.sim_running = running
 
+    def _on_skip(self, ev: dict, st: _StepState) -> None:
+        rid = ev["request_id"]
+        req = self.reqs.get(rid)
+        position = len(st.admitted) + len(st.skipped)
+        if position >= len(st.waiting_before) or st.waiting_before[position] != rid:
+            self._violate("ADMISSION-ORDER", rid, f"skipped a request that is not next in waiting "
+                                                  f"{st.waiting_before[:position + 3]}")
+        if req is None or req.stale == 0:
+            self._violate("STALE-OUTPUT", rid, f"skipped ({ev['message']}) without stale output in flight")
+        st.skipped.append(rid)
+        if req is not None:
+            self._note(req, f"skipped: {ev['message']}")
+
+    def _on_update_begin(self, ev: dict, st: _StepState) -> None:
+        """The oldest batch in flight is processed: its tokens leave flight."""
+        if not self.batches:
+            self._violate("STATE-CONTINUITY", None, "update of a batch that was never scheduled")
+            st.batch = _Batch(-1, [], {}, {}, {}, 0)
+            return
+        batch = st.batch = self.batches.popleft()
+        if ev["batch_step"] != batch.step:
+            self._violate("STATE-CONTINUITY", None,
+                          f"update of the batch of step {ev['batch_step']}, but the oldest in flight "
+                          f"is from step {batch.step}")
+        for rid in batch.scheduled:
+            req = self.reqs.get(rid)
+            if req is None:
+                continue
+            req.in_flight -= batch.tokens[rid]
+            if req.stale > 0:
+                st.stale.add(rid)
+                req.stale -= batch.tokens[rid]
+        if self.defer and batch.total > 0:
+            self.processed_seq += 1
+            st.expected_drains = 0
+            for fence, _ in self.deferred:
+                if fence > self.processed_seq:
+                    break
+                st.expected_drains += 1
+
+    def _on_free_drain(self, ev: dict, st: _StepState) -> None:
+        blocks, fence = list(ev["block_ids"] or []), ev["fence"]
+        if not self.deferred or st.drains >= st.expected_drains:
+            self._violate("DEFERRED-FREE-FENCED", None,
+                          f"drained blocks {blocks} (fence {fence}) before processed_step_seq "
+                          f"{self.processed_seq} reached a pending fence")
+            return
+        head_fence, head_blocks = self.deferred.popleft()
+        st.drains += 1
+        if (fence, blocks) != (head_fence, head_blocks):
+            self._violate("DEFERRED-FREE-FENCED", None,
+                          f"drained (fence {fence}, {blocks}); the oldest deferred free is "
+                          f"(fence {head_fence}, {head_blocks})")
+        self._return_blocks(head_blocks, f"<deferred free, fence {head_fence}>")
+
     def _on_output(self, ev: dict, st: _StepState) -> None:
         rid = ev["request_id"]
         req = self.reqs.get(rid)
         tokens = list(ev["token_ids"] or [])
-        if req is None or rid not in st.scheduled:
-            self._violate("OUTPUT-ONLY-COMPLETE", rid, "output for a request not scheduled this step")
+        if rid not in st.batch.scheduled:
+            self._violate("OUTPUT-ONLY-COMPLETE", rid, "output for a request not in the processed batch")
             return
+        if req is None:
+            return  # finished (e.g. stopped by an earlier batch) while in flight: ignored
         st.outputs.add(rid)
-        drafts = st.drafts.get(rid, [])
-        if req.num_computed_tokens - len(drafts) < req.num_tokens or not 1 <= len(tokens) <= 1 + len(drafts):
+        drafts = st.batch.drafts.get(rid, [])
+        end = st.batch.ends[rid]
+        if end - len(drafts) < req.num_tokens or not 1 <= len(tokens) <= 1 + len(drafts):
             self._violate("OUTPUT-ONLY-COMPLETE", rid,
-                          f"{len(tokens)} token(s) sampled with {req.num_computed_tokens} of "
-                          f"{req.num_tokens} tokens + {len(drafts)} drafts computed")
+                          f"{len(tokens)} token(s) sampled by a step reaching {end} of "
+                          f"{req.num_tokens} tokens + {len(drafts)} drafts")
+        stale = rid in st.stale
         accepted = len(tokens) - 1
         if tokens[:accepted] != drafts[:accepted]:
             self._violate("SPEC-ACCEPTANCE", rid,
                           f"sampled {tokens} does not start with the accepted drafts {drafts[:accepted]}")
-        # Rejected drafts roll back; then tokens are appended until a stop.
-        req.num_computed_tokens -= max(len(drafts) - accepted, 0)
+        if not stale:
+            # Rejected drafts roll back (placeholders with them).
+            rejected = max(len(drafts) - accepted, 0)
+            if req.num_computed_tokens > 0:
+                req.num_computed_tokens -= rejected
+            if req.placeholders > 0:
+                req.placeholders -= rejected
         self.result.draft_tokens += len(drafts)
         self.result.rejected_draft_tokens += max(len(drafts) - accepted, 0)
+        had_placeholders = req.placeholders > 0
         stop = None
         for i, token in enumerate(tokens):
             req.token_ids.append(token)
@@ -597,13 +734,20 @@ class TraceChecker:
             elif req.num_tokens >= self.max_model_len or req.num_output_tokens >= req.max_tokens:
                 stop = "length"
             if stop:
-                req.num_computed_tokens -= len(tokens) - 1 - i
+                if not stale:
+                    req.num_computed_tokens -= len(tokens) - 1 - i
                 break
+        if not stale and req.placeholders > 0:
+            req.placeholders -= len(tokens)
+            if req.placeholders < 0:
+                self._violate("ASYNC-PLACEHOLDERS", rid, f"num_output_placeholders fell to {req.placeholders}")
+                req.placeholders = 0
         st.expected_stop[rid] = stop
-        if self.num_spec > 0:
-            # 0.33.0 caches at update too (blocks completed by accepted drafts).
-            self._register_full_blocks(req, req.num_computed_tokens)
+        if not stale and req.status == "RUNNING" and (had_placeholders or self.num_spec > 0):
+            # 0.33.0 caches at update too (blocks completed by accepted tokens).
+            self._register_full_blocks(req, req.num_computed_tokens - req.in_flight)
         self._note(req, f"sampled {tokens}" + (f" (drafts {drafts})" if drafts else "")
+                        + (" [stale, delivered]" if stale else "")
                         + (f" -> must stop ({stop})" if stop else ""))
 
     def _on_draft(self, ev: dict, st: _StepState) -> None:
@@ -635,13 +779,18 @@ class TraceChecker:
         for rid, stop in st.expected_stop.items():
             if stop is not None and rid not in st.finished:
                 self._violate("STOP-RULES", rid, f"check_stop gives {stop!r} but the request did not finish")
-        for rid in st.scheduled:
+        for rid in st.batch.scheduled:
             req = self.reqs.get(rid)
-            if req is None:
+            if req is None or rid in st.outputs:
                 continue
-            if rid not in st.outputs and req.num_computed_tokens - len(st.drafts.get(rid, [])) >= req.num_tokens:
+            end = st.batch.ends[rid] - len(st.batch.drafts.get(rid, []))
+            if end >= req.num_tokens:
                 self._violate("OUTPUT-ONLY-COMPLETE", rid,
-                              f"reached {req.num_computed_tokens} of {req.num_tokens} tokens but sampled nothing")
+                              f"its step reached {end} of {req.num_tokens} tokens but sampled nothing")
+        if st.drains < st.expected_drains:
+            self._violate("DEFERRED-FREE-FENCED", None,
+                          f"{st.expected_drains - st.drains} deferred frees whose fence passed "
+                          f"(processed_step_seq {self.processed_seq}) were not drained")
         self.prev_running = [r for r in self.prev_running if r not in st.finished]
         self._conservation("update_end", ev["num_free_blocks"])
 
@@ -672,6 +821,25 @@ class _StepState:
     drafts: dict[str, list[int]] = field(default_factory=dict)
     expected_stop: dict[str, str | None] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
+    skipped: list[str] = field(default_factory=list)
+    ends: dict[str, int] = field(default_factory=dict)  # computed + scheduled, per request
+    placeholders_added: dict[str, int] = field(default_factory=dict)
+    batch: _Batch | None = None  # the batch this step's update processes
+    stale: set[str] = field(default_factory=set)
+    expected_drains: int = 0
+    drains: int = 0
+
+
+@dataclass
+class _Batch:
+    """A scheduled batch waiting for its output (FIFO, up to max_concurrent_batches)."""
+
+    step: int
+    scheduled: list[str]
+    tokens: dict[str, int]
+    drafts: dict[str, list[int]]
+    ends: dict[str, int]
+    total: int
 
 
 def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]]) -> CheckResult:

@@ -111,7 +111,7 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
 
         def on_progress(rec) -> None:
             nonlocal done
-            done += len(rec.update.finished) + len(rec.aborts) + len(rec.rejections)
+            done += len(rec.update.finished if rec.update else ()) + len(rec.aborts) + len(rec.rejections)
             if rec.step % 64 == 0:
                 progress.update(task, completed=done, step=rec.step)
         try:

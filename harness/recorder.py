@@ -1,10 +1,12 @@
 """Turn engine steps into trace rows, and record whole runs.
 
 The row order inside a step is the order things happened (docs/trace-format.md):
-inputs (``arrival``, ``reject``, ``abort``), ``schedule_begin`` (state before
-scheduling), decisions (``preempt`` and ``schedule`` interleaved as taken),
-``schedule_end`` (state after), ``output`` (model output), ``finish``,
-``update_end``.
+inputs (``arrival``, ``reject``, ``abort``); if a batch was scheduled,
+``schedule_begin`` (state before), decisions (``schedule``, ``withdraw``,
+``preempt``, ``skip`` as taken) and ``schedule_end`` (state after); if the
+oldest batch in flight was processed, ``update_begin`` (which batch),
+``free_drain`` (deferred frees released), ``output`` (model output),
+``finish``, ``draft``, ``update_end``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import reference
 from reference.config import EngineConfig
 from reference.candidate import CandidateFactory
 from reference.engine import Engine, EngineStalled, EngineSummary, StepRecord
-from reference.output import FinishedRequest, Preemption, Withdrawal
+from reference.output import FinishedRequest, Preemption, ScheduledRequest, Skip, Withdrawal
 from reference.scheduler import Scheduler
 from reference.workload import RequestSpec, Workload
 
@@ -68,52 +70,60 @@ def _finish_row(kind: str, fin: FinishedRequest) -> Row:
         "stop_reason": None if fin.stop_reason is None else str(fin.stop_reason),
         "num_output_tokens": fin.num_output_tokens,
         "block_ids": fin.freed_block_ids,
+        "fence": fin.fence,
     }
 
 
 def step_rows(rec: StepRecord) -> list[Row]:
     """All rows of one step, with ``step`` and ``event_index`` filled in."""
-    assert rec.output is not None and rec.update is not None
-    out = rec.output
     rows: list[Row] = []
     rows += [{"kind": "arrival", **_request_fields(s)} for s in rec.arrivals]
     rows += [{"kind": "reject", "message": r.reason, **_request_fields(r.spec)} for r in rec.rejections]
     rows += [_finish_row("abort", f) for f in rec.aborts]
-    rows.append({"kind": "schedule_begin", "clock_s": rec.clock, "waiting": rec.waiting_before,
-                 "running": rec.running_before, "num_free_blocks": rec.num_free_blocks_before})
-    for event in out.events:
-        if isinstance(event, Withdrawal):
-            rows.append({"kind": "withdraw", "request_id": event.request_id,
-                         "num_scheduled_tokens": event.num_scheduled_tokens,
-                         "block_ids": event.block_ids})
-        elif isinstance(event, Preemption):
-            rows.append({"kind": "preempt", "request_id": event.request_id, "status": "RUNNING",
-                         "num_computed_tokens": event.num_computed_tokens,
-                         "block_ids": event.freed_block_ids})
-        else:
-            rows.append({"kind": "schedule", "request_id": event.request_id,
-                         "schedule_kind": event.kind,
-                         "num_computed_tokens": event.num_computed_tokens,
-                         "num_scheduled_tokens": event.num_scheduled_tokens,
-                         "num_prefix_hit_tokens": event.num_prefix_hit_tokens,
-                         "block_ids": event.new_block_ids,
-                         "spec_token_ids": event.spec_token_ids or None})
-    rows.append({"kind": "schedule_end", "waiting": rec.waiting_after, "running": rec.running_after,
-                 "num_free_blocks": rec.num_free_blocks_after_schedule,
-                 "token_budget": out.token_budget,
-                 "total_num_scheduled_tokens": out.total_num_scheduled_tokens,
-                 "preempted_req_ids": sorted(out.preempted_req_ids),
-                 "finished_req_ids": sorted(out.finished_req_ids)})
-    rows += [{"kind": "output", "request_id": req_id, "token_ids": tokens}
-             for req_id, tokens in rec.sampled.items() if tokens]
-    rows += [_finish_row("finish", f) for f in rec.update.finished]
-    rows += [{"kind": "draft", "request_id": req_id, "spec_token_ids": drafts}
-             for req_id, drafts in rec.drafts.items()]
-    rows.append({"kind": "update_end", "num_free_blocks": rec.num_free_blocks_after_update})
+    out = rec.output
+    if out is not None:
+        rows.append({"kind": "schedule_begin", "clock_s": rec.clock, "waiting": rec.waiting_before,
+                     "running": rec.running_before, "num_free_blocks": rec.num_free_blocks_before})
+        for event in out.events:
+            rows.append(_decision_row(event))
+        rows.append({"kind": "schedule_end", "waiting": rec.waiting_after, "running": rec.running_after,
+                     "num_free_blocks": rec.num_free_blocks_after_schedule,
+                     "token_budget": out.token_budget,
+                     "total_num_scheduled_tokens": out.total_num_scheduled_tokens,
+                     "preempted_req_ids": sorted(out.preempted_req_ids),
+                     "finished_req_ids": sorted(out.finished_req_ids)})
+    if rec.update is not None:
+        rows.append({"kind": "update_begin", "batch_step": rec.update_batch_step,
+                     **({} if out is not None else {"clock_s": rec.clock})})
+        rows += [{"kind": "free_drain", "fence": fence, "block_ids": blocks}
+                 for fence, blocks in rec.update.drained]
+        rows += [{"kind": "output", "request_id": req_id, "token_ids": tokens}
+                 for req_id, tokens in rec.sampled.items() if tokens]
+        rows += [_finish_row("finish", f) for f in rec.update.finished]
+        rows += [{"kind": "draft", "request_id": req_id, "spec_token_ids": drafts}
+                 for req_id, drafts in rec.drafts.items()]
+        rows.append({"kind": "update_end", "num_free_blocks": rec.num_free_blocks_after_update})
     for index, row in enumerate(rows):
         row["step"] = rec.step
         row["event_index"] = index
     return rows
+
+
+def _decision_row(event: ScheduledRequest | Withdrawal | Preemption | Skip) -> Row:
+    if isinstance(event, Withdrawal):
+        return {"kind": "withdraw", "request_id": event.request_id,
+                "num_scheduled_tokens": event.num_scheduled_tokens, "block_ids": event.block_ids}
+    if isinstance(event, Preemption):
+        return {"kind": "preempt", "request_id": event.request_id, "status": "RUNNING",
+                "num_computed_tokens": event.num_computed_tokens,
+                "block_ids": event.freed_block_ids, "fence": event.fence}
+    if isinstance(event, Skip):
+        return {"kind": "skip", "request_id": event.request_id, "message": event.reason}
+    return {"kind": "schedule", "request_id": event.request_id, "schedule_kind": event.kind,
+            "num_computed_tokens": event.num_computed_tokens,
+            "num_scheduled_tokens": event.num_scheduled_tokens,
+            "num_prefix_hit_tokens": event.num_prefix_hit_tokens,
+            "block_ids": event.new_block_ids, "spec_token_ids": event.spec_token_ids or None}
 
 
 def trace_metadata(workload: Workload, config: EngineConfig, seed: int, engine: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from reference.config import ConfigError, EngineConfig
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 METADATA_KEY = b"sched_harness"
 # Written in the footer when the run ends: {"steps", "events", "stalled"}.
 SUMMARY_KEY = b"sched_harness_summary"
@@ -73,11 +73,15 @@ SCHEMA = pa.schema([
     pa.field("total_num_scheduled_tokens", _i32),
     pa.field("preempted_req_ids", _strs),
     pa.field("finished_req_ids", _strs),
+    # Pipelining and deferred frees.
+    pa.field("batch_step", _i32),
+    pa.field("fence", _i32),
 ])
 COLUMNS = tuple(SCHEMA.names)
 
 EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "schedule", "withdraw", "preempt",
-               "schedule_end", "output", "finish", "draft", "update_end")
+               "skip", "schedule_end", "update_begin", "free_drain", "output", "finish", "draft",
+               "update_end")
 
 
 class TraceError(Exception):

@@ -50,6 +50,17 @@ class EngineConfig:
     # model with probability draft_acceptance_rate (seeded; harness key).
     num_speculative_tokens: int = 0
     draft_acceptance_rate: float = 0.7
+    # Batches in flight (vLLM's executor max_concurrent_batches): 1 = sync;
+    # 2 with async_scheduling = vLLM's async scheduling; > 1 without it
+    # behaves like pipeline parallelism.
+    max_concurrent_batches: int = 1
+    # AsyncScheduler: schedule the next decode before the previous output
+    # returns, tracked with num_output_placeholders.
+    async_scheduling: bool = False
+    # Deferred, fenced block frees. vLLM turns this on only with a KV-consumer
+    # connector and more than one batch in flight; here it is an explicit
+    # switch (harness key) so the mechanism can be exercised alone.
+    defer_block_free: bool = False
     step_fixed_s: float = 0.005
     step_per_token_s: float = 0.0001
 
@@ -83,11 +94,21 @@ class EngineConfig:
             raise ConfigError("num_speculative_tokens must be an integer >= 0")
         if not 0.0 <= self.draft_acceptance_rate <= 1.0:
             raise ConfigError(f"draft_acceptance_rate must be in [0, 1], got {self.draft_acceptance_rate}")
+        if not isinstance(self.max_concurrent_batches, int) or self.max_concurrent_batches < 1:
+            raise ConfigError("max_concurrent_batches must be an integer >= 1")
+        if self.async_scheduling and self.max_concurrent_batches < 2:
+            raise ConfigError("async_scheduling needs max_concurrent_batches >= 2")
+        if self.defer_block_free and self.max_concurrent_batches < 2:
+            raise ConfigError("defer_block_free needs max_concurrent_batches >= 2 "
+                              "(vLLM's gate: a KV consumer and more than one batch in flight)")
+        if self.async_scheduling and self.num_speculative_tokens:
+            raise ConfigError("speculative decoding with async scheduling is not modelled yet")
         for name in ("watermark", "step_fixed_s", "step_per_token_s", "draft_acceptance_rate"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "scheduler_reserve_full_isl"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "scheduler_reserve_full_isl",
+                     "async_scheduling", "defer_block_free"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.policy not in POLICIES:

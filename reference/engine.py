@@ -18,6 +18,7 @@ it to the trace).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,9 +53,12 @@ class StepRecord:
     ``aborts`` (finished by the client before scheduling). State before
     scheduling: ``waiting_before``, ``running_before`` (ids, queue order),
     ``num_free_blocks_before``. Decisions: ``output``; then ``waiting_after``,
-    ``running_after``, ``num_free_blocks_after_schedule``. Model output:
-    ``sampled``. Update: ``update``; ``num_free_blocks_after_update``;
-    ``drafts`` stored for the next step (speculative decoding).
+    ``running_after``, ``num_free_blocks_after_schedule`` (``output`` is None
+    when nothing was unfinished). Update of the oldest batch in flight (None
+    while the pipeline fills): ``update_batch_step`` (the step that scheduled
+    it), its model output ``sampled``, ``update``,
+    ``num_free_blocks_after_update``, and ``drafts`` stored for the next
+    step (speculative decoding). In sync mode both parts concern one batch.
     ``clock`` is the virtual time (seconds) at step start.
     """
 
@@ -72,6 +76,7 @@ class StepRecord:
     num_free_blocks_after_schedule: int = 0
     sampled: dict[str, list[int]] = field(default_factory=dict)
     update: UpdateResult | None = None
+    update_batch_step: int | None = None
     num_free_blocks_after_update: int = 0
     drafts: dict[str, list[int]] = field(default_factory=dict)
 
@@ -141,18 +146,24 @@ class Engine:
         """Run ``workload`` to completion. Raises EngineStalled on a livelock,
         CandidateError if the candidate raises."""
         sched = _Guarded(self.scheduler, self)
+        config = self.config
+        depth = config.max_concurrent_batches
         pending = sorted(workload.requests, key=lambda r: (r.arrival_time, r.request_id))
         aborts = sorted((r.abort_time, r.request_id) for r in workload.requests
                         if r.abort_time is not None)
         summary = self.summary = EngineSummary()
+        # Batches scheduled and executed but whose output is not processed yet
+        # (vLLM EngineCore.batch_queue): (step, output, sampled tokens).
+        in_flight: deque[tuple[int, SchedulerOutput, dict[str, list[int]]]] = deque()
         clock = 0.0
         next_arrival = 0
         next_abort = 0
         step = 0
         arrived: set[str] = set()
         last_progress = 0
-        while next_arrival < len(pending) or sched.get_num_unfinished_requests():
-            if not sched.get_num_unfinished_requests() and pending[next_arrival].arrival_time > clock:
+        while next_arrival < len(pending) or sched.get_num_unfinished_requests() or in_flight:
+            if (not sched.get_num_unfinished_requests() and not in_flight
+                    and pending[next_arrival].arrival_time > clock):
                 clock = pending[next_arrival].arrival_time
             summary.clock = clock
             if step >= self.max_steps:
@@ -164,7 +175,7 @@ class Engine:
                 next_arrival += 1
                 summary.requests += 1
                 arrived.add(spec.request_id)
-                reason = reject_reason(spec, self.config)
+                reason = reject_reason(spec, config)
                 if reason is not None:
                     rec.rejections.append(Rejection(spec, reason))
                     summary.rejected += 1
@@ -183,46 +194,56 @@ class Engine:
                     self.runner.finish(req_id)
                     summary.aborted += 1
 
-            before = sched.snapshot()
-            rec.waiting_before, rec.running_before = list(before.waiting), list(before.running)
-            rec.num_free_blocks_before = before.num_free_blocks
-            output = sched.schedule()
-            rec.output = output
-            after = sched.snapshot()
-            rec.waiting_after, rec.running_after = list(after.waiting), list(after.running)
-            rec.num_free_blocks_after_schedule = after.num_free_blocks
-            rec.sampled = self.runner.execute(output)
-            rec.update = sched.update_from_output(output, rec.sampled)
-            rec.num_free_blocks_after_update = sched.snapshot().num_free_blocks
-            for fin in rec.update.finished:
-                self.runner.finish(fin.request_id)
-            if self.config.num_speculative_tokens > 0:
-                finished = {f.request_id for f in rec.update.finished}
-                proposals = self.runner.propose_drafts(
-                    [s.request_id for s in output.scheduled if s.request_id not in finished],
-                    self.config.num_speculative_tokens, self.config.draft_acceptance_rate)
-                rec.drafts = sched.update_draft_token_ids(proposals)
+            # Schedule and launch a batch whenever there is work (vLLM
+            # step_with_batch_queue); process the oldest batch once `depth`
+            # are in flight, or when nothing new was launched. Batches are
+            # never "done early": the pipeline is always kept full.
+            total = 0
+            if sched.get_num_unfinished_requests():
+                before = sched.snapshot()
+                rec.waiting_before, rec.running_before = list(before.waiting), list(before.running)
+                rec.num_free_blocks_before = before.num_free_blocks
+                output = sched.schedule()
+                rec.output = output
+                after = sched.snapshot()
+                rec.waiting_after, rec.running_after = list(after.waiting), list(after.running)
+                rec.num_free_blocks_after_schedule = after.num_free_blocks
+                sampled = self.runner.execute(output)
+                in_flight.append((step, output, sampled))
+                total = output.total_num_scheduled_tokens
+                summary.preemptions += len(output.preemptions)
+                summary.prefix_hit_tokens += sum(s.num_prefix_hit_tokens for s in output.scheduled)
+                summary.scheduled_tokens += total
+            if in_flight and (len(in_flight) >= depth or total == 0):
+                batch_step, batch, rec.sampled = in_flight.popleft()
+                rec.update_batch_step = batch_step
+                rec.update = sched.update_from_output(batch, rec.sampled)
+                rec.num_free_blocks_after_update = sched.snapshot().num_free_blocks
+                for fin in rec.update.finished:
+                    self.runner.finish(fin.request_id)
+                if config.num_speculative_tokens > 0:
+                    finished = {f.request_id for f in rec.update.finished}
+                    proposals = self.runner.propose_drafts(
+                        [s.request_id for s in batch.scheduled if s.request_id not in finished],
+                        config.num_speculative_tokens, config.draft_acceptance_rate)
+                    rec.drafts = sched.update_draft_token_ids(proposals)
+                summary.finished += len(rec.update.finished)
+                summary.draft_tokens += rec.update.num_draft_tokens
+                summary.rejected_draft_tokens += rec.update.num_rejected_draft_tokens
 
             summary.steps += 1
-            if rec.update.new_token_ids or rec.update.finished or rec.aborts:
+            if (rec.update is not None and (rec.update.new_token_ids or rec.update.finished)) or rec.aborts:
                 last_progress = step
             elif step - last_progress > self.progress_window:
                 raise EngineStalled(
                     f"step {step}: no token sampled and nothing finished for "
                     f"{self.progress_window} steps (livelock)")
-            summary.finished += len(rec.update.finished)
-            summary.preemptions += len(output.preemptions)
-            summary.prefix_hit_tokens += sum(s.num_prefix_hit_tokens for s in output.scheduled)
-            summary.scheduled_tokens += output.total_num_scheduled_tokens
-            summary.draft_tokens += rec.update.num_draft_tokens
-            summary.rejected_draft_tokens += rec.update.num_rejected_draft_tokens
             if on_step is not None:
                 on_step(rec)
             step += 1
 
-            total = output.total_num_scheduled_tokens
-            clock += self.config.step_fixed_s + self.config.step_per_token_s * total
-            if total == 0 and sched.get_num_unfinished_requests():
+            clock += config.step_fixed_s + config.step_per_token_s * total
+            if total == 0 and not in_flight and sched.get_num_unfinished_requests():
                 # Nothing ran: only a new arrival or abort can unblock us.
                 upcoming = [pending[next_arrival].arrival_time] if next_arrival < len(pending) else []
                 upcoming += [aborts[next_abort][0]] if next_abort < len(aborts) else []

@@ -134,6 +134,12 @@ class KVCacheManager:
         self.block_pool.free_blocks(ordered)
         return [b.block_id for b in ordered]
 
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        """Drop the request's bookkeeping and return its table in allocation
+        order without freeing (the caller defers the free behind a fence)."""
+        self.num_cached_block.pop(request.request_id, None)
+        return self.req_to_blocks.pop(request.request_id, [])
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 

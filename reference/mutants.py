@@ -372,6 +372,44 @@ class NoDraftRollback(Scheduler):
         return result
 
 
+class FreeBeforeFence(Scheduler):
+    """Frees a request's blocks at once although a step in flight may still
+    write them (DEFERRED-FREE-FENCED)."""
+
+    def _free_request_blocks(self, request: Request):
+        return self.kv_cache_manager.free(request), None
+
+
+class NoStaleSkip(Scheduler):
+    """Re-admits a preempted request while its old output is still in flight
+    (STALE-OUTPUT)."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        saved = {r.request_id: r.num_stale_output_tokens for r in self.waiting}
+        for request in self.waiting:
+            request.num_stale_output_tokens = 0
+        try:
+            return super().schedule(throttle_prefills)
+        finally:
+            for req_id, stale in saved.items():
+                if req_id in self.requests:
+                    self.requests[req_id].num_stale_output_tokens = stale
+
+
+class NoAsyncMaxTokensGuard(Scheduler):
+    """Async: keeps scheduling a request whose in-flight tokens already reach
+    max_tokens (ASYNC-PLACEHOLDERS)."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        for request in self.running:
+            request.max_tokens = 10**9
+        try:
+            return super().schedule(throttle_prefills)
+        finally:
+            for request in self.requests.values():
+                request.max_tokens = request.sampling_params.max_tokens
+
+
 # Mutant name -> (class, the invariant that must catch it).
 MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "admit-after-preempt": (AdmitAfterPreempt, "NO-ADMIT-AFTER-PREEMPT"),
@@ -394,6 +432,9 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "admission-preempts": (AdmissionPreempts, "WAITING-NEVER-PREEMPTS"),
     "drafts-on-prefill": (DraftsOnPrefill, "SPEC-TOKENS"),
     "no-draft-rollback": (NoDraftRollback, "COMPUTED-CONTINUITY"),
+    "free-before-fence": (FreeBeforeFence, "DEFERRED-FREE-FENCED"),
+    "no-stale-skip": (NoStaleSkip, "STALE-OUTPUT"),
+    "no-async-max-tokens-guard": (NoAsyncMaxTokensGuard, "ASYNC-PLACEHOLDERS"),
     "ignore-max-num-seqs": (IgnoreMaxNumSeqs, "MAX-NUM-SEQS"),
     "no-stop-on-max-tokens": (NoStopOnMaxTokens, "STOP-RULES"),
 }

@@ -35,11 +35,23 @@ class ScheduledRequest:
 @dataclass
 class Preemption:
     """A victim of the preemption loop: its computed count before, and the
-    blocks it gave back in free order (tail first)."""
+    blocks it gave back in free order (tail first). ``fence`` is set when the
+    free was deferred (spec 5.10): the blocks return to the pool only once
+    ``processed_step_seq >= fence``."""
 
     request_id: str
     num_computed_tokens: int
     freed_block_ids: list[int]
+    fence: int | None = None
+
+
+@dataclass
+class Skip:
+    """The waiting loop passed over a request (it stays at the head of its
+    queue): ``reason`` says why, e.g. its stale output is still in flight."""
+
+    request_id: str
+    reason: str
 
 
 @dataclass
@@ -65,6 +77,7 @@ class FinishedRequest:
     stop_reason: int | str | None
     num_output_tokens: int
     freed_block_ids: list[int]
+    fence: int | None = None
 
 
 @dataclass
@@ -79,7 +92,7 @@ class SchedulerOutput:
     scheduling order. ``token_budget`` is the budget left.
     """
 
-    events: list[ScheduledRequest | Withdrawal | Preemption]
+    events: list[ScheduledRequest | Withdrawal | Preemption | Skip]
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     preempted_req_ids: set[str]
@@ -111,6 +124,9 @@ class UpdateResult:
     finished: list[FinishedRequest] = field(default_factory=list)
     num_draft_tokens: int = 0
     num_rejected_draft_tokens: int = 0
+    # Deferred frees drained at the start of this update: (fence, block ids
+    # in free order), FIFO.
+    drained: list[tuple[int, list[int]]] = field(default_factory=list)
 
 
 

@@ -110,6 +110,7 @@ class Request:
     num_stale_output_tokens: int = 0
     drop_stale_output: bool = False
     is_prefill_chunk: bool = False
+    last_sched_seq: int = 0
     stop_reason: int | str | None = None
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(init=False)

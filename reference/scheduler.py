@@ -16,8 +16,11 @@ from __future__ import annotations
 
 from reference.config import EngineConfig
 from reference.kv_cache_manager import KVCacheManager
+from collections import deque
+
+from reference.kv_cache_utils import KVCacheBlock
 from reference.output import (FinishedRequest, Preemption, ScheduledRequest, SchedulerOutput,
-                              SchedulerSnapshot, UpdateResult, Withdrawal)
+                              SchedulerSnapshot, Skip, UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus, check_stop
 from reference.request_queue import create_request_queue
 
@@ -52,6 +55,14 @@ class Scheduler:
         # Tokens the model samples per scheduled step (0 only for diffusion).
         self.num_sampled_tokens_per_step = 1
         self.num_spec_tokens = config.num_speculative_tokens
+        self.async_scheduling = config.async_scheduling
+        # Deferred block frees (spec 5.10): a request's blocks may still be
+        # written by a step in flight; they return to the pool only after the
+        # output of the newest step that scheduled it has been processed.
+        self.defer_block_free = config.defer_block_free
+        self.sched_step_seq = 0       # +1 per schedule() that scheduled tokens
+        self.processed_step_seq = 0   # +1 per update_from_output of such a step
+        self.deferred_frees: deque[tuple[int, list[KVCacheBlock]]] = deque()
 
     # -- requests in and out -------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -79,10 +90,34 @@ class Scheduler:
     def _free_request(self, request: Request) -> FinishedRequest:
         assert request.is_finished()
         self.finished_req_ids.add(request.request_id)
-        freed = self.kv_cache_manager.free(request)
+        freed, fence = self._free_request_blocks(request)
         del self.requests[request.request_id]
         return FinishedRequest(request.request_id, request.status, request.get_finished_reason(),
-                               request.stop_reason, request.num_output_tokens, freed)
+                               request.stop_reason, request.num_output_tokens, freed, fence)
+
+    def _request_blocks_can_be_freed(self, request: Request) -> bool:
+        # An in-flight step may still write the request's blocks.
+        return not self.defer_block_free or request.last_sched_seq <= self.processed_step_seq
+
+    def _free_request_blocks(self, request: Request) -> tuple[list[int], int | None]:
+        """Free now, or defer behind the fence ``sched_step_seq`` (spec 5.10).
+        Returns (block ids in free order, fence or None)."""
+        if self._request_blocks_can_be_freed(request):
+            return self.kv_cache_manager.free(request), None
+        blocks = self.kv_cache_manager.pop_blocks_for_free(request)
+        if blocks:
+            self.deferred_frees.append((self.sched_step_seq, blocks))
+        return [b.block_id for b in reversed(blocks)], self.sched_step_seq
+
+    def _drain_deferred_frees(self) -> list[tuple[int, list[int]]]:
+        """Return deferred blocks whose fence has passed, FIFO, stopping at
+        the first pending fence; each entry is freed tail first."""
+        drained = []
+        while self.deferred_frees and self.deferred_frees[0][0] <= self.processed_step_seq:
+            fence, blocks = self.deferred_frees.popleft()
+            self.kv_cache_manager.block_pool.free_blocks(reversed(blocks))
+            drained.append((fence, [b.block_id for b in reversed(blocks)]))
+        return drained
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
@@ -127,6 +162,13 @@ class Scheduler:
             request = self.running[req_index]
             if input_budget <= draft_slots:
                 break
+            # Async: enough is in flight to reach max_tokens even if every
+            # draft is rejected; do not schedule past it.
+            if (request.num_output_placeholders > 0
+                    and request.num_computed_tokens + 2 - request.num_output_placeholders
+                    >= request.num_prompt_tokens + request.max_tokens):
+                req_index += 1
+                continue
             num_new_tokens = (request.num_tokens_with_spec + request.num_output_placeholders
                               - request.num_computed_tokens)
             if 0 < threshold < num_new_tokens:
@@ -147,6 +189,8 @@ class Scheduler:
                     break
                 # Out of KV blocks: preempt the lowest-priority running request.
                 victim = self._select_victim()
+                if not self._request_blocks_can_be_freed(victim):
+                    break  # 0.33.0: a deferred free would not help now; give up
                 victim_index = self.running.index(victim)
                 del self.running[victim_index]
                 # 0.33.0: decrement whenever the victim sat before the cursor
@@ -192,12 +236,19 @@ class Scheduler:
 
         # 2. WAITING requests, only if nobody was preempted this step.
         if not preempted:
+            step_skipped: list[Request] = []
             while token_budget > 0:
                 if not self.waiting or input_budget <= draft_slots:
                     break
                 if len(self.running) >= self.max_num_running_reqs:
                     break
                 request = self.waiting.peek_request()
+                if request.num_stale_output_tokens and not request.drop_stale_output:
+                    # Deliverable stale output still in flight: resuming now could
+                    # resample a position that output will deliver.
+                    step_skipped.append(self.waiting.pop_request())
+                    events.append(Skip(request.request_id, "stale output in flight"))
+                    continue
                 # Prefix lookup: preempted requests were reset to 0 and re-match.
                 hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
                 request_budget = min(token_budget, input_budget - draft_slots)
@@ -247,6 +298,9 @@ class Scheduler:
                 input_budget -= num_new_tokens + draft_slots
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_hit_tokens
+            # Skipped requests go back to the head, in the order met.
+            for request in reversed(step_skipped):
+                self.waiting.prepend_request(request)
 
         total = sum(num_scheduled_tokens.values())
         assert total <= self.max_num_scheduled_tokens
@@ -261,6 +315,8 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             token_budget=token_budget,
         )
+        if self.defer_block_free and total > 0:
+            self.sched_step_seq += 1
         self._update_after_schedule(output)
         return output
 
@@ -279,7 +335,7 @@ class Scheduler:
         """
         assert request.status == RequestStatus.RUNNING, "only running requests can be preempted"
         num_computed_before = request.num_computed_tokens
-        freed = self.kv_cache_manager.free(request)
+        freed, fence = self._free_request_blocks(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = []
@@ -289,7 +345,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
         self.reset_preempted_req_ids.add(request.request_id)
-        return Preemption(request.request_id, num_computed_before, freed)
+        return Preemption(request.request_id, num_computed_before, freed, fence)
 
     def _update_after_schedule(self, output: SchedulerOutput) -> None:
         # Advance computed counts now, so the next schedule() can continue a
@@ -298,8 +354,15 @@ class Scheduler:
             request = self.requests[req_id]
             request.num_computed_tokens += n
             request.num_in_flight_tokens += n
+            if self.defer_block_free:
+                request.last_sched_seq = self.sched_step_seq
             request.is_prefill_chunk = request.num_computed_tokens < (
                 request.num_tokens + request.num_output_placeholders)
+            if self.async_scheduling and not request.is_prefill_chunk:
+                # AsyncScheduler: the sampled token (and drafts) are in flight.
+                request.num_output_placeholders += (
+                    self.num_sampled_tokens_per_step
+                    + len(output.scheduled_spec_decode_tokens.get(req_id, ())))
         # Fresh sets: the output keeps the old objects.
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
@@ -316,6 +379,10 @@ class Scheduler:
         """
         result = UpdateResult()
         stopped: set[int] = set()
+        if self.defer_block_free and output.total_num_scheduled_tokens > 0:
+            # Every write of this and earlier steps has completed.
+            self.processed_step_seq += 1
+            result.drained = self._drain_deferred_frees()
         spec_tokens = output.scheduled_spec_decode_tokens
         for req_id, n in output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)

@@ -38,6 +38,10 @@ EXPECTED = {
     "preemption-heavy": (230, 60, 60, 18, 436),
     "spec-decode": (127, 40, 40, 5, 176),
     "spec-decode-priority": (134, 40, 40, 8, 188),
+    "async-tight": (212, 50, 50, 8, 196),
+    "pipeline-3": (525, 40, 40, 3, 40),
+    "async-pipeline-3": (183, 40, 40, 15, 88),
+    "deferred-frees": (213, 50, 47, 3, 104),
 }
 
 

@@ -447,12 +447,6 @@ def test_priority_victim_skipped_before_cursor_does_not_make_loop_jump():
     assert sched.requests["V"].num_stale_output_tokens == 1  # step 2's token is in flight
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "vLLM 0.33.0 Scheduler.schedule() waiting loop skips a request whose "
-    "num_stale_output_tokens > 0 and not drop_stale_output ('Deliverable stale "
-    "output still in flight', vllm/v1/core/sched/scheduler.py); "
-    "reference/scheduler.py Scheduler.schedule has no such skip and resumes it "
-    "while its pre-preemption token is still in flight"))
 def test_preempted_request_with_stale_output_in_flight_is_not_resumed():
     """Same start as the test above: V is preempted while step 2 (which
     decodes V) is still in flight, so V has a stale share of 1 token. R and T
