@@ -1,7 +1,8 @@
 """Resolve a candidate spec to a factory: the harness's plug-in point.
 
 Specs: ``reference`` (the reference scheduler), ``mutant:NAME`` (a
-deliberately broken one from ``reference/mutants.py``), or
+deliberately broken one from ``reference/mutants.py``), ``vllm@VERSION``
+(real vLLM's scheduler in a subprocess, ``harness/vllm_candidate.py``), or
 ``package.module:factory`` where ``factory(config: EngineConfig)`` returns an
 object satisfying ``reference.candidate.Candidate``.
 """
@@ -29,6 +30,8 @@ def resolve_candidate(spec: str) -> CandidateFactory:
         if name not in MUTANTS:
             raise CandidateSpecError(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
         return MUTANTS[name]
+    if spec.startswith("vllm@"):
+        return _vllm_factory(spec)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise CandidateSpecError(
@@ -46,3 +49,20 @@ def resolve_candidate(spec: str) -> CandidateFactory:
     if not callable(factory):
         raise CandidateSpecError(f"{spec!r} is not callable")
     return factory
+
+
+def _vllm_factory(spec: str) -> CandidateFactory:
+    """``vllm@VERSION``: real vLLM behind a driver subprocess; its env must be built."""
+    from harness.vllm_env import VLLMEnvError, check_version, env_dir, is_ready
+
+    version = spec.split("@", 1)[1]
+    try:
+        check_version(version)
+    except VLLMEnvError as exc:
+        raise CandidateSpecError(f"candidate {spec!r}: {exc}") from None
+    if not is_ready(version):
+        raise CandidateSpecError(f"candidate {spec!r}: the vLLM {version} env is not built "
+                                 f"({env_dir(version)}); run `harness vllm-env {version}`")
+    from harness.vllm_candidate import make_factory
+
+    return make_factory(version)

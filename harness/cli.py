@@ -20,7 +20,7 @@ from rich.table import Table
 
 from reference.config import ConfigError, EngineConfig
 from reference.candidate import CandidateError, CandidateFactory
-from reference.workload import WorkloadError, load_workload
+from reference.workload import WorkloadError, load_workload, with_eos_stops
 
 from harness.candidates import CandidateSpecError, resolve_candidate
 from harness.check import MAX_PER_INVARIANT, CheckResult, check_steps
@@ -82,10 +82,15 @@ def main() -> None:
               help="Engine config (vLLM names): num_gpu_blocks, block_size, max_num_seqs, "
                    "max_num_batched_tokens, max_model_len, policy (fcfs|priority), "
                    "enable_prefix_caching, enable_chunked_prefill, long_prefill_token_threshold, ...")
+@click.option("--stop-on-eos", is_flag=True,
+              help="Make trace requests end on EOS at their recorded output length (max_tokens "
+                   "doubled) instead of on max_tokens with ignore_eos.")
 @click.option("--engine", default="reference", show_default=True,
-              help="Engine to record: 'reference' or 'mutant:NAME' (a deliberately broken one).")
+              help="Engine to record: 'reference', 'mutant:NAME' (a deliberately broken one), "
+                   "'vllm@VERSION' (real vLLM; build its env with `harness vllm-env VERSION`) "
+                   "or 'package.module:factory'.")
 def record(workload: str, output: str, limit: int | None, time_scale: float, seed: int,
-           priority_levels: int, sets: tuple[str, ...], engine: str) -> None:
+           priority_levels: int, sets: tuple[str, ...], stop_on_eos: bool, engine: str) -> None:
     """Run WORKLOAD on the engine and write its step trace.
 
     WORKLOAD is an Azure LLM inference CSV, a Mooncake JSONL, or
@@ -101,6 +106,8 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
                            priority_levels=priority_levels)
     except (WorkloadError, OSError) as exc:
         _fail(str(exc))
+    if stop_on_eos:
+        wl = with_eos_stops(wl)
     total = len(wl.requests)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} requests done"),
@@ -219,7 +226,8 @@ def check(trace_path: str, as_json: bool) -> None:
 @main.command()
 @click.argument("trace_path", metavar="TRACE")
 @click.option("--candidate", default="reference", show_default=True,
-              help="Engine to re-drive: 'reference' or 'mutant:NAME'.")
+              help="Engine to re-drive: 'reference', 'mutant:NAME', 'vllm@VERSION' or "
+                   "'package.module:factory'.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
 def replay(trace_path: str, candidate: str, as_json: bool) -> None:
     """Check TRACE, then re-drive CANDIDATE with its inputs and compare decisions step by step."""

@@ -130,7 +130,8 @@ def trace_metadata(workload: Workload, config: EngineConfig, seed: int, engine: 
     """The self-describing metadata every trace carries."""
     return {
         "engine": engine,
-        "engine_version": reference.__version__,
+        # vllm@X.Y.Z traces carry the vLLM version; everything else ours.
+        "engine_version": engine.split("@", 1)[1] if engine.startswith("vllm@") else reference.__version__,
         "vllm_semantics": reference.VLLM_VERSION,
         "config": config.to_dict(),
         "config_fingerprint": config.fingerprint(),

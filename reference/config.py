@@ -101,6 +101,15 @@ class EngineConfig:
         if self.defer_block_free and self.max_concurrent_batches < 2:
             raise ConfigError("defer_block_free needs max_concurrent_batches >= 2 "
                               "(vLLM's gate: a KV consumer and more than one batch in flight)")
+        if 0 < self.long_prefill_token_threshold < 1 + self.num_speculative_tokens:
+            # vLLM 0.33.0 pads a new decode to 1 + K tokens, then caps it at the
+            # threshold and fails `assert num_new_tokens == 1 + num_spec_tokens`
+            # (scheduler.py, waiting loop): a config vLLM accepts but crashes on.
+            raise ConfigError(
+                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) below "
+                f"1 + num_speculative_tokens ({1 + self.num_speculative_tokens}) crashes vLLM 0.33.0's "
+                f"spec-decode padding (an assertion in Scheduler.schedule); use 0 or >= "
+                f"{1 + self.num_speculative_tokens}")
         if self.async_scheduling and self.num_speculative_tokens:
             raise ConfigError("speculative decoding with async scheduling is not modelled yet")
         for name in ("watermark", "step_fixed_s", "step_per_token_s", "draft_acceptance_rate"):

@@ -40,6 +40,7 @@ the engine's clock, which starts at 0 at the first request of the workload.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import io
@@ -812,3 +813,21 @@ def load_workload(
         f"unrecognised workload spec {s!r}: expected a .csv (Azure) or .jsonl (Mooncake) path, "
         f"'synthetic' or 'synthetic:N'"
     )
+
+
+def with_eos_stops(workload: Workload) -> Workload:
+    """The same workload, but requests end the way real ones do: on EOS.
+
+    Each request that ignored EOS gets ``ignore_eos=False``,
+    ``eos_token_id=EOS_TOKEN_ID``, ``scripted_output_len`` = its old
+    ``max_tokens`` (the trace's output length: the scripted model emits EOS
+    there) and ``max_tokens`` doubled, so it stops on EOS, not on length.
+    Async scheduling then over-schedules one step past the EOS, as in vLLM.
+    """
+    requests = tuple(
+        dataclasses.replace(r, ignore_eos=False, eos_token_id=EOS_TOKEN_ID,
+                            scripted_output_len=r.max_tokens, max_tokens=2 * r.max_tokens)
+        if r.ignore_eos else r
+        for r in workload.requests)
+    return dataclasses.replace(workload, requests=requests,
+                               params={**workload.params, "stop_on_eos": True})

@@ -339,3 +339,35 @@ def test_zero_row_trace_is_incomplete(small_trace: Path, tmp_path: Path) -> None
     path = tmp_path / "empty.parquet"
     pq.write_table(pq.read_table(small_trace).slice(0, 0).replace_schema_metadata(pf.metadata.metadata), path)
     _assert_unusable(path, "incomplete trace")
+
+
+# -- feature presets on real input ---------------------------------------------
+
+AZURE_SLICE = ["--limit", 100, "--time-scale", 30, "--set", "num_gpu_blocks=600",
+               "--set", "max_num_seqs=64", "--set", "max_model_len=8192"]
+
+
+@needs_data
+def test_azure_async_deferred_frees_preset(tmp_path: Path) -> None:
+    """Async scheduling + deferred frees on the Azure slice, requests ending
+    on EOS: every finish happens with a step in flight, so every free is
+    fenced and drained later."""
+    path = tmp_path / "async.parquet"
+    code, out = run("record", AZURE_CODE, *AZURE_SLICE, "--stop-on-eos", "--set", "async_scheduling=true",
+                    "--set", "max_concurrent_batches=2", "--set", "defer_block_free=true", "-o", path)
+    assert code == 0, out
+    code, report = run_json("replay", path)
+    assert code == 0, report["violations"]
+    assert (report["steps"], report["finished"], report["preemptions"]) == (836, 100, 1)
+    kinds = pq.read_table(path, columns=["kind"]).column("kind").to_pylist()
+    assert kinds.count("free_drain") == 100
+
+
+@needs_data
+def test_azure_spec_decode_preset(tmp_path: Path) -> None:
+    path = tmp_path / "spec.parquet"
+    code, out = run("record", AZURE_CODE, *AZURE_SLICE, "--set", "num_speculative_tokens=3", "-o", path)
+    assert code == 0, out
+    code, report = run_json("replay", path)
+    assert code == 0, report["violations"]
+    assert (report["steps"], report["draft_tokens"], report["rejected_draft_tokens"]) == (371, 2742, 1293)

@@ -1,0 +1,399 @@
+"""Real vLLM as a candidate: ``--engine vllm@0.33.0`` / ``--candidate vllm@0.33.0``.
+
+``VLLMCandidate`` implements ``reference.candidate.Candidate`` in this process
+and forwards every call to ``harness/vllm_driver.py``, a standalone script
+running under the vLLM venv's Python (``harness/vllm_env.py``), over
+newline-delimited JSON on the subprocess's stdin/stdout. The driver answers
+with decisions already normalised to the shape of ``reference/output.py``;
+this module only turns them back into those dataclasses.
+
+Process lifetime: the driver starts lazily (on the first call that needs it;
+importing vLLM costs 10-17 s), one per candidate instance. When the instance
+is closed or garbage-collected, a healthy driver goes back to a small
+per-version pool, so the next candidate of that version (e.g. the next
+``replay``) re-initialises it with its config instead of paying the import
+again; everything left is killed at interpreter exit. A driver crash, a
+timeout or a malformed answer raises ``VLLMDriverError`` with a one-line
+message (the engine reports it as a ``CandidateError`` naming the step).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from reference.config import EngineConfig
+from reference.output import (FinishedRequest, Preemption, ScheduledRequest, SchedulerOutput,
+                              SchedulerSnapshot, UpdateResult, Withdrawal)
+from reference.request import Request, RequestStatus
+
+from harness.vllm_env import VLLMEnvError, check_version, env_python, is_ready
+
+DRIVER = Path(__file__).with_name("vllm_driver.py")
+#: Seconds allowed for the first answer (vLLM import + scheduler construction).
+START_TIMEOUT_S = float(os.environ.get("HARNESS_VLLM_START_TIMEOUT_S", "300"))
+#: Seconds allowed for any other answer.
+CALL_TIMEOUT_S = float(os.environ.get("HARNESS_VLLM_TIMEOUT_S", "120"))
+#: Idle drivers kept per version for reuse (0 disables reuse).
+POOL_SIZE = int(os.environ.get("HARNESS_VLLM_POOL", "1"))
+
+
+class VLLMDriverError(RuntimeError):
+    """The vLLM driver crashed, timed out, broke the protocol or raised."""
+
+
+class _DriverProcess:
+    """One driver subprocess: start, call (one JSON line each way), kill."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.key = _pool_key(version)
+        python = env_python(version)
+        if not is_ready(version):
+            raise VLLMEnvError(f"the vLLM {version} env is not built ({python.parent.parent}): "
+                               f"run `harness vllm-env {version}`")
+        self._log = tempfile.NamedTemporaryFile(prefix=f"sched-harness-vllm-{version}-",
+                                                suffix=".log", delete=False)
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)  # the driver must not see this project's packages
+        env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            [str(python), "-u", str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._log, env=env, cwd=tempfile.gettempdir(), start_new_session=True)
+        self.pid = self.proc.pid
+        self._buf = b""
+        self.broken: str | None = None
+        self.started = False  # answered once (vLLM imported)
+        self.lock = threading.Lock()
+        _ALL.add(self)
+
+    def alive(self) -> bool:
+        return self.broken is None and self.proc.poll() is None
+
+    def _log_tail(self) -> str:
+        try:
+            lines = [ln.strip() for ln in Path(self._log.name).read_text(errors="replace").splitlines()
+                     if ln.strip()]
+        except OSError:
+            return ""
+        return lines[-1][:240] if lines else ""
+
+    def _fail(self, message: str) -> VLLMDriverError:
+        self.broken = message
+        self.kill()
+        return VLLMDriverError(message)
+
+    def call(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        op = msg.get("op", "?")
+        if self.broken is not None:
+            raise VLLMDriverError(self.broken)
+        if timeout is None:
+            timeout = CALL_TIMEOUT_S if self.started else START_TIMEOUT_S
+        who = f"vLLM {self.version} driver (pid {self.pid})"
+        with self.lock:
+            try:
+                self.proc.stdin.write(json.dumps(msg, separators=(",", ":")).encode() + b"\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                code = self.proc.wait(timeout=5) if self.proc.poll() is None else self.proc.returncode
+                raise self._fail(f"{who} is gone (exit code {code}) at '{op}'"
+                                 + (f": {self._log_tail()}" if self._log_tail() else "")) from None
+            line = self._read_line(timeout, who, op)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            raise self._fail(f"{who} sent a malformed answer to '{op}': {line[:120]!r}") from None
+        if not isinstance(answer, dict) or "ok" not in answer:
+            raise self._fail(f"{who} sent a malformed answer to '{op}': {line[:120]!r}")
+        self.started = True
+        if not answer["ok"]:
+            raise VLLMDriverError(f"vLLM {self.version} raised during '{op}': "
+                                  f"{answer.get('error', 'unknown error')}")
+        return answer
+
+    def _read_line(self, timeout: float, who: str, op: str) -> str:
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    raise self._fail(f"{who} did not answer '{op}' within {timeout:.0f} s")
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    try:
+                        code = self.proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                    tail = self._log_tail()
+                    raise self._fail(f"{who} exited with code {code} during '{op}'"
+                                     + (f": {tail}" if tail else ""))
+                self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode("utf-8", errors="replace")
+
+    def shutdown(self) -> None:
+        """Ask politely, then kill."""
+        if self.alive():
+            try:
+                self.call({"op": "shutdown"}, timeout=5)
+            except VLLMDriverError:
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        try:
+            self._log.close()
+            os.unlink(self._log.name)
+        except OSError:
+            pass
+        _ALL.discard(self)
+        for idle in _IDLE.values():
+            if self in idle:
+                idle.remove(self)
+
+
+_ALL: set[_DriverProcess] = set()
+_IDLE: dict[str, list[_DriverProcess]] = {}
+_EXITING = False
+
+
+def _pool_key(version: str) -> str:
+    """Drivers are interchangeable when version and model-runner layout agree."""
+    return f"{version}/v2={os.environ.get('VLLM_USE_V2_MODEL_RUNNER', '0')}"
+
+
+def _release(proc: _DriverProcess, reuse: bool) -> None:
+    """A candidate is done with ``proc``: keep it for the next one, or kill it."""
+    idle = _IDLE.setdefault(proc.key, [])
+    if reuse and not _EXITING and proc.alive() and proc.started and len(idle) < POOL_SIZE:
+        idle.append(proc)
+    else:
+        proc.kill()
+
+
+def _acquire(version: str) -> _DriverProcess:
+    idle = _IDLE.get(_pool_key(version), [])
+    while idle:
+        proc = idle.pop()
+        if proc.alive():
+            return proc
+        proc.kill()
+    return _DriverProcess(version)
+
+
+@atexit.register
+def _kill_all() -> None:
+    global _EXITING
+    _EXITING = True
+    for proc in list(_ALL):
+        proc.kill()
+
+
+def shutdown_pool() -> None:
+    """Kill every idle driver (tests call this to measure a cold start)."""
+    for idle in list(_IDLE.values()):
+        for proc in list(idle):
+            proc.kill()
+
+
+def _request_payload(request: Request) -> dict[str, Any]:
+    params = request.sampling_params
+    return {"request_id": request.request_id, "prompt_token_ids": list(request.prompt_token_ids),
+            "max_tokens": params.max_tokens, "min_tokens": params.min_tokens,
+            "ignore_eos": params.ignore_eos, "eos_token_id": params.eos_token_id,
+            "stop_token_ids": list(params.stop_token_ids), "priority": request.priority,
+            "arrival_time": request.arrival_time}
+
+
+def _finished(item: dict[str, Any]) -> FinishedRequest:
+    try:
+        status = RequestStatus[item["status"]]
+    except KeyError:
+        raise VLLMDriverError(f"unknown request status {item['status']!r} from vLLM") from None
+    return FinishedRequest(item["request_id"], status, item["finish_reason"], item["stop_reason"],
+                           item["num_output_tokens"], list(item["freed_block_ids"]))
+
+
+def _snapshot(data: dict[str, Any]) -> SchedulerSnapshot:
+    return SchedulerSnapshot(tuple(data["waiting"]), tuple(data["running"]), data["num_free_blocks"])
+
+
+def _output(data: dict[str, Any]) -> SchedulerOutput:
+    events: list[ScheduledRequest | Withdrawal | Preemption] = []
+    for e in data["events"]:
+        kind = e["type"]
+        if kind == "schedule":
+            events.append(ScheduledRequest(e["request_id"], e["kind"], e["num_computed_tokens"],
+                                           e["num_scheduled_tokens"], e["num_prefix_hit_tokens"],
+                                           list(e["new_block_ids"]),
+                                           list(e.get("spec_token_ids") or ())))
+        elif kind == "withdraw":
+            events.append(Withdrawal(e["request_id"], e["num_scheduled_tokens"], list(e["block_ids"])))
+        elif kind == "preempt":
+            events.append(Preemption(e["request_id"], e["num_computed_tokens"],
+                                     list(e["freed_block_ids"])))
+        else:
+            raise VLLMDriverError(f"unknown event type {kind!r} from the vLLM driver")
+    return SchedulerOutput(
+        events=events,
+        num_scheduled_tokens={k: v for k, v in data["num_scheduled_tokens"]},
+        total_num_scheduled_tokens=data["total_num_scheduled_tokens"],
+        preempted_req_ids=set(data["preempted_req_ids"]),
+        finished_req_ids=set(data["finished_req_ids"]),
+        token_budget=data["token_budget"],
+    )
+
+
+class VLLMCandidate:
+    """vLLM ``version``'s real Scheduler behind a driver subprocess.
+
+    Implements ``reference.candidate.Candidate``. ``has_request`` and
+    ``get_num_unfinished_requests`` are answered locally (and cross-checked
+    against vLLM's count after every update and abort); ``snapshot`` is
+    answered from the state the driver returns with each schedule and update.
+    """
+
+    def __init__(self, config: EngineConfig, version: str, *, seed: int = 0,
+                 reuse: bool = True) -> None:
+        self.config = config
+        self.version = check_version(version)
+        self.seed = seed
+        self.reuse = reuse
+        self._proc: _DriverProcess | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._live: set[str] = set()
+        self._snap: SchedulerSnapshot | None = None
+        self._last_output: SchedulerOutput | None = None
+        self.info: dict[str, Any] = {}
+
+    # -- process ---------------------------------------------------------------
+    def _driver(self) -> _DriverProcess:
+        if self._proc is None:
+            proc = _acquire(self.version)
+            self._proc = proc
+            self._finalizer = weakref.finalize(self, _release, proc, self.reuse)
+            self.info = proc.call({"op": "init", "config": self.config.to_dict(), "seed": self.seed})
+            self._snap = None
+        return self._proc
+
+    def _call(self, op: str, **payload: Any) -> dict[str, Any]:
+        return self._driver().call({"op": op, **payload})
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def close(self) -> None:
+        """Release the driver (back to the pool if healthy)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._proc = None
+
+    def stats(self) -> dict[str, Any]:
+        """Per-op call counts and seconds spent in the driver, and the import time."""
+        return self._call("stats")
+
+    def _check_count(self, answer: dict[str, Any]) -> None:
+        n = answer.get("num_unfinished")
+        if n is not None and n != len(self._live):
+            raise VLLMDriverError(f"vLLM reports {n} unfinished requests, the harness "
+                                  f"tracks {len(self._live)}")
+
+    # -- Candidate protocol ------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self._live:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self._call("add", request=_request_payload(request))
+        self._live.add(request.request_id)
+        self._snap = None
+
+    def finish_requests(self, request_ids: list[str],
+                        finished_status: RequestStatus) -> list[FinishedRequest]:
+        if finished_status != RequestStatus.FINISHED_ABORTED:
+            raise NotImplementedError(f"only aborts are forwarded to vLLM, not {finished_status.name}")
+        ids = [i for i in request_ids if i in self._live]
+        if not ids:
+            return []
+        answer = self._call("abort", request_ids=ids)
+        finished = [_finished(item) for item in answer["finished"]]
+        self._live.difference_update(f.request_id for f in finished)
+        self._snap = None
+        self._check_count(answer)
+        return finished
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        answer = self._call("schedule", throttle_prefills=throttle_prefills)
+        output = _output(answer["output"])
+        self._snap = _snapshot(answer["snapshot"])
+        self._last_output = output
+        return output
+
+    def update_from_output(self, output: SchedulerOutput,
+                           sampled_token_ids: dict[str, list[int]]) -> UpdateResult:
+        if output is not self._last_output:
+            raise VLLMDriverError("update_from_output must follow the schedule() that made `output`")
+        self._last_output = None
+        sampled = {k: list(v) for k, v in sampled_token_ids.items() if k in output.num_scheduled_tokens}
+        answer = self._call("update", sampled=sampled)
+        finished = [_finished(item) for item in answer["finished"]]
+        self._live.difference_update(f.request_id for f in finished)
+        self._snap = _snapshot(answer["snapshot"])
+        self._check_count(answer)
+        return UpdateResult(new_token_ids={k: list(v) for k, v in answer["new_token_ids"].items()},
+                            finished=finished,
+                            num_draft_tokens=answer.get("num_draft_tokens", 0),
+                            num_rejected_draft_tokens=answer.get("num_rejected_draft_tokens", 0))
+
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> dict[str, list[int]]:
+        answer = self._call("drafts", drafts={k: list(v) for k, v in draft_token_ids.items()})
+        return {k: list(v) for k, v in answer["stored"].items()}
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._live
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._live)
+
+    def snapshot(self) -> SchedulerSnapshot:
+        if self._snap is None:
+            self._snap = _snapshot(self._call("snapshot")["snapshot"])
+        return self._snap
+
+
+def make_factory(version: str):
+    """The candidate factory for ``vllm@version``: ``factory(config) -> VLLMCandidate``."""
+    check_version(version)
+
+    def factory(config: EngineConfig) -> VLLMCandidate:
+        return VLLMCandidate(config, version)
+
+    factory.__name__ = factory.__qualname__ = f"vllm_{version.replace('.', '_')}"
+    factory.vllm_version = version  # type: ignore[attr-defined]
+    return factory

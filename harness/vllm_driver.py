@@ -1,0 +1,713 @@
+#!/usr/bin/env python3
+"""Drive vLLM's real v1 ``Scheduler`` step by step, over newline-delimited JSON.
+
+STANDALONE: this script runs under a vLLM virtual environment's Python
+(``harness/vllm_env.py`` builds those) and imports only the standard library,
+``vllm`` and ``torch`` -- never this project's packages. The harness side is
+``harness/vllm_candidate.py``.
+
+Protocol: one JSON object per line on stdin, one answer per line on stdout
+(the original stdout file descriptor; everything vLLM prints goes to stderr).
+Each request is ``{"op": NAME, ...}``; each answer is ``{"ok": true, ...}`` or
+``{"ok": false, "error": "one line", "traceback": "..."}``. Ops:
+
+- ``hello``    -> ``{vllm_version, protocol, import_s}`` (no scheduler needed)
+- ``init``     ``{config: EngineConfig dict, seed}``: build (or rebuild) the
+  scheduler on a CPU platform, synchronous scheduling, no tokenizer.
+- ``add``      ``{request: {request_id, prompt_token_ids, max_tokens, min_tokens,
+  ignore_eos, eos_token_id, stop_token_ids, priority, arrival_time}}``
+- ``abort``    ``{request_ids}`` -> ``{finished: [FinishedRequest]}``
+- ``schedule`` ``{throttle_prefills}`` -> ``{output: SchedulerOutput, snapshot}``
+- ``update``   ``{sampled: {request_id: [token ids]}}`` -> ``{new_token_ids,
+  finished, num_draft_tokens, num_rejected_draft_tokens, snapshot}`` (applies
+  to the last ``schedule`` output)
+- ``drafts``   ``{drafts: {request_id: [token ids]}}`` -> ``{stored}``
+  (``Scheduler.update_draft_token_ids``; speculative decoding only)
+- ``snapshot`` -> ``{snapshot: {waiting, running, num_free_blocks}}``
+- ``stats``    -> op counts and seconds spent inside vLLM per op
+- ``shutdown`` -> answers, then exits 0
+
+Decisions come back in the shape of the harness's ``reference/output.py``:
+``SchedulerOutput.events`` is the chronological list of
+``{"type": "schedule", request_id, kind, num_computed_tokens,
+num_scheduled_tokens, num_prefix_hit_tokens, new_block_ids}``,
+``{"type": "withdraw", request_id, num_scheduled_tokens, block_ids}`` and
+``{"type": "preempt", request_id, num_computed_tokens, freed_block_ids}``.
+The order comes from wrapping, on the scheduler instance,
+``kv_cache_manager.allocate_slots`` (each successful call is a scheduling
+decision), ``_preempt_request`` and ``kv_cache_manager.free`` (the blocks a
+request releases, tail first); the values are taken from (and checked
+against) the real ``SchedulerOutput``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+PROTOCOL = 1
+# The V2 model runner lists resumed requests in scheduled_new_reqs; both
+# layouts are normalised. Set explicitly (the default depends on Triton).
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+class DriverError(Exception):
+    """A request the driver cannot honour (bad op, unsupported config, ...)."""
+
+
+class NormalisationError(DriverError):
+    """What the hooks saw disagrees with vLLM's own SchedulerOutput."""
+
+
+def _blocks_of(kv_blocks) -> list[int]:
+    """Block ids of the single KV-cache group of a KVCacheBlocks (or None)."""
+    if kv_blocks is None:
+        return []
+    ids = kv_blocks.get_block_ids()
+    return list(ids[0]) if ids else []
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _kwargs_for(callable_obj, wanted: dict) -> dict:
+    """The subset of ``wanted`` that ``callable_obj`` accepts."""
+    params = inspect.signature(callable_obj).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(wanted)
+    return {k: v for k, v in wanted.items() if k in params}
+
+
+def _field_names(cls) -> set[str]:
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    return set(inspect.signature(cls).parameters)
+
+
+#: EngineConfig fields the driver maps onto vLLM's configs.
+MAPPED_KEYS = {
+    "num_gpu_blocks", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+    "max_num_scheduled_tokens", "policy", "enable_prefix_caching", "enable_chunked_prefill",
+    "long_prefill_token_threshold", "watermark", "scheduler_reserve_full_isl",
+    "num_speculative_tokens",
+}
+#: Pipelining fields: only the synchronous values are supported (the driver
+#: schedules and updates one batch at a time).
+SYNC_ONLY = {"async_scheduling": False, "max_concurrent_batches": 1, "defer_block_free": False}
+#: EngineConfig fields that only drive the harness (virtual clock, scripted proposer).
+HARNESS_ONLY_KEYS = {"step_fixed_s", "step_per_token_s", "draft_acceptance_rate"}
+
+# OPT-125m's config, enough for ModelConfig to inspect the architecture.
+_OPT_CONFIG = {
+    "_name_or_path": "facebook/opt-125m", "activation_dropout": 0.0, "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2,
+    "do_layer_norm_before": True, "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 3072,
+    "hidden_size": 768, "init_std": 0.02, "layerdrop": 0.0, "max_position_embeddings": 2048,
+    "model_type": "opt", "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 1,
+    "prefix": "</s>", "torch_dtype": "float16", "transformers_version": "4.21.0.dev0",
+    "use_cache": True, "vocab_size": 50272, "word_embed_proj_dim": 768,
+}
+
+
+def _model_dir(max_position_embeddings: int) -> str:
+    """A folder holding only an OPT-style config.json (no weights, no tokenizer).
+
+    Shared and reused: its content depends only on ``max_position_embeddings``
+    (written atomically), so killed drivers leave nothing new behind.
+    """
+    path = os.path.join(tempfile.gettempdir(),
+                        f"sched-harness-vllm-model-{os.getuid()}-{max_position_embeddings}")
+    os.makedirs(path, exist_ok=True)
+    target = os.path.join(path, "config.json")
+    data = json.dumps(dict(_OPT_CONFIG, max_position_embeddings=max_position_embeddings),
+                      sort_keys=True)
+    try:
+        with open(target) as fh:
+            if fh.read() == data:
+                return path
+    except OSError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=path, prefix=".config.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(data)
+    os.replace(tmp, target)
+    return path
+
+
+class Driver:
+    """One vLLM Scheduler plus the hooks that normalise its decisions."""
+
+    def __init__(self) -> None:
+        t0 = time.perf_counter()
+        import torch  # noqa: F401  (imported once per process)
+        import vllm
+
+        self.vllm = vllm
+        self.version = vllm.__version__
+        self.vt = _version_tuple(self.version)
+        self._pin_cpu_platform()
+        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+        try:
+            from vllm.config import SpeculativeConfig
+        except ImportError:  # pragma: no cover - every supported version has it
+            SpeculativeConfig = None
+        try:
+            from vllm.v1.outputs import DraftTokenIds
+        except ImportError:
+            DraftTokenIds = None
+        self.SpeculativeConfig, self.DraftTokenIds = SpeculativeConfig, DraftTokenIds
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request, RequestStatus
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        try:
+            from vllm.utils.hashing import sha256
+        except ImportError:  # older layouts
+            from vllm.utils import sha256  # type: ignore[no-redef]
+        self.CacheConfig, self.ModelConfig = CacheConfig, ModelConfig
+        self.SchedulerConfig, self.VllmConfig = SchedulerConfig, VllmConfig
+        self.SamplingParams, self.Request, self.RequestStatus = SamplingParams, Request, RequestStatus
+        self.Scheduler, self.ModelRunnerOutput = Scheduler, ModelRunnerOutput
+        self.FullAttentionSpec, self.KVCacheConfig = FullAttentionSpec, KVCacheConfig
+        self.KVCacheGroupSpec, self.StructuredOutputManager = KVCacheGroupSpec, StructuredOutputManager
+        self.get_request_block_hasher, self.sha256 = get_request_block_hasher, sha256
+        self.torch = torch
+        init_none_hash(sha256)  # once per process
+        self.import_s = time.perf_counter() - t0
+        self.sched = None
+        self.stats: dict[str, list[float]] = {}
+
+    @staticmethod
+    def _parallel_config():
+        from vllm.config import ParallelConfig
+
+        return ParallelConfig()
+
+    @staticmethod
+    def _pin_cpu_platform() -> None:
+        import vllm.platforms as platforms
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms._current_platform = CpuPlatform()
+
+    # -- init -----------------------------------------------------------------
+    def init(self, config: dict, seed: int) -> dict:
+        self.sched = None
+        unknown = sorted(set(config) - MAPPED_KEYS - HARNESS_ONLY_KEYS - set(SYNC_ONLY))
+        if unknown:
+            # A new EngineConfig field must be mapped here, never ignored.
+            raise DriverError(f"config key(s) {unknown} have no vLLM mapping in the driver")
+        for name, sync_value in SYNC_ONLY.items():
+            if config.get(name, sync_value) != sync_value:
+                raise DriverError(f"the driver runs vLLM synchronously (one batch in flight); "
+                                  f"{name}={config[name]!r} is not supported yet")
+        self.config = config
+        self.use_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"
+        block_size = config["block_size"]
+        max_model_len = config["max_model_len"]
+        model_dir = _model_dir(max(2048, max_model_len))
+        model_config = self.ModelConfig(**_kwargs_for(self.ModelConfig, dict(
+            model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
+            dtype="float16", seed=seed, max_model_len=max_model_len)))
+
+        sched_fields = _field_names(self.SchedulerConfig)
+        wanted = dict(
+            max_num_seqs=config["max_num_seqs"],
+            max_num_batched_tokens=config["max_num_batched_tokens"],
+            max_model_len=max_model_len,
+            enable_chunked_prefill=config["enable_chunked_prefill"],
+            policy=config["policy"],
+            long_prefill_token_threshold=config["long_prefill_token_threshold"],
+            is_encoder_decoder=False,
+            async_scheduling=False,
+        )
+        # Fields an older vLLM lacks: fine only at that version's behaviour.
+        optional = {
+            "max_num_scheduled_tokens": (config.get("max_num_scheduled_tokens"), None),
+            "watermark": (config.get("watermark", 0.0), 0.0),
+            "scheduler_reserve_full_isl": (config.get("scheduler_reserve_full_isl", True), False),
+        }
+        for name, (value, old_behaviour) in optional.items():
+            if name in sched_fields:
+                wanted[name] = value
+            elif value != old_behaviour and not (
+                    name == "max_num_scheduled_tokens" and value == config["max_num_batched_tokens"]):
+                raise DriverError(f"vLLM {self.version} has no SchedulerConfig.{name}; "
+                                  f"it only behaves as {name}={old_behaviour!r}, got {value!r}")
+        missing = [k for k in ("max_num_seqs", "max_num_batched_tokens", "policy",
+                               "long_prefill_token_threshold", "enable_chunked_prefill")
+                   if k not in sched_fields]
+        if missing:
+            raise DriverError(f"vLLM {self.version} SchedulerConfig lacks {missing}")
+        scheduler_config = self.SchedulerConfig(**_kwargs_for(self.SchedulerConfig, wanted))
+        cache_config = self.CacheConfig(**_kwargs_for(self.CacheConfig, dict(
+            block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
+            enable_prefix_caching=config["enable_prefix_caching"], swap_space=0)))
+        self.num_spec = int(config.get("num_speculative_tokens", 0) or 0)
+        speculative_config = None
+        if self.num_spec:
+            # An n-gram proposer: no draft model, so no lookahead KV slots and
+            # no extra input-budget slots (what the harness's proposer is).
+            if self.SpeculativeConfig is None or self.DraftTokenIds is None:
+                raise DriverError(f"vLLM {self.version} has no speculative decoding API")
+            speculative_config = self.SpeculativeConfig(**_kwargs_for(self.SpeculativeConfig, dict(
+                method="ngram", num_speculative_tokens=self.num_spec,
+                prompt_lookup_max=self.num_spec, prompt_lookup_min=1,
+                target_model_config=model_config,
+                target_parallel_config=self._parallel_config())))
+        vllm_config = self.VllmConfig(**_kwargs_for(self.VllmConfig, dict(
+            model_config=model_config, cache_config=cache_config,
+            scheduler_config=scheduler_config, speculative_config=speculative_config)))
+        if self.num_spec:
+            lookahead = getattr(vllm_config, "num_lookahead_tokens", 0)
+            slots = getattr(vllm_config.speculative_config, "max_num_new_slots_for_drafting", 0)
+            if lookahead or slots:
+                raise DriverError(f"vLLM {self.version}'s n-gram proposer reserves {lookahead} "
+                                  f"lookahead and {slots} draft slots; the harness models none")
+        num_blocks = config["num_gpu_blocks"]
+        vllm_config.cache_config.num_gpu_blocks = num_blocks
+        # VllmConfig/platform post-init may adjust fields: insist on ours.
+        sc, cc = vllm_config.scheduler_config, vllm_config.cache_config
+        if cc.block_size != block_size:
+            cc.block_size = block_size
+        for name, value in wanted.items():
+            if name in ("is_encoder_decoder", "max_model_len"):
+                continue
+            actual = getattr(sc, name, value)
+            if name == "max_num_scheduled_tokens":
+                # None means max_num_batched_tokens (vLLM fills it in with drafts on).
+                actual = actual or sc.max_num_batched_tokens
+                value = value or config["max_num_batched_tokens"]
+            if actual != value:
+                raise DriverError(f"vLLM {self.version} changed SchedulerConfig.{name} from "
+                                  f"{value!r} to {getattr(sc, name)!r}")
+        if vllm_config.model_config.max_model_len != max_model_len:
+            raise DriverError(f"vLLM set max_model_len {vllm_config.model_config.max_model_len}, "
+                              f"expected {max_model_len}")
+        if bool(cc.enable_prefix_caching) != config["enable_prefix_caching"]:
+            raise DriverError("vLLM changed enable_prefix_caching")
+        if getattr(sc, "async_scheduling", False):
+            raise DriverError("async scheduling could not be turned off")
+
+        spec_kwargs = dict(block_size=block_size, num_kv_heads=1, head_size=1,
+                           dtype=self.torch.float32)
+        if "use_mla" in _field_names(self.FullAttentionSpec):
+            spec_kwargs["use_mla"] = False
+        spec = self.FullAttentionSpec(**spec_kwargs)
+        kv_cache_config = self.KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[],
+            kv_cache_groups=[self.KVCacheGroupSpec(["layer"], spec)])
+        sched_kwargs = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                            structured_output_manager=self.StructuredOutputManager(vllm_config),
+                            block_size=block_size, log_stats=False, include_finished_set=False)
+        self.sched = self.Scheduler(**_kwargs_for(self.Scheduler, sched_kwargs))
+        if getattr(self.sched, "use_v2_model_runner", self.use_v2) != self.use_v2:
+            self.use_v2 = bool(self.sched.use_v2_model_runner)
+        self.block_hasher = self.get_request_block_hasher(block_size, self.sha256)
+        self.max_num_scheduled_tokens = self.sched.max_num_scheduled_tokens
+        self._schedule_sig = inspect.signature(self.sched.schedule).parameters
+        self._request_params = set(inspect.signature(self.Request).parameters)
+        self._install_hooks()
+        self.last_output = None
+        self.num_unfinished_local = 0
+        return {"vllm_version": self.version, "use_v2_model_runner": self.use_v2,
+                "num_free_blocks": self.num_free_blocks()}
+
+    def _install_hooks(self) -> None:
+        sched = self.sched
+        kvm = sched.kv_cache_manager
+        self._seq: list[tuple] = []          # chronological decisions of the current schedule()
+        self._freed: dict[str, list[int]] = {}  # request id -> blocks released, tail first
+        self._in_schedule = False
+        orig_alloc = kvm.allocate_slots
+        alloc_sig = inspect.signature(orig_alloc)
+        orig_free = kvm.free
+        orig_preempt = sched._preempt_request
+
+        def allocate_slots(request, *args, **kwargs):
+            computed_before = request.num_computed_tokens
+            status_before = request.status.name
+            result = orig_alloc(request, *args, **kwargs)
+            if result is not None and self._in_schedule:
+                bound = alloc_sig.bind(request, *args, **kwargs).arguments
+                n_new = bound.get("num_new_tokens", 0)
+                # Drafts a running request gets verified (vLLM picks them right
+                # after this call; a withdrawal later drops them from its output).
+                spec = []
+                if status_before == "RUNNING" and request.spec_token_ids:
+                    n_spec = (n_new + computed_before - request.num_tokens
+                              - getattr(request, "num_output_placeholders", 0))
+                    if n_spec > 0:
+                        spec = list(request.spec_token_ids[:n_spec])
+                self._seq.append(("alloc", request.request_id, status_before, computed_before,
+                                  n_new, bound.get("num_new_computed_tokens", 0),
+                                  _blocks_of(result), spec))
+            return result
+
+        def free(request, *args, **kwargs):
+            try:
+                table = _blocks_of(kvm.get_blocks(request.request_id))
+            except KeyError:
+                table = []
+            orig_free(request, *args, **kwargs)
+            self._freed[request.request_id] = table[::-1]
+
+        def _preempt_request(request, *args, **kwargs):
+            computed_before = request.num_computed_tokens
+            self._freed.pop(request.request_id, None)
+            orig_preempt(request, *args, **kwargs)
+            freed = self._freed.pop(request.request_id, None)
+            if freed is None:
+                raise NormalisationError(f"preemption of {request.request_id} freed no blocks "
+                                         f"through kv_cache_manager.free (deferred free?)")
+            self._seq.append(("preempt", request.request_id, computed_before, freed))
+
+        kvm.allocate_slots = allocate_slots
+        kvm.free = free
+        sched._preempt_request = _preempt_request
+
+    # -- requests -------------------------------------------------------------
+    def _require(self):
+        if self.sched is None:
+            raise DriverError("no scheduler: send 'init' first")
+        return self.sched
+
+    def add(self, req: dict) -> dict:
+        sched = self._require()
+        params = self.SamplingParams(
+            max_tokens=req["max_tokens"], min_tokens=req.get("min_tokens", 0),
+            ignore_eos=bool(req.get("ignore_eos", False)),
+            stop_token_ids=list(req.get("stop_token_ids") or []))
+        eos = req.get("eos_token_id")
+        kwargs = dict(request_id=req["request_id"], prompt_token_ids=list(req["prompt_token_ids"]),
+                      sampling_params=params, pooling_params=None,
+                      arrival_time=float(req.get("arrival_time", 0.0)),
+                      priority=int(req.get("priority", 0)), block_hasher=self.block_hasher)
+        if hasattr(params, "update_from_generation_config"):
+            # What vLLM's input processor does with the model's EOS token.
+            params.update_from_generation_config({}, eos)
+        if "eos_token_id" in self._request_params:  # 0.10-era Request
+            kwargs["eos_token_id"] = eos
+        request = self.Request(**{k: v for k, v in kwargs.items() if k in self._request_params})
+        if req["request_id"] in sched.requests:
+            raise DriverError(f"duplicate request id {req['request_id']!r}")
+        sched.add_request(request)
+        return {}
+
+    def _finished_info(self, request) -> dict:
+        reason = request.get_finished_reason()
+        return {"request_id": request.request_id, "status": request.status.name,
+                "finish_reason": None if reason is None else str(reason),
+                "stop_reason": request.stop_reason,
+                "num_output_tokens": request.num_output_tokens,
+                "freed_block_ids": self._freed.pop(request.request_id, [])}
+
+    def abort(self, request_ids: list[str]) -> dict:
+        sched = self._require()
+        # The Request objects, before vLLM drops them (what finish_requests
+        # returns differs across versions: Requests, or (id, client) pairs).
+        live = {i: sched.requests.get(i) for i in dict.fromkeys(request_ids)}
+        live = {i: r for i, r in live.items() if r is not None and not r.is_finished()}
+        sched.finish_requests(list(live), self.RequestStatus.FINISHED_ABORTED)
+        # vLLM collects ids into a set: report in the order given, as the harness does.
+        out = [self._finished_info(r) for r in live.values()
+               if r.status == self.RequestStatus.FINISHED_ABORTED]
+        return {"finished": out, "num_unfinished": sched.get_num_unfinished_requests()}
+
+    def num_free_blocks(self) -> int:
+        return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def snapshot(self) -> dict:
+        sched = self._require()
+        waiting = [r.request_id for r in getattr(sched, "kv_holding_waiting", ())]
+        waiting += [r.request_id for r in sched.waiting]
+        return {"waiting": waiting, "running": [r.request_id for r in sched.running],
+                "num_free_blocks": self.num_free_blocks()}
+
+    # -- schedule -------------------------------------------------------------
+    def schedule(self, throttle_prefills: bool = False) -> dict:
+        sched = self._require()
+        kwargs = {}
+        if throttle_prefills:
+            if "throttle_prefills" not in self._schedule_sig:
+                raise DriverError(f"vLLM {self.version} schedule() has no throttle_prefills")
+            kwargs["throttle_prefills"] = True
+        self._seq = []
+        self._in_schedule = True
+        try:
+            so = sched.schedule(**kwargs)
+        finally:
+            self._in_schedule = False
+        self.last_output = so
+        return {"output": self._normalise(so), "snapshot": self.snapshot()}
+
+    def _normalise(self, so) -> dict:
+        # What vLLM's SchedulerOutput says about each scheduled request.
+        truth: dict[str, tuple[str, int, list[int]]] = {}
+        for nr in so.scheduled_new_reqs:
+            truth[nr.req_id] = ("admitted", nr.num_computed_tokens, list(nr.block_ids[0]))
+        cached = so.scheduled_cached_reqs
+        resumed_ids = set(getattr(cached, "resumed_req_ids", ()) or ())
+        resumed_flags = getattr(cached, "resumed_from_preemption", None)  # 0.10-era
+        for i, req_id in enumerate(cached.req_ids):
+            blocks = cached.new_block_ids[i]
+            blocks = list(blocks[0]) if blocks else []
+            resumed = req_id in resumed_ids or bool(resumed_flags and resumed_flags[i])
+            truth[req_id] = ("admitted" if resumed else "running", cached.num_computed_tokens[i], blocks)
+
+        events: list[dict] = []
+        live: dict[str, dict] = {}
+        for item in self._seq:
+            if item[0] == "alloc":
+                _, req_id, status, computed_before, n_new, n_hit, new_blocks, spec = item
+                if status == "RUNNING":
+                    kind, hit = "running", 0
+                elif status == "WAITING":
+                    kind, hit = "new", n_hit
+                elif status == "PREEMPTED":
+                    kind, hit = "resumed", n_hit
+                else:
+                    raise NormalisationError(f"{req_id} allocated in status {status}")
+                if kind != "running":
+                    computed_before += n_hit
+                    new_blocks = None  # the whole table, from the SchedulerOutput
+                event = {"type": "schedule", "request_id": req_id, "kind": kind,
+                         "num_computed_tokens": computed_before, "num_scheduled_tokens": n_new,
+                         "num_prefix_hit_tokens": hit, "new_block_ids": new_blocks,
+                         "spec_token_ids": spec}
+                if req_id in live:
+                    raise NormalisationError(f"{req_id} allocated twice in one step")
+                live[req_id] = event
+                events.append(event)
+            else:
+                _, req_id, computed_before, freed = item
+                withdrawn = live.pop(req_id, None)
+                if withdrawn is not None:
+                    if withdrawn["new_block_ids"] is None:
+                        raise NormalisationError(f"admitted {req_id} preempted in the same step")
+                    events.append({"type": "withdraw", "request_id": req_id,
+                                   "num_scheduled_tokens": withdrawn["num_scheduled_tokens"],
+                                   "block_ids": list(withdrawn["new_block_ids"])})
+                events.append({"type": "preempt", "request_id": req_id,
+                               "num_computed_tokens": computed_before, "freed_block_ids": freed})
+
+        # Cross-check against (and take values from) the real SchedulerOutput.
+        scheduled = dict(so.num_scheduled_tokens)
+        spec_tokens = dict(getattr(so, "scheduled_spec_decode_tokens", None) or {})
+        if list(live) != list(scheduled):
+            raise NormalisationError(f"hooked scheduling order {list(live)} differs from "
+                                     f"SchedulerOutput.num_scheduled_tokens {list(scheduled)}")
+        for req_id, event in live.items():
+            source, computed, blocks = truth.get(req_id, (None, None, None))
+            if source is None:
+                raise NormalisationError(f"{req_id} scheduled but absent from new/cached reqs")
+            if (source == "running") != (event["kind"] == "running"):
+                raise NormalisationError(f"{req_id}: hook says {event['kind']}, SchedulerOutput "
+                                         f"says {source}")
+            if event["kind"] == "resumed" and not self.use_v2 and req_id not in resumed_ids \
+                    and not resumed_flags:
+                raise NormalisationError(f"{req_id} resumed but not in resumed_req_ids")
+            if computed != event["num_computed_tokens"]:
+                raise NormalisationError(f"{req_id}: num_computed_tokens {event['num_computed_tokens']} "
+                                         f"(hook) vs {computed} (SchedulerOutput)")
+            if event["new_block_ids"] is not None and event["new_block_ids"] != blocks:
+                raise NormalisationError(f"{req_id}: new blocks {event['new_block_ids']} (hook) vs "
+                                         f"{blocks} (SchedulerOutput)")
+            drafts = list(spec_tokens.get(req_id, ()))
+            if event["kind"] == "running" and drafts != event["spec_token_ids"]:
+                raise NormalisationError(f"{req_id}: drafts {event['spec_token_ids']} (hook) vs "
+                                         f"{drafts} (SchedulerOutput)")
+            event["num_computed_tokens"] = computed
+            event["new_block_ids"] = blocks
+            event["num_scheduled_tokens"] = scheduled[req_id]
+            event["spec_token_ids"] = drafts
+        preempted = sorted(so.preempted_req_ids) if hasattr(so, "preempted_req_ids") else \
+            sorted(e["request_id"] for e in events if e["type"] == "preempt")
+        total = so.total_num_scheduled_tokens
+        return {"events": events, "num_scheduled_tokens": [[k, v] for k, v in scheduled.items()],
+                "total_num_scheduled_tokens": total, "preempted_req_ids": preempted,
+                "finished_req_ids": sorted(so.finished_req_ids),
+                "token_budget": self.max_num_scheduled_tokens - total}
+
+    # -- update ---------------------------------------------------------------
+    def _model_runner_output(self, req_ids: list[str], sampled: dict[str, list[int]]):
+        values = {
+            "req_ids": req_ids,
+            "req_id_to_index": {r: i for i, r in enumerate(req_ids)},
+            "sampled_token_ids": [list(sampled.get(r, [])) for r in req_ids],
+            "spec_token_ids": None, "logprobs": None, "prompt_logprobs_dict": {},
+            "pooler_output": [], "kv_connector_output": None, "num_nans_in_logits": None,
+        }
+        cls = self.ModelRunnerOutput
+        if dataclasses.is_dataclass(cls):
+            kwargs = {}
+            for f in dataclasses.fields(cls):
+                if not f.init:
+                    continue
+                if f.name in values:
+                    kwargs[f.name] = values[f.name]
+                elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    kwargs[f.name] = None
+            return cls(**kwargs)
+        return cls(**_kwargs_for(cls, values))
+
+    def update(self, sampled: dict[str, list[int]]) -> dict:
+        sched = self._require()
+        so = self.last_output
+        if so is None:
+            raise DriverError("'update' without a preceding 'schedule'")
+        self.last_output = None
+        req_ids = list(so.num_scheduled_tokens)
+        unknown = sorted(set(sampled) - set(req_ids))
+        if unknown:
+            raise DriverError(f"sampled tokens for unscheduled requests {unknown[:5]}")
+        requests = {r: sched.requests.get(r) for r in req_ids}
+        # Draft accounting as update_from_output does it (its SpecDecodingStats
+        # exist only with log_stats): drafts verified for a live request that
+        # produced tokens; accepted = tokens returned - the one sampled token.
+        num_draft = num_rejected = 0
+        spec_tokens = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+        for r in req_ids:
+            request, drafts, generated = requests[r], spec_tokens.get(r), sampled.get(r)
+            if request is None or request.is_finished() or not drafts or not generated:
+                continue
+            if getattr(request, "num_stale_output_tokens", 0) > 0 and \
+                    getattr(request, "drop_stale_output", False):
+                continue
+            num_draft += len(drafts)
+            num_rejected += len(drafts) - max(len(generated) - 1, 0)
+        engine_outputs = sched.update_from_output(so, self._model_runner_output(req_ids, sampled))
+        new_token_ids: dict[str, list[int]] = {}
+        finished: list[dict] = []
+        for client in sorted(engine_outputs):
+            for out in engine_outputs[client].outputs:
+                if out.new_token_ids:
+                    new_token_ids[out.request_id] = list(out.new_token_ids)
+                if out.finish_reason is not None:
+                    request = requests.get(out.request_id)
+                    if request is None:
+                        raise NormalisationError(f"{out.request_id} finished but was not scheduled")
+                    info = self._finished_info(request)
+                    if info["finish_reason"] != str(out.finish_reason):
+                        raise NormalisationError(f"{out.request_id}: finish reason mismatch")
+                    finished.append(info)
+        return {"new_token_ids": new_token_ids, "finished": finished,
+                "num_draft_tokens": num_draft, "num_rejected_draft_tokens": num_rejected,
+                "num_unfinished": sched.get_num_unfinished_requests(),
+                "snapshot": self.snapshot()}
+
+    def drafts(self, drafts: dict[str, list[int]]) -> dict:
+        sched = self._require()
+        if not self.num_spec:
+            raise DriverError("draft tokens sent with speculative decoding off")
+        ids = list(drafts)
+        sched.update_draft_token_ids(self.DraftTokenIds(ids, [list(drafts[i]) for i in ids]))
+        stored = {}
+        for req_id in ids:
+            request = sched.requests.get(req_id)
+            if request is not None and not request.is_finished() and request.spec_token_ids:
+                stored[req_id] = list(request.spec_token_ids)
+        return {"stored": stored}
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message``; for a bare ``assert`` (no message), where it failed."""
+    text = " ".join(str(exc).split())
+    if not text:
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames:
+            f = frames[-1]
+            where = "/".join(f.filename.split("/")[-3:])
+            text = f"at {where}:{f.lineno} `{(f.line or '').strip()}`"
+    return f"{type(exc).__name__}: {text}"[:500]
+
+
+def _serve(inp, out) -> int:
+    driver: Driver | None = None
+    t_start = time.perf_counter()
+    for line in inp:
+        line = line.strip()
+        if not line:
+            continue
+        op = "?"
+        try:
+            msg = json.loads(line)
+            op = msg.get("op", "?")
+            if driver is None:
+                driver = Driver()
+                print(f"vllm {driver.version} imported in {driver.import_s:.1f} s "
+                      f"({time.perf_counter() - t_start:.1f} s since start)", file=sys.stderr)
+            t0 = time.perf_counter()
+            if op == "hello":
+                resp = {"vllm_version": driver.version, "protocol": PROTOCOL,
+                        "import_s": round(driver.import_s, 3), "pid": os.getpid()}
+            elif op == "init":
+                resp = driver.init(msg["config"], int(msg.get("seed", 0)))
+            elif op == "add":
+                resp = driver.add(msg["request"])
+            elif op == "abort":
+                resp = driver.abort(msg["request_ids"])
+            elif op == "schedule":
+                resp = driver.schedule(bool(msg.get("throttle_prefills", False)))
+            elif op == "update":
+                resp = driver.update(msg.get("sampled") or {})
+            elif op == "drafts":
+                resp = driver.drafts(msg.get("drafts") or {})
+            elif op == "snapshot":
+                resp = {"snapshot": driver.snapshot()}
+            elif op == "stats":
+                resp = {"stats": {k: {"count": len(v), "total_s": sum(v)}
+                                  for k, v in driver.stats.items()},
+                        "import_s": driver.import_s}
+            elif op == "shutdown":
+                resp = {}
+            else:
+                raise DriverError(f"unknown op {op!r}")
+            driver.stats.setdefault(op, []).append(time.perf_counter() - t0)
+            answer = {"ok": True, **resp}
+        except Exception as exc:  # reported to the harness, which raises
+            answer = {"ok": False, "op": op, "error": _one_line(exc),
+                      "traceback": traceback.format_exc()[-4000:]}
+            print(answer["traceback"], file=sys.stderr)
+        out.write(json.dumps(answer, separators=(",", ":")) + "\n")
+        out.flush()
+        if op == "shutdown":
+            return 0
+    return 0
+
+
+def main() -> int:
+    # The protocol owns the original stdout; anything else printed goes to stderr.
+    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return _serve(sys.stdin, proto)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
