@@ -128,6 +128,12 @@ class TraceChecker:
         self.sched_seq = 0
         self.processed_seq = 0
         self.deferred: deque[tuple[int, list[int]]] = deque()
+        # Prefill gating (spec 7.1, 10.4), recomputed from the trace.
+        self.interval: int = config.get("prefill_schedule_interval", 1)
+        self.capacity_bound = False
+        self.last_prefill_step = -self.interval
+        self.num_executed = 0
+        self.deferred_waiting: set[str] = set()  # skipped and still waiting
         self.result = CheckResult()
         self.reqs: dict[str, _Req] = {}
         self.owners: dict[int, set[str]] = {}
@@ -363,6 +369,12 @@ class TraceChecker:
                           f"waiting at step start {waiting} != previous end + arrivals {expected_waiting}")
         self._conservation("schedule_begin", ev["num_free_blocks"])
         st.eligible = len(running) + len(waiting)
+        has_decode = any(not self.reqs[r].prefill_chunk for r in running if r in self.reqs)
+        defer = bool(ev["throttle_prefills"]) and not self.capacity_bound and has_decode
+        if (not defer and self.interval > 1 and not self.capacity_bound and has_decode
+                and (self.num_executed + 1) - self.last_prefill_step < self.interval):
+            defer = True
+        st.defer = defer
 
     def _on_preempt(self, ev: dict, st: _StepState) -> None:
         rid = ev["request_id"]
@@ -458,6 +470,12 @@ class TraceChecker:
                               f"scheduled with {req.placeholders} tokens in flight that already reach "
                               f"max_tokens {req.max_tokens} (computed {computed})")
             self._check_running_drafts(req, computed, n, drafts)
+            if req.prefill_chunk:
+                st.prefill_scheduled = True
+                if st.defer:
+                    self._violate("PREFILL-DEFER", rid,
+                                  f"a prefill chunk ({computed} of {req.num_tokens} tokens computed) "
+                                  f"ran in a step that defers prefills")
             if req.status != "RUNNING" or rid not in st.sim_running:
                 self._violate("RUNNING-ORDER", rid, f"scheduled as running but status {req.status}")
             else:
@@ -542,6 +560,13 @@ class TraceChecker:
                           f"admitted with {len(st.sim_running)} running = max_num_seqs {self.max_num_seqs}")
         st.admitted.append(rid)
         st.sim_running.append(rid)
+        self.deferred_waiting.discard(rid)
+        if hit < req.num_tokens - 1:
+            st.prefill_admitted = True
+            if st.defer:
+                self._violate("PREFILL-DEFER", rid,
+                              f"admitted with {req.num_tokens - hit} tokens to prefill in a step that "
+                              f"defers prefills")
         if req.blocks:
             self._violate("PREEMPT-EFFECTS", rid, f"admitted while still holding blocks {req.blocks}")
             self._release_all(req, req.blocks[::-1], "finish")
@@ -637,6 +662,22 @@ class TraceChecker:
             self.zero_step_state = state
         else:
             self.zero_step_state = None
+        if bool(ev["defer_prefills"]) != st.defer:
+            self._violate("PREFILL-DEFER", None,
+                          f"defer_prefills {ev['defer_prefills']} but the throttle, the capacity guard "
+                          f"({self.capacity_bound}) and the cadence (last prefill at executed step "
+                          f"{self.last_prefill_step}, now {self.num_executed + 1}) give {st.defer}")
+        if not st.preempted and not st.defer:
+            self.capacity_bound = len(waiting) > len(self.deferred_waiting & set(waiting))
+        if bool(ev["prefill_capacity_bound"]) != self.capacity_bound:
+            self._violate("PREFILL-DEFER", None,
+                          f"prefill_capacity_bound {ev['prefill_capacity_bound']} but "
+                          f"{len(waiting)} waiting with {len(self.deferred_waiting & set(waiting))} "
+                          f"skipped gives {self.capacity_bound}")
+        if st.total > 0:
+            self.num_executed += 1
+        if self.interval > 1 and (st.prefill_scheduled or st.prefill_admitted):
+            self.last_prefill_step = self.num_executed
         self.prev_running, self.prev_waiting = running, waiting
         st.sim_running = running
 
@@ -650,6 +691,7 @@ class TraceChecker:
         if req is None or req.stale == 0:
             self._violate("STALE-OUTPUT", rid, f"skipped ({ev['message']}) without stale output in flight")
         st.skipped.append(rid)
+        self.deferred_waiting.add(rid)
         if req is not None:
             self._note(req, f"skipped: {ev['message']}")
 
@@ -828,6 +870,9 @@ class _StepState:
     stale: set[str] = field(default_factory=set)
     expected_drains: int = 0
     drains: int = 0
+    defer: bool = False  # this step must defer prefill compute
+    prefill_scheduled: bool = False
+    prefill_admitted: bool = False
 
 
 @dataclass

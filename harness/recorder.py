@@ -83,7 +83,8 @@ def step_rows(rec: StepRecord) -> list[Row]:
     out = rec.output
     if out is not None:
         rows.append({"kind": "schedule_begin", "clock_s": rec.clock, "waiting": rec.waiting_before,
-                     "running": rec.running_before, "num_free_blocks": rec.num_free_blocks_before})
+                     "running": rec.running_before, "num_free_blocks": rec.num_free_blocks_before,
+                     "throttle_prefills": out.throttle_prefills})
         for event in out.events:
             rows.append(_decision_row(event))
         rows.append({"kind": "schedule_end", "waiting": rec.waiting_after, "running": rec.running_after,
@@ -91,7 +92,9 @@ def step_rows(rec: StepRecord) -> list[Row]:
                      "token_budget": out.token_budget,
                      "total_num_scheduled_tokens": out.total_num_scheduled_tokens,
                      "preempted_req_ids": sorted(out.preempted_req_ids),
-                     "finished_req_ids": sorted(out.finished_req_ids)})
+                     "finished_req_ids": sorted(out.finished_req_ids),
+                     "defer_prefills": out.defer_prefills,
+                     "prefill_capacity_bound": out.prefill_capacity_bound})
     if rec.update is not None:
         rows.append({"kind": "update_begin", "batch_step": rec.update_batch_step,
                      **({} if out is not None else {"clock_s": rec.clock})})

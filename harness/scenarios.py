@@ -80,6 +80,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              {**_SMALL, "num_gpu_blocks": 30, "async_scheduling": True, "max_concurrent_batches": 3,
               "scheduler_reserve_full_isl": False},
              {"num_requests": 40, "arrival_rate": 40.0}),
+    Scenario("prefill-cadence", "prefill_schedule_interval 3: with decodes running, prefill compute "
+             "waits for every third executed step (local cadence, capacity guard)",
+             {**_SMALL, "num_gpu_blocks": 60, "prefill_schedule_interval": 3},
+             {"num_requests": 40, "arrival_rate": 20.0}),
     Scenario("deferred-frees", "async scheduling with deferred, fenced block frees and aborts in flight",
              {**_SMALL, "num_gpu_blocks": 30, "async_scheduling": True, "max_concurrent_batches": 2,
               "defer_block_free": True, "scheduler_reserve_full_isl": False},

@@ -76,6 +76,11 @@ SCHEMA = pa.schema([
     # Pipelining and deferred frees.
     pa.field("batch_step", _i32),
     pa.field("fence", _i32),
+    # Prefill gating: the throttle input (schedule_begin), the decision and
+    # the capacity guard after it (schedule_end).
+    pa.field("throttle_prefills", pa.bool_()),
+    pa.field("defer_prefills", pa.bool_()),
+    pa.field("prefill_capacity_bound", pa.bool_()),
 ])
 COLUMNS = tuple(SCHEMA.names)
 

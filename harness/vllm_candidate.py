@@ -268,6 +268,9 @@ def _output(data: dict[str, Any]) -> SchedulerOutput:
         preempted_req_ids=set(data["preempted_req_ids"]),
         finished_req_ids=set(data["finished_req_ids"]),
         token_budget=data["token_budget"],
+        throttle_prefills=data.get("throttle_prefills", False),
+        defer_prefills=data.get("defer_prefills", False),
+        prefill_capacity_bound=data.get("prefill_capacity_bound", False),
     )
 
 

@@ -109,7 +109,7 @@ MAPPED_KEYS = {
     "num_gpu_blocks", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
     "max_num_scheduled_tokens", "policy", "enable_prefix_caching", "enable_chunked_prefill",
     "long_prefill_token_threshold", "watermark", "scheduler_reserve_full_isl",
-    "num_speculative_tokens",
+    "num_speculative_tokens", "prefill_schedule_interval",
 }
 #: Pipelining fields: only the synchronous values are supported (the driver
 #: schedules and updates one batch at a time).
@@ -251,6 +251,7 @@ class Driver:
             "max_num_scheduled_tokens": (config.get("max_num_scheduled_tokens"), None),
             "watermark": (config.get("watermark", 0.0), 0.0),
             "scheduler_reserve_full_isl": (config.get("scheduler_reserve_full_isl", True), False),
+            "prefill_schedule_interval": (config.get("prefill_schedule_interval", 1), 1),
         }
         for name, (value, old_behaviour) in optional.items():
             if name in sched_fields:
@@ -457,6 +458,15 @@ class Driver:
             if "throttle_prefills" not in self._schedule_sig:
                 raise DriverError(f"vLLM {self.version} schedule() has no throttle_prefills")
             kwargs["throttle_prefills"] = True
+        # vLLM keeps defer_prefills local to schedule(): recompute it from the
+        # state it reads (spec 7.1, 10.4); versions without the gate report False.
+        bound = bool(getattr(sched, "prefill_capacity_bound", False))
+        has_decode = any(not getattr(r, "is_prefill_chunk", False) for r in sched.running)
+        defer = bool(throttle_prefills) and not bound and has_decode
+        interval = getattr(sched, "local_prefill_interval", 1)
+        if (not defer and interval > 1 and not bound and has_decode
+                and (sched.num_executed_steps + 1) - sched.last_prefill_step < interval):
+            defer = True
         self._seq = []
         self._in_schedule = True
         try:
@@ -464,7 +474,10 @@ class Driver:
         finally:
             self._in_schedule = False
         self.last_output = so
-        return {"output": self._normalise(so), "snapshot": self.snapshot()}
+        output = self._normalise(so)
+        output.update(throttle_prefills=bool(throttle_prefills), defer_prefills=defer,
+                      prefill_capacity_bound=bool(getattr(sched, "prefill_capacity_bound", False)))
+        return {"output": output, "snapshot": self.snapshot()}
 
     def _normalise(self, so) -> dict:
         # What vLLM's SchedulerOutput says about each scheduled request.

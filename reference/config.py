@@ -61,6 +61,10 @@ class EngineConfig:
     # connector and more than one batch in flight; here it is an explicit
     # switch (harness key) so the mechanism can be exercised alone.
     defer_block_free: bool = False
+    # Prefill gating (spec 10.4): with decodes running, prefill compute runs
+    # only on every prefill_schedule_interval-th executed step (local cadence;
+    # with data parallelism the coordinator's throttle flag does it instead).
+    prefill_schedule_interval: int = 1
     step_fixed_s: float = 0.005
     step_per_token_s: float = 0.0001
 
@@ -94,6 +98,8 @@ class EngineConfig:
             raise ConfigError("num_speculative_tokens must be an integer >= 0")
         if not 0.0 <= self.draft_acceptance_rate <= 1.0:
             raise ConfigError(f"draft_acceptance_rate must be in [0, 1], got {self.draft_acceptance_rate}")
+        if not isinstance(self.prefill_schedule_interval, int) or self.prefill_schedule_interval < 1:
+            raise ConfigError("prefill_schedule_interval must be an integer >= 1")
         if not isinstance(self.max_concurrent_batches, int) or self.max_concurrent_batches < 1:
             raise ConfigError("max_concurrent_batches must be an integer >= 1")
         if self.async_scheduling and self.max_concurrent_batches < 2:

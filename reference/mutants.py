@@ -410,6 +410,21 @@ class NoAsyncMaxTokensGuard(Scheduler):
                 request.max_tokens = request.sampling_params.max_tokens
 
 
+class IgnorePrefillCadence(Scheduler):
+    """Reports the cadence's deferral but schedules prefills anyway
+    (PREFILL-DEFER)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.interval_for_report = config.prefill_schedule_interval
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        self.local_prefill_interval = 1  # the bug: no local cadence
+        output = super().schedule(throttle_prefills)
+        self.local_prefill_interval = self.interval_for_report
+        return output
+
+
 # Mutant name -> (class, the invariant that must catch it).
 MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "admit-after-preempt": (AdmitAfterPreempt, "NO-ADMIT-AFTER-PREEMPT"),
@@ -435,6 +450,7 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "free-before-fence": (FreeBeforeFence, "DEFERRED-FREE-FENCED"),
     "no-stale-skip": (NoStaleSkip, "STALE-OUTPUT"),
     "no-async-max-tokens-guard": (NoAsyncMaxTokensGuard, "ASYNC-PLACEHOLDERS"),
+    "ignore-prefill-cadence": (IgnorePrefillCadence, "PREFILL-DEFER"),
     "ignore-max-num-seqs": (IgnoreMaxNumSeqs, "MAX-NUM-SEQS"),
     "no-stop-on-max-tokens": (NoStopOnMaxTokens, "STOP-RULES"),
 }

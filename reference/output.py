@@ -98,6 +98,11 @@ class SchedulerOutput:
     preempted_req_ids: set[str]
     finished_req_ids: set[str]
     token_budget: int
+    # Prefill gating (spec 7.1, 10.4): the throttle input, whether this step
+    # deferred prefill compute, and the capacity guard after the step.
+    throttle_prefills: bool = False
+    defer_prefills: bool = False
+    prefill_capacity_bound: bool = False
 
     @property
     def scheduled(self) -> list[ScheduledRequest]:

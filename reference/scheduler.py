@@ -63,6 +63,14 @@ class Scheduler:
         self.sched_step_seq = 0       # +1 per schedule() that scheduled tokens
         self.processed_step_seq = 0   # +1 per update_from_output of such a step
         self.deferred_frees: deque[tuple[int, list[KVCacheBlock]]] = deque()
+        # Prefill gating (spec 7.1, 10.4).
+        self.local_prefill_interval = config.prefill_schedule_interval
+        self.prefill_capacity_bound = False
+        self.last_prefill_step = -self.local_prefill_interval
+        self.num_executed_steps = 0
+        # Requests skipped by the waiting loop or enqueued blocked (vLLM's
+        # deferred_waiting); it only feeds prefill_capacity_bound.
+        self.deferred_waiting: set[str] = set()
 
     # -- requests in and out -------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -90,6 +98,7 @@ class Scheduler:
     def _free_request(self, request: Request) -> FinishedRequest:
         assert request.is_finished()
         self.finished_req_ids.add(request.request_id)
+        self.deferred_waiting.discard(request.request_id)
         freed, fence = self._free_request_blocks(request)
         del self.requests[request.request_id]
         return FinishedRequest(request.request_id, request.status, request.get_finished_reason(),
@@ -135,11 +144,9 @@ class Scheduler:
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         """Decide one step. See the module docstring and spec 3, 4, 10.3-10.6.
 
-        ``throttle_prefills`` (the DP prefill throttle, spec 7.1) is not
-        modelled yet: True raises NotImplementedError.
+        ``throttle_prefills`` is the data-parallel coordinator's flag for a
+        step off its prefill cadence (spec 7.1).
         """
-        if throttle_prefills:
-            raise NotImplementedError("the data-parallel prefill throttle is not modelled yet")
         events: list[ScheduledRequest | Withdrawal | Preemption] = []
         scheduled_running: dict[str, ScheduledRequest] = {}
         preempted: list[Request] = []
@@ -155,6 +162,19 @@ class Scheduler:
         # A running-loop request that was still prefilling before this step
         # (then new decodes are not padded with placeholder drafts).
         prefill_scheduled = False
+        # An admission with prompt left to compute (stamps the cadence).
+        prefill_admitted = False
+
+        # Prefill gating: on a throttled step, or inside the local cadence
+        # interval, defer prefill compute while decodes are running, unless
+        # the last release step could not drain the waiting queue.
+        has_decode = any(not r.is_prefill_chunk for r in self.running)
+        defer_prefills = throttle_prefills and not self.prefill_capacity_bound and has_decode
+        if (not defer_prefills and self.local_prefill_interval > 1
+                and not self.prefill_capacity_bound
+                and (self.num_executed_steps + 1) - self.last_prefill_step < self.local_prefill_interval
+                and has_decode):
+            defer_prefills = True
 
         # 1. RUNNING requests, in order.
         req_index = 0
@@ -177,6 +197,9 @@ class Scheduler:
             # Keep the sampled token's position inside max_model_len.
             num_new_tokens = min(num_new_tokens, self.max_model_len - request.num_computed_tokens
                                  - self.num_sampled_tokens_per_step)
+            if defer_prefills and request.is_prefill_chunk:
+                req_index += 1  # a prefill chunk waits for a cadence-aligned step
+                continue
             if num_new_tokens <= 0:
                 # Skip, not break: lower-priority requests may still run.
                 req_index += 1
@@ -247,10 +270,13 @@ class Scheduler:
                     # Deliverable stale output still in flight: resuming now could
                     # resample a position that output will deliver.
                     step_skipped.append(self.waiting.pop_request())
+                    self.deferred_waiting.add(request.request_id)
                     events.append(Skip(request.request_id, "stale output in flight"))
                     continue
                 # Prefix lookup: preempted requests were reset to 0 and re-match.
                 hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+                if defer_prefills and num_hit_tokens < request.num_tokens - 1:
+                    break  # local prefill deferred to a cadence-aligned step
                 request_budget = min(token_budget, input_budget - draft_slots)
                 num_new_tokens = request.num_tokens - num_hit_tokens
                 pad_spec_decode = False
@@ -298,11 +324,21 @@ class Scheduler:
                 input_budget -= num_new_tokens + draft_slots
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_hit_tokens
+                self.deferred_waiting.discard(request.request_id)
+                prefill_admitted |= num_hit_tokens < request.num_tokens - 1
             # Skipped requests go back to the head, in the order met.
             for request in reversed(step_skipped):
                 self.waiting.prepend_request(request)
+            if not defer_prefills:
+                # Saturation guard: a release step that could not drain the
+                # never-skipped waiting requests stops the gating.
+                self.prefill_capacity_bound = len(self.waiting) > len(self.deferred_waiting)
 
         total = sum(num_scheduled_tokens.values())
+        if total > 0:
+            self.num_executed_steps += 1
+        if self.local_prefill_interval > 1 and (prefill_scheduled or prefill_admitted):
+            self.last_prefill_step = self.num_executed_steps
         assert total <= self.max_num_scheduled_tokens
         assert token_budget >= 0 and input_budget >= 0
         assert len(self.running) <= self.max_num_running_reqs
@@ -314,6 +350,9 @@ class Scheduler:
             preempted_req_ids=self.reset_preempted_req_ids,
             finished_req_ids=self.finished_req_ids,
             token_budget=token_budget,
+            throttle_prefills=throttle_prefills,
+            defer_prefills=defer_prefills,
+            prefill_capacity_bound=self.prefill_capacity_bound,
         )
         if self.defer_block_free and total > 0:
             self.sched_step_seq += 1

@@ -42,6 +42,7 @@ EXPECTED = {
     "pipeline-3": (525, 40, 40, 3, 40),
     "async-pipeline-3": (183, 40, 40, 15, 88),
     "deferred-frees": (213, 50, 47, 3, 104),
+    "prefill-cadence": (193, 40, 40, 0, 0),
 }
 
 
