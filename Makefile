@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DEMO_TRACE := out/azure-code-500.parquet
 AZURE_CODE := ../shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_code.csv
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_reference.py
+
+bench-vllm: $(STAMP)
+	$(BIN)/harness vllm-env 0.33.0
+	$(BIN)/python bench/bench_vllm.py
 
 clean:
 	rm -rf out $(VENV)
