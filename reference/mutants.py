@@ -16,6 +16,13 @@ from reference.output import Preemption, ScheduledRequest, SchedulerOutput, With
 from reference.scheduler import Scheduler
 
 
+def _kv_manager(cls: type[KVCacheManager], config) -> KVCacheManager:
+    """A KV-cache manager of the (broken) class ``cls`` built like the reference's."""
+    return cls(num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
+               max_model_len=config.max_model_len, enable_caching=config.enable_prefix_caching,
+               watermark=config.watermark)
+
+
 class AdmitAfterPreempt(Scheduler):
     """Runs the waiting phase even in a step that preempted (NO-ADMIT-AFTER-PREEMPT)."""
 
@@ -68,10 +75,7 @@ class LeakOnFinish(Scheduler):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.kv_cache_manager = _LeakyKVCacheManager(
-            num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
-            max_model_len=config.max_model_len, enable_caching=config.enable_prefix_caching,
-            watermark=config.watermark)
+        self.kv_cache_manager = _kv_manager(_LeakyKVCacheManager, config)
 
 
 class _NoEvictBlockPool(BlockPool):
@@ -160,10 +164,7 @@ class LeakOnAbort(Scheduler):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.kv_cache_manager = _AbortLeakKVCacheManager(
-            num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
-            max_model_len=config.max_model_len, enable_caching=config.enable_prefix_caching,
-            watermark=config.watermark)
+        self.kv_cache_manager = _kv_manager(_AbortLeakKVCacheManager, config)
 
 
 class _DoubleFreeKVCacheManager(KVCacheManager):
@@ -190,10 +191,7 @@ class DoubleFreeShared(Scheduler):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.kv_cache_manager = _DoubleFreeKVCacheManager(
-            num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
-            max_model_len=config.max_model_len, enable_caching=config.enable_prefix_caching,
-            watermark=config.watermark)
+        self.kv_cache_manager = _kv_manager(_DoubleFreeKVCacheManager, config)
         self.kv_cache_manager.block_pool = _TolerantBlockPool(
             config.num_gpu_blocks, config.enable_prefix_caching)
 
@@ -251,10 +249,7 @@ class PreemptKeepsBlock(Scheduler):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.kv_cache_manager = _PreemptLeakKVCacheManager(
-            num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
-            max_model_len=config.max_model_len, enable_caching=config.enable_prefix_caching,
-            watermark=config.watermark)
+        self.kv_cache_manager = _kv_manager(_PreemptLeakKVCacheManager, config)
 
 
 class ReverseRunningOrder(Scheduler):
@@ -281,10 +276,7 @@ class OverAllocate(Scheduler):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.kv_cache_manager = _OverAllocKVCacheManager(
-            num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
-            max_model_len=config.max_model_len, enable_caching=config.enable_prefix_caching,
-            watermark=config.watermark)
+        self.kv_cache_manager = _kv_manager(_OverAllocKVCacheManager, config)
 
 
 class _ReuseHeldBlockPool(BlockPool):
