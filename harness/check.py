@@ -341,8 +341,9 @@ class TraceChecker:
             self._violate("STATE-CONTINUITY", rid, f"{kind} of an unknown or finished request")
             return None
         self._release_all(req, list(ev["block_ids"] or []), kind, ev.get("fence"))
-        if req.status == "PREEMPTED":
-            self.prev_waiting = [r for r in self.prev_waiting if r != rid]
+        # A finished request leaves whichever queue it was in.
+        self.prev_running = [r for r in self.prev_running if r != rid]
+        self.prev_waiting = [r for r in self.prev_waiting if r != rid]
         req.status = ev["status"]
         self.finished_since_schedule.add(rid)
         self._note(req, f"{kind}: {ev['status']} ({ev['finish_reason']})")

@@ -372,3 +372,27 @@ def test_azure_spec_decode_preset(tmp_path: Path) -> None:
     code, report = run_json("replay", path)
     assert code == 0, report["violations"]
     assert (report["steps"], report["draft_tokens"], report["rejected_draft_tokens"]) == (371, 2742, 1293)
+
+
+def test_abort_of_every_running_request_in_an_inputs_only_step(tmp_path: Path) -> None:
+    """Regression: when aborts leave nothing unfinished, the step has inputs
+    only (no schedule part) and the checker kept the aborted requests in its
+    idea of `running` (false STATE-CONTINUITY at the next step)."""
+    from harness.recorder import record
+    from reference.config import EngineConfig
+    from reference.workload import RequestSpec, Workload
+
+    def req(i: int, t: float, abort: float | None) -> RequestSpec:
+        return RequestSpec(f"r{i:06d}", t, tuple(range(10, 30)), max_tokens=40, abort_time=abort)
+
+    workload = Workload("test", "0" * 64, {}, (req(0, 0.0, 0.02), req(1, 0.0, 0.02), req(2, 5.0, None)))
+    config = EngineConfig(num_gpu_blocks=60, block_size=4, max_model_len=96, max_num_seqs=4,
+                          max_num_batched_tokens=64)
+    path = tmp_path / "aborts.parquet"
+    record(workload, config, path)
+    rows = pq.read_table(path, columns=["step", "kind"]).to_pylist()
+    abort_step = next(r["step"] for r in rows if r["kind"] == "abort")
+    assert [r["kind"] for r in rows if r["step"] == abort_step] == ["abort", "abort"]
+    code, report = run_json("replay", path)
+    assert code == 0, report["violations"]
+    assert (report["aborted"], report["finished"]) == (2, 1)

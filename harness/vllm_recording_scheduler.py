@@ -1,0 +1,860 @@
+"""Record a real vLLM server's scheduler decisions, then convert them to a sched-harness trace.
+
+Two halves in one file:
+
+* ``RecordingScheduler`` -- a subclass of vLLM's v1 ``Scheduler`` for
+  ``--scheduler-cls``. It runs inside the server's engine-core process and
+  imports only the standard library, ``vllm`` and ``harness/vllm_events.py``
+  (stdlib only): no pyarrow, no ``reference`` package. As the server runs it
+  writes newline-delimited JSON (one file per engine core) and flushes it at
+  the end of every step.
+* ``convert(jsonl_path, parquet_path)`` -- runs in this project's venv and
+  turns that JSONL into a Parquet trace (``docs/trace-format.md``) that
+  ``harness check`` and ``harness replay`` read. pyarrow is imported inside it.
+
+The module imports neither vLLM nor pyarrow at import time:
+``RecordingScheduler`` is built on first access (PEP 562 ``__getattr__``,
+which is what vLLM's ``resolve_obj_by_qualname`` triggers).
+
+Usage on a GPU server (vLLM 0.33.0; the engine must run synchronously)::
+
+    PYTHONPATH=/path/to/sched-harness SCHED_HARNESS_TRACE=/tmp/run1.jsonl \\
+      vllm serve MODEL --no-async-scheduling \\
+        --scheduler-cls harness.vllm_recording_scheduler.RecordingScheduler
+    # ... send traffic, then stop the server (Ctrl-C): the scheduler's
+    # shutdown() renames the temporary file to /tmp/run1.jsonl
+
+    .venv/bin/python -c 'from harness.vllm_recording_scheduler import convert; \\
+      print(convert("/tmp/run1.jsonl", "/tmp/run1.parquet"))'
+    .venv/bin/harness check /tmp/run1.parquet
+
+``SCHED_HARNESS_TRACE`` (default ``./sched-harness-trace.jsonl``, relative to
+the engine core's working directory) names the output; with data parallelism
+each rank writes ``NAME.dp<rank>.jsonl``. While the server runs the data goes
+to ``.NAME.<pid>.tmp`` in the same folder (flushed every step, so a killed
+server leaves a usable temporary file: ``convert`` accepts it and drops an
+incomplete last step). ``SCHED_HARNESS_STRICT=1`` makes recording errors raise
+(tests); by default a recording error is logged, written to the file as an
+``error`` record and recording stops while the server keeps serving.
+
+Refused at start-up (``RuntimeError``): async scheduling or more than one batch
+in flight (vLLM turns async scheduling on by default: pass
+``--no-async-scheduling``), i.e. anything but the synchronous
+``EngineCore.step`` loop (schedule, execute, update) that the trace models.
+
+JSONL records (one object per line, key ``t``): ``meta`` (first line: vLLM
+version, config values under our ``EngineConfig`` names, every other captured
+vLLM config value, warnings), ``arrival`` (a request added: prompt and
+sampling parameters), ``abort`` (``finish_requests``: the requests it
+finished, in free order, and whether it happened between ``schedule`` and
+``update_from_output``), ``schedule`` (queues and free blocks before and after,
+the normalised decisions), ``update`` (tokens sampled per scheduled request,
+requests finished, free blocks after), ``drafts`` (``update_draft_token_ids``:
+drafts stored), ``note`` (things the trace cannot represent: a prefix-cache
+reset, a streaming-input update), ``error`` and ``end``.
+
+What ``convert`` does with them (the trace is replayable because of it):
+
+* Request ids become ``r000000``, ``r000001``, ... in the order requests were
+  added (the originals and their wall-clock arrival times are kept in the
+  metadata under ``workload.params``).
+* One trace step per ``schedule()`` call, except the calls vLLM makes with
+  nothing unfinished (only to report finished ids): they schedule nothing and
+  the reference engine has no such step, so they are dropped -- their aborts,
+  if any, become an inputs-only step -- and their ``finished_req_ids`` move to
+  the next step that schedules.
+* Times are virtual, on the reference engine's clock (``step_fixed_s +
+  step_per_token_s * scheduled tokens`` per step): a request's
+  ``arrival_time_s`` is the clock of the step it arrived in and its
+  ``abort_time_s`` that of the step it was aborted in, so ``harness replay``
+  delivers every arrival and abort in the step where vLLM saw it. Several
+  aborts in one step get times a few ulps apart so that replay frees their
+  blocks in vLLM's order.
+* ``scripted_output_len`` is the output length of a request that stopped on
+  EOS (the scripted model emits EOS there); null otherwise.
+* ``finish_requests`` calls between ``schedule()`` and ``update_from_output()``
+  (vLLM's ``_process_aborts_queue``) cannot be placed in the trace's step
+  order; they are moved to the next step and counted in
+  ``vllm_recording.warnings``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import enum
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+try:  # as a package module (our venv; PYTHONPATH=repo in the server)
+    from harness import vllm_events as _ev
+except ImportError:  # pragma: no cover - loaded by file path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import vllm_events as _ev  # type: ignore[no-redef]
+
+FORMAT = 1
+ENV_PATH = "SCHED_HARNESS_TRACE"
+ENV_STRICT = "SCHED_HARNESS_STRICT"
+DEFAULT_PATH = "sched-harness-trace.jsonl"
+
+_log = logging.getLogger("sched_harness.vllm_recording")
+
+# RecordingScheduler is built on first access (it imports vLLM): not in __all__.
+__all__ = ["FORMAT", "ConvertError", "convert"]
+
+
+class RecordingError(RuntimeError):
+    """The recording scheduler cannot record this configuration or run."""
+
+
+# ---------------------------------------------------------------------------
+# Server side: stdlib + vllm only
+# ---------------------------------------------------------------------------
+
+def _jsonable(value: Any) -> Any:
+    """A JSON-safe rendering of a config value (primitives kept, others as str)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, enum.Enum):
+        return _jsonable(value.value)
+    if isinstance(value, (list, tuple, set, frozenset)) and all(
+            v is None or isinstance(v, (bool, int, float, str)) for v in value):
+        return [_jsonable(v) for v in value]
+    text = str(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _capture_config(obj: Any, prefix: str, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    if obj is None:
+        return {}
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(obj)) if dataclasses.is_dataclass(obj) else ()
+    out = {}
+    for name in names:
+        try:
+            out[f"{prefix}.{name}"] = _jsonable(getattr(obj, name))
+        except Exception:  # a property that raises: skip it
+            continue
+    return out
+
+
+def _output_path(vllm_config) -> Path:
+    path = Path(os.environ.get(ENV_PATH) or DEFAULT_PATH)
+    pc = getattr(vllm_config, "parallel_config", None)
+    if pc is not None and getattr(pc, "data_parallel_size", 1) > 1:
+        rank = getattr(pc, "data_parallel_rank", 0)
+        path = path.with_name(f"{path.stem}.dp{rank}{path.suffix or '.jsonl'}")
+    return path.absolute()
+
+
+class _Recorder:
+    """The recording state of one RecordingScheduler (kept off vLLM's namespace)."""
+
+    def __init__(self, sched) -> None:
+        import vllm
+
+        self.sched = sched
+        self.strict = os.environ.get(ENV_STRICT) == "1"
+        self.enabled = True
+        self.closed = False
+        self.steps = 0
+        self.mid_step = False  # between schedule() and update_from_output()
+        self.in_abort = False
+        vc = sched.vllm_config
+        self._check_supported(vc)
+        self.hooks = _ev.DecisionHooks(sched)
+        self.use_v2 = bool(getattr(sched, "use_v2_model_runner",
+                                   os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"))
+        self.path = _output_path(vc)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self.fh = open(self.tmp, "w", encoding="utf-8")
+        meta = {"t": "meta", "format": FORMAT, "vllm_version": vllm.__version__,
+                "pid": os.getpid(), "started_unix": time.time(), "path": str(self.path),
+                "config": self._engine_config(vc), "vllm_config": self._raw_config(vc),
+                "warnings": self._warnings(vc)}
+        self._write(meta)
+        self.fh.flush()
+        atexit.register(self.close)
+
+    # -- configuration -----------------------------------------------------
+    @staticmethod
+    def _check_supported(vc) -> None:
+        sc = vc.scheduler_config
+        if getattr(sc, "async_scheduling", False):
+            raise RecordingError(
+                "RecordingScheduler records the synchronous engine loop only; vLLM enabled async "
+                "scheduling (its default): start the server with --no-async-scheduling")
+        batches = getattr(vc, "max_concurrent_batches", 1)
+        if batches != 1:
+            raise RecordingError(
+                f"RecordingScheduler records one batch in flight; this config runs {batches} "
+                f"(pipeline parallelism or async scheduling)")
+
+    def _engine_config(self, vc) -> dict[str, Any]:
+        """Values under our EngineConfig names (the converter keeps those it knows)."""
+        sched = self.sched
+        sc, cc = vc.scheduler_config, vc.cache_config
+        spec = getattr(vc, "speculative_config", None)
+        budget = getattr(sched, "max_num_scheduled_tokens", sc.max_num_batched_tokens)
+        out = {
+            "num_gpu_blocks": int(sched.kv_cache_config.num_blocks),
+            "block_size": int(getattr(sched, "block_size", cc.block_size)),
+            "max_model_len": int(vc.model_config.max_model_len),
+            "max_num_seqs": int(sc.max_num_seqs),
+            "max_num_batched_tokens": int(sc.max_num_batched_tokens),
+            "max_num_scheduled_tokens": None if budget == sc.max_num_batched_tokens else int(budget),
+            "policy": str(_jsonable(sc.policy)),
+            "enable_prefix_caching": bool(cc.enable_prefix_caching),
+            "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
+            "long_prefill_token_threshold": int(sc.long_prefill_token_threshold or 0),
+            "num_speculative_tokens": int(getattr(spec, "num_speculative_tokens", 0) or 0)
+            if spec is not None else 0,
+            "max_concurrent_batches": int(getattr(vc, "max_concurrent_batches", 1)),
+            "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
+            "defer_block_free": bool(getattr(sched, "defer_block_free", False)),
+        }
+        for name in ("watermark", "scheduler_reserve_full_isl", "prefill_schedule_interval"):
+            if hasattr(sc, name):
+                out[name] = _jsonable(getattr(sc, name))
+        return out
+
+    @staticmethod
+    def _raw_config(vc) -> dict[str, Any]:
+        raw = {}
+        raw.update(_capture_config(vc.scheduler_config, "scheduler_config"))
+        raw.update(_capture_config(vc.cache_config, "cache_config"))
+        raw.update(_capture_config(vc.model_config, "model_config",
+                                   ("model", "served_model_name", "dtype", "max_model_len",
+                                    "runner_type", "seed")))
+        raw.update(_capture_config(getattr(vc, "parallel_config", None), "parallel_config",
+                                   ("tensor_parallel_size", "pipeline_parallel_size",
+                                    "data_parallel_size", "data_parallel_rank")))
+        raw.update(_capture_config(getattr(vc, "speculative_config", None), "speculative_config",
+                                   ("method", "num_speculative_tokens")))
+        raw["vllm_config.num_lookahead_tokens"] = _jsonable(getattr(vc, "num_lookahead_tokens", 0))
+        raw["vllm_config.max_concurrent_batches"] = _jsonable(getattr(vc, "max_concurrent_batches", 1))
+        return raw
+
+    def _warnings(self, vc) -> list[str]:
+        """Configuration the reference does not model: the trace is still written."""
+        sched, sc = self.sched, vc.scheduler_config
+        out = []
+        if getattr(sched, "connector", None) is not None:
+            out.append("a KV connector is configured (remote KV loads/frees are not modelled)")
+        groups = len(getattr(sched.kv_cache_config, "kv_cache_groups", ()) or ())
+        if groups != 1:
+            out.append(f"{groups} KV-cache groups (the trace keeps group 0's block ids only)")
+        if getattr(vc, "num_lookahead_tokens", 0):
+            out.append(f"speculative decoding reserves {vc.num_lookahead_tokens} lookahead slots "
+                       f"(the reference models an n-gram proposer: none)")
+        spec = getattr(vc, "speculative_config", None)
+        if spec is not None and getattr(spec, "method", "ngram") != "ngram":
+            out.append(f"speculative method {spec.method!r} (the reference models n-gram drafts)")
+        if getattr(sc, "max_num_partial_prefills", 1) != 1:
+            out.append(f"max_num_partial_prefills={sc.max_num_partial_prefills} is not modelled")
+        if getattr(vc, "lora_config", None) is not None:
+            out.append("LoRA is enabled (max_loras limits are not modelled)")
+        return out
+
+    # -- writing -------------------------------------------------------------
+    def _write(self, record: dict) -> None:
+        self.fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def guard(self, fn, *args):
+        """Run a recording step; a failure stops recording (raises in strict mode)."""
+        if not self.enabled:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:
+            if self.strict:
+                raise
+            self.enabled = False
+            self.hooks.active = False
+            self.hooks.freed.clear()
+            _log.exception("sched-harness recording stopped: %s", exc)
+            try:
+                self._write({"t": "error", "step": self.steps,
+                             "error": f"{type(exc).__name__}: {exc}"[:500]})
+                self.fh.flush()
+            except Exception:
+                pass
+            return None
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._write({"t": "end", "steps": self.steps, "ended_unix": time.time()})
+            self.fh.close()
+            os.replace(self.tmp, self.path)
+        except Exception as exc:  # shutdown must not fail because of us
+            _log.error("sched-harness: could not finish %s: %s", self.path, exc)
+
+    # -- events ----------------------------------------------------------------
+    def on_add(self, request, existing: bool) -> None:
+        if existing:
+            self._write({"t": "note", "what": "streaming_update", "request_id": request.request_id})
+            return
+        params = request.sampling_params
+        unsupported = []
+        if params is None:
+            unsupported.append("pooling")
+        if getattr(request, "use_structured_output", False):
+            unsupported.append("structured_output")
+        if getattr(request, "has_encoder_inputs", False):
+            unsupported.append("encoder_inputs")
+        if getattr(request, "lora_request", None) is not None:
+            unsupported.append("lora")
+        if request.prompt_token_ids is None:
+            unsupported.append("prompt_embeds")
+        stop_ids = [int(t) for t in (getattr(params, "stop_token_ids", None) or ())]
+        eos = getattr(params, "eos_token_id", None)
+        if eos is None:
+            # With ignore_eos vLLM keeps the EOS id only among all_stop_token_ids.
+            extra = set(getattr(params, "all_stop_token_ids", None) or ()) - set(stop_ids)
+            eos = next(iter(extra)) if len(extra) == 1 else None
+        record = {
+            "t": "arrival", "request_id": request.request_id,
+            "prompt_token_ids": [int(t) for t in (request.prompt_token_ids or ())],
+            "max_tokens": int(request.max_tokens),
+            "min_tokens": int(getattr(params, "min_tokens", 0) or 0),
+            "ignore_eos": bool(getattr(params, "ignore_eos", False)),
+            "eos_token_id": None if eos is None else int(eos),
+            "stop_token_ids": stop_ids,
+            "priority": int(request.priority),
+            "arrival_time": float(request.arrival_time),
+        }
+        if unsupported:
+            record["unsupported"] = unsupported
+        self._write(record)
+
+    def begin_abort(self, request_ids) -> dict:
+        sched = self.sched
+        if request_ids is None:
+            ids = list(sched.requests)
+        elif isinstance(request_ids, str):
+            ids = [request_ids]
+        else:
+            ids = list(dict.fromkeys(request_ids))
+        live = {}
+        for i in ids:
+            r = sched.requests.get(i)
+            if r is not None and not r.is_finished():
+                live[i] = r
+        self.hooks.free_order = []
+        return live
+
+    def end_abort(self, live: dict, status) -> None:
+        order, self.hooks.free_order = self.hooks.free_order or [], None
+        if not live:
+            return
+        finished = [r for r in live.values() if r.is_finished()]
+        # vLLM frees in set order: record the order its frees happened in.
+        rank = {rid: i for i, rid in enumerate(order)}
+        finished.sort(key=lambda r: rank.get(r.request_id, len(rank)))
+        infos = [_ev.finished_info(r, self.hooks.freed.pop(r.request_id, [])) for r in finished]
+        if infos:
+            self._write({"t": "abort", "mid_step": self.mid_step,
+                         "status": getattr(status, "name", str(status)), "finished": infos})
+
+    def before_schedule(self, throttle: bool) -> tuple:
+        return (_ev.snapshot(self.sched), _ev.prefill_gate(self.sched, throttle))
+
+    def after_schedule(self, so, pre: tuple, throttle: bool) -> None:
+        before, defer = pre
+        sched = self.sched
+        output = _ev.normalise(so, self.hooks.seq, use_v2=self.use_v2,
+                               max_num_scheduled_tokens=sched.max_num_scheduled_tokens)
+        output.update(throttle_prefills=bool(throttle), defer_prefills=bool(defer),
+                      prefill_capacity_bound=bool(getattr(sched, "prefill_capacity_bound", False)))
+        self._write({"t": "schedule", "step": self.steps, "before": before, "output": output,
+                     "after": _ev.snapshot(sched)})
+        self.mid_step = True
+
+    def before_update(self, so, mro) -> tuple:
+        req_ids = list(so.num_scheduled_tokens)
+        requests = {r: self.sched.requests.get(r) for r in req_ids}
+        live = [r for r in req_ids if requests[r] is not None and not requests[r].is_finished()]
+        index = getattr(mro, "req_id_to_index", None) or {}
+        tokens = getattr(mro, "sampled_token_ids", None) or []
+        sampled = []
+        for r in live:
+            i = index.get(r)
+            if i is not None and i < len(tokens) and tokens[i] is not None and len(tokens[i]):
+                sampled.append([r, [int(t) for t in tokens[i]]])
+        return requests, live, sampled
+
+    def after_update(self, pre: tuple) -> None:
+        requests, live, sampled = pre
+        finished = [_ev.finished_info(requests[r], self.hooks.freed.pop(r, []))
+                    for r in live if requests[r].is_finished()]
+        self._write({"t": "update", "step": self.steps, "sampled": sampled,
+                     "finished": finished, "num_free_blocks": _ev.num_free_blocks(self.sched)})
+        self.steps += 1
+        self.mid_step = False
+        self.fh.flush()
+
+    def on_drafts(self, draft_token_ids) -> None:
+        stored = []
+        for req_id in list(getattr(draft_token_ids, "req_ids", ()) or ()):
+            request = self.sched.requests.get(req_id)
+            if request is not None and not request.is_finished() and request.spec_token_ids:
+                stored.append([req_id, [int(t) for t in request.spec_token_ids]])
+        self._write({"t": "drafts", "step": self.steps - 1, "stored": stored})
+        self.fh.flush()
+
+    def note(self, what: str, **fields) -> None:
+        self._write({"t": "note", "what": what, "step": self.steps, **fields})
+
+
+def _build_recording_scheduler():
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    class RecordingScheduler(Scheduler):
+        """vLLM's ``Scheduler`` writing a sched-harness JSONL log as it runs
+        (see ``harness/vllm_recording_scheduler.py``). Behaviour is unchanged:
+        every override calls the parent and only observes."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._sched_harness = _Recorder(self)
+
+        def add_request(self, request) -> None:
+            rec = self._sched_harness
+            existing = request.request_id in self.requests
+            super().add_request(request)
+            rec.guard(rec.on_add, request, existing)
+
+        def finish_requests(self, request_ids, finished_status):
+            rec = self._sched_harness
+            if rec.in_abort:  # re-entered (e.g. from add_request): outer call records
+                return super().finish_requests(request_ids, finished_status)
+            live = rec.guard(rec.begin_abort, request_ids) or {}
+            rec.in_abort = True
+            try:
+                result = super().finish_requests(request_ids, finished_status)
+            finally:
+                rec.in_abort = False
+            rec.guard(rec.end_abort, live, finished_status)
+            return result
+
+        def schedule(self, *args, **kwargs):
+            rec = self._sched_harness
+            if not rec.enabled:
+                return super().schedule(*args, **kwargs)
+            throttle = bool(kwargs.get("throttle_prefills", args[0] if args else False))
+            pre = rec.guard(rec.before_schedule, throttle)
+            rec.hooks.begin()
+            try:
+                so = super().schedule(*args, **kwargs)
+            finally:
+                rec.hooks.end()
+            if pre is not None:
+                rec.guard(rec.after_schedule, so, pre, throttle)
+            return so
+
+        def update_from_output(self, scheduler_output, model_runner_output):
+            rec = self._sched_harness
+            pre = rec.guard(rec.before_update, scheduler_output, model_runner_output)
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
+            if pre is not None:
+                rec.guard(rec.after_update, pre)
+            return outputs
+
+        def update_draft_token_ids(self, draft_token_ids) -> None:
+            super().update_draft_token_ids(draft_token_ids)
+            rec = self._sched_harness
+            rec.guard(rec.on_drafts, draft_token_ids)
+
+        def reset_prefix_cache(self, *args, **kwargs):
+            result = super().reset_prefix_cache(*args, **kwargs)
+            rec = self._sched_harness
+            rec.guard(rec.note, "reset_prefix_cache", result=_jsonable(result))
+            return result
+
+        def shutdown(self) -> None:
+            try:
+                super().shutdown()
+            finally:
+                self._sched_harness.close()
+
+    RecordingScheduler.__module__ = __name__
+    return RecordingScheduler
+
+
+def __getattr__(name: str):
+    if name == "RecordingScheduler":
+        cls = _build_recording_scheduler()
+        globals()["RecordingScheduler"] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------
+# Harness side: convert the JSONL to a Parquet trace (our venv)
+# ---------------------------------------------------------------------------
+
+class ConvertError(ValueError):
+    """The JSONL cannot be turned into a trace; the message names the file and line."""
+
+
+def _read_records(path: Path):
+    """Yield (line number, record); stop quietly at a torn last line."""
+    with open(path, encoding="utf-8") as fh:
+        pending = None
+        for number, line in enumerate(fh, 1):
+            if pending is not None:
+                raise ConvertError(f"{path}:{pending}: not a JSON object")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                pending = number  # fine only if it is the (torn) last line
+                continue
+            if not isinstance(record, dict) or "t" not in record:
+                raise ConvertError(f"{path}:{number}: not a sched-harness record")
+            yield number, record
+
+
+def _raw_steps(path: Path, notes: dict):
+    """Group records into steps: inputs since the previous schedule, the
+    schedule, its update and drafts. Yields dicts; stops at an ``error``."""
+    inputs: list[tuple[str, dict]] = []
+    current: dict | None = None
+    for number, rec in _read_records(path):
+        kind = rec["t"]
+        if kind == "meta":
+            continue
+        if kind == "arrival":
+            inputs.append(("arrival", rec))
+        elif kind == "abort":
+            if rec.get("mid_step"):
+                notes["mid_step_aborts"] += len(rec["finished"])
+            inputs.append(("abort", rec))
+        elif kind == "schedule":
+            if current is not None:
+                if current["update"] is None:
+                    raise ConvertError(f"{path}:{number}: schedule without the previous update")
+                yield current
+            current = {"line": number, "inputs": inputs, "schedule": rec, "update": None,
+                       "drafts": []}
+            inputs = []
+        elif kind == "update":
+            if current is None or current["update"] is not None:
+                raise ConvertError(f"{path}:{number}: update without a schedule")
+            current["update"] = rec
+        elif kind == "drafts":
+            if rec["stored"]:
+                if current is None or current["update"] is None:
+                    raise ConvertError(f"{path}:{number}: drafts outside a step")
+                current["drafts"].extend(rec["stored"])
+        elif kind == "note":
+            notes["notes"].append(rec.get("what", "?"))
+        elif kind == "error":
+            notes["error"] = rec.get("error", "?")
+            break
+        elif kind == "end":
+            notes["complete"] = True
+    if current is not None:
+        if current["update"] is not None:
+            yield current
+        else:
+            notes["dropped_incomplete_step"] = True
+            inputs = current["inputs"] + inputs
+    notes["trailing_inputs"] = len(inputs)
+
+
+def _new_notes() -> dict[str, Any]:
+    return {"mid_step_aborts": 0, "notes": [], "error": None, "complete": False,
+            "dropped_incomplete_step": False, "trailing_inputs": 0}
+
+
+def _steps(src: Path, notes: dict):
+    """Yield (step, idle) for the steps the trace keeps, and (step, None) for
+    the idle ones it drops (``schedule()`` with nothing unfinished and no
+    inputs: only their ``finished_req_ids`` matter)."""
+    for step in _raw_steps(src, notes):
+        before = step["schedule"]["before"]
+        idle = not before["waiting"] and not before["running"]
+        if idle and step["schedule"]["output"]["total_num_scheduled_tokens"]:
+            raise ConvertError(f"{src}:{step['line']}: tokens scheduled with empty queues")
+        yield step, (None if idle and not step["inputs"] else idle)
+
+
+def _ulps_below(x: float, n: int) -> float:
+    for _ in range(n):
+        x = math.nextafter(x, -math.inf)
+    return x
+
+
+def _map_config(meta_rec: dict, engine_config_cls) -> tuple[dict, dict]:
+    """(values for EngineConfig, unmapped captured values). Names are vLLM's:
+    a recorded value under our name wins, then ``scheduler_config.NAME``, then
+    ``cache_config.NAME``; fields with no vLLM counterpart keep their default."""
+    fields = {f.name for f in dataclasses.fields(engine_config_cls)}
+    recorded = meta_rec.get("config", {})
+    raw = meta_rec.get("vllm_config", {})
+    values = {}
+    for name in fields:
+        for key, source in ((name, recorded), (f"scheduler_config.{name}", raw),
+                            (f"cache_config.{name}", raw)):
+            if key in source:
+                values[name] = source[key]
+                break
+    unmapped = {k: v for k, v in sorted(raw.items()) if k.split(".", 1)[-1] not in fields}
+    unmapped.update({k: v for k, v in recorded.items() if k not in fields})
+    return values, unmapped
+
+
+def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[str], *,
+            overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Convert a RecordingScheduler JSONL log into a Parquet trace.
+
+    ``overrides`` sets EngineConfig fields vLLM has no value for (the harness
+    keys ``step_fixed_s``, ``step_per_token_s``, ``draft_acceptance_rate``) or
+    corrects mapped ones; they are listed in the metadata
+    (``vllm_recording.config_overrides``). Returns a summary dict: ``steps``,
+    ``events``, ``requests``, ``finished``, ``aborted``, ``preemptions``,
+    ``prefix_hit_tokens``, ``dropped_idle_steps``, ``reordered_abort_steps`` (steps whose aborts got
+    ulp-spaced times), ``warnings`` (also stored in the trace metadata
+    under ``vllm_recording``, with ``unmapped_config``). Raises ConvertError
+    for an unusable log or a config that ``EngineConfig`` refuses. The trace
+    is written to a temporary file and renamed on success.
+    """
+    # Our venv only: the reference package, and pyarrow through harness.trace.
+    from harness.recorder import step_rows, trace_metadata
+    from harness.trace import TraceWriter
+    from reference.config import ConfigError, EngineConfig
+    from reference.engine import StepRecord
+    from reference.output import (
+        FinishedRequest,
+        Preemption,
+        ScheduledRequest,
+        SchedulerOutput,
+        UpdateResult,
+        Withdrawal,
+    )
+    from reference.request import RequestStatus
+    from reference.workload import RequestSpec, Workload, WorkloadError
+
+    src = Path(jsonl_path)
+    if not src.is_file():
+        raise ConvertError(f"{src}: no such file")
+    meta_rec = next((rec for _, rec in _read_records(src)), None)
+    if meta_rec is None or meta_rec.get("t") != "meta":
+        raise ConvertError(f"{src}: does not start with a sched-harness meta record")
+    if meta_rec.get("format") != FORMAT:
+        raise ConvertError(f"{src}: unknown recording format {meta_rec.get('format')!r} "
+                           f"(this converter reads {FORMAT})")
+    values, unmapped_config = _map_config(meta_rec, EngineConfig)
+    values.update(overrides or {})
+    try:
+        config = EngineConfig.from_dict(values)
+    except ConfigError as exc:
+        raise ConvertError(f"{src}: the recorded vLLM config does not map to an EngineConfig: "
+                           f"{exc}") from None
+    status_names = {s.name for s in RequestStatus}
+
+    # -- pass 1: request ids, the virtual clock, abort times, EOS lengths --------
+    notes = _new_notes()
+    ids: dict[str, str] = {}          # vLLM request id -> rNNNNNN (add order)
+    original: list[str] = []
+    arrival_unix: list[float] = []
+    abort_time: dict[str, float] = {}
+    eos_len: dict[str, int] = {}
+    plan: list[tuple[float, float]] = []   # per kept step: (clock, arrival time)
+    unsupported: dict[str, int] = {}
+    inversions = 0
+    last_unix = -math.inf
+    clock = 0.0
+    dropped_idle = 0
+    reordered_aborts = 0
+
+    def rid(vllm_id: str, where: int) -> str:
+        try:
+            return ids[vllm_id]
+        except KeyError:
+            raise ConvertError(f"{src}:{where}: request {vllm_id!r} was never added") from None
+
+    for step, idle in _steps(src, notes):
+        if idle is None:
+            dropped_idle += 1
+            continue
+        for kind, a in step["inputs"]:
+            if kind != "arrival":
+                continue
+            if a["request_id"] in ids:
+                raise ConvertError(f"{src}:{step['line']}: request {a['request_id']!r} added twice")
+            ids[a["request_id"]] = f"r{len(original):06d}"
+            original.append(a["request_id"])
+            arrival_unix.append(a["arrival_time"])
+            inversions += a["arrival_time"] < last_unix
+            last_unix = max(last_unix, a["arrival_time"])
+            for what in a.get("unsupported", ()):
+                unsupported[what] = unsupported.get(what, 0) + 1
+        aborts = [f["request_id"] for k, r in step["inputs"] if k == "abort" for f in r["finished"]]
+        # Replay aborts equal times in request-id order: when vLLM freed them
+        # in another order, space their times by ulps (arrivals go first).
+        order = [rid(a, step["line"]) for a in aborts]
+        spread = len(order) - 1 if order != sorted(order) else 0
+        reordered_aborts += bool(spread)
+        base = _ulps_below(clock, spread)
+        t = base
+        for a in aborts:
+            abort_time[a] = t
+            t = math.nextafter(t, math.inf) if spread else t
+        plan.append((clock, base))
+        for f in step["update"]["finished"]:
+            if f["status"] == "FINISHED_STOPPED" and f["stop_reason"] is None:
+                eos_len[f["request_id"]] = f["num_output_tokens"]
+        total = 0 if idle else step["schedule"]["output"]["total_num_scheduled_tokens"]
+        # The reference engine's clock, same operations in the same order.
+        clock += config.step_fixed_s + config.step_per_token_s * total
+
+    def spec_of(a: dict, index: int) -> RequestSpec:
+        vid, eos = a["request_id"], a["eos_token_id"]
+        try:
+            return RequestSpec(
+                request_id=ids[vid], arrival_time=plan[index][1],
+                prompt_token_ids=tuple(a["prompt_token_ids"]), max_tokens=a["max_tokens"],
+                min_tokens=a["min_tokens"], ignore_eos=a["ignore_eos"], eos_token_id=eos,
+                stop_token_ids=tuple(a["stop_token_ids"]), priority=a["priority"],
+                scripted_output_len=eos_len.get(vid) if eos is not None else None,
+                abort_time=abort_time.get(vid))
+        except WorkloadError as exc:
+            raise ConvertError(f"{src}: request {vid!r}: {exc}") from None
+
+    # -- pass 2: the workload's sha256 (the metadata is written first) -----------
+    digest = hashlib.sha256()
+    index = 0
+    for step, idle in _steps(src, _new_notes()):
+        if idle is None:
+            continue
+        for kind, a in step["inputs"]:
+            if kind == "arrival":
+                digest.update(json.dumps(dataclasses.asdict(spec_of(a, index)), sort_keys=True,
+                                         separators=(",", ":")).encode() + b"\n")
+        index += 1
+
+    warnings = list(meta_rec.get("warnings", ()))
+    if notes["mid_step_aborts"]:
+        warnings.append(f"{notes['mid_step_aborts']} request(s) aborted between schedule and "
+                        f"update were moved to the next step (replay diverges there)")
+    if inversions:
+        warnings.append(f"{inversions} request(s) added after one with a later wall-clock "
+                        f"arrival time (PRIORITY ties may replay differently)")
+    for what, n in sorted(unsupported.items()):
+        warnings.append(f"{n} request(s) with {what} (not modelled by the reference)")
+    for what in sorted(set(notes["notes"])):
+        warnings.append(f"{notes['notes'].count(what)} {what} event(s) (not representable in a trace)")
+    if notes["error"]:
+        warnings.append(f"recording stopped early: {notes['error']}")
+    if notes["dropped_incomplete_step"] or notes["trailing_inputs"]:
+        warnings.append(f"incomplete tail dropped (a step without its update: "
+                        f"{notes['dropped_incomplete_step']}; inputs after the last step: "
+                        f"{notes['trailing_inputs']})")
+    if not notes["complete"] and not notes["error"]:
+        warnings.append("no end record: the server did not shut down cleanly")
+
+    workload = Workload(source="live", sha256=digest.hexdigest(),
+                        params={"jsonl": src.name, "vllm_request_ids": original,
+                                "arrival_unix_s": arrival_unix}, requests=())
+    meta = trace_metadata(workload, config, 0, f"vllm@{meta_rec['vllm_version']}")
+    meta["vllm_recording"] = {
+        "format": FORMAT, "jsonl": src.name, "started_unix": meta_rec.get("started_unix"),
+        "unmapped_config": unmapped_config, "config_overrides": dict(overrides or {}),
+        "dropped_idle_steps": dropped_idle,
+        "mid_step_aborts": notes["mid_step_aborts"], "warnings": warnings,
+    }
+
+    def finished_of(f: dict, where: int) -> FinishedRequest:
+        if f["status"] not in status_names:
+            raise ConvertError(f"{src}:{where}: request {f['request_id']!r} ended with status "
+                               f"{f['status']} (the reference has no such status)")
+        stop = f["stop_reason"]
+        return FinishedRequest(rid(f["request_id"], where), RequestStatus[f["status"]],
+                               f["finish_reason"], None if stop is None else str(stop),
+                               f["num_output_tokens"], list(f["freed_block_ids"]))
+
+    def decision(e: dict, where: int):
+        if e["type"] == "schedule":
+            return ScheduledRequest(rid(e["request_id"], where), e["kind"], e["num_computed_tokens"],
+                                    e["num_scheduled_tokens"], e["num_prefix_hit_tokens"],
+                                    list(e["new_block_ids"]), list(e.get("spec_token_ids") or ()))
+        if e["type"] == "withdraw":
+            return Withdrawal(rid(e["request_id"], where), e["num_scheduled_tokens"],
+                              list(e["block_ids"]))
+        if e["type"] == "preempt":
+            return Preemption(rid(e["request_id"], where), e["num_computed_tokens"],
+                              list(e["freed_block_ids"]))
+        raise ConvertError(f"{src}:{where}: unknown decision {e['type']!r}")
+
+    # -- pass 3: the rows, through the recorder's own step_rows -------------------
+    out_fields = {f.name for f in dataclasses.fields(SchedulerOutput)}
+    summary = {"steps": 0, "events": 0, "requests": len(original), "finished": 0, "aborted": 0,
+               "preemptions": 0, "prefix_hit_tokens": 0}
+    carry: set[str] = set()
+    with TraceWriter(parquet_path, meta) as writer:
+        index = 0
+        for step, idle in _steps(src, _new_notes()):
+            where, sched_rec, update_rec = step["line"], step["schedule"], step["update"]
+            output = sched_rec["output"]
+            if idle is not False:  # vLLM's schedule() with nothing unfinished
+                carry.update(rid(i, where) for i in output["finished_req_ids"])
+                if idle is None:
+                    continue
+            clock_s, _ = plan[index]
+            rec = StepRecord(step=index, clock=clock_s)
+            rec.arrivals = [spec_of(a, index) for k, a in step["inputs"] if k == "arrival"]
+            rec.aborts = [finished_of(f, where) for k, r in step["inputs"] if k == "abort"
+                          for f in r["finished"]]
+            summary["aborted"] += len(rec.aborts)
+            if not idle:
+                events = [decision(e, where) for e in output["events"]]
+                extra = {k: output[k] for k in ("throttle_prefills", "defer_prefills",
+                                                "prefill_capacity_bound")
+                         if k in out_fields and k in output}
+                rec.output = SchedulerOutput(
+                    events=events,
+                    num_scheduled_tokens={rid(k, where): v for k, v in output["num_scheduled_tokens"]},
+                    total_num_scheduled_tokens=output["total_num_scheduled_tokens"],
+                    preempted_req_ids={rid(i, where) for i in output["preempted_req_ids"]},
+                    finished_req_ids={rid(i, where) for i in output["finished_req_ids"]} | carry,
+                    token_budget=output["token_budget"], **extra)
+                carry = set()
+                before, after = sched_rec["before"], sched_rec["after"]
+                rec.waiting_before = [rid(i, where) for i in before["waiting"]]
+                rec.running_before = [rid(i, where) for i in before["running"]]
+                rec.num_free_blocks_before = before["num_free_blocks"]
+                rec.waiting_after = [rid(i, where) for i in after["waiting"]]
+                rec.running_after = [rid(i, where) for i in after["running"]]
+                rec.num_free_blocks_after_schedule = after["num_free_blocks"]
+                rec.sampled = {rid(r, where): list(t) for r, t in update_rec["sampled"]}
+                rec.update = UpdateResult(
+                    finished=[finished_of(f, where) for f in update_rec["finished"]])
+                rec.update_batch_step = index
+                rec.num_free_blocks_after_update = update_rec["num_free_blocks"]
+                rec.drafts = {rid(r, where): list(t) for r, t in step["drafts"]}
+                summary["finished"] += len(rec.update.finished)
+                summary["preemptions"] += len(rec.output.preemptions)
+                summary["prefix_hit_tokens"] += sum(s.num_prefix_hit_tokens
+                                                    for s in rec.output.scheduled)
+            writer.add_step(step_rows(rec))
+            index += 1
+    summary.update(steps=index, events=writer.num_rows, dropped_idle_steps=dropped_idle,
+                   reordered_abort_steps=reordered_aborts, warnings=warnings,
+                   path=str(parquet_path))
+    return summary

@@ -1,0 +1,364 @@
+"""``harness/vllm_recording_scheduler.py``: record real vLLM with the ``--scheduler-cls``
+subclass, convert the JSONL to a trace, check it and replay it against the reference.
+
+No server and no GPU: a script running under vLLM 0.33.0's CPU venv builds
+``RecordingScheduler`` exactly as ``harness/vllm_driver.py`` builds vLLM's
+``Scheduler`` (the driver's class swapped for ours) and drives it with the
+reference engine loop (virtual clock, scripted model outputs, aborts, drafts)
+through ``VLLMCandidate`` answered in-process. Like ``EngineCore.step``, it
+calls ``schedule()`` once more with nothing unfinished whenever vLLM still has
+finished ids to report, and aborts everything due in a step with one
+``finish_requests`` call. Our venv then converts each JSONL, runs ``harness
+check`` and ``harness replay --candidate reference`` on it, and compares it
+with the engine's summary of the run and with the reference's own recording
+of the same workload (same rows but for the virtual times). Cases: four golden
+scenarios, a hand-made abort burst (vLLM frees a batch in set order; an
+inputs-only step), a log cut mid-line and an injected recording error.
+
+``HARNESS_SKIP_VLLM=1`` skips the vLLM part (the env is built when missing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.recorder import record
+from harness.scenarios import SCENARIOS
+from reference.config import EngineConfig
+from reference.workload import RequestSpec, Workload
+
+VERSION = "0.33.0"
+REPO = Path(__file__).resolve().parent.parent
+SKIP = os.environ.get("HARNESS_SKIP_VLLM") == "1"
+# FCFS preemption, prefix sharing, EOS stops + aborts, PRIORITY + speculative
+# decoding (give-back, drafts): all identical between vLLM 0.33.0 and the reference.
+SCENARIO_NAMES = ["fcfs-tight", "prefix-sharing", "eos-stop-abort", "spec-decode-priority"]
+HARNESS_ONLY = ("draft_acceptance_rate", "step_fixed_s", "step_per_token_s")
+
+DRIVE = r'''
+import dataclasses, json, os, sys, time
+t0 = time.time()
+from harness.vllm_driver import Driver  # sets the CPU-only vLLM environment defaults
+from harness.vllm_recording_scheduler import RecordingScheduler
+from harness.vllm_candidate import VLLMCandidate
+from reference.config import EngineConfig
+from reference.engine import Engine
+from reference.workload import RequestSpec, Workload
+
+driver = Driver()
+driver.Scheduler = RecordingScheduler  # Driver.init builds the scheduler with it
+
+
+class InProcess:
+    """The driver protocol answered in this process. Before the next call, an
+    EngineCore-style step with nothing unfinished runs whenever vLLM still has
+    finished ids to report (what the server's busy loop does)."""
+
+    pid = os.getpid()
+    idle_pending = False
+
+    def call(self, msg, timeout=None):
+        op = msg["op"]
+        if self.idle_pending and op not in ("drafts", "snapshot"):
+            self.idle_step()
+        if op == "init":
+            resp = driver.init(msg["config"], int(msg.get("seed", 0)))
+        elif op == "add":
+            resp = driver.add(msg["request"])
+        elif op == "abort":
+            resp = driver.abort(msg["request_ids"])
+            self.idle_pending = True
+        elif op == "schedule":
+            resp = driver.schedule(bool(msg.get("throttle_prefills", False)))
+        elif op == "update":
+            resp = driver.update(msg.get("sampled") or {})
+            self.idle_pending = True
+        elif op == "drafts":
+            resp = driver.drafts(msg.get("drafts") or {})
+        elif op == "snapshot":
+            resp = {"snapshot": driver.snapshot()}
+        else:
+            raise ValueError(op)
+        return {"ok": True, **resp}
+
+    def idle_step(self):
+        self.idle_pending = False
+        sched = driver.sched
+        if sched.get_num_unfinished_requests() == 0 and sched.has_requests():
+            so = sched.schedule()
+            sched.update_from_output(so, driver._model_runner_output([], {}))
+            self.idle_steps += 1
+
+    idle_steps = 0
+
+
+class InProcessCandidate(VLLMCandidate):
+    def _driver(self):
+        if self._proc is None:
+            self._proc = PROC
+            self.info = PROC.call({"op": "init", "config": self.config.to_dict(), "seed": self.seed})
+            self._snap = None
+        return self._proc
+
+    def finish_requests(self, request_ids, finished_status):
+        # The engine aborts one request per call; a server aborts a batch in
+        # one finish_requests call (vLLM frees it in set order): the first
+        # abort of a step aborts every request due, the others are answered
+        # from that call.
+        if not ABORTED:
+            due = [r.request_id for r in ABORTS
+                   if r.abort_time <= ENGINE.summary.clock and r.request_id in self._live]
+            for fin in super().finish_requests(due, finished_status):
+                ABORTED[fin.request_id] = fin
+        out = [ABORTED.pop(i) for i in request_ids if i in ABORTED]
+        return out + super().finish_requests([i for i in request_ids if i in self._live],
+                                             finished_status)
+
+    def schedule(self, throttle_prefills=False):
+        assert not ABORTED, f"aborted but not asked for: {sorted(ABORTED)}"
+        return super().schedule(throttle_prefills)
+
+
+results = {"import_s": time.time() - t0, "runs": {}}
+import harness.vllm_recording_scheduler as recording
+normalise = recording._ev.normalise
+for name, run in json.load(open(sys.argv[1])).items():
+    os.environ["SCHED_HARNESS_TRACE"] = run["jsonl"]
+    os.environ["SCHED_HARNESS_STRICT"] = "0" if run.get("fail_at_step") else "1"
+
+    def failing_normalise(so, seq, fail=run.get("fail_at_step"), **kw):
+        if fail is not None and driver.sched._sched_harness.steps == fail:
+            raise RuntimeError("injected recording failure")
+        return normalise(so, seq, **kw)
+    recording._ev.normalise = failing_normalise
+    config, seed = EngineConfig.from_dict(run["config"]), run["seed"]
+    workload = Workload("test", "0" * 64, {}, tuple(RequestSpec(**r) for r in run["requests"]))
+    PROC, ABORTED = InProcess(), {}
+    ABORTS = [r for r in workload.requests if r.abort_time is not None]
+    ENGINE = engine = Engine(config, seed=seed,
+                             candidate_factory=lambda c: InProcessCandidate(c, "@VERSION@", seed=seed))
+    summary = engine.run(workload)
+    PROC.idle_step()  # the server's last step: only reports the last finished ids
+    driver.sched.shutdown()  # renames the temporary file
+    results["runs"][name] = {"summary": dataclasses.asdict(summary), "idle_steps": PROC.idle_steps}
+# What --scheduler-cls does: SchedulerConfig resolves the qualified name.
+from vllm.config import SchedulerConfig
+from vllm.v1.core.sched.scheduler import Scheduler
+cls = SchedulerConfig.default_factory(
+    scheduler_cls="harness.vllm_recording_scheduler.RecordingScheduler").get_scheduler_cls()
+results["resolved"] = [cls is RecordingScheduler, issubclass(cls, Scheduler)]
+# Async scheduling (vLLM's default with a custom class) is refused at start-up.
+old = driver.sched
+old.vllm_config.scheduler_config.async_scheduling = True
+try:
+    RecordingScheduler(vllm_config=old.vllm_config, kv_cache_config=old.kv_cache_config,
+                       structured_output_manager=old.structured_output_manager,
+                       block_size=old.block_size)
+    results["async_refused"] = None
+except RuntimeError as exc:
+    results["async_refused"] = str(exc)
+results["total_s"] = time.time() - t0
+print("RESULTS " + json.dumps(results))
+'''.replace("@VERSION@", VERSION)
+
+
+def _abort_burst() -> tuple[EngineConfig, Workload]:
+    """Aborts that vLLM frees in its own (set) order, several per step, and an
+    inputs-only step (every unfinished request aborted at once)."""
+    def req(i: int, t: float, abort: float | None, out: int = 40) -> RequestSpec:
+        prompt = tuple(10 + (i * 37 + j * 11) % 997 for j in range(14 + i % 9))
+        return RequestSpec(f"r{i:06d}", t, prompt, max_tokens=out, abort_time=abort)
+
+    requests = [req(i, 0.001 * i, 0.05 if i % 2 == 0 else None) for i in range(12)]
+    requests += [req(12, 100.0, 100.02), req(13, 100.0, 100.02), req(14, 100.0, 100.02),
+                 req(15, 200.0, None, out=5)]
+    config = EngineConfig(num_gpu_blocks=60, block_size=4, max_model_len=96, max_num_seqs=4,
+                          max_num_batched_tokens=64)
+    return config, Workload("test", "0" * 64, {}, tuple(requests))
+
+
+def _cases() -> dict[str, tuple[EngineConfig, Workload]]:
+    cases = {name: (SCENARIOS[name].engine_config(), SCENARIOS[name].make_workload())
+             for name in SCENARIO_NAMES}
+    assert all(SCENARIOS[name].seed == 0 for name in SCENARIO_NAMES)  # traces carry seed 0
+    cases["abort-burst"] = _abort_burst()
+    return cases
+
+
+CASES = [*SCENARIO_NAMES, "abort-burst"]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """Run the drive script once under vLLM's Python: {name: (jsonl path, engine info)}."""
+    if SKIP:
+        pytest.skip("HARNESS_SKIP_VLLM=1")
+    from harness.vllm_env import ensure_env
+
+    python = ensure_env(VERSION, log=lambda line: print(f"vllm-env: {line}", file=sys.stderr))
+    tmp = tmp_path_factory.mktemp("vllm-recording")
+    script = tmp / "drive.py"
+    script.write_text(DRIVE)
+    cases = _cases()
+    paths = {name: tmp / name / "trace.jsonl" for name in cases}
+    runs = {name: {"jsonl": str(paths[name]), "config": config.to_dict(), "seed": 0,
+                   "requests": [dataclasses.asdict(r) for r in workload.requests]}
+            for name, (config, workload) in cases.items()}
+    # Recording breaks at step 30: the run goes on, the log says so.
+    paths["failing"] = tmp / "failing" / "trace.jsonl"
+    runs["failing"] = dict(runs["eos-stop-abort"], jsonl=str(paths["failing"]), fail_at_step=30)
+    (tmp / "runs.json").write_text(json.dumps(runs))
+    # PYTHONHASHSEED: vLLM frees a batch of aborts in set order; pin it.
+    env = dict(os.environ, PYTHONPATH=str(REPO), SCHED_HARNESS_STRICT="1",
+               VLLM_USE_V2_MODEL_RUNNER="0", PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+    proc = subprocess.run([str(python), str(script), str(tmp / "runs.json")], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")), None)
+    assert proc.returncode == 0 and line, (
+        f"drive script failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    results = json.loads(line[len("RESULTS "):])
+    print(f"vLLM import {results['import_s']:.1f} s, drive total {results['total_s']:.1f} s",
+          file=sys.stderr)
+    runs = {name: (paths[name], results["runs"][name], *cases[name]) for name in cases}
+    runs["failing"] = (paths["failing"], results["runs"]["failing"], *cases["eos-stop-abort"])
+    return {"runs": runs, "resolved": results["resolved"], "async_refused": results["async_refused"]}
+
+
+_VIRTUAL = ("clock_s", "arrival_time_s", "abort_time_s", "scripted_output_len")
+
+
+def _rows(path: Path) -> list[dict]:
+    table = pq.read_table(path)
+    return table.drop_columns([c for c in _VIRTUAL if c in table.column_names]).to_pylist()
+
+
+def _harness_json(*args: str) -> dict:
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code in (0, 1), result.output
+    return json.loads(result.output)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", CASES)
+def test_recorded_run_converts_checks_and_replays_identically(recorded, tmp_path, name):
+    from harness.vllm_recording_scheduler import convert
+
+    jsonl, info, config, workload = recorded["runs"][name]
+    assert jsonl.is_file() and not list(jsonl.parent.glob(".*.tmp")), "temp file not renamed"
+    # vLLM has no value for the harness's own keys (the scripted proposer's rate...).
+    overrides = {k: v for k, v in config.to_dict().items() if k in HARNESS_ONLY}
+    trace = tmp_path / f"{name}.parquet"
+    summary = convert(jsonl, trace, overrides=overrides)
+
+    # The server-side idle steps (schedule() with nothing unfinished) were dropped.
+    assert summary["dropped_idle_steps"] >= 1
+    assert summary["dropped_idle_steps"] <= info["idle_steps"]
+    assert summary["warnings"] == []
+
+    # The reference engine's own recording of the same workload: the same
+    # rows but for the virtual times (and EOS scripts vLLM never reached) --
+    # unless vLLM freed a batch of aborts in another order than the
+    # reference's (abort_time, request id) order: the converted trace keeps
+    # vLLM's order (ulp-spaced abort times), so only its replay can agree.
+    ref = tmp_path / f"{name}.reference.parquet"
+    record(workload, config, ref)
+    if summary["reordered_abort_steps"] == 0:
+        assert _rows(trace) == _rows(ref)
+    else:
+        assert _rows(trace) != _rows(ref)
+
+    check = _harness_json("check", str(trace))
+    assert check["ok"], check["violations"][:3]
+    if name == "abort-burst":
+        assert summary["reordered_abort_steps"] >= 1  # vLLM's free order replayed via ulps
+    engine = info["summary"]
+    for key in ("steps", "requests", "finished", "aborted", "preemptions", "prefix_hit_tokens"):
+        assert check[key] == engine[key], (key, check[key], engine[key])
+        if key in summary:
+            assert summary[key] == engine[key], key
+
+    replay = _harness_json("replay", str(trace), "--candidate", "reference")
+    assert replay["divergence"] is None, replay["divergence"]
+    assert replay["ok"] == check["ok"]  # replay's ok includes the checks
+
+    # Metadata: engine, mapped config, live workload; the requests as the workload gave them.
+    meta = json.loads(pq.read_schema(trace).metadata[b"sched_harness"])
+    assert meta["engine"] == f"vllm@{VERSION}" and meta["seed"] == 0
+    assert meta["workload"]["source"] == "live" and len(meta["workload"]["sha256"]) == 64
+    expected_config = config.to_dict()
+    assert meta["config"] == expected_config
+    unmapped = meta["vllm_recording"]["unmapped_config"]
+    assert "cache_config.gpu_memory_utilization" in unmapped  # captured, not ours
+    assert not {k.split(".", 1)[-1] for k in unmapped} & set(expected_config)
+    rows = pq.read_table(trace, filters=[("kind", "=", "arrival")]).to_pylist()
+    specs = {r.request_id: r for r in workload.requests}
+    assert meta["workload"]["params"]["vllm_request_ids"] == [r["request_id"] for r in rows]
+    for row in rows:
+        spec = specs[row["request_id"]]
+        assert tuple(row["prompt_token_ids"]) == spec.prompt_token_ids
+        assert (row["max_tokens"], row["min_tokens"], row["priority"], row["ignore_eos"]) == \
+            (spec.max_tokens, spec.min_tokens, spec.priority, spec.ignore_eos)
+        assert tuple(row["stop_token_ids"]) == spec.stop_token_ids
+        if row["scripted_output_len"] is not None:  # learnt from an EOS stop
+            assert row["scripted_output_len"] == spec.scripted_output_len
+
+
+@pytest.mark.vllm
+def test_a_killed_server_leaves_a_convertible_log(recorded, tmp_path):
+    """Flushed per step: a log cut mid-line (no end record) still converts."""
+    from harness.vllm_recording_scheduler import convert
+
+    jsonl = recorded["runs"]["eos-stop-abort"][0]
+    data = jsonl.read_text().splitlines(keepends=True)
+    cut = tmp_path / ".trace.jsonl.1234.tmp"
+    cut.write_text("".join(data[: len(data) // 2]) + data[len(data) // 2][:20])
+    trace = tmp_path / "cut.parquet"
+    summary = convert(cut, trace)
+    assert 0 < summary["steps"]
+    assert any("no end record" in w for w in summary["warnings"])
+    replay = _harness_json("replay", str(trace), "--candidate", "reference")
+    # The inputs are complete up to the cut: the reference agrees step by step
+    # until the trace ends (its unfinished requests are then LIVENESS findings).
+    assert replay["divergence"] is None or replay["divergence"]["step"] >= summary["steps"] - 1
+
+
+@pytest.mark.vllm
+def test_a_recording_error_stops_recording_not_the_server(recorded, tmp_path):
+    from harness.vllm_recording_scheduler import convert
+
+    jsonl, info, *_ = recorded["runs"]["failing"]
+    assert info["summary"]["steps"] > 30 and info["summary"]["finished"] > 0  # the run went on
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert [r["t"] for r in records[-2:]] == ["error", "end"]
+    assert "injected recording failure" in records[-2]["error"]
+    summary = convert(jsonl, tmp_path / "failing.parquet")
+    assert summary["steps"] <= 30
+    assert any("recording stopped early" in w for w in summary["warnings"])
+
+
+@pytest.mark.vllm
+def test_scheduler_cls_resolves_and_async_is_refused(recorded):
+    assert recorded["resolved"] == [True, True]
+    assert "--no-async-scheduling" in (recorded["async_refused"] or "")
+
+
+def test_module_imports_without_vllm():
+    """Our venv has no vLLM: convert() is importable, the scheduler class is built lazily."""
+    import harness.vllm_recording_scheduler as mod
+
+    assert callable(mod.convert)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError):
+            mod.RecordingScheduler  # noqa: B018
