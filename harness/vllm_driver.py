@@ -50,6 +50,12 @@ import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
+
+# The driver runs as a script with the vLLM env's python (no access to our
+# package), so its sibling module is imported by path.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vllm_events as ev  # noqa: E402
 
 PROTOCOL = 1
 # The V2 model runner lists resumed requests in scheduled_new_reqs; both
@@ -70,16 +76,8 @@ class DriverError(Exception):
     """A request the driver cannot honour (bad op, unsupported config, ...)."""
 
 
-class NormalisationError(DriverError):
-    """What the hooks saw disagrees with vLLM's own SchedulerOutput."""
-
-
-def _blocks_of(kv_blocks) -> list[int]:
-    """Block ids of the single KV-cache group of a KVCacheBlocks (or None)."""
-    if kv_blocks is None:
-        return []
-    ids = kv_blocks.get_block_ids()
-    return list(ids[0]) if ids else []
+# The hooks and the normalisation are shared with the recording scheduler.
+NormalisationError = ev.NormalisationError
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -88,20 +86,6 @@ def _version_tuple(version: str) -> tuple[int, ...]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
-
-
-def _kwargs_for(callable_obj, wanted: dict) -> dict:
-    """The subset of ``wanted`` that ``callable_obj`` accepts."""
-    params = inspect.signature(callable_obj).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(wanted)
-    return {k: v for k, v in wanted.items() if k in params}
-
-
-def _field_names(cls) -> set[str]:
-    if dataclasses.is_dataclass(cls):
-        return {f.name for f in dataclasses.fields(cls)}
-    return set(inspect.signature(cls).parameters)
 
 
 #: EngineConfig fields the driver maps onto vLLM's configs.
@@ -231,11 +215,11 @@ class Driver:
         block_size = config["block_size"]
         max_model_len = config["max_model_len"]
         model_dir = _model_dir(max(2048, max_model_len))
-        model_config = self.ModelConfig(**_kwargs_for(self.ModelConfig, dict(
+        model_config = self.ModelConfig(**ev.kwargs_for(self.ModelConfig, dict(
             model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
             dtype="float16", seed=seed, max_model_len=max_model_len)))
 
-        sched_fields = _field_names(self.SchedulerConfig)
+        sched_fields = ev.field_names(self.SchedulerConfig)
         wanted = dict(
             max_num_seqs=config["max_num_seqs"],
             max_num_batched_tokens=config["max_num_batched_tokens"],
@@ -265,8 +249,8 @@ class Driver:
                    if k not in sched_fields]
         if missing:
             raise DriverError(f"vLLM {self.version} SchedulerConfig lacks {missing}")
-        scheduler_config = self.SchedulerConfig(**_kwargs_for(self.SchedulerConfig, wanted))
-        cache_config = self.CacheConfig(**_kwargs_for(self.CacheConfig, dict(
+        scheduler_config = self.SchedulerConfig(**ev.kwargs_for(self.SchedulerConfig, wanted))
+        cache_config = self.CacheConfig(**ev.kwargs_for(self.CacheConfig, dict(
             block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
             enable_prefix_caching=config["enable_prefix_caching"], swap_space=0)))
         self.num_spec = int(config.get("num_speculative_tokens", 0) or 0)
@@ -276,12 +260,12 @@ class Driver:
             # no extra input-budget slots (what the harness's proposer is).
             if self.SpeculativeConfig is None or self.DraftTokenIds is None:
                 raise DriverError(f"vLLM {self.version} has no speculative decoding API")
-            speculative_config = self.SpeculativeConfig(**_kwargs_for(self.SpeculativeConfig, dict(
+            speculative_config = self.SpeculativeConfig(**ev.kwargs_for(self.SpeculativeConfig, dict(
                 method="ngram", num_speculative_tokens=self.num_spec,
                 prompt_lookup_max=self.num_spec, prompt_lookup_min=1,
                 target_model_config=model_config,
                 target_parallel_config=self._parallel_config())))
-        vllm_config = self.VllmConfig(**_kwargs_for(self.VllmConfig, dict(
+        vllm_config = self.VllmConfig(**ev.kwargs_for(self.VllmConfig, dict(
             model_config=model_config, cache_config=cache_config,
             scheduler_config=scheduler_config, speculative_config=speculative_config)))
         if self.num_spec:
@@ -317,7 +301,7 @@ class Driver:
 
         spec_kwargs = dict(block_size=block_size, num_kv_heads=1, head_size=1,
                            dtype=self.torch.float32)
-        if "use_mla" in _field_names(self.FullAttentionSpec):
+        if "use_mla" in ev.field_names(self.FullAttentionSpec):
             spec_kwargs["use_mla"] = False
         spec = self.FullAttentionSpec(**spec_kwargs)
         kv_cache_config = self.KVCacheConfig(
@@ -326,7 +310,7 @@ class Driver:
         sched_kwargs = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                             structured_output_manager=self.StructuredOutputManager(vllm_config),
                             block_size=block_size, log_stats=False, include_finished_set=False)
-        self.sched = self.Scheduler(**_kwargs_for(self.Scheduler, sched_kwargs))
+        self.sched = self.Scheduler(**ev.kwargs_for(self.Scheduler, sched_kwargs))
         if getattr(self.sched, "use_v2_model_runner", self.use_v2) != self.use_v2:
             self.use_v2 = bool(self.sched.use_v2_model_runner)
         self.block_hasher = self.get_request_block_hasher(block_size, self.sha256)
@@ -340,57 +324,9 @@ class Driver:
                 "num_free_blocks": self.num_free_blocks()}
 
     def _install_hooks(self) -> None:
-        sched = self.sched
-        kvm = sched.kv_cache_manager
-        self._seq: list[tuple] = []          # chronological decisions of the current schedule()
-        self._freed: dict[str, list[int]] = {}  # request id -> blocks released, tail first
-        self._in_schedule = False
-        orig_alloc = kvm.allocate_slots
-        alloc_sig = inspect.signature(orig_alloc)
-        orig_free = kvm.free
-        orig_preempt = sched._preempt_request
-
-        def allocate_slots(request, *args, **kwargs):
-            computed_before = request.num_computed_tokens
-            status_before = request.status.name
-            result = orig_alloc(request, *args, **kwargs)
-            if result is not None and self._in_schedule:
-                bound = alloc_sig.bind(request, *args, **kwargs).arguments
-                n_new = bound.get("num_new_tokens", 0)
-                # Drafts a running request gets verified (vLLM picks them right
-                # after this call; a withdrawal later drops them from its output).
-                spec = []
-                if status_before == "RUNNING" and request.spec_token_ids:
-                    n_spec = (n_new + computed_before - request.num_tokens
-                              - getattr(request, "num_output_placeholders", 0))
-                    if n_spec > 0:
-                        spec = list(request.spec_token_ids[:n_spec])
-                self._seq.append(("alloc", request.request_id, status_before, computed_before,
-                                  n_new, bound.get("num_new_computed_tokens", 0),
-                                  _blocks_of(result), spec))
-            return result
-
-        def free(request, *args, **kwargs):
-            try:
-                table = _blocks_of(kvm.get_blocks(request.request_id))
-            except KeyError:
-                table = []
-            orig_free(request, *args, **kwargs)
-            self._freed[request.request_id] = table[::-1]
-
-        def _preempt_request(request, *args, **kwargs):
-            computed_before = request.num_computed_tokens
-            self._freed.pop(request.request_id, None)
-            orig_preempt(request, *args, **kwargs)
-            freed = self._freed.pop(request.request_id, None)
-            if freed is None:
-                raise NormalisationError(f"preemption of {request.request_id} freed no blocks "
-                                         f"through kv_cache_manager.free (deferred free?)")
-            self._seq.append(("preempt", request.request_id, computed_before, freed))
-
-        kvm.allocate_slots = allocate_slots
-        kvm.free = free
-        sched._preempt_request = _preempt_request
+        # Chronological decisions of each schedule() and the blocks each free
+        # releases (tail first).
+        self.hooks = ev.DecisionHooks(self.sched)
 
     # -- requests -------------------------------------------------------------
     def _require(self):
@@ -421,12 +357,7 @@ class Driver:
         return {}
 
     def _finished_info(self, request) -> dict:
-        reason = request.get_finished_reason()
-        return {"request_id": request.request_id, "status": request.status.name,
-                "finish_reason": None if reason is None else str(reason),
-                "stop_reason": request.stop_reason,
-                "num_output_tokens": request.num_output_tokens,
-                "freed_block_ids": self._freed.pop(request.request_id, [])}
+        return ev.finished_info(request, self.hooks.freed.pop(request.request_id, []))
 
     def abort(self, request_ids: list[str]) -> dict:
         sched = self._require()
@@ -441,14 +372,10 @@ class Driver:
         return {"finished": out, "num_unfinished": sched.get_num_unfinished_requests()}
 
     def num_free_blocks(self) -> int:
-        return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        return ev.num_free_blocks(self.sched)
 
     def snapshot(self) -> dict:
-        sched = self._require()
-        waiting = [r.request_id for r in getattr(sched, "kv_holding_waiting", ())]
-        waiting += [r.request_id for r in sched.waiting]
-        return {"waiting": waiting, "running": [r.request_id for r in sched.running],
-                "num_free_blocks": self.num_free_blocks()}
+        return ev.snapshot(self._require())
 
     # -- schedule -------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> dict:
@@ -458,114 +385,18 @@ class Driver:
             if "throttle_prefills" not in self._schedule_sig:
                 raise DriverError(f"vLLM {self.version} schedule() has no throttle_prefills")
             kwargs["throttle_prefills"] = True
-        # vLLM keeps defer_prefills local to schedule(): recompute it from the
-        # state it reads (spec 7.1, 10.4); versions without the gate report False.
-        bound = bool(getattr(sched, "prefill_capacity_bound", False))
-        has_decode = any(not getattr(r, "is_prefill_chunk", False) for r in sched.running)
-        defer = bool(throttle_prefills) and not bound and has_decode
-        interval = getattr(sched, "local_prefill_interval", 1)
-        if (not defer and interval > 1 and not bound and has_decode
-                and (sched.num_executed_steps + 1) - sched.last_prefill_step < interval):
-            defer = True
-        self._seq = []
-        self._in_schedule = True
+        defer = ev.prefill_gate(sched, throttle_prefills)
+        self.hooks.begin()
         try:
             so = sched.schedule(**kwargs)
         finally:
-            self._in_schedule = False
+            self.hooks.end()
         self.last_output = so
-        output = self._normalise(so)
+        output = ev.normalise(so, self.hooks.seq, use_v2=self.use_v2,
+                              max_num_scheduled_tokens=self.max_num_scheduled_tokens)
         output.update(throttle_prefills=bool(throttle_prefills), defer_prefills=defer,
                       prefill_capacity_bound=bool(getattr(sched, "prefill_capacity_bound", False)))
         return {"output": output, "snapshot": self.snapshot()}
-
-    def _normalise(self, so) -> dict:
-        # What vLLM's SchedulerOutput says about each scheduled request.
-        truth: dict[str, tuple[str, int, list[int]]] = {}
-        for nr in so.scheduled_new_reqs:
-            truth[nr.req_id] = ("admitted", nr.num_computed_tokens, list(nr.block_ids[0]))
-        cached = so.scheduled_cached_reqs
-        resumed_ids = set(getattr(cached, "resumed_req_ids", ()) or ())
-        resumed_flags = getattr(cached, "resumed_from_preemption", None)  # 0.10-era
-        for i, req_id in enumerate(cached.req_ids):
-            blocks = cached.new_block_ids[i]
-            blocks = list(blocks[0]) if blocks else []
-            resumed = req_id in resumed_ids or bool(resumed_flags and resumed_flags[i])
-            truth[req_id] = ("admitted" if resumed else "running", cached.num_computed_tokens[i], blocks)
-
-        events: list[dict] = []
-        live: dict[str, dict] = {}
-        for item in self._seq:
-            if item[0] == "alloc":
-                _, req_id, status, computed_before, n_new, n_hit, new_blocks, spec = item
-                if status == "RUNNING":
-                    kind, hit = "running", 0
-                elif status == "WAITING":
-                    kind, hit = "new", n_hit
-                elif status == "PREEMPTED":
-                    kind, hit = "resumed", n_hit
-                else:
-                    raise NormalisationError(f"{req_id} allocated in status {status}")
-                if kind != "running":
-                    computed_before += n_hit
-                    new_blocks = None  # the whole table, from the SchedulerOutput
-                event = {"type": "schedule", "request_id": req_id, "kind": kind,
-                         "num_computed_tokens": computed_before, "num_scheduled_tokens": n_new,
-                         "num_prefix_hit_tokens": hit, "new_block_ids": new_blocks,
-                         "spec_token_ids": spec}
-                if req_id in live:
-                    raise NormalisationError(f"{req_id} allocated twice in one step")
-                live[req_id] = event
-                events.append(event)
-            else:
-                _, req_id, computed_before, freed = item
-                withdrawn = live.pop(req_id, None)
-                if withdrawn is not None:
-                    if withdrawn["new_block_ids"] is None:
-                        raise NormalisationError(f"admitted {req_id} preempted in the same step")
-                    events.append({"type": "withdraw", "request_id": req_id,
-                                   "num_scheduled_tokens": withdrawn["num_scheduled_tokens"],
-                                   "block_ids": list(withdrawn["new_block_ids"])})
-                events.append({"type": "preempt", "request_id": req_id,
-                               "num_computed_tokens": computed_before, "freed_block_ids": freed})
-
-        # Cross-check against (and take values from) the real SchedulerOutput.
-        scheduled = dict(so.num_scheduled_tokens)
-        spec_tokens = dict(getattr(so, "scheduled_spec_decode_tokens", None) or {})
-        if list(live) != list(scheduled):
-            raise NormalisationError(f"hooked scheduling order {list(live)} differs from "
-                                     f"SchedulerOutput.num_scheduled_tokens {list(scheduled)}")
-        for req_id, event in live.items():
-            source, computed, blocks = truth.get(req_id, (None, None, None))
-            if source is None:
-                raise NormalisationError(f"{req_id} scheduled but absent from new/cached reqs")
-            if (source == "running") != (event["kind"] == "running"):
-                raise NormalisationError(f"{req_id}: hook says {event['kind']}, SchedulerOutput "
-                                         f"says {source}")
-            if event["kind"] == "resumed" and not self.use_v2 and req_id not in resumed_ids \
-                    and not resumed_flags:
-                raise NormalisationError(f"{req_id} resumed but not in resumed_req_ids")
-            if computed != event["num_computed_tokens"]:
-                raise NormalisationError(f"{req_id}: num_computed_tokens {event['num_computed_tokens']} "
-                                         f"(hook) vs {computed} (SchedulerOutput)")
-            if event["new_block_ids"] is not None and event["new_block_ids"] != blocks:
-                raise NormalisationError(f"{req_id}: new blocks {event['new_block_ids']} (hook) vs "
-                                         f"{blocks} (SchedulerOutput)")
-            drafts = list(spec_tokens.get(req_id, ()))
-            if event["kind"] == "running" and drafts != event["spec_token_ids"]:
-                raise NormalisationError(f"{req_id}: drafts {event['spec_token_ids']} (hook) vs "
-                                         f"{drafts} (SchedulerOutput)")
-            event["num_computed_tokens"] = computed
-            event["new_block_ids"] = blocks
-            event["num_scheduled_tokens"] = scheduled[req_id]
-            event["spec_token_ids"] = drafts
-        preempted = sorted(so.preempted_req_ids) if hasattr(so, "preempted_req_ids") else \
-            sorted(e["request_id"] for e in events if e["type"] == "preempt")
-        total = so.total_num_scheduled_tokens
-        return {"events": events, "num_scheduled_tokens": [[k, v] for k, v in scheduled.items()],
-                "total_num_scheduled_tokens": total, "preempted_req_ids": preempted,
-                "finished_req_ids": sorted(so.finished_req_ids),
-                "token_budget": self.max_num_scheduled_tokens - total}
 
     # -- update ---------------------------------------------------------------
     def _model_runner_output(self, req_ids: list[str], sampled: dict[str, list[int]]):
@@ -587,7 +418,7 @@ class Driver:
                 elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                     kwargs[f.name] = None
             return cls(**kwargs)
-        return cls(**_kwargs_for(cls, values))
+        return cls(**ev.kwargs_for(cls, values))
 
     def update(self, sampled: dict[str, list[int]]) -> dict:
         sched = self._require()

@@ -242,16 +242,18 @@ def test_vllm_env_command_refuses_a_bad_version():
     assert "bad vLLM version" in result.output and len(result.output.strip().splitlines()) == 1
 
 
-def test_driver_is_standalone():
-    """The driver runs under vLLM's venv: only the stdlib, vllm and torch."""
-    tree = ast.parse((REPO / "harness" / "vllm_driver.py").read_text())
+@pytest.mark.parametrize("name", ["vllm_driver.py", "vllm_events.py"])
+def test_driver_is_standalone(name):
+    """The driver runs under vLLM's venv: only the stdlib, vllm, torch and its
+    sibling vllm_events (imported by path)."""
+    tree = ast.parse((REPO / "harness" / name).read_text())
     roots = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             roots |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             roots.add(node.module.split(".")[0])
-    assert not roots - set(sys.stdlib_module_names) - {"vllm", "torch"}, roots
+    assert not roots - set(sys.stdlib_module_names) - {"vllm", "torch", "vllm_events"}, roots
 
 
 def test_pins_are_one_exact_pin_per_line():
