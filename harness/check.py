@@ -84,6 +84,8 @@ class CheckResult:
     prefix_hit_tokens: int = 0
     draft_tokens: int = 0  # drafts sent for verification (incl. -1 padding)
     rejected_draft_tokens: int = 0
+    deferred_frees: int = 0          # frees held behind a fence (and drained later)
+    deferred_prefill_steps: int = 0  # steps that deferred prefill compute
     events: int = 0
     violations: list[Violation] = field(default_factory=list)
     num_violations: int = 0
@@ -663,6 +665,7 @@ class TraceChecker:
             self.zero_step_state = state
         else:
             self.zero_step_state = None
+        self.result.deferred_prefill_steps += bool(ev["defer_prefills"])
         if bool(ev["defer_prefills"]) != st.defer:
             self._violate("PREFILL-DEFER", None,
                           f"defer_prefills {ev['defer_prefills']} but the throttle, the capacity guard "
@@ -732,6 +735,7 @@ class TraceChecker:
             return
         head_fence, head_blocks = self.deferred.popleft()
         st.drains += 1
+        self.result.deferred_frees += 1
         if (fence, blocks) != (head_fence, head_blocks):
             self._violate("DEFERRED-FREE-FENCED", None,
                           f"drained (fence {fence}, {blocks}); the oldest deferred free is "

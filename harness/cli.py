@@ -163,6 +163,8 @@ def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, t
                    "preemptions": result.preemptions, "prefix_hit_tokens": result.prefix_hit_tokens,
                    "draft_tokens": result.draft_tokens,
                    "rejected_draft_tokens": result.rejected_draft_tokens,
+                   "deferred_frees": result.deferred_frees,
+                   "deferred_prefill_steps": result.deferred_prefill_steps,
                    "num_violations": result.num_violations,
                    "violations_by_invariant": result.by_invariant,
                    "violations": [v.to_dict() for v in result.violations],
@@ -177,6 +179,10 @@ def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, t
             ("prefix-hit tokens", result.prefix_hit_tokens)]
     if result.draft_tokens:
         rows.append(("draft tokens (rejected)", f"{result.draft_tokens} ({result.rejected_draft_tokens})"))
+    if result.deferred_frees:
+        rows.append(("deferred frees drained", result.deferred_frees))
+    if result.deferred_prefill_steps:
+        rows.append(("steps deferring prefills", result.deferred_prefill_steps))
     for label, value in rows:
         table.add_row(label, str(value))
     console.print(table)
@@ -286,19 +292,21 @@ def golden() -> None:
 
 
 @golden.command("check")
-@click.option("--dir", "golden_dir", default="golden", show_default=True,
-              type=click.Path(file_okay=False), help="Folder holding the goldens and MANIFEST.json.")
+@click.option("--dir", "golden_dir", default=None,
+              type=click.Path(file_okay=False),
+              help="Folder holding the goldens and MANIFEST.json (default: the repository's golden/).")
 @click.option("--candidate", default="reference", show_default=True,
-              help="Engine to re-drive with each golden's inputs: 'reference', 'mutant:NAME' or "
-                   "'package.module:factory'.")
+              help="Engine to re-drive with each golden's inputs: 'reference', 'mutant:NAME', "
+                   "'vllm@VERSION' or 'package.module:factory'.")
 def golden_check(golden_dir: str, candidate: str) -> None:
     """Check every scenario's golden: present, sha256 and config fingerprint as in the manifest,
     invariants hold, and CANDIDATE makes identical decisions. Exit 0 all ok, 1 any failure,
     2 unusable folder or manifest."""
     from rich.markup import escape
 
-    from harness.golden import GoldenError, check_goldens
+    from harness.golden import DEFAULT_DIR, GoldenError, check_goldens
 
+    golden_dir = golden_dir or str(DEFAULT_DIR)
     factory = _candidate(candidate)
     try:
         results = check_goldens(golden_dir, factory)
@@ -319,8 +327,9 @@ def golden_check(golden_dir: str, candidate: str) -> None:
 
 
 @golden.command("update")
-@click.option("--dir", "golden_dir", default="golden", show_default=True,
-              type=click.Path(file_okay=False), help="Folder holding the goldens and MANIFEST.json.")
+@click.option("--dir", "golden_dir", default=None,
+              type=click.Path(file_okay=False),
+              help="Folder holding the goldens and MANIFEST.json (default: the repository's golden/).")
 @click.option("--scenario", "names", multiple=True, metavar="NAME",
               help="Re-record only this scenario (repeatable); default: all.")
 @click.option("--prune", is_flag=True, help="Remove goldens of scenarios that no longer exist.")
@@ -329,8 +338,9 @@ def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool) -> None:
     atomically, and report per scenario: new, unchanged or changed (and how)."""
     from rich.markup import escape
 
-    from harness.golden import GoldenError, update_goldens
+    from harness.golden import DEFAULT_DIR, GoldenError, update_goldens
 
+    golden_dir = golden_dir or str(DEFAULT_DIR)
     try:
         changes = update_goldens(golden_dir, list(names) or None, prune=prune)
     except GoldenError as exc:
@@ -357,9 +367,10 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
             as_json: bool) -> None:
     """Run every mutant on every scenario and print the kill matrix.
 
-    A cell shows how often the mutant's intended invariant fired (blank: never).
+    Shows, per mutant, the scenarios where its intended invariant fired.
     Exit 1 if any mutant survives (its invariant fired on no scenario), or if
-    the clean reference violates anything.
+    the clean reference violates anything. With --scenario, mutants of
+    features those scenarios never exercise are expected to survive.
     """
     from harness.mutation import kill_matrix, run_candidate
     from harness.scenarios import SCENARIOS
@@ -389,25 +400,20 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
                                                 "violations": c.result.by_invariant, "ended": c.ended}
                                             for s, c in r.cells.items()}} for r in rows}}))
     else:
-        table = Table("killed")
-        table.add_column("mutant", no_wrap=True)
-        table.add_column("target invariant", no_wrap=True)
-        for s in scenario_list:
-            table.add_column(s, overflow="fold")
-        table.columns.append(table.columns.pop(0))  # "killed" last
+        # One row per mutant: readable at any terminal width.
+        table = Table("mutant", "target invariant", "fired on (scenario: times)", "killed")
+        clean_cells = [s for s in scenario_list if not clean[s].result.ok]
         table.add_row("[dim]reference[/]", "[dim](none)[/]",
-                      *[("ok" if clean[s].result.ok else f"[red]{clean[s].result.num_violations}[/]")
-                        for s in scenario_list], "")
+                      "clean on every scenario" if not clean_cells else
+                      f"[red]violations on {', '.join(clean_cells)}[/]", "")
         for r in rows:
-            cells = []
-            for s in scenario_list:
-                hits = r.cells[s].result.by_invariant.get(r.target, 0)
-                mark = "*" if r.cells[s].ended else ""
-                cells.append(f"{hits}{mark}" if hits else mark)
-            table.add_row(r.mutant, r.target, *cells,
+            hits = [f"{s}: {r.cells[s].result.by_invariant.get(r.target, 0)}"
+                    + ("*" if r.cells[s].ended else "")
+                    for s in scenario_list if r.cells[s].result.by_invariant.get(r.target)]
+            table.add_row(r.mutant, r.target, ", ".join(hits) or "-",
                           "[green]yes[/]" if r.killed else "[bold red]SURVIVED[/]")
         console.print(table)
-        console.print("cells: times the target invariant fired; * = the run ended early "
+        console.print("times the target invariant fired per scenario; * = the run ended early "
                       "(stalled or the candidate raised)")
         if dirty:
             console.print(f"[bold red]the reference violates invariants:[/] {dirty}")

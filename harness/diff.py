@@ -68,7 +68,9 @@ class TraceStats:
       ``preemptions``        ``preempt`` rows (a request preempted twice counts twice);
       ``prefix_hit_tokens``  tokens, sum of ``num_prefix_hit_tokens`` over ``schedule`` rows
                              (resumed requests re-hitting their own blocks included);
-      ``output_tokens``      tokens sampled, sum of ``len(token_ids)`` over ``output`` rows
+      ``output_tokens``      tokens kept by requests that ended: ``num_output_tokens`` of
+                             ``finish`` and ``abort`` rows (tokens sampled past a stop, e.g.
+                             accepted drafts after EOS, are not counted)
                              (aborted requests' tokens included).
     Latency of a finished request, in **steps**: the step of its ``finish`` row minus
     the step of its ``arrival`` row (0: arrived and finished in the same step):
@@ -117,6 +119,7 @@ class TraceStats:
                 self.rejected += 1
             elif kind == "abort":
                 self.aborted += 1
+                self.output_tokens += row["num_output_tokens"] or 0
                 self._arrival_step.pop(row["request_id"], None)
             elif kind == "schedule_begin":
                 self.virtual_time_s = row["clock_s"] or 0.0
@@ -124,10 +127,9 @@ class TraceStats:
                 self.preemptions += 1
             elif kind == "schedule":
                 self.prefix_hit_tokens += row["num_prefix_hit_tokens"] or 0
-            elif kind == "output":
-                self.output_tokens += len(row["token_ids"] or ())
             elif kind == "finish":
                 self.finished += 1
+                self.output_tokens += row["num_output_tokens"] or 0
                 arrived = self._arrival_step.pop(row["request_id"], None)
                 if arrived is not None:
                     self._latencies.append(step - arrived)
@@ -187,7 +189,7 @@ def check_same_workload_meta(a: Trace, b: Trace) -> None:
         if wa[key] != wb[key]:
             what = "workload " + key if key != "seed" else "seed"
             raise WorkloadMismatch(f"{a.path} vs {b.path}: not the same workload "
-                                   f"({what} differs: {_short(wa[key])} vs {_short(wb[key])})")
+                                   f"({what}: {_short(wa[key])} vs {_short(wb[key])})")
 
 
 def _compare_requests(a: Trace, b: Trace, da: _RequestDigests, db: _RequestDigests) -> None:

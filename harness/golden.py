@@ -52,6 +52,10 @@ ENTRY_KEYS = frozenset({"file", "description", "config_fingerprint", "engine", "
                         "sha256", *STATS})
 
 
+#: The repository's golden folder (the default wherever the command runs).
+DEFAULT_DIR = Path(__file__).resolve().parents[1] / "golden"
+
+
 class GoldenError(Exception):
     """The golden folder or its manifest is unusable (CLI exit 2). ``str()`` is one line."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-DEFAULT_GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
+from harness.golden import DEFAULT_DIR as DEFAULT_GOLDEN_DIR  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
