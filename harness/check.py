@@ -110,7 +110,6 @@ class TraceChecker:
     """Feed steps in order with ``check_step``; call ``finish`` at the end."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        self.cfg = config
         self.bs: int = config["block_size"]
         self.num_gpu_blocks: int = config["num_gpu_blocks"]
         self.max_model_len: int = config["max_model_len"]

@@ -140,6 +140,7 @@ class Engine:
         # longer without any sampled token is a livelock, not slowness.
         self.progress_window = 2 * config.max_model_len + 1000
         self.summary = EngineSummary()
+        self.current_step = 0  # the step being run (named in CandidateError)
 
     def run(self, workload: Workload,
             on_step: Callable[[StepRecord], None] | None = None) -> EngineSummary:
@@ -254,8 +255,6 @@ class Engine:
                 clock = max(clock, min(upcoming))
         summary.clock = clock
         return summary
-
-    current_step = 0
 
     def _make_request(self, spec: RequestSpec) -> Request:
         params = SamplingParams(
