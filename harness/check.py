@@ -131,6 +131,7 @@ class TraceChecker:
         self.deferred: deque[tuple[int, list[int]]] = deque()
         # Prefill gating (spec 7.1, 10.4), recomputed from the trace.
         self.interval: int = config.get("prefill_schedule_interval", 1)
+        self.dp_interval = 1  # the DP coordinator's throttle cadence (set by check_steps)
         self.capacity_bound = False
         self.last_prefill_step = -self.interval
         self.num_executed = 0
@@ -372,6 +373,11 @@ class TraceChecker:
         self._conservation("schedule_begin", ev["num_free_blocks"])
         st.eligible = len(running) + len(waiting)
         has_decode = any(not self.reqs[r].prefill_chunk for r in running if r in self.reqs)
+        expected_throttle = self.dp_interval > 1 and self.step % self.dp_interval != 0
+        if bool(ev["throttle_prefills"]) != expected_throttle:
+            self._violate("PREFILL-DEFER", None,
+                          f"throttle_prefills {ev['throttle_prefills']} at step {self.step}, but the "
+                          f"coordinator's cadence (every {self.dp_interval} steps) gives {expected_throttle}")
         defer = bool(ev["throttle_prefills"]) and not self.capacity_bound and has_decode
         if (not defer and self.interval > 1 and not self.capacity_bound and has_decode
                 and (self.num_executed + 1) - self.last_prefill_step < self.interval):
@@ -892,8 +898,61 @@ class _Batch:
 
 
 def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]]) -> CheckResult:
-    """Run every invariant over ``steps`` (as yielded by ``Trace.iter_steps``)."""
-    checker = TraceChecker(config)
+    """Run every invariant over ``steps`` (as yielded by ``Trace.iter_steps``).
+
+    With data parallelism each rank's rows go to its own checker (its own
+    scheduler and KV pool), and the coordinator's routing is checked across
+    ranks; the results are merged.
+    """
+    dp = config.get("data_parallel_size", 1)
+    if dp == 1:
+        checker = TraceChecker(config)
+        for step, events in steps:
+            checker.check_step(step, events)
+        return checker.finish()
+    checkers = [TraceChecker(config) for _ in range(dp)]
+    for checker in checkers:
+        checker.interval = 1  # the cadence is the coordinator's throttle flag
+        checker.dp_interval = config.get("prefill_schedule_interval", 1)
+    routing = TraceChecker(config)  # collects coordinator violations only
+    num_steps = 0
     for step, events in steps:
-        checker.check_step(step, events)
-    return checker.finish()
+        num_steps += 1
+        routing.step = step
+        _check_routing(routing, checkers, events)
+        by_rank: dict[int, list[dict[str, Any]]] = {}
+        for ev in events:
+            by_rank.setdefault(ev.get("rank") or 0, []).append(ev)
+        for rank, rank_events in sorted(by_rank.items()):
+            if not 0 <= rank < dp:
+                routing._violate("DP-ROUTING", None, f"row for rank {rank} with data_parallel_size {dp}")
+                continue
+            checkers[rank].check_step(step, rank_events)
+    results = [c.finish() for c in checkers] + [routing.result]
+    merged = CheckResult(steps=num_steps)
+    for r in results:
+        for name in ("requests", "finished", "rejected", "aborted", "preemptions", "prefix_hit_tokens",
+                     "draft_tokens", "rejected_draft_tokens", "deferred_frees",
+                     "deferred_prefill_steps", "events", "num_violations"):
+            setattr(merged, name, getattr(merged, name) + getattr(r, name))
+        merged.violations += r.violations
+        for inv, count in r.by_invariant.items():
+            merged.by_invariant[inv] = merged.by_invariant.get(inv, 0) + count
+    return merged
+
+
+def _check_routing(routing: TraceChecker, checkers: list[TraceChecker], events: list[dict]) -> None:
+    """The coordinator routes each arrival, in (arrival_time, id) order, to the
+    rank with the fewest unfinished requests (ties: the lowest rank)."""
+    load = [len(c.reqs) for c in checkers]
+    arrivals = sorted((ev for ev in events if ev["kind"] == "arrival"),
+                      key=lambda ev: (ev["arrival_time_s"], ev["request_id"]))
+    for ev in arrivals:
+        rank = ev.get("rank") or 0
+        expected = min(range(len(load)), key=lambda i: (load[i], i))
+        if rank != expected:
+            routing._violate("DP-ROUTING", ev["request_id"],
+                             f"routed to rank {rank}, but rank {expected} had the fewest unfinished "
+                             f"requests (loads {load})")
+        if 0 <= rank < len(load):
+            load[rank] += 1

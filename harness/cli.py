@@ -117,7 +117,8 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
 
         def on_progress(rec) -> None:
             nonlocal done
-            done += len(rec.update.finished if rec.update else ()) + len(rec.aborts) + len(rec.rejections)
+            for r in [rec, *rec.peers]:
+                done += len(r.update.finished if r.update else ()) + len(r.aborts) + len(r.rejections)
             if rec.step % 64 == 0:
                 progress.update(task, completed=done, step=rec.step)
         try:
@@ -441,6 +442,57 @@ def vllm_env(version: str, force: bool) -> None:
     except OSError as exc:
         _fail(f"cannot build the vLLM {version} env: {exc}")
     console.print(str(python))
+
+
+@main.command()
+@click.option("--candidate", default="reference", show_default=True,
+              help="Engine to fuzz: 'reference', 'mutant:NAME' or 'package.module:factory'.")
+@click.option("--max-examples", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Generated scenarios to try (shrinking runs come on top).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Hypothesis seed: the same seed generates the same scenarios.")
+@click.option("--time-budget", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS", help="Stop generating after this many seconds (shrinking a found "
+                                      "failure still completes).")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for the minimal failing trace (Parquet) and its JSON description.")
+def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, out_dir: str) -> None:
+    """Fuzz CANDIDATE with small generated scenarios (hypothesis): check every invariant and,
+    for a candidate other than the reference, compare its decisions with the reference's.
+
+    On a failure the scenario is shrunk and written to OUT_DIR as a replayable trace plus a JSON
+    description. Exit 0 nothing found, 1 something found, 2 bad arguments. (No --workers: one
+    process.)"""
+    from harness.fuzz import fuzz as run_fuzz, write_failure
+
+    factory = _candidate(candidate)
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total} examples"), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task(f"fuzzing {candidate}", total=max_examples)
+
+        def on_example(n: int, shrinking: bool) -> None:
+            progress.update(task, completed=min(n, max_examples),
+                            description=f"shrinking {candidate}" if shrinking else f"fuzzing {candidate}")
+        result = run_fuzz(None if candidate == "reference" else factory, max_examples=max_examples,
+                          seed=seed, time_budget_s=time_budget, on_example=on_example)
+    stop = " (time budget spent)" if result.budget_exhausted and not result.found else ""
+    console.print(f"fuzzed [bold]{candidate}[/]: {result.examples} examples in "
+                  f"{result.elapsed_s:.1f} s, seed {seed}{stop}")
+    if not result.found:
+        console.print("[bold green]nothing found[/]")
+        sys.exit(EXIT_OK)
+    failure, case = result.failure, result.case
+    trace_path, json_path, command = write_failure(out_dir, candidate, factory, result, seed)
+    from rich.markup import escape
+
+    console.print(f"[bold red]FOUND[/] {failure.kind}: {escape(failure.message)}")
+    if failure.invariants:
+        console.print("  invariants: " + ", ".join(f"{k}: {v}" for k, v in sorted(failure.invariants.items())))
+    console.print(f"  shrunk to {escape(case.describe())} ({result.shrink_calls} shrink runs)")
+    console.print(f"  trace {trace_path}, description {json_path}")
+    console.print(f"  replay: {command}")
+    sys.exit(EXIT_FOUND)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,20 @@ def _finish_row(kind: str, fin: FinishedRequest) -> Row:
 
 
 def step_rows(rec: StepRecord) -> list[Row]:
-    """All rows of one step, with ``step`` and ``event_index`` filled in."""
+    """All rows of one step (every DP rank's, in rank order), with ``step``,
+    ``event_index`` and ``rank`` filled in."""
+    rows: list[Row] = []
+    for record in [rec, *rec.peers]:
+        for row in _rank_rows(record):
+            row["rank"] = record.rank
+            rows.append(row)
+    for index, row in enumerate(rows):
+        row["step"] = rec.step
+        row["event_index"] = index
+    return rows
+
+
+def _rank_rows(rec: StepRecord) -> list[Row]:
     rows: list[Row] = []
     rows += [{"kind": "arrival", **_request_fields(s)} for s in rec.arrivals]
     rows += [{"kind": "reject", "message": r.reason, **_request_fields(r.spec)} for r in rec.rejections]
@@ -106,9 +119,6 @@ def step_rows(rec: StepRecord) -> list[Row]:
         rows += [{"kind": "draft", "request_id": req_id, "spec_token_ids": drafts}
                  for req_id, drafts in rec.drafts.items()]
         rows.append({"kind": "update_end", "num_free_blocks": rec.num_free_blocks_after_update})
-    for index, row in enumerate(rows):
-        row["step"] = rec.step
-        row["event_index"] = index
     return rows
 
 

@@ -84,6 +84,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "waits for every third executed step (local cadence, capacity guard)",
              {**_SMALL, "num_gpu_blocks": 60, "prefill_schedule_interval": 3},
              {"num_requests": 40, "arrival_rate": 20.0}),
+    Scenario("dp2-throttle", "two data-parallel ranks, each its own pool; the coordinator routes to "
+             "the least-loaded rank and throttles prefills off every third step",
+             {**_SMALL, "num_gpu_blocks": 30, "data_parallel_size": 2, "prefill_schedule_interval": 3},
+             {"num_requests": 60, "arrival_rate": 40.0}),
     Scenario("deferred-frees", "async scheduling with deferred, fenced block frees and aborts in flight",
              {**_SMALL, "num_gpu_blocks": 30, "async_scheduling": True, "max_concurrent_batches": 2,
               "defer_block_free": True, "scheduler_reserve_full_isl": False},

@@ -37,6 +37,8 @@ SCHEMA = pa.schema([
     pa.field("step", _i32, nullable=False),
     pa.field("event_index", _i32, nullable=False),
     pa.field("kind", pa.string(), nullable=False),
+    # Data-parallel rank whose scheduler the row concerns (0 without DP).
+    pa.field("rank", _i32),
     pa.field("request_id", pa.string()),
     # schedule_begin: virtual clock at step start (seconds).
     pa.field("clock_s", pa.float64()),

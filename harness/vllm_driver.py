@@ -97,7 +97,8 @@ MAPPED_KEYS = {
 }
 #: Pipelining fields: only the synchronous values are supported (the driver
 #: schedules and updates one batch at a time).
-SYNC_ONLY = {"async_scheduling": False, "max_concurrent_batches": 1, "defer_block_free": False}
+SYNC_ONLY = {"async_scheduling": False, "max_concurrent_batches": 1, "defer_block_free": False,
+             "data_parallel_size": 1}
 #: EngineConfig fields that only drive the harness (virtual clock, scripted proposer).
 HARNESS_ONLY_KEYS = {"step_fixed_s", "step_per_token_s", "draft_acceptance_rate"}
 

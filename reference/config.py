@@ -65,6 +65,9 @@ class EngineConfig:
     # only on every prefill_schedule_interval-th executed step (local cadence;
     # with data parallelism the coordinator's throttle flag does it instead).
     prefill_schedule_interval: int = 1
+    # Data-parallel ranks, each its own scheduler and KV pool of
+    # num_gpu_blocks; a coordinator routes arrivals and throttles prefills.
+    data_parallel_size: int = 1
     step_fixed_s: float = 0.005
     step_per_token_s: float = 0.0001
 
@@ -98,6 +101,8 @@ class EngineConfig:
             raise ConfigError("num_speculative_tokens must be an integer >= 0")
         if not 0.0 <= self.draft_acceptance_rate <= 1.0:
             raise ConfigError(f"draft_acceptance_rate must be in [0, 1], got {self.draft_acceptance_rate}")
+        if not isinstance(self.data_parallel_size, int) or self.data_parallel_size < 1:
+            raise ConfigError("data_parallel_size must be an integer >= 1")
         if not isinstance(self.prefill_schedule_interval, int) or self.prefill_schedule_interval < 1:
             raise ConfigError("prefill_schedule_interval must be an integer >= 1")
         if not isinstance(self.max_concurrent_batches, int) or self.max_concurrent_batches < 1:

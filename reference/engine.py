@@ -79,6 +79,18 @@ class StepRecord:
     update_batch_step: int | None = None
     num_free_blocks_after_update: int = 0
     drafts: dict[str, list[int]] = field(default_factory=dict)
+    rank: int = 0
+    peers: list[StepRecord] = field(default_factory=list)  # the other DP ranks' records
+
+
+@dataclass
+class _Rank:
+    """One data-parallel rank: its scheduler and its batches in flight
+    (vLLM EngineCore.batch_queue): (step, output, sampled tokens)."""
+
+    index: int
+    sched: _Guarded
+    in_flight: deque = field(default_factory=deque)
 
 
 @dataclass
@@ -131,7 +143,9 @@ class Engine:
                  max_steps: int = 10_000_000) -> None:
         self.config = config
         try:
-            self.scheduler: Candidate = candidate_factory(config)
+            # One scheduler (and KV pool) per data-parallel rank.
+            self.schedulers: list[Candidate] = [candidate_factory(config)
+                                                for _ in range(config.data_parallel_size)]
         except Exception as exc:
             raise CandidateError(0, exc) from exc
         self.runner = ScriptedModelRunner(seed)
@@ -145,116 +159,142 @@ class Engine:
     def run(self, workload: Workload,
             on_step: Callable[[StepRecord], None] | None = None) -> EngineSummary:
         """Run ``workload`` to completion. Raises EngineStalled on a livelock,
-        CandidateError if the candidate raises."""
-        sched = _Guarded(self.scheduler, self)
+        CandidateError if the candidate raises.
+
+        Data parallelism (``data_parallel_size`` > 1): the ranks step in
+        lockstep, each with its own scheduler and KV pool. The coordinator
+        routes each arrival to the rank with the fewest unfinished requests
+        (ties: the lowest rank) and, with ``prefill_schedule_interval`` > 1,
+        passes ``throttle_prefills`` on every step not aligned to it (vLLM's DP
+        prefill cadence, spec 7.1). ``on_step`` gets rank 0's record, the
+        other ranks' in ``peers``.
+        """
         config = self.config
-        depth = config.max_concurrent_batches
+        ranks = [_Rank(i, _Guarded(s, self)) for i, s in enumerate(self.schedulers)]
+        dp_interval = config.prefill_schedule_interval if len(ranks) > 1 else 1
         pending = sorted(workload.requests, key=lambda r: (r.arrival_time, r.request_id))
         aborts = sorted((r.abort_time, r.request_id) for r in workload.requests
                         if r.abort_time is not None)
         summary = self.summary = EngineSummary()
-        # Batches scheduled and executed but whose output is not processed yet
-        # (vLLM EngineCore.batch_queue): (step, output, sampled tokens).
-        in_flight: deque[tuple[int, SchedulerOutput, dict[str, list[int]]]] = deque()
         clock = 0.0
         next_arrival = 0
         next_abort = 0
         step = 0
-        arrived: set[str] = set()
+        owner: dict[str, _Rank] = {}  # request id -> the rank it was routed to
         last_progress = 0
-        while next_arrival < len(pending) or sched.get_num_unfinished_requests() or in_flight:
-            if (not sched.get_num_unfinished_requests() and not in_flight
-                    and pending[next_arrival].arrival_time > clock):
+
+        def unfinished() -> int:
+            return sum(r.sched.get_num_unfinished_requests() for r in ranks)
+
+        def busy() -> bool:
+            return bool(unfinished() or any(r.in_flight for r in ranks))
+
+        while next_arrival < len(pending) or busy():
+            if not busy() and pending[next_arrival].arrival_time > clock:
                 clock = pending[next_arrival].arrival_time
             summary.clock = clock
             if step >= self.max_steps:
                 raise EngineStalled(f"no completion within {self.max_steps} steps")
-            rec = StepRecord(step=step, clock=clock)
+            records = [StepRecord(step=step, clock=clock, rank=r.index) for r in ranks]
             self.current_step = step
             while next_arrival < len(pending) and pending[next_arrival].arrival_time <= clock:
                 spec = pending[next_arrival]
                 next_arrival += 1
                 summary.requests += 1
-                arrived.add(spec.request_id)
                 reason = reject_reason(spec, config)
                 if reason is not None:
-                    rec.rejections.append(Rejection(spec, reason))
+                    records[0].rejections.append(Rejection(spec, reason))
                     summary.rejected += 1
                     continue
-                rec.arrivals.append(spec)
-                sched.add_request(self._make_request(spec))
+                rank = min(ranks, key=lambda r: (r.sched.get_num_unfinished_requests(), r.index))
+                owner[spec.request_id] = rank
+                records[rank.index].arrivals.append(spec)
+                rank.sched.add_request(self._make_request(spec))
                 self.runner.add_request(spec.request_id, RequestScript(
                     len(spec.prompt_token_ids), spec.scripted_output_len, spec.eos_token_id))
             while next_abort < len(aborts) and aborts[next_abort][0] <= clock:
-                req_id = aborts[next_abort][1]
-                if req_id not in arrived:
+                abort_time, req_id = aborts[next_abort]
+                if req_id not in owner and any(p.request_id == req_id for p in pending[next_arrival:]):
                     break  # aborts apply once the request has arrived
                 next_abort += 1
-                for fin in sched.finish_requests([req_id], RequestStatus.FINISHED_ABORTED):
-                    rec.aborts.append(fin)
+                rank = owner.get(req_id)
+                if rank is None:
+                    continue  # rejected at arrival
+                for fin in rank.sched.finish_requests([req_id], RequestStatus.FINISHED_ABORTED):
+                    records[rank.index].aborts.append(fin)
                     self.runner.finish(req_id)
                     summary.aborted += 1
 
-            # Schedule and launch a batch whenever there is work (vLLM
-            # step_with_batch_queue); process the oldest batch once `depth`
-            # are in flight, or when nothing new was launched. Batches are
-            # never "done early": the pipeline is always kept full.
-            total = 0
-            if sched.get_num_unfinished_requests():
-                before = sched.snapshot()
-                rec.waiting_before, rec.running_before = list(before.waiting), list(before.running)
-                rec.num_free_blocks_before = before.num_free_blocks
-                output = sched.schedule()
-                rec.output = output
-                after = sched.snapshot()
-                rec.waiting_after, rec.running_after = list(after.waiting), list(after.running)
-                rec.num_free_blocks_after_schedule = after.num_free_blocks
-                sampled = self.runner.execute(output)
-                in_flight.append((step, output, sampled))
-                total = output.total_num_scheduled_tokens
-                summary.preemptions += len(output.preemptions)
-                summary.prefix_hit_tokens += sum(s.num_prefix_hit_tokens for s in output.scheduled)
-                summary.scheduled_tokens += total
-            if in_flight and (len(in_flight) >= depth or total == 0):
-                batch_step, batch, rec.sampled = in_flight.popleft()
-                rec.update_batch_step = batch_step
-                rec.update = sched.update_from_output(batch, rec.sampled)
-                rec.num_free_blocks_after_update = sched.snapshot().num_free_blocks
-                for fin in rec.update.finished:
-                    self.runner.finish(fin.request_id)
-                if config.num_speculative_tokens > 0:
-                    finished = {f.request_id for f in rec.update.finished}
-                    proposals = self.runner.propose_drafts(
-                        [s.request_id for s in batch.scheduled if s.request_id not in finished],
-                        config.num_speculative_tokens, config.draft_acceptance_rate)
-                    rec.drafts = sched.update_draft_token_ids(proposals)
-                summary.finished += len(rec.update.finished)
-                summary.draft_tokens += rec.update.num_draft_tokens
-                summary.rejected_draft_tokens += rec.update.num_rejected_draft_tokens
-
+            throttle = dp_interval > 1 and step % dp_interval != 0
+            totals = [self._rank_step(rank, records[rank.index], throttle, summary) for rank in ranks]
             summary.steps += 1
-            if (rec.update is not None and (rec.update.new_token_ids or rec.update.finished)) or rec.aborts:
+            if any((rec.update is not None and (rec.update.new_token_ids or rec.update.finished))
+                   or rec.aborts for rec in records):
                 last_progress = step
             elif step - last_progress > self.progress_window:
                 raise EngineStalled(
                     f"step {step}: no token sampled and nothing finished for "
                     f"{self.progress_window} steps (livelock)")
             if on_step is not None:
-                on_step(rec)
+                records[0].peers = records[1:]
+                on_step(records[0])
             step += 1
 
-            clock += config.step_fixed_s + config.step_per_token_s * total
-            if total == 0 and not in_flight and sched.get_num_unfinished_requests():
+            # Lockstep: the step lasts as long as its busiest rank.
+            clock += config.step_fixed_s + config.step_per_token_s * max(totals)
+            if not any(totals) and not any(r.in_flight for r in ranks) and unfinished():
                 # Nothing ran: only a new arrival or abort can unblock us.
                 upcoming = [pending[next_arrival].arrival_time] if next_arrival < len(pending) else []
                 upcoming += [aborts[next_abort][0]] if next_abort < len(aborts) else []
                 if not upcoming:
                     raise EngineStalled(
-                        f"step {rec.step}: {sched.get_num_unfinished_requests()} unfinished "
+                        f"step {step - 1}: {unfinished()} unfinished "
                         f"requests but nothing scheduled and no arrival or abort ahead")
                 clock = max(clock, min(upcoming))
         summary.clock = clock
         return summary
+
+    def _rank_step(self, rank: _Rank, rec: StepRecord, throttle: bool,
+                   summary: EngineSummary) -> int:
+        """One rank's share of a step: schedule and launch a batch whenever
+        there is work (vLLM step_with_batch_queue); process the oldest batch
+        once ``max_concurrent_batches`` are in flight, or when nothing new was
+        launched. Batches are never "done early": the pipeline stays full.
+        Returns the tokens scheduled."""
+        config, sched = self.config, rank.sched
+        total = 0
+        if sched.get_num_unfinished_requests():
+            before = sched.snapshot()
+            rec.waiting_before, rec.running_before = list(before.waiting), list(before.running)
+            rec.num_free_blocks_before = before.num_free_blocks
+            output = sched.schedule(throttle) if throttle else sched.schedule()
+            rec.output = output
+            after = sched.snapshot()
+            rec.waiting_after, rec.running_after = list(after.waiting), list(after.running)
+            rec.num_free_blocks_after_schedule = after.num_free_blocks
+            sampled = self.runner.execute(output)
+            rank.in_flight.append((rec.step, output, sampled))
+            total = output.total_num_scheduled_tokens
+            summary.preemptions += len(output.preemptions)
+            summary.prefix_hit_tokens += sum(s.num_prefix_hit_tokens for s in output.scheduled)
+            summary.scheduled_tokens += total
+        if rank.in_flight and (len(rank.in_flight) >= config.max_concurrent_batches or total == 0):
+            batch_step, batch, rec.sampled = rank.in_flight.popleft()
+            rec.update_batch_step = batch_step
+            rec.update = sched.update_from_output(batch, rec.sampled)
+            rec.num_free_blocks_after_update = sched.snapshot().num_free_blocks
+            for fin in rec.update.finished:
+                self.runner.finish(fin.request_id)
+            if config.num_speculative_tokens > 0:
+                finished = {f.request_id for f in rec.update.finished}
+                proposals = self.runner.propose_drafts(
+                    [s.request_id for s in batch.scheduled if s.request_id not in finished],
+                    config.num_speculative_tokens, config.draft_acceptance_rate)
+                rec.drafts = sched.update_draft_token_ids(proposals)
+            summary.finished += len(rec.update.finished)
+            summary.draft_tokens += rec.update.num_draft_tokens
+            summary.rejected_draft_tokens += rec.update.num_rejected_draft_tokens
+        return total
 
     def _make_request(self, spec: RequestSpec) -> Request:
         params = SamplingParams(

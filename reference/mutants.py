@@ -417,6 +417,14 @@ class IgnorePrefillCadence(Scheduler):
         return output
 
 
+class IgnoreThrottle(Scheduler):
+    """Ignores the data-parallel coordinator's throttle_prefills flag
+    (PREFILL-DEFER)."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        return super().schedule(False)
+
+
 # Mutant name -> (class, the invariant that must catch it).
 MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "admit-after-preempt": (AdmitAfterPreempt, "NO-ADMIT-AFTER-PREEMPT"),
@@ -443,6 +451,7 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "no-stale-skip": (NoStaleSkip, "STALE-OUTPUT"),
     "no-async-max-tokens-guard": (NoAsyncMaxTokensGuard, "ASYNC-PLACEHOLDERS"),
     "ignore-prefill-cadence": (IgnorePrefillCadence, "PREFILL-DEFER"),
+    "ignore-throttle": (IgnoreThrottle, "PREFILL-DEFER"),
     "ignore-max-num-seqs": (IgnoreMaxNumSeqs, "MAX-NUM-SEQS"),
     "no-stop-on-max-tokens": (NoStopOnMaxTokens, "STOP-RULES"),
 }

@@ -64,7 +64,10 @@ class Scheduler:
         self.processed_step_seq = 0   # +1 per update_from_output of such a step
         self.deferred_frees: deque[tuple[int, list[KVCacheBlock]]] = deque()
         # Prefill gating (spec 7.1, 10.4).
-        self.local_prefill_interval = config.prefill_schedule_interval
+        # With data parallelism the interval drives the coordinator's throttle
+        # flag instead (spec 10.4).
+        self.local_prefill_interval = (config.prefill_schedule_interval
+                                       if config.data_parallel_size == 1 else 1)
         self.prefill_capacity_bound = False
         self.last_prefill_step = -self.local_prefill_interval
         self.num_executed_steps = 0

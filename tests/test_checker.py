@@ -38,7 +38,7 @@ def test_arrival_admissible_fires_on_a_needless_rejection() -> None:
 
 
 def test_every_invariant_is_shown_to_fire() -> None:
-    fired = {"ARRIVAL-ADMISSIBLE", "SPEC-ACCEPTANCE"}  # the doctored-trace tests here
+    fired = {"ARRIVAL-ADMISSIBLE", "SPEC-ACCEPTANCE", "DP-ROUTING"}  # doctored-trace tests here
     for row in kill_matrix():
         for cell in row.cells.values():
             fired |= set(cell.result.by_invariant)
@@ -76,3 +76,27 @@ def test_spec_acceptance_fires_when_the_model_output_ignores_the_drafts(tmp_path
             break
     assert [(v.invariant, v.step, v.request) for v in checker.result.violations][0] == \
         ("SPEC-ACCEPTANCE", doctored[0], doctored[1])
+
+
+def test_dp_routing_fires_when_an_arrival_goes_to_the_busier_rank(tmp_path) -> None:
+    """The coordinator (engine side, not a scheduler) routes to the least
+    loaded rank: shown on a doctored data-parallel trace."""
+    from harness.check import check_steps
+    from harness.recorder import record
+    from harness.scenarios import SCENARIOS
+    from harness.trace import open_trace
+
+    scenario = SCENARIOS["dp2-throttle"]
+    path = tmp_path / "dp.parquet"
+    record(scenario.make_workload(), scenario.engine_config(), path)
+    trace = open_trace(path)
+    steps = list(trace.iter_steps())
+    assert check_steps(trace.meta["config"], steps).ok
+    # Move the first arrival routed to rank 1 onto rank 0.
+    arrival = next(e for _, events in steps for e in events
+                   if e["kind"] == "arrival" and e["rank"] == 1)
+    arrival["rank"] = 0
+    result = check_steps(trace.meta["config"], steps)
+    first = next(v for v in result.violations if v.invariant == "DP-ROUTING")
+    assert first.request == arrival["request_id"]
+    assert first.message.startswith("routed to rank 0, but rank 1 had the fewest unfinished")

@@ -126,7 +126,7 @@ def test_mutants_command_prints_kill_matrix() -> None:
     assert report["survivors"] == ["leak-on-abort", "double-free-shared", "ignore-threshold",
                                    "drafts-on-prefill", "no-draft-rollback", "free-before-fence",
                                    "no-stale-skip", "no-async-max-tokens-guard",
-                                   "ignore-prefill-cadence"]
+                                   "ignore-prefill-cadence", "ignore-throttle"]
     assert report["reference_violations"] == {}
     cell = report["matrix"]["preempt-head"]["cells"]["fcfs-tight"]
     assert (cell["target_hits"], cell["ended"]) == (1, "")

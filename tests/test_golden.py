@@ -43,6 +43,7 @@ EXPECTED = {
     "async-pipeline-3": (183, 40, 40, 15, 88),
     "deferred-frees": (213, 50, 47, 3, 104),
     "prefill-cadence": (193, 40, 40, 0, 0),
+    "dp2-throttle": (210, 60, 60, 2, 44),
 }
 
 

@@ -1,0 +1,393 @@
+"""Property-based fuzzing of a candidate scheduler (issue 7).
+
+Hypothesis generates small engine configs and workloads whose correct
+decisions are unambiguous (tiny pools, block-boundary prompt lengths, shared
+prefixes of whole and partial blocks, priority ties broken by distinct request
+ids, arrival bursts, ``max_tokens`` 1, aborts, scripted EOS, speculative
+decoding, async scheduling, deferred frees, prefill cadence, ...). Each case
+runs in memory on the reference and on the candidate; every invariant is
+checked (``harness.check.check_steps``) and, for a candidate other than the
+reference, its rows are compared step by step with the reference's
+(``harness.replay.first_difference``). The first failure is shrunk by
+hypothesis and written to a folder as a replayable Parquet trace plus a JSON
+description.
+
+Only valid configs are generated (``reference.config.EngineConfig``
+validation): chunked prefill off implies ``max_num_batched_tokens >=
+max_model_len``; ``long_prefill_token_threshold`` is 0 or >= 1 +
+``num_speculative_tokens``; async scheduling never with speculative decoding;
+``defer_block_free`` only with ``max_concurrent_batches >= 2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
+from hypothesis import strategies as st
+
+from reference.candidate import CandidateError, CandidateFactory
+from reference.config import EngineConfig
+from reference.engine import EngineStalled
+from reference.scheduler import Scheduler
+from reference.workload import EOS_TOKEN_ID, RequestSpec, Workload
+
+from harness.check import CheckResult, check_steps
+from harness.recorder import Row, record, run_to_rows
+from harness.replay import first_difference
+
+MAX_REQUESTS = 12
+MAX_PROMPT = 64
+# Arrival / abort times are multiples of this (seconds); a step lasts at least
+# step_fixed_s = 5 ms, so equal multiples make bursts and small ones interleave.
+TIME_QUANTUM = 0.004
+
+
+# ----------------------------------------------------------------- the case
+
+@dataclass(frozen=True)
+class FuzzCase:
+    """One generated scenario: an engine config, requests and the engine seed."""
+
+    config: dict[str, Any]
+    requests: tuple[RequestSpec, ...]
+    seed: int = 0
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(**self.config)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": dict(self.config), "seed": self.seed,
+                "requests": [_spec_dict(r) for r in self.requests]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FuzzCase:
+        specs = tuple(RequestSpec(**{**r, "prompt_token_ids": tuple(r["prompt_token_ids"]),
+                                     "stop_token_ids": tuple(r.get("stop_token_ids", ()))})
+                      for r in data["requests"])
+        return cls(dict(data["config"]), specs, int(data.get("seed", 0)))
+
+    def workload(self) -> Workload:
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        reqs = tuple(sorted(self.requests, key=lambda r: (r.arrival_time, r.request_id)))
+        return Workload(source="fuzz", sha256=hashlib.sha256(canonical.encode()).hexdigest(),
+                        params={"fuzz": True, "num_requests": len(reqs)}, requests=reqs)
+
+    def describe(self) -> str:
+        c = self.config
+        flags = [f"bs={c['block_size']}", f"blocks={c['num_gpu_blocks']}", f"mml={c['max_model_len']}",
+                 f"seqs={c['max_num_seqs']}", f"budget={c['max_num_batched_tokens']}", c["policy"]]
+        for key in ("num_speculative_tokens", "max_concurrent_batches", "prefill_schedule_interval",
+                    "long_prefill_token_threshold"):
+            default = EngineConfig.__dataclass_fields__[key].default
+            if c.get(key, default) != default:
+                flags.append(f"{key}={c[key]}")
+        for key in ("async_scheduling", "defer_block_free"):
+            if c.get(key):
+                flags.append(key)
+        for key in ("enable_chunked_prefill", "enable_prefix_caching", "scheduler_reserve_full_isl"):
+            if not c.get(key, True):
+                flags.append(f"no-{key}")
+        return f"{len(self.requests)} requests; " + " ".join(flags)
+
+
+def _spec_dict(spec: RequestSpec) -> dict[str, Any]:
+    d = dataclasses.asdict(spec)
+    d["prompt_token_ids"] = list(spec.prompt_token_ids)
+    d["stop_token_ids"] = list(spec.stop_token_ids)
+    return d
+
+
+# ----------------------------------------------------------------- strategies
+
+@st.composite
+def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
+    """A small, valid EngineConfig as a dict (``EngineConfig(**d)`` accepts it)."""
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    max_blocks_per_seq = draw(st.integers(1, max(1, 72 // block_size)))
+    max_model_len = block_size * max_blocks_per_seq + draw(st.sampled_from([0, 0, -1, 1]))
+    max_model_len = max(2, min(max_model_len, 72))
+    needed = -(-max_model_len // block_size)
+    # Tiny pools: just enough blocks for one max_model_len request, plus a few.
+    num_gpu_blocks = needed + 1 + draw(st.sampled_from([0, 0, 1, 2, 3, 5, 8]))
+    max_num_seqs = draw(st.integers(1, 4))
+    spec_tokens = draw(st.sampled_from([0, 0, 0, 1, 2, 3]))
+    mcb = draw(st.sampled_from([1, 1, 1, 2, 3]))
+    async_sched = mcb >= 2 and spec_tokens == 0 and draw(st.booleans())
+    defer = mcb >= 2 and draw(st.booleans())
+    chunked = draw(st.booleans()) or max_model_len > 64
+    if chunked:
+        budget = draw(st.integers(max(max_num_seqs, 1 + spec_tokens), 64))
+    else:
+        budget = draw(st.integers(max(max_model_len, max_num_seqs), max(max_model_len, max_num_seqs) + 16))
+    threshold = 0
+    if draw(st.booleans()) and max_model_len >= 1 + spec_tokens:
+        threshold = draw(st.integers(1 + spec_tokens, min(max_model_len, 1 + spec_tokens + 12)))
+    return {
+        "num_gpu_blocks": num_gpu_blocks,
+        "block_size": block_size,
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": budget,
+        "policy": draw(st.sampled_from(["fcfs", "priority"])),
+        "enable_prefix_caching": draw(st.sampled_from([True, True, True, False])),
+        "enable_chunked_prefill": chunked,
+        "long_prefill_token_threshold": threshold,
+        "watermark": draw(st.sampled_from([0.0, 0.0, 0.01, 0.05, 0.1])),
+        "scheduler_reserve_full_isl": draw(st.booleans()),
+        "num_speculative_tokens": spec_tokens,
+        "draft_acceptance_rate": draw(st.sampled_from([0.0, 0.5, 1.0])),
+        "max_concurrent_batches": mcb,
+        "async_scheduling": async_sched,
+        "defer_block_free": defer,
+        "prefill_schedule_interval": draw(st.integers(1, 3)),
+    }
+
+
+def _boundary_lengths(block_size: int, limit: int) -> list[int]:
+    """Prompt lengths at block boundaries +-1, within [1, limit]."""
+    out = set()
+    for k in range(0, limit // block_size + 2):
+        for d in (-1, 0, 1):
+            n = k * block_size + d
+            if 1 <= n <= limit:
+                out.add(n)
+    return sorted(out)
+
+
+@st.composite
+def request_specs(draw: st.DrawFn, config: dict[str, Any]) -> tuple[RequestSpec, ...]:
+    """Up to MAX_REQUESTS requests for ``config``: mostly prompts that fit
+    (a prompt of max_model_len tokens or more is rejected, sometimes on purpose)."""
+    bs, mml = config["block_size"], config["max_model_len"]
+    n = draw(st.integers(1, MAX_REQUESTS))
+    limit = min(MAX_PROMPT, mml)  # == mml: rejected at arrival
+    lengths = _boundary_lengths(bs, limit)
+    # One shared base sequence; each request takes a prefix of it (whole or
+    # partial blocks) and then its own tokens.
+    base = [100 + i for i in range(MAX_PROMPT)]
+    specs = []
+    t = 0
+    for i in range(n):
+        length = draw(st.sampled_from(lengths))
+        if length >= mml and draw(st.integers(0, 3)):  # keep rejections rare
+            length = max(1, mml - 1)
+        shared = draw(st.sampled_from([0, 0] + [x for x in _boundary_lengths(bs, length)]))
+        own = [1000 + 100 * i + j for j in range(length - shared)]
+        prompt = tuple(base[:shared] + own)
+        t += draw(st.sampled_from([0, 0, 0, 1, 2, 5]))  # bursts: equal arrival times
+        arrival = t * TIME_QUANTUM
+        max_tokens = draw(st.sampled_from([1, 1, 2, 3, 5, 8]))
+        eos = draw(st.sampled_from([None, None, 1, 2, 4]))
+        abort = draw(st.sampled_from([None, None, None, 0, 1, 3, 8]))
+        specs.append(RequestSpec(
+            request_id=f"r{i:06d}",
+            arrival_time=arrival,
+            prompt_token_ids=prompt,
+            max_tokens=max_tokens,
+            ignore_eos=eos is None,
+            eos_token_id=EOS_TOKEN_ID,
+            priority=draw(st.integers(0, 2)) if config["policy"] == "priority" else 0,
+            scripted_output_len=eos,
+            abort_time=None if abort is None else arrival + abort * TIME_QUANTUM,
+        ))
+    return tuple(specs)
+
+
+@st.composite
+def fuzz_cases(draw: st.DrawFn) -> FuzzCase:
+    config = draw(engine_configs())
+    EngineConfig(**config)  # the strategy only generates valid configs
+    return FuzzCase(config, draw(request_specs(config)), draw(st.sampled_from([0, 0, 1])))
+
+
+# ----------------------------------------------------------------- evaluation
+
+@dataclass
+class Run:
+    """One in-memory run: its steps (rows), how it ended, its check result."""
+
+    steps: list[tuple[int, list[Row]]]
+    ended: str  # "" normally, "stalled: ...", or "exception: ..."
+    result: CheckResult
+
+
+@dataclass
+class Failure:
+    """Why a case fails. ``kind``: reference-violation, violation, divergence,
+    exception or stall."""
+
+    kind: str
+    message: str
+    invariants: dict[str, int] = field(default_factory=dict)
+    step: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "invariants": self.invariants,
+                "step": self.step, **self.details}
+
+
+def run_case(factory: CandidateFactory, case: FuzzCase) -> Run:
+    steps: list[tuple[int, list[Row]]] = []
+    ended = ""
+    config = case.engine_config()
+    try:
+        run_to_rows(case.workload(), config, seed=case.seed, candidate_factory=factory,
+                    on_step_rows=lambda s, rows: steps.append((s, rows)))
+    except EngineStalled as exc:
+        ended = f"stalled: {exc}"
+    except CandidateError as exc:
+        ended = f"exception: {exc}"
+    return Run(steps, ended, check_steps(config.to_dict(), steps))
+
+
+def _violation_failure(kind: str, result: CheckResult) -> Failure:
+    first = result.violations[0]
+    return Failure(kind, f"{first.invariant} at step {first.step}"
+                   + (f", request {first.request}" if first.request else "") + f": {first.message}",
+                   dict(result.by_invariant), first.step,
+                   {"violations": [v.to_dict() for v in result.violations[:5]]})
+
+
+def evaluate(factory: CandidateFactory | None, case: FuzzCase) -> Failure | None:
+    """None if ``case`` passes; ``factory`` None or Scheduler means the reference alone."""
+    ref = run_case(Scheduler, case)
+    if not ref.result.ok:
+        return _violation_failure("reference-violation", ref.result)
+    if ref.ended.startswith("exception"):
+        return Failure("reference-violation", f"the reference raised: {ref.ended}")
+    if factory is None or factory is Scheduler:
+        return None
+    cand = run_case(factory, case)
+    if cand.ended.startswith("exception"):
+        return Failure("exception", cand.ended, step=cand.steps[-1][0] + 1 if cand.steps else 0)
+    if cand.ended and cand.ended != ref.ended:
+        return Failure("stall", cand.ended, dict(cand.result.by_invariant),
+                       cand.steps[-1][0] if cand.steps else 0)
+    if not cand.result.ok:
+        return _violation_failure("violation", cand.result)
+    for (rs, rrows), (cs, crows) in zip(ref.steps, cand.steps):
+        if rs != cs:
+            return Failure("divergence", f"step numbers differ: reference {rs}, candidate {cs}", step=rs)
+        d = first_difference(rs, rrows, crows)
+        if d is not None:
+            return Failure("divergence", f"step {d.step}, event #{d.event_index} ({d.kind or '-'}), "
+                           f"request {d.request or '-'}, field {d.field}: expected {d.expected!r}, "
+                           f"got {d.actual!r}", step=d.step, details={"divergence": d.to_dict()})
+    if len(ref.steps) != len(cand.steps):
+        return Failure("divergence", f"reference ran {len(ref.steps)} steps, candidate {len(cand.steps)}",
+                       step=min(len(ref.steps), len(cand.steps)))
+    return None
+
+
+# ----------------------------------------------------------------- the search
+
+class _StopFuzz(Exception):
+    """Raised inside the property to end generation when the time budget is spent."""
+
+
+class _Found(AssertionError):
+    pass
+
+
+@dataclass
+class FuzzResult:
+    examples: int
+    elapsed_s: float
+    case: FuzzCase | None = None
+    failure: Failure | None = None
+    shrink_calls: int = 0
+    budget_exhausted: bool = False
+
+    @property
+    def found(self) -> bool:
+        return self.failure is not None
+
+
+def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int = 0,
+         time_budget_s: float | None = None,
+         on_example: Callable[[int, bool], None] | None = None) -> FuzzResult:
+    """Search for a failing case; deterministic for a given ``seed`` (no
+    database, no deadline). On a failure hypothesis shrinks it and the
+    returned ``case`` is the minimal one. ``on_example(n, shrinking)`` is
+    called after each example."""
+    start = time.monotonic()
+    state = {"n": 0, "found": False, "last": None, "shrink": 0, "stopped": False}
+
+    @settings(max_examples=max_examples, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+              phases=[Phase.generate, Phase.shrink], print_blob=False, verbosity=Verbosity.quiet)
+    @hyp_seed(seed)
+    @given(fuzz_cases())
+    def prop(case: FuzzCase) -> None:
+        if not state["found"] and time_budget_s is not None \
+                and time.monotonic() - start > time_budget_s:
+            state["stopped"] = True
+            raise _StopFuzz()
+        if state["found"]:
+            state["shrink"] += 1
+        else:
+            state["n"] += 1
+        failure = evaluate(factory, case)
+        if on_example is not None:
+            on_example(state["n"], state["found"])
+        if failure is not None:
+            state["found"] = True
+            state["last"] = (case, failure)
+            raise _Found(failure.message)
+
+    try:
+        prop()
+    except _StopFuzz:
+        return FuzzResult(state["n"], time.monotonic() - start, budget_exhausted=True)
+    except _Found:
+        case, failure = state["last"]
+        return FuzzResult(state["n"], time.monotonic() - start, case, failure, state["shrink"],
+                          state["stopped"])
+    return FuzzResult(state["n"], time.monotonic() - start)
+
+
+def _slug(spec: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", spec).strip("-") or "candidate"
+
+
+def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, result: FuzzResult,
+                  seed: int) -> tuple[Path, Path, str]:
+    """Write the minimal case's trace and a JSON description; returns
+    (trace path, JSON path, the replay command).
+
+    The trace is recorded with the candidate (engine=SPEC) when the candidate
+    violates an invariant or stalls: replaying it checks it and fails. When
+    the candidate only diverges from the reference, or raises, the trace is
+    the reference's (engine=reference): replaying it with ``--candidate SPEC``
+    reports the divergence.
+    """
+    assert result.case is not None and result.failure is not None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = f"fuzz-{_slug(spec)}-seed{seed}"
+    trace_path = out / f"{base}.parquet"
+    case, failure = result.case, result.failure
+    engine, rec_factory = spec, factory
+    if failure.kind in ("divergence", "exception", "reference-violation"):
+        engine, rec_factory = "reference", Scheduler
+    summary = record(case.workload(), case.engine_config(), trace_path, seed=case.seed,
+                     engine=engine, candidate_factory=rec_factory)
+    command = f"harness replay {trace_path} --candidate {spec}"
+    info = {"candidate": spec, "fuzz_seed": seed, "trace": str(trace_path), "trace_engine": engine,
+            "replay_command": command, "failure": failure.to_dict(),
+            "examples_before_failure": result.examples, "shrink_calls": result.shrink_calls,
+            "num_requests": len(case.requests), "num_steps": summary.steps,
+            "summary": case.describe(), "scenario": case.to_dict()}
+    json_path = out / f"{base}.json"
+    json_path.write_text(json.dumps(info, indent=2, default=str) + "\n")
+    return trace_path, json_path, command
