@@ -128,7 +128,7 @@ class TraceChecker:
         # (fence, blocks in free order); their blocks stay held until drained.
         self.sched_seq = 0
         self.processed_seq = 0
-        self.deferred: deque[tuple[int, list[int]]] = deque()
+        self.deferred: deque[tuple[int, list[int], str]] = deque()  # (fence, blocks, holder)
         # Prefill gating (spec 7.1, 10.4), recomputed from the trace.
         self.interval: int = config.get("prefill_schedule_interval", 1)
         self.dp_interval = 1  # the DP coordinator's throttle cadence (set by check_steps)
@@ -240,12 +240,14 @@ class TraceChecker:
             self._violate("DEFERRED-FREE-FENCED", req.request_id,
                           f"{kind} deferred a free (fence {fence}) with defer_block_free off")
         if fence is not None:
-            holder = f"<deferred free, fence {fence}>"
+            # Each deferred entry keeps its own reference: two entries may
+            # share a prefix block, which returns only when both drained.
+            holder = f"<deferred free of {req.request_id}, fence {fence}>"
             for block in expected:
                 holders = self.owners.setdefault(block, set())
                 holders.discard(req.request_id)
                 holders.add(holder)
-            self.deferred.append((fence, expected))
+            self.deferred.append((fence, expected, holder))
         else:
             self._return_blocks(expected, req.request_id)
         req.blocks = []
@@ -726,7 +728,7 @@ class TraceChecker:
         if self.defer and batch.total > 0:
             self.processed_seq += 1
             st.expected_drains = 0
-            for fence, _ in self.deferred:
+            for fence, _, _ in self.deferred:
                 if fence > self.processed_seq:
                     break
                 st.expected_drains += 1
@@ -738,14 +740,14 @@ class TraceChecker:
                           f"drained blocks {blocks} (fence {fence}) before processed_step_seq "
                           f"{self.processed_seq} reached a pending fence")
             return
-        head_fence, head_blocks = self.deferred.popleft()
+        head_fence, head_blocks, holder = self.deferred.popleft()
         st.drains += 1
         self.result.deferred_frees += 1
         if (fence, blocks) != (head_fence, head_blocks):
             self._violate("DEFERRED-FREE-FENCED", None,
                           f"drained (fence {fence}, {blocks}); the oldest deferred free is "
                           f"(fence {head_fence}, {head_blocks})")
-        self._return_blocks(head_blocks, f"<deferred free, fence {head_fence}>")
+        self._return_blocks(head_blocks, holder)
 
     def _on_output(self, ev: dict, st: _StepState) -> None:
         rid = ev["request_id"]

@@ -15,7 +15,8 @@ description.
 Only valid configs are generated (``reference.config.EngineConfig``
 validation): chunked prefill off implies ``max_num_batched_tokens >=
 max_model_len``; ``long_prefill_token_threshold`` is 0 or >= 1 +
-``num_speculative_tokens``; async scheduling never with speculative decoding;
+``num_speculative_tokens``; more than one batch in flight (and so async
+scheduling) never with speculative decoding;
 ``defer_block_free`` only with ``max_concurrent_batches >= 2``.
 """
 
@@ -120,7 +121,8 @@ def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
     num_gpu_blocks = needed + 1 + draw(st.sampled_from([0, 0, 1, 2, 3, 5, 8]))
     max_num_seqs = draw(st.integers(1, 4))
     spec_tokens = draw(st.sampled_from([0, 0, 0, 1, 2, 3]))
-    mcb = draw(st.sampled_from([1, 1, 1, 2, 3]))
+    # Speculative decoding is modelled only with one batch in flight.
+    mcb = 1 if spec_tokens else draw(st.sampled_from([1, 1, 1, 2, 3]))
     async_sched = mcb >= 2 and spec_tokens == 0 and draw(st.booleans())
     defer = mcb >= 2 and draw(st.booleans())
     chunked = draw(st.booleans()) or max_model_len > 64
