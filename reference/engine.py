@@ -227,7 +227,6 @@ class Engine:
 
             throttle = dp_interval > 1 and step % dp_interval != 0
             totals = [self._rank_step(rank, records[rank.index], throttle, summary) for rank in ranks]
-            summary.steps += 1
             if any((rec.update is not None and (rec.update.new_token_ids or rec.update.finished))
                    or rec.aborts for rec in records):
                 last_progress = step
@@ -235,6 +234,7 @@ class Engine:
                 raise EngineStalled(
                     f"step {step}: no token sampled and nothing finished for "
                     f"{self.progress_window} steps (livelock)")
+            summary.steps += 1
             if on_step is not None:
                 records[0].peers = records[1:]
                 on_step(records[0])
@@ -242,8 +242,12 @@ class Engine:
 
             # Lockstep: the step lasts as long as its busiest rank.
             clock += config.step_fixed_s + config.step_per_token_s * max(totals)
-            if not any(totals) and not any(r.in_flight for r in ranks) and unfinished():
-                # Nothing ran: only a new arrival or abort can unblock us.
+            # Nothing ran and nothing changed (a preemption or a deferred
+            # prefill changes what the next step does): only a new arrival or
+            # abort can unblock us.
+            changed = any(rec.output is not None and (rec.output.preemptions or rec.output.defer_prefills)
+                          for rec in records)
+            if not any(totals) and not any(r.in_flight for r in ranks) and unfinished() and not changed:
                 upcoming = [pending[next_arrival].arrival_time] if next_arrival < len(pending) else []
                 upcoming += [aborts[next_abort][0]] if next_abort < len(aborts) else []
                 if not upcoming:

@@ -260,3 +260,27 @@ def test_fuzz_found_shared_prefix_block_in_two_deferred_frees_false_alarm():
     case = FuzzCase.from_dict(json.loads(
         (REGRESSIONS / "fuzz-checker-shared-block-two-deferred-frees.json").read_text())["scenario"])
     assert evaluate(None, case) is None
+
+
+def test_fuzz_found_false_stall_after_a_step_that_only_preempted():
+    """Regression (found by `harness fuzz --seed 2`): under PRIORITY a request
+    preempted itself and the other running one was a deferred prefill chunk,
+    so the step scheduled nothing; the engine took that for a permanent stall,
+    although the next step (no decode left to protect) runs the prefill."""
+    case = FuzzCase.from_dict(json.loads(
+        (REGRESSIONS / "fuzz-engine-false-stall-after-self-preemption.json").read_text())["scenario"])
+    assert evaluate(None, case) is None
+
+
+def test_fuzz_finding_priority_tie_preemption_livelock():
+    """A finding (`harness fuzz --seed 6`), shared by real vLLM 0.33.0 (see
+    tests/test_vllm.py): two requests of equal priority and arrival time whose
+    prompts do not fit the pool together, caching off, one token per step.
+    The PRIORITY victim is the first running request with the largest
+    (priority, arrival_time): the older one, which restarts from zero; the two
+    preempt each other forever. LIVENESS reports it."""
+    case = FuzzCase.from_dict(json.loads(
+        (REGRESSIONS / "fuzz-finding-priority-tie-preemption-livelock.json").read_text())["scenario"])
+    failure = evaluate(None, case)
+    assert failure is not None and failure.kind == "reference-violation"
+    assert set(failure.to_dict()["invariants"]) == {"LIVENESS"}

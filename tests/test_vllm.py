@@ -190,6 +190,30 @@ def test_driver_error_is_reported_with_the_failing_op(vllm_env):
 
 @vllm
 @needs_vllm
+def test_known_finding_priority_tie_preemption_livelock_in_vllm(vllm_env, tmp_path):
+    """Found by `harness fuzz --seed 6`: with equal priorities and arrival
+    times, caching off, one token per step and a pool that cannot hold both
+    prompts, vLLM 0.33.0's PRIORITY victim (the first running request with the
+    largest (priority, arrival_time), i.e. the older one) makes two requests
+    preempt each other forever: the reference and real vLLM take identical
+    decisions until the harness's livelock detector stops them."""
+    from harness.fuzz import FuzzCase
+    from harness.replay import replay
+
+    case = FuzzCase.from_dict(json.loads(
+        (REPO / "tests" / "regressions" / "fuzz-finding-priority-tie-preemption-livelock.json").read_text())["scenario"])
+    path = tmp_path / "livelock.parquet"
+    summary = record(case.workload(), case.engine_config(), path, seed=case.seed)
+    assert summary.stalled is not None and "livelock" in summary.stalled
+    trace = open_trace(path)
+    assert set(check_steps(trace.meta["config"], trace.iter_steps()).by_invariant) == {"LIVENESS"}
+    divergence, steps = replay(trace, resolve_candidate(SPEC))
+    assert divergence is None and steps == summary.steps
+    gc.collect()
+
+
+@vllm
+@needs_vllm
 def test_known_finding_padded_spec_decode_with_small_threshold_crashes_vllm(vllm_env, tmp_path):
     """vLLM 0.33.0 pads a new decode to 1 + K tokens, then caps it at
     long_prefill_token_threshold (< 1 + K) and fails its own assert
