@@ -151,6 +151,7 @@ def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
         "async_scheduling": async_sched,
         "defer_block_free": defer,
         "prefill_schedule_interval": draw(st.integers(1, 3)),
+        "data_parallel_size": draw(st.sampled_from([1, 1, 1, 2])),
     }
 
 
