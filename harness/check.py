@@ -73,7 +73,9 @@ class _Req:
 
 @dataclass
 class CheckResult:
-    """Outcome of ``check_trace``; counts are over the whole trace."""
+    """Outcome of ``check_steps``: counts over the whole trace, recomputed from its rows
+    (deliberately not shared with the engine's ``EngineSummary``: the checker trusts
+    only the trace, and tests compare the two)."""
 
     steps: int = 0
     requests: int = 0
