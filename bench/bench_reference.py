@@ -16,7 +16,10 @@ Figures:
   (c) check: harness.check.check_steps over open_trace(...).iter_steps();
   (d) pyarrow alone: pq.read_table of the same file, for comparison with (c);
   (e) replay: harness.replay.replay of the reference scheduler against the
-      file (the `harness replay` command runs (c) first, then this).
+      file (the `harness replay` command runs (c) first, then this);
+  (f) feature presets (README "Feature presets"): engine only, one run
+      each, on the same workload with the demo config plus the preset's keys,
+      with the figure that shows the feature was exercised.
 
 Timings use time.perf_counter. (a), (c) and (d) report the best of --repeat
 runs (default 3); (b) and (e), the slow end-to-end parts, run once.
@@ -51,7 +54,7 @@ from harness.trace import open_trace  # noqa: E402
 from reference.config import EngineConfig  # noqa: E402
 from reference.engine import Engine  # noqa: E402
 from reference.scheduler import Scheduler  # noqa: E402
-from reference.workload import WorkloadError, load_workload  # noqa: E402
+from reference.workload import WorkloadError, load_workload, with_eos_stops  # noqa: E402
 
 AZURE_CODE = (REPO / ".." / "shared" / "data" / "azure-llm-inference-2023"
               / "AzureLLMInferenceTrace_code.csv").resolve()
@@ -59,6 +62,15 @@ AZURE_CODE = (REPO / ".." / "shared" / "data" / "azure-llm-inference-2023"
 # The `make demo` configuration (see Makefile).
 DEMO_CONFIG = {"num_gpu_blocks": 1200, "max_num_seqs": 64, "max_num_batched_tokens": 2048,
                "max_model_len": 8192}
+# README presets: (name, extra config, stop on EOS?, summary figure).
+PRESETS: list[tuple[str, dict[str, Any], bool]] = [
+    ("spec decode", {"num_speculative_tokens": 3}, False),
+    ("async + deferred frees", {"async_scheduling": True, "max_concurrent_batches": 2,
+                               "defer_block_free": True}, True),
+    ("DP=2 + throttle", {"data_parallel_size": 2, "prefill_schedule_interval": 4}, False),
+    ("KV connector", {"kv_connector": True, "kv_store_fraction": 0.98, "kv_load_steps": 4,
+                      "kv_load_failure_rate": 0.1}, False),
+]
 TIME_SCALE = 10.0
 SEED = 0
 
@@ -170,6 +182,18 @@ def main(argv: list[str] | None = None) -> int:
                          f"{fmt_rate(compared / replay_s, 'steps/s')}  "
                          f"{compared:,} steps compared, "
                          + ("identical" if divergence is None else f"DIVERGED at step {divergence.step}")))
+
+    # (f) Feature presets, engine only.
+    for name, extra, stop_on_eos in PRESETS:
+        preset_workload = with_eos_stops(workload) if stop_on_eos else workload
+        t0 = time.perf_counter()
+        ps = Engine(EngineConfig(**DEMO_CONFIG, **extra), seed=SEED).run(preset_workload)
+        preset_s = time.perf_counter() - t0
+        feature = {"spec decode": f"{ps.draft_tokens:,} drafts, {ps.rejected_draft_tokens:,} rejected",
+                   "KV connector": f"{ps.remote_kv_loads:,} remote loads, {ps.failed_kv_loads} failed"}.get(
+                       name, f"{ps.preemptions} preemptions")
+        rows_out.append((f"(f) {name}", "1 run", preset_s,
+                         f"{fmt_rate(ps.steps / preset_s, 'steps/s')}  {ps.steps:,} steps, {feature}"))
 
     width = max(len(r[0]) for r in rows_out)
     runs_w = max(len(r[1]) for r in rows_out)

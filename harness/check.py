@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.check_encoder import EncoderChecks, EncoderStep, Item, block_extra_keys, request_items
 from harness.invariants import INVARIANTS
 
 MAX_PER_INVARIANT = 10
@@ -60,6 +61,10 @@ class _Req:
     in_flight: int = 0     # tokens scheduled in batches not yet processed
     stale: int = 0         # in-flight tokens scheduled before its preemption
     last_sched_seq: int = 0
+    num_preemptions: int = 0
+    kv_done: bool = False    # its async KV load was reported finished
+    kv_failed: bool = False  # ... with invalid blocks
+    items: tuple[Item, ...] = ()  # encoder inputs (multimodal items)
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
 
     @property
@@ -88,6 +93,8 @@ class CheckResult:
     rejected_draft_tokens: int = 0
     deferred_frees: int = 0          # frees held behind a fence (and drained later)
     deferred_prefill_steps: int = 0  # steps that deferred prefill compute
+    remote_kv_loads: int = 0         # async KV loads started
+    failed_kv_loads: int = 0         # ... reported with invalid blocks
     events: int = 0
     violations: list[Violation] = field(default_factory=list)
     num_violations: int = 0
@@ -98,9 +105,11 @@ class CheckResult:
         return self.num_violations == 0
 
 
-def _chain(parent: bytes | None, tokens: list[int]) -> bytes:
+def _chain(parent: bytes | None, tokens: list[int], extra: tuple | None = None) -> bytes:
     h = hashlib.sha256(parent or b"root")
     h.update(array("q", tokens).tobytes())
+    if extra:
+        h.update(repr(extra).encode())
     return h.digest()
 
 
@@ -108,7 +117,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class TraceChecker:
+class TraceChecker(EncoderChecks):
     """Feed steps in order with ``check_step``; call ``finish`` at the end."""
 
     def __init__(self, config: dict[str, Any]) -> None:
@@ -138,6 +147,15 @@ class TraceChecker:
         self.last_prefill_step = -self.interval
         self.num_executed = 0
         self.deferred_waiting: set[str] = set()  # skipped and still waiting
+        # KV connector (spec 7.2, 10.2): which waiting requests sit in the
+        # kv-holding queue (examined first), requests still prefilling (the
+        # reservation of an async load), and requests finished while their
+        # load was in flight (they hold their blocks until it reports done).
+        self.kv_connector: bool = config.get("kv_connector", False)
+        self.recompute_kv: bool = config.get("kv_load_failure_policy", "recompute") == "recompute"
+        self.kv_queue: set[str] = set()
+        self.inflight: dict[str, None] = {}
+        self.kv_abandoned: dict[str, _Req] = {}
         self.result = CheckResult()
         self.reqs: dict[str, _Req] = {}
         self.owners: dict[int, set[str]] = {}
@@ -148,10 +166,15 @@ class TraceChecker:
         # Full blocks: content chain hash per block, and blocks per content.
         self.content: dict[int, bytes] = {}
         self.cached: dict[bytes, set[int]] = {}
+        # Blocks the pool still treats as cached (hashed) although their KV
+        # was never computed: cached by a chunk that a PRIORITY give-back
+        # withdrew (block -> the withdrawn request).
+        self.uncomputed: dict[int, str] = {}
         self.finished_since_schedule: set[str] = set()
         self.prev_running: list[str] = []
         self.prev_waiting: list[str] = []
         self.step = -1
+        self._init_encoder(config)
 
     # -- reporting -------------------------------------------------------------
     def _violate(self, invariant: str, request: str | None, message: str) -> None:
@@ -205,6 +228,7 @@ class TraceChecker:
                 self.free_queue_known = False
             self.free_queue.pop(block, None)
             # A fresh allocation evicts whatever the block cached before.
+            self.uncomputed.pop(block, None)
             old = self.content.pop(block, None)
             if old is not None:
                 self.cached[old].discard(block)
@@ -265,7 +289,7 @@ class TraceChecker:
             holders.discard(holder)
             if not holders:
                 del self.owners[block]
-                (to_tail if block in self.content else to_head).append(block)
+                (to_tail if block in self.content or block in self.uncomputed else to_head).append(block)
         for block in reversed(to_head):
             self.free_queue[block] = None
             self.free_queue.move_to_end(block, last=False)
@@ -276,8 +300,9 @@ class TraceChecker:
         """Content hashes of the request's first ``n_blocks`` full blocks."""
         while len(req.chain) < n_blocks:
             i = len(req.chain)
+            extra = block_extra_keys(req.items, i * self.bs, (i + 1) * self.bs) if req.items else None
             req.chain.append(_chain(req.chain[-1] if req.chain else None,
-                                    req.token_ids[i * self.bs:(i + 1) * self.bs]))
+                                    req.token_ids[i * self.bs:(i + 1) * self.bs], extra))
 
     def _register_full_blocks(self, req: _Req, upto_tokens: int) -> None:
         """Record the content of the request's blocks fully covered by
@@ -310,6 +335,8 @@ class TraceChecker:
         self.result.events += len(events)
         st = _StepState()
         for ev in events:
+            if self.enc_active:
+                self._enc_before(ev, st)
             handler = getattr(self, "_on_" + ev["kind"], None)
             if handler is None:
                 self._violate("STATE-CONTINUITY", ev.get("request_id"), f"unknown event kind {ev['kind']!r}")
@@ -325,9 +352,15 @@ class TraceChecker:
         if not prompt or len(prompt) >= self.max_model_len:
             self._violate("ARRIVAL-ADMISSIBLE", rid,
                           f"accepted a prompt of {len(prompt)} tokens with max_model_len {self.max_model_len}")
+        positions = ev.get("mm_positions")
+        if positions:
+            self.enc_active = True
+            why = self._enc_inadmissible(positions)
+            if why is not None:
+                self._violate("ARRIVAL-ADMISSIBLE", rid, f"accepted a request whose {why}")
         req = _Req(rid, ev["priority"], ev["arrival_time_s"], len(prompt), ev["max_tokens"],
                    ev["min_tokens"], None if ev["ignore_eos"] else ev["eos_token_id"],
-                   tuple(ev["stop_token_ids"] or ()), prompt)
+                   tuple(ev["stop_token_ids"] or ()), prompt, items=request_items(prompt, positions))
         self._note(req, f"arrived, {len(prompt)} prompt tokens, max_tokens {req.max_tokens}")
         self.reqs[rid] = req
         st.arrived.append(rid)
@@ -336,7 +369,7 @@ class TraceChecker:
         self.result.requests += 1
         self.result.rejected += 1
         n = len(ev["prompt_token_ids"] or [])
-        if 0 < n < self.max_model_len:
+        if 0 < n < self.max_model_len and self._enc_inadmissible(ev.get("mm_positions")) is None:
             self._violate("ARRIVAL-ADMISSIBLE", ev["request_id"],
                           f"rejected a {n}-token prompt that fits max_model_len {self.max_model_len}")
 
@@ -346,7 +379,21 @@ class TraceChecker:
         if req is None:
             self._violate("STATE-CONTINUITY", rid, f"{kind} of an unknown or finished request")
             return None
-        self._release_all(req, list(ev["block_ids"] or []), kind, ev.get("fence"))
+        freed = list(ev["block_ids"] or [])
+        if req.status == "WAITING_FOR_REMOTE_KVS" and not req.kv_done:
+            # Its load may still write the blocks: they stay until it reports.
+            if freed:
+                self._violate("REMOTE-KV-ABORT-HOLDS", rid,
+                              f"{kind} freed {freed} while its KV load was still in flight")
+                self._release_all(req, freed, kind, ev.get("fence"))
+            else:
+                self.kv_abandoned[rid] = req
+        else:
+            self._release_all(req, freed, kind, ev.get("fence"))
+        self.kv_queue.discard(rid)
+        self.inflight.pop(rid, None)
+        if req.items:
+            self._enc_on_finish(req)
         # A finished request leaves whichever queue it was in.
         self.prev_running = [r for r in self.prev_running if r != rid]
         self.prev_waiting = [r for r in self.prev_waiting if r != rid]
@@ -365,6 +412,7 @@ class TraceChecker:
         running, waiting = list(ev["running"]), list(ev["waiting"])
         st.running_before, st.waiting_before = running, waiting
         st.sim_running = list(running)
+        st.enc.budget_left = self.enc_budget
         expected_running = [r for r in self.prev_running if r not in st.aborted]
         if running != expected_running:
             self._violate("STATE-CONTINUITY", None,
@@ -395,6 +443,8 @@ class TraceChecker:
             self._violate("WAITING-NEVER-PREEMPTS", rid,
                           f"preempted after this step admitted {st.admitted}: admission must never preempt")
         req = self.reqs.get(rid)
+        if req is not None and req.status == "WAITING_FOR_REMOTE_KVS":
+            self._violate("REMOTE-KV-LOADING", rid, "preempted while loading remote KV")
         if req is None or req.status != "RUNNING" or rid not in st.sim_running:
             status = req.status if req else "unknown"
             self._violate("PREEMPT-ONLY-RUNNING", rid,
@@ -421,12 +471,16 @@ class TraceChecker:
             self._violate("COMPUTED-CONTINUITY", rid,
                           f"preempt says computed {ev['num_computed_tokens']}, expected {req.num_computed_tokens}")
         self._release_all(req, list(ev["block_ids"] or []), "preempt", ev.get("fence"))
+        if req.items:
+            self._enc_on_preempt(st, req)
         if rid in st.sim_running:
             index = st.sim_running.index(rid)
             st.sim_running.remove(rid)
             if index < st.last_running_index:
                 st.last_running_index -= 1
         req.status = "PREEMPTED"
+        req.num_preemptions += 1
+        self.inflight.pop(rid, None)
         req.num_computed_tokens = 0
         req.spec_token_ids = []  # drafts never survive a preemption
         req.stale = req.in_flight  # output still in flight is stale
@@ -447,11 +501,27 @@ class TraceChecker:
             self._violate("PRIORITY-GIVE-BACK", rid,
                           f"gave back {n} tokens but {st.scheduled_tokens.get(rid)} were scheduled")
         st.scheduled.remove(rid)
+        st.running_scheduled.discard(rid)
         st.total -= st.scheduled_tokens.pop(rid, 0)
         st.withdrawn.append(rid)
+        if self.enc_active:
+            self._enc_on_withdraw(ev, st, rid)
         req.num_computed_tokens -= n
         req.in_flight -= n
         req.placeholders -= st.placeholders_added.pop(rid, 0)
+        # The withdrawn chunk never runs: blocks its scheduling registered
+        # (eagerly, vLLM caches at allocation) hold no computed KV. Forget
+        # their content, so a later prefix hit on them is reported.
+        registered_before = st.registered_before.pop(rid, req.registered)
+        for i in range(registered_before, req.registered):
+            block = req.blocks[i]
+            if self.content.get(block) == req.chain[i]:
+                del self.content[block]
+                self.cached[req.chain[i]].discard(block)
+                if not self.cached[req.chain[i]]:
+                    del self.cached[req.chain[i]]
+                self.uncomputed[block] = rid
+        req.registered = min(req.registered, registered_before)
         self._note(req, f"withdrawn: {n} tokens given back")
 
     def _on_schedule(self, ev: dict, st: _StepState) -> None:
@@ -464,6 +534,8 @@ class TraceChecker:
             return
         if rid in st.scheduled:
             self._violate("RUNNING-ORDER", rid, "scheduled twice in one step")
+        if req.status == "WAITING_FOR_REMOTE_KVS":
+            self._violate("REMOTE-KV-LOADING", rid, "scheduled while loading remote KV (not yet promoted)")
         st.scheduled.append(rid)
         st.total += n
         st.scheduled_tokens[rid] = n
@@ -505,7 +577,7 @@ class TraceChecker:
             for block in ev["block_ids"] or []:
                 self._acquire(req, block, as_hit=False)
         else:
-            self._check_admission_drafts(req, hit, n, drafts)
+            self._check_admission_drafts(req, computed, n, drafts)
             self._on_admission(ev, st, req, kind, hit, computed, n)
         if computed + n > req.num_tokens + len(drafts) + req.placeholders:
             self._violate("SCHEDULED-SPAN", rid,
@@ -523,10 +595,15 @@ class TraceChecker:
             st.placeholders_added[rid] = 1 + len(drafts)
             req.placeholders += 1 + len(drafts)
         st.ends[rid] = computed + n
+        st.registered_before[rid] = req.registered
         self._register_full_blocks(req, computed + n)
         self._note(req, f"scheduled {kind}: computed {computed} + {n}"
                         + (f", prefix hit {hit}" if kind != "running" else "")
                         + f", new blocks {list(ev['block_ids'] or [])}")
+        if kind == "running":
+            st.running_scheduled.add(rid)
+        if req.items or ev.get("encoder_input_ids"):
+            self._enc_on_schedule(ev, st, req, computed, n)
 
     def _check_running_drafts(self, req: _Req, computed: int, n: int, drafts: list[int]) -> None:
         """Drafts ride on the tokens past num_tokens: exactly the first k of
@@ -539,10 +616,11 @@ class TraceChecker:
                           f"and {max(k, 0)} draft positions were scheduled")
         req.spec_token_ids = []
 
-    def _check_admission_drafts(self, req: _Req, hit: int, n: int, drafts: list[int]) -> None:
+    def _check_admission_drafts(self, req: _Req, computed: int, n: int, drafts: list[int]) -> None:
         """Admissions carry no drafts, except the -1 padding of a new decode."""
         if not drafts:
             return
+        hit = computed
         padded = (self.num_spec > 0 and n == 1 + self.num_spec and hit + 1 == req.num_tokens
                   and drafts == [-1] * self.num_spec)
         if not padded:
@@ -573,12 +651,32 @@ class TraceChecker:
         st.admitted.append(rid)
         st.sim_running.append(rid)
         self.deferred_waiting.discard(rid)
-        if hit < req.num_tokens - 1:
+        self.kv_queue.discard(rid)
+        if computed + n < req.num_tokens:
+            self.inflight[rid] = None
+        if computed < req.num_tokens - 1:
             st.prefill_admitted = True
             if st.defer:
                 self._violate("PREFILL-DEFER", rid,
-                              f"admitted with {req.num_tokens - hit} tokens to prefill in a step that "
+                              f"admitted with {req.num_tokens - computed} tokens to prefill in a step that "
                               f"defers prefills")
+        if req.num_computed_tokens > 0:
+            # A finished async load: no lookup; it keeps its table and grows it.
+            if hit:
+                self._violate("PREFIX-HIT-RULES", rid,
+                              f"a request holding loaded KV looked up a prefix hit of {hit} tokens")
+            if computed != req.num_computed_tokens:
+                self._violate("COMPUTED-CONTINUITY", rid,
+                              f"admitted with num_computed_tokens {computed}, but its load left "
+                              f"{req.num_computed_tokens}")
+            block_ids = list(ev["block_ids"] or [])
+            if block_ids[:len(req.blocks)] != req.blocks:
+                self._violate("BLOCKS-COVER", rid,
+                              f"admitted with table {block_ids}, but it held {req.blocks}")
+            for block in block_ids[len(req.blocks):]:
+                self._acquire(req, block, as_hit=False)
+            req.status = "RUNNING"
+            return
         if req.blocks:
             self._violate("PREEMPT-EFFECTS", rid, f"admitted while still holding blocks {req.blocks}")
             self._release_all(req, req.blocks[::-1], "finish")
@@ -593,11 +691,18 @@ class TraceChecker:
         n_hit = hit // self.bs
         if self.caching:
             longest = self._longest_cached_prefix(req)
-            if hit != longest:
+            uncomputed = [b for b in block_ids[:n_hit] if b in self.uncomputed]
+            if uncomputed:
+                block = uncomputed[0]
+                self._violate("HIT-UNCOMPUTED-BLOCK", rid,
+                              f"prefix hit on block {block}, whose KV was never computed: a chunk of "
+                              f"{self.uncomputed[block]} cached it at allocation and was then withdrawn "
+                              f"by a PRIORITY give-back")
+            elif hit != longest:
                 self._violate("PREFIX-HIT-RULES", rid,
                               f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
             for i, block in enumerate(block_ids[:n_hit]):
-                if i < len(req.chain) and self.content.get(block) != req.chain[i]:
+                if i < len(req.chain) and block not in self.uncomputed and self.content.get(block) != req.chain[i]:
                     self._violate("PREFIX-HIT-RULES", rid,
                                   f"hit block {block} (#{i}) does not hold this request's prefix block")
                     break
@@ -629,22 +734,36 @@ class TraceChecker:
         if len(running) > self.max_num_seqs:
             self._violate("MAX-NUM-SEQS", None, f"{len(running)} running > max_num_seqs {self.max_num_seqs}")
         waiting = list(ev["waiting"])
-        rest = [r for r in st.waiting_before if r not in st.admitted]
+        # Two queues, examined kv-holding first (spec 10.2): a skipped request
+        # returns to the head of the queue it now belongs to, in the order met.
+        rest = [r for r in st.waiting_before if r not in st.admitted and r not in st.skipped]
+        skipped_kv = [r for r in st.skipped if self._holds_kv(r)]
+        kv_after = skipped_kv + [r for r in rest if r in self.kv_queue]
+        wait_after = ([r for r in st.skipped if r not in skipped_kv]
+                      + [r for r in rest if r not in self.kv_queue])
+        self.kv_queue = set(kv_after)
+        num_kv = len(kv_after)
         if self.policy == "fcfs":
-            # Victims go to the head in their old running order; requests
-            # skipped this step return to the head in the order met.
-            expected = st.preempted[::-1] + st.skipped + [r for r in rest if r not in st.skipped]
-            if waiting[:len(st.preempted)] != st.preempted[::-1]:
+            # Victims go to the head of waiting in their old running order.
+            expected = kv_after + st.preempted[::-1] + wait_after
+            if waiting[num_kv:num_kv + len(st.preempted)] != st.preempted[::-1]:
                 self._violate("PREEMPT-WAITING-HEAD", st.preempted[0] if st.preempted else None,
                               f"victims {st.preempted} are not at the head of waiting {waiting[:5]}...")
             elif waiting != expected:
                 self._violate("STATE-CONTINUITY", None, f"waiting after schedule {waiting} != expected {expected}")
         else:
-            keys = [(self.reqs[r].priority, self.reqs[r].arrival_time, r) for r in waiting if r in self.reqs]
-            if keys != sorted(keys):
-                self._violate("PREEMPT-WAITING-HEAD", None, f"waiting not in priority order: {waiting[:8]}...")
-            if sorted(waiting) != sorted(st.preempted + rest):
-                self._violate("STATE-CONTINUITY", None, f"waiting after schedule {waiting} != {st.preempted + rest}")
+            for part in (waiting[:num_kv], waiting[num_kv:]):
+                keys = [(self.reqs[r].priority, self.reqs[r].arrival_time, r) for r in part if r in self.reqs]
+                if keys != sorted(keys):
+                    self._violate("PREEMPT-WAITING-HEAD", None, f"waiting not in priority order: {waiting[:8]}...")
+            if (sorted(waiting[:num_kv]) != sorted(kv_after)
+                    or sorted(waiting[num_kv:]) != sorted(st.preempted + wait_after)):
+                self._violate("STATE-CONTINUITY", None,
+                              f"waiting after schedule {waiting} != {kv_after} + {st.preempted + wait_after}")
+        for rid in st.scheduled:
+            req = self.reqs.get(rid)
+            if req is not None and not req.prefill_chunk:
+                self.inflight.pop(rid, None)
         never_preempted = [r for r in st.withdrawn if r not in st.preempted]
         if never_preempted:
             self._violate("PRIORITY-GIVE-BACK", never_preempted[0],
@@ -657,6 +776,8 @@ class TraceChecker:
                           f"finished_req_ids {ev['finished_req_ids']} != finished since last schedule "
                           f"{sorted(self.finished_since_schedule)}")
         self.finished_since_schedule = set()
+        if self.enc_active:
+            self._enc_on_schedule_end(ev, st)
         self._conservation("schedule_end", ev["num_free_blocks"])
         # (Blocks still behind a deferred-free fence may legitimately block it.)
         if (not st.running_before and st.waiting_before and not st.preempted and not st.admitted
@@ -666,7 +787,9 @@ class TraceChecker:
                           f"a request that fits an empty engine must be admitted")
         state = (tuple(st.waiting_before), tuple(st.running_before))
         # Waiting on outputs in flight is not a lack of progress.
-        if st.total == 0 and (st.waiting_before or st.running_before) and len(self.batches) <= 1:
+        loading = self.kv_abandoned or any(r.status == "WAITING_FOR_REMOTE_KVS" for r in self.reqs.values())
+        if (st.total == 0 and (st.waiting_before or st.running_before) and len(self.batches) <= 1
+                and not loading):
             if self.zero_step_state == state and not st.arrived and not st.aborted:
                 self._violate("NO-PROGRESS", None,
                               f"a second step with no tokens scheduled and unchanged queues "
@@ -701,12 +824,187 @@ class TraceChecker:
         if position >= len(st.waiting_before) or st.waiting_before[position] != rid:
             self._violate("ADMISSION-ORDER", rid, f"skipped a request that is not next in waiting "
                                                   f"{st.waiting_before[:position + 3]}")
-        if req is None or req.stale == 0:
+        if req is not None and req.status == "WAITING_FOR_REMOTE_KVS":
+            if req.kv_done:
+                self._violate("REMOTE-KV-LOADING", rid,
+                              "skipped although its transfer was reported finished (must be promoted)")
+        elif rid in st.enc.zero:
+            pass  # its encoder plan cut the window to 0 tokens
+        elif req is None or req.stale == 0:
             self._violate("STALE-OUTPUT", rid, f"skipped ({ev['message']}) without stale output in flight")
         st.skipped.append(rid)
         self.deferred_waiting.add(rid)
         if req is not None:
             self._note(req, f"skipped: {ev['message']}")
+
+    # -- KV connector (spec 7.2) ------------------------------------------------
+    def _holds_kv(self, rid: str) -> bool:
+        req = self.reqs.get(rid)
+        return req is not None and (req.status == "WAITING_FOR_REMOTE_KVS" or req.num_computed_tokens > 0)
+
+    def _remaining_blocks(self, req: _Req) -> int:
+        """Blocks an in-flight prefill still needs for its whole sequence
+        (plus one spec-decode step): vLLM ``_request_remaining_blocks``."""
+        num_tokens = min(req.num_tokens, self.max_model_len) + (1 + self.num_spec if self.num_spec else 0)
+        return max(_cdiv(num_tokens, self.bs) - len(req.blocks), 0)
+
+    def _on_kv_load(self, ev: dict, st: _StepState) -> None:
+        """An async KV-load admission: local hit + blocks for the external
+        tokens, WAITING_FOR_REMOTE_KVS, nothing scheduled; it left the
+        reservation of in-flight prefills free."""
+        rid = ev["request_id"]
+        req = self.reqs.get(rid)
+        self.result.remote_kv_loads += 1
+        if req is None:
+            self._violate("STATE-CONTINUITY", rid, "KV load for an unknown or finished request")
+            return
+        hit, ext = ev["num_prefix_hit_tokens"] or 0, ev["num_external_tokens"] or 0
+        if not self.kv_connector:
+            self._violate("REMOTE-KV-LOADING", rid, "an async KV load without a KV connector")
+        if st.preempted:
+            self._violate("NO-ADMIT-AFTER-PREEMPT", rid,
+                          f"started a KV load in a step that preempted {st.preempted}")
+        position = len(st.admitted) + len(st.skipped)
+        if position >= len(st.waiting_before) or st.waiting_before[position] != rid:
+            self._violate("ADMISSION-ORDER", rid, f"KV load for a request that is not next in waiting "
+                                                  f"{st.waiting_before[:position + 3]}")
+        if len(st.sim_running) >= self.max_num_seqs:
+            self._violate("MAX-NUM-SEQS", rid, f"examined with {len(st.sim_running)} running = max_num_seqs")
+        if req.status not in ("WAITING", "PREEMPTED") or req.blocks or req.num_computed_tokens:
+            self._violate("REMOTE-KV-LOADING", rid,
+                          f"started a load for a request with status {req.status}, "
+                          f"{req.num_computed_tokens} computed tokens and blocks {req.blocks}")
+            self._release_all(req, req.blocks[::-1], "finish")
+        if ext <= 0 or hit + ext > req.num_tokens:
+            self._violate("REMOTE-KV-LOADING", rid,
+                          f"loads {ext} external tokens after a {hit}-token hit of {req.num_tokens} tokens")
+        if hit % self.bs or hit > req.num_tokens - 1 or (hit and not self.caching):
+            self._violate("PREFIX-HIT-RULES", rid, f"hit of {hit} tokens (block_size {self.bs})")
+        block_ids = list(ev["block_ids"] or [])
+        n_hit = hit // self.bs
+        if self.caching:
+            longest = self._longest_cached_prefix(req)
+            uncomputed = [b for b in block_ids[:n_hit] if b in self.uncomputed]
+            if uncomputed:
+                block = uncomputed[0]
+                self._violate("HIT-UNCOMPUTED-BLOCK", rid,
+                              f"prefix hit on block {block}, whose KV was never computed: a chunk of "
+                              f"{self.uncomputed[block]} cached it at allocation and was then withdrawn "
+                              f"by a PRIORITY give-back")
+            elif hit != longest:
+                self._violate("PREFIX-HIT-RULES", rid,
+                              f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
+            for i, block in enumerate(block_ids[:n_hit]):
+                if i < len(req.chain) and block not in self.uncomputed and self.content.get(block) != req.chain[i]:
+                    self._violate("PREFIX-HIT-RULES", rid,
+                                  f"hit block {block} (#{i}) does not hold this request's prefix block")
+                    break
+        reserved = sum(self._remaining_blocks(self.reqs[r]) for r in self.inflight if r in self.reqs)
+        reserved += _cdiv(1 + self.num_spec, self.bs) if self.num_spec else 0
+        if (ev["reserved_blocks"] or 0) != reserved:
+            self._violate("REMOTE-KV-RESERVATION", rid,
+                          f"reserved {ev['reserved_blocks']} blocks, but in-flight prefills "
+                          f"{list(self.inflight)} still need {reserved}")
+        for i, block in enumerate(block_ids):
+            self._acquire(req, block, as_hit=i < n_hit)
+        if len(req.blocks) != _cdiv(hit + ext, self.bs):
+            self._violate("BLOCKS-COVER", rid,
+                          f"table has {len(req.blocks)} blocks for {hit + ext} loaded tokens")
+        if len(self.free_queue) < reserved:
+            self._violate("REMOTE-KV-RESERVATION", rid,
+                          f"the load left {len(self.free_queue)} free blocks, but in-flight prefills "
+                          f"still need {reserved}")
+        # Hit blocks keep their content; loaded blocks are cached only at promotion.
+        req.registered = n_hit
+        req.status = "WAITING_FOR_REMOTE_KVS"
+        req.num_computed_tokens = hit + ext
+        req.kv_done = req.kv_failed = False
+        self.inflight[rid] = None
+        self.result.prefix_hit_tokens += hit
+        st.skipped.append(rid)
+        self.deferred_waiting.add(rid)
+        self._note(req, f"KV load: hit {hit} + {ext} external tokens into {block_ids}")
+
+    def _on_kv_promote(self, ev: dict, st: _StepState) -> None:
+        rid = ev["request_id"]
+        req = self.reqs.get(rid)
+        if req is None:
+            self._violate("STATE-CONTINUITY", rid, "promoted an unknown or finished request")
+            return
+        position = len(st.admitted) + len(st.skipped)
+        if position >= len(st.waiting_before) or st.waiting_before[position] != rid:
+            self._violate("ADMISSION-ORDER", rid, f"promoted a request that is not next in waiting "
+                                                  f"{st.waiting_before[:position + 3]}")
+        if req.status != "WAITING_FOR_REMOTE_KVS" or not req.kv_done:
+            self._violate("REMOTE-KV-LOADING", rid,
+                          f"promoted with status {req.status} before its transfer was reported finished")
+        computed = req.num_computed_tokens
+        freed = list(ev["block_ids"] or [])
+        if req.kv_failed and computed == 0:
+            # Nothing valid arrived: every block goes back (no fence: vLLM
+            # frees through the KV manager directly).
+            if freed != req.blocks[::-1]:
+                self._violate("FREE-ORDER", rid, f"freed {freed}, expected its table tail first "
+                                                 f"{req.blocks[::-1]}")
+            self._return_blocks(req.blocks[::-1], rid)
+            req.blocks, req.registered = [], 0
+        else:
+            if freed:
+                self._violate("REMOTE-KV-LOADING", rid, f"promotion freed {freed} after a valid load")
+            self._register_full_blocks(req, computed)
+        if computed == req.num_tokens:
+            computed = req.num_tokens - 1  # the last token is recomputed to sample the next
+        status = "PREEMPTED" if req.num_preemptions else "WAITING"
+        if ev["num_computed_tokens"] != computed or ev["status"] != status:
+            self._violate("REMOTE-KV-LOADING", rid,
+                          f"promoted to {ev['status']} with {ev['num_computed_tokens']} computed tokens; "
+                          f"expected {status} with {computed}")
+        req.status, req.num_computed_tokens = status, computed
+        req.kv_done = req.kv_failed = False
+        self._note(req, f"promoted ({ev['message']}): {computed} computed tokens")
+
+    def _on_kv_invalid(self, ev: dict, st: _StepState) -> None:
+        """Failed loads: each loading request's computed count drops to the
+        blocks before its first invalid block."""
+        invalid = set(ev["block_ids"] or [])
+        hit_blocks: set[int] = set()
+        for rid, req in self.reqs.items():
+            if req.status != "WAITING_FOR_REMOTE_KVS":
+                continue
+            for index, block in enumerate(req.blocks[:_cdiv(req.num_computed_tokens, self.bs)]):
+                if block in invalid:
+                    hit_blocks.add(block)
+                    req.num_computed_tokens = index * self.bs
+                    req.kv_failed = True
+                    st.kv_failed.append(rid)
+                    self.result.failed_kv_loads += 1
+                    self._note(req, f"KV load failed at block {block}: {req.num_computed_tokens} valid tokens")
+                    break
+        if invalid - hit_blocks:
+            self._violate("REMOTE-KV-LOADING", None,
+                          f"invalid blocks {sorted(invalid - hit_blocks)} belong to no KV load in flight")
+
+    def _on_kv_finished(self, ev: dict, st: _StepState) -> None:
+        rid = ev["request_id"]
+        if rid in self.kv_abandoned:
+            st.kv_free_due.add(rid)
+            return
+        req = self.reqs.get(rid)
+        if req is None or req.status != "WAITING_FOR_REMOTE_KVS" or req.kv_done:
+            self._violate("REMOTE-KV-LOADING", rid, "transfer reported finished for a request not loading")
+            return
+        req.kv_done = True
+
+    def _on_kv_free(self, ev: dict, st: _StepState) -> None:
+        rid = ev["request_id"]
+        req = self.kv_abandoned.pop(rid, None)
+        if req is None or rid not in st.kv_free_due:
+            self._violate("REMOTE-KV-ABORT-HOLDS", rid,
+                          "freed the blocks of a finished request whose transfer was not reported done")
+            if req is None:
+                return
+        st.kv_free_due.discard(rid)
+        self._release_all(req, list(ev["block_ids"] or []), "finish", ev.get("fence"))
 
     def _on_update_begin(self, ev: dict, st: _StepState) -> None:
         """The oldest batch in flight is processed: its tokens leave flight."""
@@ -715,6 +1013,7 @@ class TraceChecker:
             st.batch = _Batch(-1, [], {}, {}, {}, 0)
             return
         batch = st.batch = self.batches.popleft()
+        st.enc.cursor, st.enc.update_done = 0, not self.enc_active
         if ev["batch_step"] != batch.step:
             self._violate("STATE-CONTINUITY", None,
                           f"update of the batch of step {ev['batch_step']}, but the oldest in flight "
@@ -758,6 +1057,8 @@ class TraceChecker:
         if rid not in st.batch.scheduled:
             self._violate("OUTPUT-ONLY-COMPLETE", rid, "output for a request not in the processed batch")
             return
+        if self.enc_active:
+            self._enc_update_until(st, rid)
         if req is None:
             return  # finished (e.g. stopped by an earlier batch) while in flight: ignored
         st.outputs.add(rid)
@@ -781,6 +1082,8 @@ class TraceChecker:
                 req.placeholders -= rejected
         self.result.draft_tokens += len(drafts)
         self.result.rejected_draft_tokens += max(len(drafts) - accepted, 0)
+        if req.items:
+            self._enc_free_passed(req)  # after the rollback, before the new tokens
         had_placeholders = req.placeholders > 0
         stop = None
         for i, token in enumerate(tokens):
@@ -799,6 +1102,8 @@ class TraceChecker:
                 self._violate("ASYNC-PLACEHOLDERS", rid, f"num_output_placeholders fell to {req.placeholders}")
                 req.placeholders = 0
         st.expected_stop[rid] = stop
+        if stop and req.items:
+            self._enc_on_finish(req)  # freed when it stops, before later requests' frees
         if not stale and req.status == "RUNNING" and (had_placeholders or self.num_spec > 0):
             # 0.33.0 caches at update too (blocks completed by accepted tokens).
             self._register_full_blocks(req, req.num_computed_tokens - req.in_flight)
@@ -823,7 +1128,11 @@ class TraceChecker:
         rid = ev["request_id"]
         expected = st.expected_stop.get(rid)
         req = self.reqs.get(rid)
-        if req is not None and expected != ev["finish_reason"]:
+        if ev["status"] == "FINISHED_ERROR":
+            if rid not in st.kv_failed or self.recompute_kv:
+                self._violate("REMOTE-KV-LOADING", rid,
+                              "finished with FINISHED_ERROR without a failed KV load under policy 'fail'")
+        elif req is not None and expected != ev["finish_reason"]:
             self._violate("STOP-RULES", rid,
                           f"finished with {ev['finish_reason']!r} but check_stop gives {expected!r} "
                           f"({req.num_output_tokens} outputs, max_tokens {req.max_tokens})")
@@ -843,6 +1152,15 @@ class TraceChecker:
             if end >= req.num_tokens:
                 self._violate("OUTPUT-ONLY-COMPLETE", rid,
                               f"its step reached {end} of {req.num_tokens} tokens but sampled nothing")
+        if not self.recompute_kv:
+            for rid in st.kv_failed:
+                if rid not in st.finished:
+                    self._violate("REMOTE-KV-LOADING", rid,
+                                  "its KV load failed under kv_load_failure_policy 'fail' but it did not "
+                                  "finish with FINISHED_ERROR")
+        for rid in st.kv_free_due:
+            self._violate("REMOTE-KV-ABORT-HOLDS", rid,
+                          "its transfer finished after it was finished, but its blocks were not freed")
         if st.drains < st.expected_drains:
             self._violate("DEFERRED-FREE-FENCED", None,
                           f"{st.expected_drains - st.drains} deferred frees whose fence passed "
@@ -855,6 +1173,9 @@ class TraceChecker:
         for rid, req in self.reqs.items():
             self._violate("LIVENESS", rid, f"still {req.status} with {req.num_output_tokens} outputs "
                                            f"at the end of the trace")
+        for rid, req in self.kv_abandoned.items():
+            self._violate("REMOTE-KV-ABORT-HOLDS", rid,
+                          f"finished while loading; its blocks {req.blocks} were never freed")
         return self.result
 
 
@@ -880,6 +1201,7 @@ class _StepState:
     skipped: list[str] = field(default_factory=list)
     ends: dict[str, int] = field(default_factory=dict)  # computed + scheduled, per request
     placeholders_added: dict[str, int] = field(default_factory=dict)
+    registered_before: dict[str, int] = field(default_factory=dict)  # req.registered before its schedule
     batch: _Batch | None = None  # the batch this step's update processes
     stale: set[str] = field(default_factory=set)
     expected_drains: int = 0
@@ -887,6 +1209,10 @@ class _StepState:
     defer: bool = False  # this step must defer prefill compute
     prefill_scheduled: bool = False
     prefill_admitted: bool = False
+    kv_failed: list[str] = field(default_factory=list)  # loads reported failed in this update
+    kv_free_due: set[str] = field(default_factory=set)  # finished-while-loading, transfer now done
+    running_scheduled: set[str] = field(default_factory=set)  # running-loop requests scheduled (kept)
+    enc: EncoderStep = field(default_factory=EncoderStep)  # encoder inputs (harness.check_encoder)
 
 
 @dataclass
@@ -937,7 +1263,8 @@ def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str
     for r in results:
         for name in ("requests", "finished", "rejected", "aborted", "preemptions", "prefix_hit_tokens",
                      "draft_tokens", "rejected_draft_tokens", "deferred_frees",
-                     "deferred_prefill_steps", "events", "num_violations"):
+                     "deferred_prefill_steps", "remote_kv_loads", "failed_kv_loads", "events",
+                     "num_violations"):
             setattr(merged, name, getattr(merged, name) + getattr(r, name))
         merged.violations += r.violations
         for inv, count in r.by_invariant.items():

@@ -88,14 +88,39 @@ def main() -> None:
               help="Engine to record: 'reference', 'mutant:NAME' (a deliberately broken one), "
                    "'vllm@VERSION' (real vLLM; build its env with `harness vllm-env VERSION`) "
                    "or 'package.module:factory'.")
+@click.option("--model", type=click.Choice(["scripted", "torch"]), default="scripted", show_default=True,
+              help="Model runner: 'scripted' (seeded tokens, decisions only) or 'torch' (a tiny "
+                   "transformer with a paged KV cache; needs torch). The trace records what it produced.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None,
+              help="Device of the torch model (default auto: CUDA when present).")
+@click.option("--kv-integrity", is_flag=True,
+              help="Torch model: compare every K/V read with the dense computation; report the "
+                   "first corrupted block with its owner history (exit 1).")
+@click.option("--verify-outputs", is_flag=True,
+              help="Torch model: after recording, compare every request's tokens with a dense, "
+                   "unbatched greedy forward (exit 1 on a mismatch).")
 def record(workload: str, output: str, limit: int | None, time_scale: float, seed: int,
-           priority_levels: int, sets: tuple[str, ...], stop_on_eos: bool, engine: str) -> None:
+           priority_levels: int, sets: tuple[str, ...], stop_on_eos: bool, engine: str,
+           model: str, device: str | None, kv_integrity: bool, verify_outputs: bool) -> None:
     """Run WORKLOAD on the engine and write its step trace.
 
     WORKLOAD is an Azure LLM inference CSV, a Mooncake JSONL, or
     'synthetic[:N]'.
     """
     factory = _candidate(engine)
+    runner_factory = None
+    if model != "torch":
+        used = [flag for flag, on in (("--device", device is not None), ("--kv-integrity", kv_integrity),
+                                      ("--verify-outputs", verify_outputs)) if on]
+        if used:
+            _fail(f"{', '.join(used)} need(s) --model torch")
+    else:
+        from harness.outputs import OutputsError, torch_runner_factory
+
+        try:
+            runner_factory = torch_runner_factory(device or "auto", kv_integrity)
+        except OutputsError as exc:
+            _fail(str(exc))
     try:
         config = EngineConfig().with_overrides(_parse_sets(sets))
     except ConfigError as exc:
@@ -123,17 +148,102 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
                 progress.update(task, completed=done, step=rec.step)
         try:
             summary = record_run(wl, config, output, seed=seed, engine=engine,
-                                 candidate_factory=factory, on_progress=on_progress)
+                                 candidate_factory=factory, on_progress=on_progress,
+                                 runner_factory=runner_factory,
+                                 model=runner_factory.metadata() if runner_factory else None)
         except CandidateError as exc:
             err.print(f"[bold red]error:[/] {engine}: {exc} (no trace written)")
             sys.exit(EXIT_FOUND)
+        except ValueError as exc:
+            if runner_factory is None:
+                raise
+            _fail(f"--model torch: {exc}")
     console.print(f"recorded [bold]{output}[/]: {summary.steps} steps, {summary.requests} requests "
                   f"({summary.finished} finished, {summary.rejected} rejected, {summary.aborted} aborted), "
                   f"{summary.preemptions} preemptions, {summary.prefix_hit_tokens} prefix-hit tokens, "
-                  f"{summary.clock:.2f} s virtual time")
+                  + (f"{summary.remote_kv_loads} remote KV loads ({summary.failed_kv_loads} failed), "
+                     if summary.remote_kv_loads else "")
+                  + f"{summary.clock:.2f} s virtual time")
+    found = False
+    if runner_factory is not None:
+        found = _torch_report(runner_factory, output, kv_integrity, verify_outputs)
     if summary.stalled:
         err.print(f"[bold red]engine stalled:[/] {summary.stalled} (the trace ends there)")
         sys.exit(EXIT_FOUND)
+    sys.exit(EXIT_FOUND if found else EXIT_OK)
+
+
+def _torch_report(runner_factory: Any, output: str, kv_integrity: bool, verify_outputs: bool) -> bool:
+    """Print the torch runner's figures, integrity findings and the output
+    oracle's result; True when anything was found."""
+    from rich.markup import escape
+
+    from harness.outputs import OutputsError, verify_trace_outputs
+
+    tokens = sum(r.num_scheduled_tokens for r in runner_factory.runners)
+    console.print(f"model: tiny-transformer (torch, {runner_factory.device.type}), "
+                  f"{tokens} tokens run through the paged KV cache")
+    found = False
+    if kv_integrity:
+        n = runner_factory.num_findings
+        if n:
+            found = True
+            kinds = {}
+            for r in runner_factory.runners:
+                for k, v in r.findings_by_kind.items():
+                    kinds[k] = kinds.get(k, 0) + v
+            console.print(f"[bold red]KV integrity: {n} finding(s)[/] "
+                          f"({', '.join(f'{k}: {v}' for k, v in sorted(kinds.items()))}); the first:")
+            console.print(escape(runner_factory.findings[0].describe()))
+        else:
+            console.print("[bold green]KV integrity: every K/V read matched the dense computation[/]")
+    if verify_outputs:
+        try:
+            report = verify_trace_outputs(_open(output), str(runner_factory.device.type))
+        except OutputsError as exc:
+            _fail(str(exc))
+        found |= _print_outputs(report)
+    return found
+
+
+def _print_outputs(report: Any) -> bool:
+    from rich.markup import escape
+
+    if report.ok:
+        console.print(f"[bold green]outputs: {report.requests} requests, {report.tokens} tokens, all "
+                      f"equal to a dense unbatched forward[/]")
+        return False
+    console.print(f"[bold red]outputs: {len(report.mismatches)} of {report.requests} requests differ "
+                  f"from a dense unbatched forward[/] ({report.tokens} tokens compared)")
+    for m in report.mismatches[:5]:
+        console.print("  " + escape(m.describe()))
+    return True
+
+
+@main.command("verify-outputs")
+@click.argument("trace_path", metavar="TRACE")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Device for the dense forward.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
+def verify_outputs_cmd(trace_path: str, device: str, as_json: bool) -> None:
+    """Check a trace recorded with --model torch: every request's tokens must equal greedy
+    generation by the same model over its prompt alone (dense, unbatched, unpaged).
+
+    Exit 0 all equal, 1 a mismatch, 2 unusable trace (not a torch trace, no torch, no such device)."""
+    from harness.outputs import OutputsError, verify_trace_outputs
+
+    trace = _open(trace_path)
+    try:
+        report = verify_trace_outputs(trace, device)
+    except OutputsError as exc:
+        _fail(str(exc))
+    except TraceError as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps({"trace": str(trace.path), **report.to_dict()}))
+    else:
+        _print_outputs(report)
+    sys.exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 
 def _open(path: str) -> Trace:
@@ -166,6 +276,8 @@ def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, t
                    "rejected_draft_tokens": result.rejected_draft_tokens,
                    "deferred_frees": result.deferred_frees,
                    "deferred_prefill_steps": result.deferred_prefill_steps,
+                   "remote_kv_loads": result.remote_kv_loads,
+                   "failed_kv_loads": result.failed_kv_loads,
                    "num_violations": result.num_violations,
                    "violations_by_invariant": result.by_invariant,
                    "violations": [v.to_dict() for v in result.violations],
@@ -184,6 +296,8 @@ def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, t
         rows.append(("deferred frees drained", result.deferred_frees))
     if result.deferred_prefill_steps:
         rows.append(("steps deferring prefills", result.deferred_prefill_steps))
+    if result.remote_kv_loads:
+        rows.append(("remote KV loads (failed)", f"{result.remote_kv_loads} ({result.failed_kv_loads})"))
     for label, value in rows:
         table.add_row(label, str(value))
     console.print(table)
@@ -444,54 +558,114 @@ def vllm_env(version: str, force: bool) -> None:
     console.print(str(python))
 
 
+class _Workers(click.ParamType):
+    """``--workers``: a positive integer, or ``0`` / ``auto`` for every available CPU."""
+
+    name = "N"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        from harness.fuzz import MAX_WORKERS, available_cpus
+
+        text = str(value).strip().lower()
+        if text in ("0", "auto"):
+            return min(available_cpus(), MAX_WORKERS)
+        try:
+            n = int(text)
+        except ValueError:
+            n = -1
+        if not 1 <= n <= MAX_WORKERS:
+            self.fail(f"must be an integer from 1 to {MAX_WORKERS}, or 0 / 'auto' for every CPU "
+                      f"({available_cpus()} here); got {value!r}", param, ctx)
+        return n
+
+
 @main.command()
 @click.option("--candidate", default="reference", show_default=True,
               help="Engine to fuzz: 'reference', 'mutant:NAME' or 'package.module:factory'.")
 @click.option("--max-examples", type=click.IntRange(min=1), default=200, show_default=True,
-              help="Generated scenarios to try (shrinking runs come on top).")
+              help="Generated scenarios to try, shared equally by the workers (shrinking runs come "
+                   "on top).")
 @click.option("--seed", type=int, default=0, show_default=True,
-              help="Hypothesis seed: the same seed generates the same scenarios.")
+              help="Hypothesis seed: the same seed generates the same scenarios (worker i > 0 uses "
+                   "a seed derived from it and i).")
 @click.option("--time-budget", type=click.FloatRange(min=0, min_open=True), default=None,
-              metavar="SECONDS", help="Stop generating after this many seconds (shrinking a found "
-                                      "failure still completes).")
+              metavar="SECONDS", help="Each worker stops generating after this many seconds "
+                                      "(shrinking a found failure still completes).")
+@click.option("--workers", type=_Workers(), default="1", show_default=True,
+              help="Processes fuzzing in parallel, each with its own seed and share of "
+                   "--max-examples; 0 or 'auto': one per available CPU.")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Folder for the minimal failing trace (Parquet) and its JSON description.")
-def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, out_dir: str) -> None:
+              help="Folder for the minimal failing traces (Parquet) and their JSON descriptions.")
+def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, workers: int,
+         out_dir: str) -> None:
     """Fuzz CANDIDATE with small generated scenarios (hypothesis): check every invariant and,
     for a candidate other than the reference, compare its decisions with the reference's.
 
-    On a failure the scenario is shrunk and written to OUT_DIR as a replayable trace plus a JSON
-    description. Exit 0 nothing found, 1 something found, 2 bad arguments. (No --workers: one
-    process.)"""
-    from harness.fuzz import fuzz as run_fuzz, write_failure
+    With --workers N, N processes fuzz at once (worker 0 with --seed, worker i with a seed
+    derived from --seed and i), each on its share of --max-examples; without --time-budget the
+    outcome depends only on the arguments. Each worker stops at its first failure, which is
+    shrunk and written to OUT_DIR as a replayable trace plus a JSON description (workers that
+    shrink to the same scenario share one). Exit 0 nothing found, 1 something found, 2 bad
+    arguments."""
+    from rich.markup import escape
+
+    from harness.fuzz import FuzzWorkerError, WorkerProgress, fuzz_parallel, write_witnesses
 
     factory = _candidate(candidate)
+    workers = min(workers, max_examples)  # fuzz_parallel never uses more
+    label = f"{candidate}" + (f" on {workers} workers" if workers > 1 else "")
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} examples"), TimeElapsedColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as progress:
-        task = progress.add_task(f"fuzzing {candidate}", total=max_examples)
+        task = progress.add_task(f"fuzzing {label}", total=max_examples)
 
-        def on_example(n: int, shrinking: bool) -> None:
-            progress.update(task, completed=min(n, max_examples),
-                            description=f"shrinking {candidate}" if shrinking else f"fuzzing {candidate}")
-        result = run_fuzz(None if candidate == "reference" else factory, max_examples=max_examples,
-                          seed=seed, time_budget_s=time_budget, on_example=on_example)
+        def on_progress(states: list[WorkerProgress]) -> None:
+            shrinking = sum(1 for w in states if w.shrinking and not w.done)
+            done = sum(1 for w in states if w.done)
+            if len(states) == 1:
+                what = f"shrinking {label}" if shrinking else f"fuzzing {label}"
+            else:
+                what = f"fuzzing {label}" + "".join(
+                    f", {k} {word}" for k, word in ((shrinking, "shrinking"), (done, "done")) if k)
+            progress.update(task, completed=sum(min(w.examples, w.share) for w in states),
+                            description=what)
+        try:
+            result = fuzz_parallel(candidate, workers=workers, max_examples=max_examples, seed=seed,
+                                   time_budget_s=time_budget, on_progress=on_progress)
+        except FuzzWorkerError as exc:
+            _fail(str(exc))
     stop = " (time budget spent)" if result.budget_exhausted and not result.found else ""
-    console.print(f"fuzzed [bold]{candidate}[/]: {result.examples} examples in "
+    used = len(result.workers)
+    on = f" on {used} workers" if used > 1 else ""
+    console.print(f"fuzzed [bold]{candidate}[/]: {result.examples} examples{on} in "
                   f"{result.elapsed_s:.1f} s, seed {seed}{stop}")
     if not result.found:
         console.print("[bold green]nothing found[/]")
         sys.exit(EXIT_OK)
-    failure, case = result.failure, result.case
-    trace_path, json_path, command = write_failure(out_dir, candidate, factory, result, seed)
-    from rich.markup import escape
-
-    console.print(f"[bold red]FOUND[/] {failure.kind}: {escape(failure.message)}")
-    if failure.invariants:
-        console.print("  invariants: " + ", ".join(f"{k}: {v}" for k, v in sorted(failure.invariants.items())))
-    console.print(f"  shrunk to {escape(case.describe())} ({result.shrink_calls} shrink runs)")
-    console.print(f"  trace {trace_path}, description {json_path}")
-    console.print(f"  replay: {command}")
+    witnesses = write_witnesses(out_dir, candidate, factory, result)
+    if used > 1:
+        console.print(f"[bold red]FOUND[/] by {len(result.found)} of {used} workers, "
+                      f"{len(witnesses)} distinct shrunk scenario(s):")
+    for wit in witnesses:
+        res = wit.worker.result
+        failure, case = res.failure, res.case
+        who = ""
+        if used > 1:
+            others = [i for i in wit.found_by if i != wit.worker.worker]
+            who = (f"worker {wit.worker.worker} (seed {wit.worker.seed})"
+                   + (f", also worker{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
+                      if others else "") + ": ")
+        console.print(f"[bold red]FOUND[/] {who}{failure.kind}: {escape(failure.message)}")
+        if failure.invariants:
+            console.print("  invariants: " + ", ".join(f"{k}: {v}" for k, v in sorted(failure.invariants.items())))
+        console.print(f"  shrunk to {escape(case.describe())} ({res.shrink_calls} shrink runs)")
+        console.print(f"  trace {wit.trace}, description {wit.json}")
+        console.print(f"  replay: {wit.command}")
+    if len(witnesses) > 1:
+        smallest = result.smallest()
+        best = next(w for w in witnesses if smallest.worker in w.found_by)
+        console.print(f"smallest: worker {best.worker.worker}, {escape(best.worker.result.case.describe())}; "
+                      f"replay: {best.command}")
     sys.exit(EXIT_FOUND)
 
 

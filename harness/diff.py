@@ -37,10 +37,10 @@ from harness.replay import first_difference
 from harness.trace import Trace, TraceError
 
 # Decision rows (a "withdraw" row, where the trace format has it, takes back a schedule).
-DECISION_KINDS = ("preempt", "schedule", "withdraw", "schedule_end", "finish")
+DECISION_KINDS = ("preempt", "encoder_plan", "schedule", "withdraw", "schedule_end", "finish")
 # Request fields of arrival/reject rows besides request_id and the prompt.
 _REQUEST_FIELDS = ("arrival_time_s", "abort_time_s", "priority", "max_tokens", "min_tokens",
-                   "ignore_eos", "eos_token_id", "stop_token_ids", "scripted_output_len")
+                   "ignore_eos", "eos_token_id", "stop_token_ids", "scripted_output_len", "mm_positions")
 _CONTEXT_ROWS = 24  # rows of the divergent step shown per side in the text report
 
 

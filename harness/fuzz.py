@@ -10,7 +10,12 @@ checked (``harness.check.check_steps``) and, for a candidate other than the
 reference, its rows are compared step by step with the reference's
 (``harness.replay.first_difference``). The first failure is shrunk by
 hypothesis and written to a folder as a replayable Parquet trace plus a JSON
-description.
+description. ``fuzz_parallel`` runs several such searches in worker processes
+(worker i seeded with ``worker_seed(seed, i)``, an equal share of the
+examples each) and ``write_witnesses`` writes each worker's shrunk case.
+With speculative decoding the scripted proposer's acceptance is drawn too
+(``DRAFT_BEHAVIOURS``: all, none, random, rejection at draft 1 or 2, a
+cycling rejection position).
 
 Only valid configs are generated (``reference.config.EngineConfig``
 validation): chunked prefill off implies ``max_num_batched_tokens >=
@@ -25,6 +30,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import multiprocessing
+import os
+import queue as queue_module
 import re
 import time
 from collections.abc import Callable
@@ -47,6 +55,12 @@ from harness.replay import first_difference
 
 MAX_REQUESTS = 12
 MAX_PROMPT = 64
+# The scripted proposer's behaviours drawn, as (draft_acceptance_rate,
+# draft_acceptance_pattern): all rejected, random, all accepted, rejection at
+# draft 1 or 2 of every proposal, and a rejection position that cycles over
+# every draft. (The rate matters only for "random".)
+DRAFT_BEHAVIOURS = ((0.0, "random"), (0.5, "random"), (1.0, "random"), (0.5, "cycle"),
+                    (0.5, "prefix-1"), (0.5, "prefix-2"))
 # Arrival / abort times are multiples of this (seconds); a step lasts at least
 # step_fixed_s = 5 ms, so equal multiples make bursts and small ones interleave.
 TIME_QUANTUM = 0.004
@@ -63,26 +77,32 @@ class FuzzCase:
     seed: int = 0
 
     def engine_config(self) -> EngineConfig:
+        """The validated config (ConfigError if ``config`` is not one)."""
         return EngineConfig(**self.config)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``from_dict`` reads it back to an equal case)."""
         return {"config": dict(self.config), "seed": self.seed,
                 "requests": [_spec_dict(r) for r in self.requests]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FuzzCase:
+        """Inverse of ``to_dict``; a config without a key later added to
+        EngineConfig (e.g. ``draft_acceptance_pattern``) gets its default."""
         specs = tuple(RequestSpec(**{**r, "prompt_token_ids": tuple(r["prompt_token_ids"]),
                                      "stop_token_ids": tuple(r.get("stop_token_ids", ()))})
                       for r in data["requests"])
         return cls(dict(data["config"]), specs, int(data.get("seed", 0)))
 
     def workload(self) -> Workload:
+        """The requests as a Workload (source ``fuzz``, sha256 of the case)."""
         canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         reqs = tuple(sorted(self.requests, key=lambda r: (r.arrival_time, r.request_id)))
         return Workload(source="fuzz", sha256=hashlib.sha256(canonical.encode()).hexdigest(),
                         params={"fuzz": True, "num_requests": len(reqs)}, requests=reqs)
 
     def describe(self) -> str:
+        """One line: request count and the config's notable settings."""
         c = self.config
         flags = [f"bs={c['block_size']}", f"blocks={c['num_gpu_blocks']}", f"mml={c['max_model_len']}",
                  f"seqs={c['max_num_seqs']}", f"budget={c['max_num_batched_tokens']}", c["policy"]]
@@ -91,6 +111,8 @@ class FuzzCase:
             default = EngineConfig.__dataclass_fields__[key].default
             if c.get(key, default) != default:
                 flags.append(f"{key}={c[key]}")
+        if c.get("num_speculative_tokens") and c.get("draft_acceptance_pattern", "random") != "random":
+            flags.append(f"drafts={c['draft_acceptance_pattern']}")
         for key in ("async_scheduling", "defer_block_free"):
             if c.get(key):
                 flags.append(key)
@@ -130,6 +152,10 @@ def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
         budget = draw(st.integers(max(max_num_seqs, 1 + spec_tokens), 64))
     else:
         budget = draw(st.integers(max(max_model_len, max_num_seqs), max(max_model_len, max_num_seqs) + 16))
+    # One draw for both (rate, pattern): rate 0 / 1 are all rejected / all
+    # accepted. Without drafts the pattern stays at its default.
+    rate, pattern = draw(st.sampled_from(DRAFT_BEHAVIOURS))
+    pattern = pattern if spec_tokens else "random"
     threshold = 0
     if draw(st.booleans()) and max_model_len >= 1 + spec_tokens:
         threshold = draw(st.integers(1 + spec_tokens, min(max_model_len, 1 + spec_tokens + 12)))
@@ -146,7 +172,8 @@ def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
         "watermark": draw(st.sampled_from([0.0, 0.0, 0.01, 0.05, 0.1])),
         "scheduler_reserve_full_isl": draw(st.booleans()),
         "num_speculative_tokens": spec_tokens,
-        "draft_acceptance_rate": draw(st.sampled_from([0.0, 0.5, 1.0])),
+        "draft_acceptance_rate": rate,
+        "draft_acceptance_pattern": pattern,
         "max_concurrent_batches": mcb,
         "async_scheduling": async_sched,
         "defer_block_free": defer,
@@ -207,6 +234,7 @@ def request_specs(draw: st.DrawFn, config: dict[str, Any]) -> tuple[RequestSpec,
 
 @st.composite
 def fuzz_cases(draw: st.DrawFn) -> FuzzCase:
+    """A whole case: a valid config, its requests and an engine seed (0 or 1)."""
     config = draw(engine_configs())
     EngineConfig(**config)  # the strategy only generates valid configs
     return FuzzCase(config, draw(request_specs(config)), draw(st.sampled_from([0, 0, 1])))
@@ -240,6 +268,8 @@ class Failure:
 
 
 def run_case(factory: CandidateFactory, case: FuzzCase) -> Run:
+    """Run ``case`` in memory with ``factory``'s scheduler and check the rows.
+    A stall or a candidate exception ends the run (``Run.ended``), never raises."""
     steps: list[tuple[int, list[Row]]] = []
     ended = ""
     config = case.engine_config()
@@ -304,6 +334,10 @@ class _Found(AssertionError):
 
 @dataclass
 class FuzzResult:
+    """Outcome of ``fuzz``: examples generated, wall seconds, the minimal
+    failing case and its failure (None when nothing was found), shrinking
+    runs, and whether generation stopped on the time budget."""
+
     examples: int
     elapsed_s: float
     case: FuzzCase | None = None
@@ -313,6 +347,7 @@ class FuzzResult:
 
     @property
     def found(self) -> bool:
+        """True if a failing case was found (``case``/``failure`` are set)."""
         return self.failure is not None
 
 
@@ -321,8 +356,11 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
          on_example: Callable[[int, bool], None] | None = None) -> FuzzResult:
     """Search for a failing case; deterministic for a given ``seed`` (no
     database, no deadline). On a failure hypothesis shrinks it and the
-    returned ``case`` is the minimal one. ``on_example(n, shrinking)`` is
-    called after each example."""
+    returned ``case`` is the minimal one. ``max_examples`` (>= 1) bounds the
+    generated examples, ``time_budget_s`` (seconds of wall time, None: no
+    limit) the generation phase (a found failure is still shrunk).
+    ``on_example(n, shrinking)`` is called after each example, ``n`` the
+    examples generated so far. ``factory`` None means the reference alone."""
     start = time.monotonic()
     state = {"n": 0, "found": False, "last": None, "shrink": 0, "stopped": False}
 
@@ -364,9 +402,14 @@ def _slug(spec: str) -> str:
 
 
 def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, result: FuzzResult,
-                  seed: int) -> tuple[Path, Path, str]:
+                  seed: int, *, name: str | None = None,
+                  extra: dict[str, Any] | None = None) -> tuple[Path, Path, str]:
     """Write the minimal case's trace and a JSON description; returns
     (trace path, JSON path, the replay command).
+
+    Files are ``DIR/NAME.parquet`` and ``DIR/NAME.json``, NAME defaulting to
+    ``fuzz-<candidate>-seed<seed>`` (an existing pair of that name is
+    replaced); ``extra`` adds keys to the JSON (e.g. the worker).
 
     The trace is recorded with the candidate (engine=SPEC) when the candidate
     violates an invariant or stalls: replaying it checks it and fails. When
@@ -377,7 +420,7 @@ def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, res
     assert result.case is not None and result.failure is not None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    base = f"fuzz-{_slug(spec)}-seed{seed}"
+    base = name or f"fuzz-{_slug(spec)}-seed{seed}"
     trace_path = out / f"{base}.parquet"
     case, failure = result.case, result.failure
     engine, rec_factory = spec, factory
@@ -390,7 +433,271 @@ def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, res
             "replay_command": command, "failure": failure.to_dict(),
             "examples_before_failure": result.examples, "shrink_calls": result.shrink_calls,
             "num_requests": len(case.requests), "num_steps": summary.steps,
-            "summary": case.describe(), "scenario": case.to_dict()}
+            "summary": case.describe(), **(extra or {}), "scenario": case.to_dict()}
     json_path = out / f"{base}.json"
     json_path.write_text(json.dumps(info, indent=2, default=str) + "\n")
     return trace_path, json_path, command
+
+
+# ----------------------------------------------------------------- parallel
+
+#: Most worker processes ``fuzz_parallel`` starts.
+MAX_WORKERS = 256
+
+
+class FuzzWorkerError(RuntimeError):
+    """A fuzz worker process failed (raised, or died without a result);
+    the message names the worker and its last error line."""
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one,
+    else ``os.cpu_count()``; at least 1): what ``--workers 0`` / ``auto`` uses."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def worker_seed(seed: int, worker: int) -> int:
+    """Hypothesis seed of worker ``worker`` (0-based) of a run seeded ``seed``.
+
+    Worker 0 uses ``seed`` itself, so a one-worker run is the plain
+    ``fuzz(seed=seed)``; worker i > 0 uses a 64-bit number hashed from
+    (seed, i), independent of the number of workers."""
+    if worker == 0:
+        return seed
+    digest = hashlib.blake2b(f"sched-harness-fuzz:{seed}:{worker}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def split_examples(max_examples: int, workers: int) -> list[int]:
+    """Equal shares of ``max_examples`` for ``workers`` workers (the first
+    ``max_examples % workers`` get one more); never more workers than
+    examples, so every share is >= 1. Raises ValueError if either is < 1."""
+    if max_examples < 1 or workers < 1:
+        raise ValueError(f"need max_examples >= 1 and workers >= 1, got {max_examples} and {workers}")
+    n = min(workers, max_examples)
+    base, extra = divmod(max_examples, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class WorkerProgress:
+    """Where one worker stands: ``examples`` generated so far (of its
+    ``share``), whether it is ``shrinking`` a failure, whether it is ``done``."""
+
+    examples: int = 0
+    share: int = 0
+    shrinking: bool = False
+    done: bool = False
+
+
+@dataclass
+class WorkerResult:
+    """One worker's outcome: its index, hypothesis seed, example share and result."""
+
+    worker: int
+    seed: int
+    max_examples: int
+    result: FuzzResult
+
+
+@dataclass
+class ParallelFuzzResult:
+    """Merged outcome of ``fuzz_parallel``, workers in index order."""
+
+    seed: int
+    workers: list[WorkerResult]
+    elapsed_s: float
+
+    @property
+    def examples(self) -> int:
+        """Examples generated by all workers together (shrinking runs not counted)."""
+        return sum(w.result.examples for w in self.workers)
+
+    @property
+    def shrink_calls(self) -> int:
+        """Shrinking runs of all workers together."""
+        return sum(w.result.shrink_calls for w in self.workers)
+
+    @property
+    def found(self) -> list[WorkerResult]:
+        """The workers that found a failure, in index order."""
+        return [w for w in self.workers if w.result.found]
+
+    @property
+    def budget_exhausted(self) -> bool:
+        """True if some worker stopped generating because the time budget was spent."""
+        return any(w.result.budget_exhausted for w in self.workers)
+
+    def smallest(self) -> WorkerResult | None:
+        """The found witness with the fewest requests (then fewest prompt
+        tokens, then lowest worker index); None if nothing was found."""
+        found = self.found
+        if not found:
+            return None
+        return min(found, key=lambda w: (len(w.result.case.requests),
+                                         sum(len(r.prompt_token_ids) for r in w.result.case.requests),
+                                         w.worker))
+
+
+def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, time_budget_s: float | None,
+                 queue: Any) -> None:
+    """Body of one worker process (top level, so ``spawn`` can import it).
+
+    Resolves ``spec`` itself (factories need not pickle), runs ``fuzz`` and
+    puts on ``queue``: ``("progress", worker, n, shrinking)`` at most every
+    0.1 s and on every change of phase, then ``("done", worker, FuzzResult)``
+    or ``("error", worker, message)``; on KeyboardInterrupt it exits with
+    status 130 and puts nothing."""
+    try:
+        from harness.candidates import resolve_candidate
+
+        factory = None if spec == "reference" else resolve_candidate(spec)
+        last = {"t": 0.0, "shrinking": False}
+
+        def on_example(n: int, shrinking: bool) -> None:
+            now = time.monotonic()
+            if now - last["t"] >= 0.1 or shrinking != last["shrinking"]:
+                last["t"], last["shrinking"] = now, shrinking
+                queue.put(("progress", worker, n, shrinking))
+
+        result = fuzz(factory, max_examples=max_examples, seed=seed, time_budget_s=time_budget_s,
+                      on_example=on_example)
+        queue.put(("done", worker, result))
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent stops the run
+        raise SystemExit(130) from None
+    except Exception as exc:
+        import traceback
+
+        queue.put(("error", worker, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed: int = 0,
+                  time_budget_s: float | None = None,
+                  on_progress: Callable[[list[WorkerProgress]], None] | None = None) -> ParallelFuzzResult:
+    """Fuzz the candidate named ``spec`` (``reference``, ``mutant:NAME``,
+    ``module:factory``, ...) on ``workers`` processes.
+
+    Worker i runs ``fuzz`` with hypothesis seed ``worker_seed(seed, i)`` on its
+    ``split_examples(max_examples, workers)`` share, each with the whole
+    ``time_budget_s`` (seconds of wall time); at most ``max_examples``
+    workers are used. Every worker runs to its own end (its first failure,
+    shrunk, or its share), so without a time budget the result depends only
+    on (spec, workers, max_examples, seed). One worker runs in this process;
+    more are ``spawn``-ed processes, each resolving ``spec`` itself.
+    ``on_progress`` gets every worker's ``WorkerProgress`` (index order) after
+    each change. Raises ValueError for ``workers`` outside 1..MAX_WORKERS or
+    ``max_examples`` < 1, CandidateSpecError for a bad ``spec`` (checked here
+    first), FuzzWorkerError if a worker fails.
+    """
+    from harness.candidates import resolve_candidate
+
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"workers must be an integer in 1..{MAX_WORKERS}, got {workers!r}")
+    shares = split_examples(max_examples, workers)
+    seeds = [worker_seed(seed, i) for i in range(len(shares))]
+    factory = None if spec == "reference" else resolve_candidate(spec)
+    progress = [WorkerProgress(0, share) for share in shares]
+    start = time.monotonic()
+
+    def report(i: int, **changes: Any) -> None:
+        progress[i] = dataclasses.replace(progress[i], **changes)
+        if on_progress is not None:
+            on_progress(list(progress))
+
+    if len(shares) == 1:
+        result = fuzz(factory, max_examples=shares[0], seed=seeds[0], time_budget_s=time_budget_s,
+                      on_example=lambda n, shrinking: report(0, examples=n, shrinking=shrinking))
+        report(0, done=True)
+        return ParallelFuzzResult(seed, [WorkerResult(0, seeds[0], shares[0], result)],
+                                  time.monotonic() - start)
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_fuzz_worker, name=f"harness-fuzz-{i}", daemon=True,
+                         args=(spec, i, seeds[i], shares[i], time_budget_s, queue))
+             for i in range(len(shares))]
+    results: dict[int, FuzzResult] = {}
+    try:
+        for p in procs:
+            p.start()
+        while len(results) < len(procs):
+            try:
+                msg = queue.get(timeout=0.5)
+            except queue_module.Empty:
+                for i, p in enumerate(procs):
+                    if i not in results and p.exitcode is not None:
+                        # Anything it put is readable by now; one more look, then give up.
+                        try:
+                            msg = queue.get(timeout=1.0)
+                            break
+                        except queue_module.Empty:
+                            raise FuzzWorkerError(f"fuzz worker {i} died without a result "
+                                                  f"(exit code {p.exitcode})") from None
+                else:
+                    continue
+            kind, i = msg[0], msg[1]
+            if kind == "progress":
+                report(i, examples=msg[2], shrinking=msg[3])
+            elif kind == "done":
+                results[i] = msg[2]
+                report(i, examples=msg[2].examples, done=True)
+            else:
+                lines = [line for line in msg[2].splitlines() if line.strip()]
+                raise FuzzWorkerError(f"fuzz worker {i} (seed {seeds[i]}) failed: {lines[0]}")
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            if p.pid is not None:
+                p.join()
+        queue.close()
+    return ParallelFuzzResult(seed, [WorkerResult(i, seeds[i], shares[i], results[i])
+                                     for i in range(len(procs))], time.monotonic() - start)
+
+
+@dataclass
+class Witness:
+    """A written failure: the worker that wrote it, every worker whose shrunk
+    case is the same, and the files and replay command ``write_failure`` gave."""
+
+    worker: WorkerResult
+    found_by: list[int]
+    trace: Path
+    json: Path
+    command: str
+
+
+def write_witnesses(out_dir: str | Path, spec: str, factory: CandidateFactory,
+                    result: ParallelFuzzResult) -> list[Witness]:
+    """Write each distinct shrunk case found by ``result``'s workers (see
+    ``write_failure``), in worker order; workers that shrank to the same case
+    share one pair of files. One worker: ``fuzz-<candidate>-seed<S>.*``;
+    N > 1 workers: ``fuzz-<candidate>-seed<S>-worker<i>of<N>.*`` (no clashes
+    within a run, nor with runs of another worker count). Returns [] if
+    nothing was found."""
+    n = len(result.workers)
+    groups: list[tuple[WorkerResult, list[int]]] = []
+    for w in result.found:
+        same = next((g for g in groups if g[0].result.case == w.result.case), None)
+        if same is None:
+            groups.append((w, [w.worker]))
+        else:
+            same[1].append(w.worker)
+    out: list[Witness] = []
+    for w, found_by in groups:
+        name = None
+        extra: dict[str, Any] = {}
+        if n > 1:
+            name = f"fuzz-{_slug(spec)}-seed{result.seed}-worker{w.worker}of{n}"
+            extra = {"worker": w.worker, "workers": n, "worker_seed": w.seed,
+                     "worker_max_examples": w.max_examples, "found_by_workers": found_by}
+        trace, json_path, command = write_failure(out_dir, spec, factory, w.result, result.seed,
+                                                  name=name, extra=extra)
+        out.append(Witness(w, found_by, trace, json_path, command))
+    return out

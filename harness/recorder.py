@@ -2,11 +2,12 @@
 
 The row order inside a step is the order things happened (docs/trace-format.md):
 inputs (``arrival``, ``reject``, ``abort``); if a batch was scheduled,
-``schedule_begin`` (state before), decisions (``schedule``, ``withdraw``,
-``preempt``, ``skip`` as taken) and ``schedule_end`` (state after); if the
-oldest batch in flight was processed, ``update_begin`` (which batch),
-``free_drain`` (deferred frees released), ``output`` (model output),
-``finish``, ``draft``, ``update_end``.
+``schedule_begin`` (state before), decisions (``encoder_plan``, ``schedule``,
+``withdraw``, ``preempt``, ``skip``, ``kv_load``, ``kv_promote`` as taken) and
+``schedule_end`` (state after); if the oldest batch in flight was processed,
+``update_begin`` (which batch), ``free_drain`` (deferred frees released),
+``kv_invalid`` (failed KV loads), ``output`` (model output), ``finish``,
+``kv_finished`` (+ ``kv_free``), ``draft``, ``update_end``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import reference
 from reference.config import EngineConfig
 from reference.candidate import CandidateFactory
 from reference.engine import Engine, EngineStalled, EngineSummary, StepRecord
-from reference.output import FinishedRequest, Preemption, ScheduledRequest, Skip, Withdrawal
+from reference.output import (EncoderPlan, FinishedRequest, Preemption, Promotion, RemoteLoad,
+                              ScheduledRequest, Skip, Withdrawal)
+from reference.runners import RunnerFactory
 from reference.scheduler import Scheduler
 from reference.workload import RequestSpec, Workload
 
@@ -41,6 +44,7 @@ def _request_fields(spec: RequestSpec) -> Row:
         "eos_token_id": spec.eos_token_id,
         "stop_token_ids": list(spec.stop_token_ids),
         "scripted_output_len": spec.scripted_output_len,
+        "mm_positions": [list(p) for p in spec.mm_positions] or None,
     }
 
 
@@ -58,6 +62,7 @@ def spec_from_row(row: Row) -> RequestSpec:
         priority=row["priority"],
         scripted_output_len=row["scripted_output_len"],
         abort_time=row["abort_time_s"],
+        mm_positions=tuple(tuple(p) for p in row.get("mm_positions") or ()),
     )
 
 
@@ -107,15 +112,24 @@ def _rank_rows(rec: StepRecord) -> list[Row]:
                      "preempted_req_ids": sorted(out.preempted_req_ids),
                      "finished_req_ids": sorted(out.finished_req_ids),
                      "defer_prefills": out.defer_prefills,
-                     "prefill_capacity_bound": out.prefill_capacity_bound})
+                     "prefill_capacity_bound": out.prefill_capacity_bound,
+                     "free_encoder_mm_hashes": out.free_encoder_mm_hashes or None})
     if rec.update is not None:
         rows.append({"kind": "update_begin", "batch_step": rec.update_batch_step,
                      **({} if out is not None else {"clock_s": rec.clock})})
         rows += [{"kind": "free_drain", "fence": fence, "block_ids": blocks}
                  for fence, blocks in rec.update.drained]
+        if rec.update.invalid_block_ids:
+            rows.append({"kind": "kv_invalid", "block_ids": rec.update.invalid_block_ids})
         rows += [{"kind": "output", "request_id": req_id, "token_ids": tokens}
                  for req_id, tokens in rec.sampled.items() if tokens]
         rows += [_finish_row("finish", f) for f in rec.update.finished]
+        kv_freed = {f.request_id: f for f in rec.update.kv_freed}
+        for req_id in rec.update.finished_recving:
+            rows.append({"kind": "kv_finished", "request_id": req_id})
+            if req_id in kv_freed:
+                rows.append({"kind": "kv_free", "request_id": req_id,
+                             "block_ids": kv_freed[req_id].freed_block_ids, "fence": kv_freed[req_id].fence})
         rows += [{"kind": "draft", "request_id": req_id, "spec_token_ids": drafts}
                  for req_id, drafts in rec.drafts.items()]
         rows.append({"kind": "update_end", "num_free_blocks": rec.num_free_blocks_after_update})
@@ -125,23 +139,44 @@ def _rank_rows(rec: StepRecord) -> list[Row]:
 def _decision_row(event: ScheduledRequest | Withdrawal | Preemption | Skip) -> Row:
     if isinstance(event, Withdrawal):
         return {"kind": "withdraw", "request_id": event.request_id,
-                "num_scheduled_tokens": event.num_scheduled_tokens, "block_ids": event.block_ids}
+                "num_scheduled_tokens": event.num_scheduled_tokens, "block_ids": event.block_ids,
+                "encoder_input_ids": event.encoder_input_ids or None}
+    if isinstance(event, EncoderPlan):
+        return {"kind": "encoder_plan", "request_id": event.request_id,
+                "num_computed_tokens": event.num_computed_tokens,
+                "num_scheduled_tokens": event.num_scheduled_tokens,
+                "encoder_input_ids": event.encoder_input_ids}
     if isinstance(event, Preemption):
         return {"kind": "preempt", "request_id": event.request_id, "status": "RUNNING",
                 "num_computed_tokens": event.num_computed_tokens,
                 "block_ids": event.freed_block_ids, "fence": event.fence}
     if isinstance(event, Skip):
         return {"kind": "skip", "request_id": event.request_id, "message": event.reason}
+    if isinstance(event, RemoteLoad):
+        return {"kind": "kv_load", "request_id": event.request_id,
+                "num_computed_tokens": event.num_prefix_hit_tokens,
+                "num_prefix_hit_tokens": event.num_prefix_hit_tokens,
+                "num_external_tokens": event.num_external_tokens,
+                "block_ids": event.block_ids, "reserved_blocks": event.reserved_blocks}
+    if isinstance(event, Promotion):
+        return {"kind": "kv_promote", "request_id": event.request_id, "status": event.status.name,
+                "num_computed_tokens": event.num_computed_tokens,
+                "message": "load failed" if event.load_failed else "loaded",
+                "block_ids": event.freed_block_ids}
     return {"kind": "schedule", "request_id": event.request_id, "schedule_kind": event.kind,
             "num_computed_tokens": event.num_computed_tokens,
             "num_scheduled_tokens": event.num_scheduled_tokens,
             "num_prefix_hit_tokens": event.num_prefix_hit_tokens,
-            "block_ids": event.new_block_ids, "spec_token_ids": event.spec_token_ids or None}
+            "block_ids": event.new_block_ids, "spec_token_ids": event.spec_token_ids or None,
+            "encoder_input_ids": event.encoder_input_ids or None}
 
 
-def trace_metadata(workload: Workload, config: EngineConfig, seed: int, engine: str) -> dict[str, Any]:
-    """The self-describing metadata every trace carries."""
-    return {
+def trace_metadata(workload: Workload, config: EngineConfig, seed: int, engine: str,
+                   model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The self-describing metadata every trace carries. ``model``: the
+    real model runner's description (key ``model``, e.g. the torch runner's;
+    absent for the scripted model)."""
+    meta = {
         "engine": engine,
         # vllm@X.Y.Z traces carry the vLLM version; everything else ours.
         "engine_version": engine.split("@", 1)[1] if engine.startswith("vllm@") else reference.__version__,
@@ -152,21 +187,29 @@ def trace_metadata(workload: Workload, config: EngineConfig, seed: int, engine: 
                      "params": workload.params},
         "seed": seed,
     }
+    if model is not None:
+        meta["model"] = model
+    return meta
 
 
 def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, seed: int = 0,
            engine: str = "reference", candidate_factory: CandidateFactory = Scheduler,
-           on_progress: Callable[[StepRecord], None] | None = None) -> EngineSummary:
+           on_progress: Callable[[StepRecord], None] | None = None,
+           runner_factory: RunnerFactory | None = None,
+           model: dict[str, Any] | None = None) -> EngineSummary:
     """Run ``workload`` on the engine and write the trace to ``out_path``.
 
     The file appears only when the run completes (temp file + rename); on any
     exception nothing is left behind and an existing ``out_path`` is kept.
     A stalled engine (EngineStalled) is a finding, not a crash: the trace up to
     the stall is written, ``summary.stalled`` says why, and ``harness check``
-    reports the requests left behind (LIVENESS).
+    reports the requests left behind (LIVENESS). ``runner_factory`` (e.g. the
+    torch runner's) replaces the scripted model; ``model`` describes it in
+    the metadata.
     """
-    meta = trace_metadata(workload, config, seed, engine)
-    engine_obj = Engine(config, seed=seed, candidate_factory=candidate_factory)
+    meta = trace_metadata(workload, config, seed, engine, model)
+    engine_obj = Engine(config, seed=seed, candidate_factory=candidate_factory,
+                        runner_factory=runner_factory)
     with TraceWriter(out_path, meta) as writer:
         def on_step(rec: StepRecord) -> None:
             writer.add_step(step_rows(rec))
@@ -182,7 +225,9 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
 
 def run_to_rows(workload: Workload, config: EngineConfig, *, seed: int = 0,
                 candidate_factory: CandidateFactory = Scheduler,
-                on_step_rows: Callable[[int, list[Row]], None]) -> EngineSummary:
+                on_step_rows: Callable[[int, list[Row]], None],
+                runner_factory: RunnerFactory | None = None) -> EngineSummary:
     """Run the engine and hand each step's rows to ``on_step_rows`` (no file)."""
-    engine_obj = Engine(config, seed=seed, candidate_factory=candidate_factory)
+    engine_obj = Engine(config, seed=seed, candidate_factory=candidate_factory,
+                        runner_factory=runner_factory)
     return engine_obj.run(workload, lambda rec: on_step_rows(rec.step, step_rows(rec)))

@@ -3,8 +3,11 @@
 The workload (every arrival and rejection, with its prompt and sampling
 parameters) and the config come from the trace itself; the scripted model is
 re-created from the trace's seed, so the candidate sees the same model outputs
-for the same positions. The candidate's steps are compared with the trace's
-as they are produced; the run stops at the first differing step.
+for the same positions. A trace recorded with a real model (metadata key
+``model``) is re-driven with its recorded outputs instead
+(``harness.playback``): no torch needed. The candidate's steps are compared
+with the trace's as they are produced; the run stops at the first differing
+step.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from reference.candidate import CandidateError, CandidateFactory
 from reference.engine import EngineStalled
 from reference.workload import Workload
 
+from harness.playback import playback_factory, trace_model
 from harness.recorder import Row, run_to_rows, spec_from_row
 from harness.trace import Trace, TraceError
 
@@ -109,6 +113,7 @@ def replay(trace: Trace, candidate_factory: CandidateFactory) -> tuple[Divergenc
     """
     config = trace.config
     workload = workload_from_trace(trace)
+    runner_factory = playback_factory(trace) if trace_model(trace) is not None else None
     recorded = trace.iter_steps()
     compared = 0
 
@@ -127,7 +132,7 @@ def replay(trace: Trace, candidate_factory: CandidateFactory) -> tuple[Divergenc
 
     try:
         run_to_rows(workload, config, seed=trace.meta["seed"], candidate_factory=candidate_factory,
-                    on_step_rows=on_step_rows)
+                    on_step_rows=on_step_rows, runner_factory=runner_factory)
     except _Diverged as d:
         return d.args[0], compared
     except CandidateError as exc:

@@ -92,4 +92,21 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              {**_SMALL, "num_gpu_blocks": 30, "async_scheduling": True, "max_concurrent_batches": 2,
               "defer_block_free": True, "scheduler_reserve_full_isl": False},
              {"num_requests": 50, "eos_fraction": 0.3, "abort_fraction": 0.3, "arrival_rate": 40.0}),
+    Scenario("kv-connector", "a KV-consumer connector holding 80% of the prompt blocks (shared "
+             "prefixes too): async loads over 3 steps (WAITING_FOR_REMOTE_KVS), reservations, "
+             "promotion, failed loads recomputed, aborts while loading",
+             {**_SMALL, "num_gpu_blocks": 60, "kv_connector": True, "kv_store_fraction": 0.8,
+              "kv_load_steps": 3, "kv_load_failure_rate": 0.25, "step_fixed_s": 0.05},
+             {"num_requests": 40, "shared_prefix_len": 16, "shared_prefix_fraction": 0.5,
+              "abort_fraction": 0.4, "arrival_rate": 20.0}),
+    Scenario("encoder-inputs", "encoder inputs (six 4-token items per prompt, drawn from 16 distinct "
+             "items) under PRIORITY on a tight pool: a one-item encoder budget and an 8-item encoder "
+             "cache cut windows before items and skip waiting requests, identical items share cache "
+             "entries, evictions oldest first, give-back returns encoder budget",
+             {**_SMALL, "num_gpu_blocks": 30, "policy": "priority", "scheduler_reserve_full_isl": False,
+              "long_prefill_token_threshold": 12, "max_num_encoder_input_tokens": 4,
+              "encoder_cache_size": 32},
+             {"num_requests": 60, "priority_levels": 3, "arrival_rate": 80.0, "prompt_len": (1, 32),
+              "output_len": (1, 24), "mm_fraction": 1.0, "mm_item_len": 4, "mm_items_per_request": 6,
+              "mm_distinct_items": 16}),
 ]}

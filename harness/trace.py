@@ -23,7 +23,10 @@ import pyarrow.parquet as pq
 
 from reference.config import ConfigError, EngineConfig
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+#: Older versions this harness still reads: their missing columns read as null.
+READABLE_VERSIONS = {3: ("num_external_tokens", "reserved_blocks", "mm_positions", "encoder_input_ids",
+                         "free_encoder_mm_hashes")}
 METADATA_KEY = b"sched_harness"
 # Written in the footer when the run ends: {"steps", "events", "stalled"}.
 SUMMARY_KEY = b"sched_harness_summary"
@@ -81,14 +84,25 @@ SCHEMA = pa.schema([
     # Prefill gating: the throttle input (schedule_begin), the decision and
     # the capacity guard after it (schedule_end).
     pa.field("throttle_prefills", pa.bool_()),
+    # KV connector (schema 4): external tokens of an async load, and the free
+    # blocks it had to leave for in-flight prefills.
+    pa.field("num_external_tokens", _i32),
+    pa.field("reserved_blocks", _i32),
     pa.field("defer_prefills", pa.bool_()),
     pa.field("prefill_capacity_bound", pa.bool_()),
+    # Encoder inputs (schema 4): a request's items as [offset, length] pairs
+    # (arrival, reject), the inputs a step encodes for it (schedule,
+    # encoder_plan, withdraw) and the encoder-cache entries evicted
+    # (schedule_end).
+    pa.field("mm_positions", pa.list_(_ids)),
+    pa.field("encoder_input_ids", _ids),
+    pa.field("free_encoder_mm_hashes", _strs),
 ])
 COLUMNS = tuple(SCHEMA.names)
 
-EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "schedule", "withdraw", "preempt",
-               "skip", "schedule_end", "update_begin", "free_drain", "output", "finish", "draft",
-               "update_end")
+EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "encoder_plan", "schedule", "withdraw",
+               "preempt", "skip", "kv_load", "kv_promote", "schedule_end", "update_begin", "free_drain",
+               "kv_invalid", "output", "finish", "kv_finished", "kv_free", "draft", "update_end")
 
 
 class TraceError(Exception):
@@ -119,8 +133,12 @@ class Trace:
         last_key = (-1, -1)
         num_steps = 0
         try:
-            for batch in self._file.iter_batches(batch_size=65536, columns=list(COLUMNS)):
+            present = [c for c in COLUMNS if c in self._file.schema_arrow.names]
+            absent = dict.fromkeys(c for c in COLUMNS if c not in present)
+            for batch in self._file.iter_batches(batch_size=65536, columns=present):
                 for row in batch.to_pylist():
+                    if absent:
+                        row.update(absent)  # an older schema: its missing columns read as null
                     key = (row["step"], row["event_index"])
                     if key <= last_key:
                         raise TraceError(f"{self.path}: events out of order at step {key[0]} "
@@ -167,12 +185,13 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
     if not isinstance(meta, dict):
         raise TraceError(f"{p}: sched-harness metadata is not a JSON object")
     version = meta.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION and version not in READABLE_VERSIONS:
         hint = "; re-record it with this harness" if isinstance(version, int) and version < SCHEMA_VERSION else ""
         raise TraceError(f"{p}: unknown trace schema version {version!r} "
                          f"(this harness reads version {SCHEMA_VERSION}{hint})")
     names = set(pf.schema_arrow.names)
-    missing = [c for c in COLUMNS if c not in names]
+    absent = READABLE_VERSIONS.get(version, ())
+    missing = [c for c in COLUMNS if c not in names and c not in absent]
     if missing:
         raise TraceError(f"{p}: missing column(s) {', '.join(missing)}")
     config = _validate_meta(p, meta)

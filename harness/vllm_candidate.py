@@ -28,12 +28,15 @@ import tempfile
 import threading
 import time
 import weakref
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from reference.config import EngineConfig
-from reference.output import (FinishedRequest, Preemption, ScheduledRequest, SchedulerOutput,
-                              SchedulerSnapshot, UpdateResult, Withdrawal)
+from reference.kv_connector import KVConnectorOutput
+from reference.output import (FinishedRequest, KVTransferFree, Preemption, Promotion, RemoteLoad,
+                              ScheduledRequest, SchedulerOutput, SchedulerSnapshot, Skip,
+                              UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus
 
 from harness.vllm_env import VLLMEnvError, check_version, env_python, is_ready
@@ -43,8 +46,9 @@ DRIVER = Path(__file__).with_name("vllm_driver.py")
 START_TIMEOUT_S = float(os.environ.get("HARNESS_VLLM_START_TIMEOUT_S", "300"))
 #: Seconds allowed for any other answer.
 CALL_TIMEOUT_S = float(os.environ.get("HARNESS_VLLM_TIMEOUT_S", "120"))
-#: Idle drivers kept per version for reuse (0 disables reuse).
-POOL_SIZE = int(os.environ.get("HARNESS_VLLM_POOL", "1"))
+#: Idle drivers kept per version for reuse (0 disables reuse); 2 covers a
+#: data-parallel run with two ranks (one driver per rank).
+POOL_SIZE = int(os.environ.get("HARNESS_VLLM_POOL", "2"))
 
 
 class VLLMDriverError(RuntimeError):
@@ -233,20 +237,25 @@ def _request_payload(request: Request) -> dict[str, Any]:
 
 
 def _finished(item: dict[str, Any]) -> FinishedRequest:
-    try:
-        status = RequestStatus[item["status"]]
-    except KeyError:
-        raise VLLMDriverError(f"unknown request status {item['status']!r} from vLLM") from None
+    status = _status(item["status"])
     return FinishedRequest(item["request_id"], status, item["finish_reason"], item["stop_reason"],
-                           item["num_output_tokens"], list(item["freed_block_ids"]))
+                           item["num_output_tokens"], list(item["freed_block_ids"]),
+                           item.get("fence"))
 
 
 def _snapshot(data: dict[str, Any]) -> SchedulerSnapshot:
     return SchedulerSnapshot(tuple(data["waiting"]), tuple(data["running"]), data["num_free_blocks"])
 
 
+def _status(name: str) -> RequestStatus:
+    try:
+        return RequestStatus[name]
+    except KeyError:
+        raise VLLMDriverError(f"unknown request status {name!r} from vLLM") from None
+
+
 def _output(data: dict[str, Any]) -> SchedulerOutput:
-    events: list[ScheduledRequest | Withdrawal | Preemption] = []
+    events: list[ScheduledRequest | Withdrawal | Preemption | Skip | RemoteLoad | Promotion] = []
     for e in data["events"]:
         kind = e["type"]
         if kind == "schedule":
@@ -258,7 +267,17 @@ def _output(data: dict[str, Any]) -> SchedulerOutput:
             events.append(Withdrawal(e["request_id"], e["num_scheduled_tokens"], list(e["block_ids"])))
         elif kind == "preempt":
             events.append(Preemption(e["request_id"], e["num_computed_tokens"],
-                                     list(e["freed_block_ids"])))
+                                     list(e["freed_block_ids"]), e.get("fence")))
+        elif kind == "skip":
+            events.append(Skip(e["request_id"], e["reason"]))
+        elif kind == "kv_load":
+            events.append(RemoteLoad(e["request_id"], e["num_prefix_hit_tokens"],
+                                     e["num_external_tokens"], list(e["block_ids"]),
+                                     e["reserved_blocks"]))
+        elif kind == "kv_promote":
+            events.append(Promotion(e["request_id"], _status(e["status"]),
+                                    e["num_computed_tokens"], bool(e["load_failed"]),
+                                    list(e["freed_block_ids"])))
         else:
             raise VLLMDriverError(f"unknown event type {kind!r} from the vLLM driver")
     return SchedulerOutput(
@@ -293,7 +312,9 @@ class VLLMCandidate:
         self._finalizer: weakref.finalize | None = None
         self._live: set[str] = set()
         self._snap: SchedulerSnapshot | None = None
-        self._last_output: SchedulerOutput | None = None
+        # Outputs of schedule() not yet updated, oldest first (the driver
+        # keeps vLLM's own SchedulerOutputs in the same order).
+        self._in_flight: deque[SchedulerOutput] = deque()
         self.info: dict[str, Any] = {}
 
     # -- process ---------------------------------------------------------------
@@ -304,6 +325,7 @@ class VLLMCandidate:
             self._finalizer = weakref.finalize(self, _release, proc, self.reuse)
             self.info = proc.call({"op": "init", "config": self.config.to_dict(), "seed": self.seed})
             self._snap = None
+            self._in_flight.clear()
         return self._proc
 
     def _call(self, op: str, **payload: Any) -> dict[str, Any]:
@@ -355,16 +377,25 @@ class VLLMCandidate:
         answer = self._call("schedule", throttle_prefills=throttle_prefills)
         output = _output(answer["output"])
         self._snap = _snapshot(answer["snapshot"])
-        self._last_output = output
+        self._in_flight.append(output)
         return output
 
     def update_from_output(self, output: SchedulerOutput,
-                           sampled_token_ids: dict[str, list[int]]) -> UpdateResult:
-        if output is not self._last_output:
-            raise VLLMDriverError("update_from_output must follow the schedule() that made `output`")
-        self._last_output = None
+                           sampled_token_ids: dict[str, list[int]],
+                           kv_connector_output: KVConnectorOutput | None = None) -> UpdateResult:
+        """``kv_connector_output`` (KV connector only): the simulated worker's
+        finished loads (in their order) and failed blocks, forwarded to vLLM
+        as ``ModelRunnerOutput.kv_connector_output``."""
+        if not self._in_flight or output is not self._in_flight[0]:
+            raise VLLMDriverError("update_from_output must be given the oldest schedule() output "
+                                  "not yet updated (batches are processed in order)")
+        self._in_flight.popleft()
         sampled = {k: list(v) for k, v in sampled_token_ids.items() if k in output.num_scheduled_tokens}
-        answer = self._call("update", sampled=sampled)
+        payload: dict[str, Any] = {"sampled": sampled}
+        if kv_connector_output is not None:
+            payload["kv"] = {"finished_recving": list(kv_connector_output.finished_recving),
+                             "invalid_block_ids": sorted(kv_connector_output.invalid_block_ids)}
+        answer = self._call("update", **payload)
         finished = [_finished(item) for item in answer["finished"]]
         self._live.difference_update(f.request_id for f in finished)
         self._snap = _snapshot(answer["snapshot"])
@@ -372,7 +403,13 @@ class VLLMCandidate:
         return UpdateResult(new_token_ids={k: list(v) for k, v in answer["new_token_ids"].items()},
                             finished=finished,
                             num_draft_tokens=answer.get("num_draft_tokens", 0),
-                            num_rejected_draft_tokens=answer.get("num_rejected_draft_tokens", 0))
+                            num_rejected_draft_tokens=answer.get("num_rejected_draft_tokens", 0),
+                            drained=[(fence, list(blocks))
+                                     for fence, blocks in answer.get("drained", [])],
+                            finished_recving=list(answer.get("finished_recving", [])),
+                            invalid_block_ids=list(answer.get("invalid_block_ids", [])),
+                            kv_freed=[KVTransferFree(req_id, list(blocks), fence)
+                                      for req_id, blocks, fence in answer.get("kv_freed", [])])
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> dict[str, list[int]]:
         answer = self._call("drafts", drafts={k: list(v) for k, v in draft_token_ids.items()})

@@ -13,14 +13,16 @@ Each request is ``{"op": NAME, ...}``; each answer is ``{"ok": true, ...}`` or
 
 - ``hello``    -> ``{vllm_version, protocol, import_s}`` (no scheduler needed)
 - ``init``     ``{config: EngineConfig dict, seed}``: build (or rebuild) the
-  scheduler on a CPU platform, synchronous scheduling, no tokenizer.
+  scheduler on a CPU platform, no tokenizer (see "Pipelining" below).
 - ``add``      ``{request: {request_id, prompt_token_ids, max_tokens, min_tokens,
   ignore_eos, eos_token_id, stop_token_ids, priority, arrival_time}}``
 - ``abort``    ``{request_ids}`` -> ``{finished: [FinishedRequest]}``
 - ``schedule`` ``{throttle_prefills}`` -> ``{output: SchedulerOutput, snapshot}``
-- ``update``   ``{sampled: {request_id: [token ids]}}`` -> ``{new_token_ids,
-  finished, num_draft_tokens, num_rejected_draft_tokens, snapshot}`` (applies
-  to the last ``schedule`` output)
+- ``update``   ``{sampled: {request_id: [token ids]}, kv?: {finished_recving,
+  invalid_block_ids}}`` -> ``{new_token_ids, finished, num_draft_tokens,
+  num_rejected_draft_tokens, drained, snapshot}`` (applies to the oldest
+  ``schedule`` output not yet updated); with ``kv`` (KV connector on) also
+  ``{finished_recving, invalid_block_ids, kv_freed: [[id, blocks, fence]]}``
 - ``drafts``   ``{drafts: {request_id: [token ids]}}`` -> ``{stored}``
   (``Scheduler.update_draft_token_ids``; speculative decoding only)
 - ``snapshot`` -> ``{snapshot: {waiting, running, num_free_blocks}}``
@@ -32,18 +34,73 @@ Decisions come back in the shape of the harness's ``reference/output.py``:
 ``{"type": "schedule", request_id, kind, num_computed_tokens,
 num_scheduled_tokens, num_prefix_hit_tokens, new_block_ids}``,
 ``{"type": "withdraw", request_id, num_scheduled_tokens, block_ids}`` and
-``{"type": "preempt", request_id, num_computed_tokens, freed_block_ids}``.
+``{"type": "preempt", request_id, num_computed_tokens, freed_block_ids, fence}``
+and ``{"type": "skip", request_id, reason}``, and with the KV connector
+``{"type": "kv_load", ...}`` and ``{"type": "kv_promote", ...}``.
 The order comes from wrapping, on the scheduler instance,
 ``kv_cache_manager.allocate_slots`` (each successful call is a scheduling
-decision), ``_preempt_request`` and ``kv_cache_manager.free`` (the blocks a
-request releases, tail first); the values are taken from (and checked
-against) the real ``SchedulerOutput``.
+decision), ``_preempt_request``, ``kv_cache_manager.free`` and
+``pop_blocks_for_free`` (the blocks a request releases, tail first) and the
+``deferred_waiting`` set (a waiting-loop skip); the values are taken from (and
+checked against) the real ``SchedulerOutput`` (``vllm_events.py``).
+
+Pipelining (the harness's ``max_concurrent_batches``, ``async_scheduling``,
+``defer_block_free``), driven as vLLM's ``EngineCore.step_with_batch_queue``
+drives its scheduler:
+
+- up to ``max_concurrent_batches`` SchedulerOutputs are in flight; each
+  ``update`` is applied to the oldest one (FIFO, as the batch queue does), with
+  the ModelRunnerOutput built for that batch's requests;
+- ``async_scheduling``: the scheduler is vLLM's ``AsyncScheduler``, built
+  directly (the CPU platform's config check turns
+  ``SchedulerConfig.async_scheduling`` off; it is set back on afterwards, so
+  ``VllmConfig.max_concurrent_batches`` reads 2 as on a GPU);
+- ``defer_block_free``: vLLM 0.33.0 turns it on only in ``Scheduler.__init__``,
+  when a KV connector is configured that is a KV consumer and
+  ``VllmConfig.max_concurrent_batches > 1``. With the KV connector on and
+  async scheduling, that gate sets it itself (the harness's config requires
+  ``defer_block_free=true`` then); otherwise (no connector, or several
+  batches of the plain ``Scheduler`` in flight, where vLLM reads
+  ``max_concurrent_batches`` 1 without pipeline parallelism) the driver sets
+  the one attribute the gate sets, ``scheduler.defer_block_free = True``
+  (also requiring more than one batch in flight); ``defer_async_loads`` stays
+  off (HiSparse only). Deferred frees come back with their fence; each update
+  reports the frees it drained.
+- ``data_parallel_size`` > 1: each rank is its own driver (the harness engine
+  builds one candidate per rank); the scheduler gets a ParallelConfig with
+  that ``data_parallel_size``, which is what turns vLLM's local prefill
+  cadence off (the MoE DP regime: the engine core's throttle flag drives it).
+
+KV connector (the harness's ``kv_connector``, ``reference/kv_connector.py``):
+vLLM gets a scheduler-side stand-in, ``HarnessKVStoreConnector`` (a
+``KVConnectorBase_V1``, role SCHEDULER), registered in this process with
+``KVConnectorFactory.register_connector`` and configured through
+``KVTransferConfig(kv_connector=..., kv_role="kv_consumer",
+kv_load_failure_policy=...)``. Its ``get_num_new_matched_tokens(request,
+num_computed_tokens)`` returns ``(max(held - num_computed_tokens, 0), ext >
+0)`` with ``held = held_prefix_tokens(prompt, block_size,
+kv_store_fraction)`` (``vllm_events.held_prefix_tokens``, a copy of the
+reference's pure function); ``update_state_after_alloc`` does nothing,
+``build_connector_meta`` returns empty metadata, ``request_finished`` returns
+``(False, None)`` (a consumer never delays its frees). Everything else is
+vLLM's own: the waiting loop's lookup, the async-load allocation and its
+``reserved_blocks``, ``kv_holding_waiting``, promotion, the handling of
+``invalid_block_ids`` and of ``finished_recving`` (fed from the harness's
+simulated worker through ``ModelRunnerOutput.kv_connector_output`` on each
+``update``). The hooks report an ``allocate_slots`` call with
+``delay_cache_blocks=True`` as a ``kv_load`` (the reservation is the
+``reserved_blocks`` vLLM passed), ``_handle_blocked_waiting_request`` of a
+finished load as a ``kv_promote``, and ``_update_from_kv_xfer_finished`` as
+the transfers processed and the frees of requests that finished while
+loading. Versions whose scheduler lacks 0.33.0's connector plumbing
+(``kv_holding_waiting``, ...) are refused at ``init`` with one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections import deque
 import json
 import os
 import sys
@@ -94,13 +151,25 @@ MAPPED_KEYS = {
     "max_num_scheduled_tokens", "policy", "enable_prefix_caching", "enable_chunked_prefill",
     "long_prefill_token_threshold", "watermark", "scheduler_reserve_full_isl",
     "num_speculative_tokens", "prefill_schedule_interval",
+    # Pipelining and data parallelism (see the module docstring).
+    "async_scheduling", "max_concurrent_batches", "defer_block_free", "data_parallel_size",
 }
-#: Pipelining fields: only the synchronous values are supported (the driver
-#: schedules and updates one batch at a time).
-SYNC_ONLY = {"async_scheduling": False, "max_concurrent_batches": 1, "defer_block_free": False,
-             "data_parallel_size": 1}
+#: Formerly the pipelining fields refused at non-synchronous values; all are
+#: mapped now (kept empty for callers that still add it to the known keys).
+SYNC_ONLY: dict = {}
 #: EngineConfig fields that only drive the harness (virtual clock, scripted proposer).
-HARNESS_ONLY_KEYS = {"step_fixed_s", "step_per_token_s", "draft_acceptance_rate"}
+HARNESS_ONLY_KEYS = {"step_fixed_s", "step_per_token_s", "draft_acceptance_rate",
+                     "draft_acceptance_pattern"}
+#: The harness's simulated KV-consumer connector (``reference/kv_connector.py``):
+#: driven in vLLM through a scheduler-side stand-in (``HarnessKVStoreConnector``,
+#: see "KV connector" in the module docstring). ``kv_store_fraction`` and
+#: ``kv_load_failure_policy`` reach vLLM; ``kv_load_steps`` and
+#: ``kv_load_failure_rate`` only drive the harness's simulated worker, whose
+#: output each ``update`` forwards.
+KV_CONNECTOR_KEYS = {"kv_connector", "kv_store_fraction", "kv_load_steps",
+                     "kv_load_failure_rate", "kv_load_failure_policy"}
+#: The name the stand-in is registered under (KVConnectorFactory).
+KV_CONNECTOR_NAME = "HarnessKVStoreConnector"
 
 # OPT-125m's config, enough for ModelConfig to inspect the architecture.
 _OPT_CONFIG = {
@@ -137,6 +206,85 @@ def _model_dir(max_position_embeddings: int) -> str:
         fh.write(data)
     os.replace(tmp, target)
     return path
+
+
+_CONNECTOR_CLASS = None
+
+
+def _register_connector():
+    """Define the KV-connector stand-in (a ``KVConnectorBase_V1`` subclass, so
+    only once vLLM is imported) and register it with ``KVConnectorFactory``
+    under ``KV_CONNECTOR_NAME`` (once per process; the factory imports it back
+    from this module by name)."""
+    global _CONNECTOR_CLASS
+    if _CONNECTOR_CLASS is not None:
+        return _CONNECTOR_CLASS
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                                  KVConnectorMetadata,
+                                                                  KVConnectorRole)
+
+    class HarnessKVConnectorMetadata(KVConnectorMetadata):
+        """Nothing to tell a worker: the harness's simulated worker starts
+        its loads from the normalised ``kv_load`` events."""
+
+    class HarnessKVStoreConnector(KVConnectorBase_V1):
+        """Scheduler side of the harness's simulated KV-consumer connector
+        (``reference.kv_connector.SimulatedKVConnector``): an external store
+        holding, by content, the longest prefix of full prompt blocks whose
+        chained hash falls below ``kv_store_fraction``; everything it holds
+        past the local hit loads asynchronously. The worker side is the
+        harness's: its ``KVConnectorOutput`` reaches ``update_from_output``
+        through the driver's ``update``."""
+
+        def __init__(self, vllm_config, role, kv_cache_config=None):
+            super().__init__(vllm_config, role, kv_cache_config)
+            if role != KVConnectorRole.SCHEDULER:
+                raise RuntimeError("the harness KV-store stand-in has no worker side")
+            extra = self._kv_transfer_config.kv_connector_extra_config
+            self.block_size = int(extra["block_size"])
+            self.fraction = float(extra["kv_store_fraction"])
+            self._held: dict[str, int] = {}
+
+        # Scheduler side.
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            held = self._held.get(request.request_id)
+            if held is None:
+                held = self._held[request.request_id] = ev.held_prefix_tokens(
+                    list(request.prompt_token_ids), self.block_size, self.fraction)
+            external = max(held - num_computed_tokens, 0)
+            return external, external > 0
+
+        def update_state_after_alloc(self, request, blocks, num_external_tokens):
+            return None
+
+        def build_connector_meta(self, scheduler_output):
+            return HarnessKVConnectorMetadata()
+
+        def request_finished(self, request, block_ids):
+            self._held.pop(request.request_id, None)
+            return False, None
+
+        # Worker side: never built (role SCHEDULER only).
+        def start_load_kv(self, forward_context, **kwargs):
+            raise NotImplementedError
+
+        def wait_for_layer_load(self, layer_name):
+            raise NotImplementedError
+
+        def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+            raise NotImplementedError
+
+        def wait_for_save(self):
+            raise NotImplementedError
+
+    HarnessKVStoreConnector.__name__ = HarnessKVStoreConnector.__qualname__ = KV_CONNECTOR_NAME
+    module = sys.modules[__name__]
+    setattr(module, KV_CONNECTOR_NAME, HarnessKVStoreConnector)
+    if KV_CONNECTOR_NAME not in KVConnectorFactory._registry:
+        KVConnectorFactory.register_connector(KV_CONNECTOR_NAME, __name__, KV_CONNECTOR_NAME)
+    _CONNECTOR_CLASS = HarnessKVStoreConnector
+    return HarnessKVStoreConnector
 
 
 class Driver:
@@ -188,10 +336,13 @@ class Driver:
         self.stats: dict[str, list[float]] = {}
 
     @staticmethod
-    def _parallel_config():
+    def _parallel_config(data_parallel_size: int = 1):
         from vllm.config import ParallelConfig
 
-        return ParallelConfig()
+        if data_parallel_size == 1:
+            return ParallelConfig()
+        return ParallelConfig(**ev.kwargs_for(ParallelConfig, dict(
+            data_parallel_size=data_parallel_size)))
 
     @staticmethod
     def _pin_cpu_platform() -> None:
@@ -203,14 +354,22 @@ class Driver:
     # -- init -----------------------------------------------------------------
     def init(self, config: dict, seed: int) -> dict:
         self.sched = None
-        unknown = sorted(set(config) - MAPPED_KEYS - HARNESS_ONLY_KEYS - set(SYNC_ONLY))
+        unknown = sorted(set(config) - MAPPED_KEYS - HARNESS_ONLY_KEYS - KV_CONNECTOR_KEYS)
         if unknown:
             # A new EngineConfig field must be mapped here, never ignored.
             raise DriverError(f"config key(s) {unknown} have no vLLM mapping in the driver")
-        for name, sync_value in SYNC_ONLY.items():
-            if config.get(name, sync_value) != sync_value:
-                raise DriverError(f"the driver runs vLLM synchronously (one batch in flight); "
-                                  f"{name}={config[name]!r} is not supported yet")
+        self.kv_connector = bool(config.get("kv_connector", False))
+        self.max_in_flight = int(config.get("max_concurrent_batches", 1))
+        self.async_scheduling = bool(config.get("async_scheduling", False))
+        self.defer_block_free = bool(config.get("defer_block_free", False))
+        self.dp_size = int(config.get("data_parallel_size", 1))
+        if self.max_in_flight < 1 or self.dp_size < 1:
+            raise DriverError("max_concurrent_batches and data_parallel_size must be >= 1")
+        if self.async_scheduling and self.max_in_flight < 2:
+            raise DriverError("async_scheduling needs max_concurrent_batches >= 2")
+        if self.defer_block_free and self.max_in_flight < 2:
+            # vLLM's own gate: max_concurrent_batches > 1 (and a KV consumer).
+            raise DriverError("defer_block_free needs max_concurrent_batches >= 2")
         self.config = config
         self.use_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"
         block_size = config["block_size"]
@@ -229,6 +388,7 @@ class Driver:
             policy=config["policy"],
             long_prefill_token_threshold=config["long_prefill_token_threshold"],
             is_encoder_decoder=False,
+            # The CPU platform turns it off anyway; set back below.
             async_scheduling=False,
         )
         # Fields an older vLLM lacks: fine only at that version's behaviour.
@@ -266,9 +426,17 @@ class Driver:
                 prompt_lookup_max=self.num_spec, prompt_lookup_min=1,
                 target_model_config=model_config,
                 target_parallel_config=self._parallel_config())))
+        parallel_config = self._parallel_config(self.dp_size)
+        if getattr(parallel_config, "data_parallel_size", 1) != self.dp_size:
+            raise DriverError(f"vLLM {self.version}'s ParallelConfig did not take "
+                              f"data_parallel_size={self.dp_size}")
+        kv_transfer_config = self._kv_transfer_config(config) if self.kv_connector else None
         vllm_config = self.VllmConfig(**ev.kwargs_for(self.VllmConfig, dict(
             model_config=model_config, cache_config=cache_config,
-            scheduler_config=scheduler_config, speculative_config=speculative_config)))
+            scheduler_config=scheduler_config, speculative_config=speculative_config,
+            parallel_config=parallel_config, kv_transfer_config=kv_transfer_config)))
+        if self.kv_connector and getattr(vllm_config, "kv_transfer_config", None) is None:
+            raise DriverError(f"vLLM {self.version}'s VllmConfig takes no kv_transfer_config")
         if self.num_spec:
             lookahead = getattr(vllm_config, "num_lookahead_tokens", 0)
             slots = getattr(vllm_config.speculative_config, "max_num_new_slots_for_drafting", 0)
@@ -297,8 +465,21 @@ class Driver:
                               f"expected {max_model_len}")
         if bool(cc.enable_prefix_caching) != config["enable_prefix_caching"]:
             raise DriverError("vLLM changed enable_prefix_caching")
+        if getattr(vllm_config.parallel_config, "data_parallel_size", 1) != self.dp_size:
+            raise DriverError(f"vLLM changed data_parallel_size to "
+                              f"{vllm_config.parallel_config.data_parallel_size}")
         if getattr(sc, "async_scheduling", False):
             raise DriverError("async scheduling could not be turned off")
+        scheduler_cls = self.Scheduler
+        if self.async_scheduling:
+            try:
+                from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+            except ImportError:
+                raise DriverError(f"vLLM {self.version} has no AsyncScheduler") from None
+            scheduler_cls = AsyncScheduler
+            # What a GPU platform leaves on (the scheduler itself only reads the
+            # class; VllmConfig.max_concurrent_batches reads the flag).
+            sc.async_scheduling = True
 
         spec_kwargs = dict(block_size=block_size, num_kv_heads=1, head_size=1,
                            dtype=self.torch.float32)
@@ -311,7 +492,29 @@ class Driver:
         sched_kwargs = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                             structured_output_manager=self.StructuredOutputManager(vllm_config),
                             block_size=block_size, log_stats=False, include_finished_set=False)
-        self.sched = self.Scheduler(**ev.kwargs_for(self.Scheduler, sched_kwargs))
+        sched = scheduler_cls(**ev.kwargs_for(scheduler_cls, sched_kwargs))
+        connector = getattr(sched, "connector", None)
+        if self.kv_connector:
+            self._check_connector(sched)
+        elif connector is not None:
+            raise DriverError("vLLM configured a KV connector; the driver asked for none")
+        vllm_deferred = bool(getattr(sched, "defer_block_free", False))
+        if vllm_deferred and not self.defer_block_free:
+            raise DriverError("vLLM turned defer_block_free on; the config has it off")
+        if self.defer_block_free and not getattr(sched, "defer_block_free", False):
+            # vLLM's gate (Scheduler.__init__): a KV-consumer connector and
+            # VllmConfig.max_concurrent_batches > 1. Without a connector, or
+            # with several batches of the plain Scheduler in flight (vLLM reads
+            # max_concurrent_batches 1 there: no PP), set the one attribute
+            # the gate sets.
+            if not hasattr(sched, "defer_block_free") or not hasattr(sched, "deferred_frees"):
+                raise DriverError(f"vLLM {self.version} has no deferred block frees")
+            sched.defer_block_free = True
+        if getattr(sched, "defer_async_loads", False):
+            raise DriverError("vLLM turned defer_async_loads on (HiSparse only); not modelled")
+        if self.dp_size > 1 and getattr(sched, "local_prefill_interval", 1) != 1:
+            raise DriverError("vLLM kept the local prefill cadence with data parallelism")
+        self.sched = sched
         if getattr(self.sched, "use_v2_model_runner", self.use_v2) != self.use_v2:
             self.use_v2 = bool(self.sched.use_v2_model_runner)
         self.block_hasher = self.get_request_block_hasher(block_size, self.sha256)
@@ -319,10 +522,56 @@ class Driver:
         self._schedule_sig = inspect.signature(self.sched.schedule).parameters
         self._request_params = set(inspect.signature(self.Request).parameters)
         self._install_hooks()
-        self.last_output = None
+        # vLLM SchedulerOutputs in flight, oldest first (EngineCore.batch_queue).
+        self.in_flight: deque = deque()
         self.num_unfinished_local = 0
         return {"vllm_version": self.version, "use_v2_model_runner": self.use_v2,
+                "scheduler_class": type(sched).__name__,
+                "kv_connector": type(connector).__name__ if connector is not None else None,
+                "recompute_kv_load_failures": bool(getattr(sched, "recompute_kv_load_failures",
+                                                           True)),
+                "defer_block_free": bool(getattr(sched, "defer_block_free", False)),
+                # True when vLLM's own gate (KV consumer, max_concurrent_batches
+                # > 1) turned it on, False when the driver set it.
+                "defer_block_free_by_vllm": vllm_deferred,
+                "local_prefill_interval": getattr(sched, "local_prefill_interval", 1),
+                "max_concurrent_batches": self.max_in_flight,
                 "num_free_blocks": self.num_free_blocks()}
+
+    # -- KV connector stand-in ------------------------------------------------
+    def _kv_transfer_config(self, config: dict):
+        try:
+            from vllm.config import KVTransferConfig
+        except ImportError:
+            raise DriverError(f"vLLM {self.version} has no KVTransferConfig") from None
+        if "kv_load_failure_policy" not in ev.field_names(KVTransferConfig):
+            raise DriverError(f"vLLM {self.version}'s KVTransferConfig has no "
+                              f"kv_load_failure_policy")
+        _register_connector()
+        return KVTransferConfig(
+            kv_connector=KV_CONNECTOR_NAME, kv_role="kv_consumer",
+            kv_load_failure_policy=config.get("kv_load_failure_policy", "recompute"),
+            kv_connector_extra_config={
+                "block_size": config["block_size"],
+                "kv_store_fraction": float(config.get("kv_store_fraction", 1.0))})
+
+    def _check_connector(self, sched) -> None:
+        connector = getattr(sched, "connector", None)
+        if type(connector).__name__ != KV_CONNECTOR_NAME:
+            raise DriverError(f"vLLM built connector {type(connector).__name__}, "
+                              f"not the harness's stand-in")
+        policy = self.config.get("kv_load_failure_policy", "recompute")
+        if bool(sched.recompute_kv_load_failures) != (policy == "recompute"):
+            raise DriverError(f"vLLM did not take kv_load_failure_policy={policy!r}")
+        for name in ("kv_holding_waiting", "finished_recving_kv_req_ids",
+                     "failed_recving_kv_req_ids", "_inflight_prefill_reserved_blocks",
+                     "_handle_blocked_waiting_request", "_update_from_kv_xfer_finished"):
+            if not hasattr(sched, name):
+                raise DriverError(f"vLLM {self.version}'s Scheduler has no {name}: async KV "
+                                  f"loads cannot be driven")
+        if not ev.kv_hooks_installable(sched):
+            raise DriverError(f"vLLM {self.version}'s allocate_slots takes no "
+                              f"delay_cache_blocks/reserved_blocks")
 
     def _install_hooks(self) -> None:
         # Chronological decisions of each schedule() and the blocks each free
@@ -358,7 +607,8 @@ class Driver:
         return {}
 
     def _finished_info(self, request) -> dict:
-        return ev.finished_info(request, self.hooks.freed.pop(request.request_id, []))
+        return ev.finished_info(request, self.hooks.freed.pop(request.request_id, []),
+                                self.hooks.fences.pop(request.request_id, None))
 
     def abort(self, request_ids: list[str]) -> dict:
         sched = self._require()
@@ -381,6 +631,9 @@ class Driver:
     # -- schedule -------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> dict:
         sched = self._require()
+        if len(self.in_flight) >= self.max_in_flight:
+            raise DriverError(f"'schedule' with {len(self.in_flight)} batches in flight "
+                              f"(max_concurrent_batches={self.max_in_flight}): update first")
         kwargs = {}
         if throttle_prefills:
             if "throttle_prefills" not in self._schedule_sig:
@@ -392,7 +645,7 @@ class Driver:
             so = sched.schedule(**kwargs)
         finally:
             self.hooks.end()
-        self.last_output = so
+        self.in_flight.append(so)
         output = ev.normalise(so, self.hooks.seq, use_v2=self.use_v2,
                               max_num_scheduled_tokens=self.max_num_scheduled_tokens)
         output.update(throttle_prefills=bool(throttle_prefills), defer_prefills=defer,
@@ -400,13 +653,34 @@ class Driver:
         return {"output": output, "snapshot": self.snapshot()}
 
     # -- update ---------------------------------------------------------------
-    def _model_runner_output(self, req_ids: list[str], sampled: dict[str, list[int]]):
+    def _kv_connector_output(self, kv: dict | None):
+        """vLLM's ``KVConnectorOutput`` for the harness's simulated worker
+        output ``{finished_recving: [ids], invalid_block_ids: [ids]}``.
+
+        ``finished_recving`` is a set in vLLM (the worker side aggregates
+        sets, so the order ``_update_from_kv_xfer_finished`` frees in is
+        hash-dependent); the harness processes transfers in load start order,
+        so an insertion-ordered set view (dict keys) is passed: vLLM only
+        iterates it."""
+        if kv is None:
+            return None
+        if not self.kv_connector:
+            raise DriverError("KV connector output sent with kv_connector off")
+        from vllm.v1.outputs import KVConnectorOutput
+
+        return KVConnectorOutput(**ev.kwargs_for(KVConnectorOutput, dict(
+            finished_recving=dict.fromkeys(kv.get("finished_recving") or ()).keys(),
+            invalid_block_ids=set(kv.get("invalid_block_ids") or ()))))
+
+    def _model_runner_output(self, req_ids: list[str], sampled: dict[str, list[int]],
+                             kv_connector_output=None):
         values = {
             "req_ids": req_ids,
             "req_id_to_index": {r: i for i, r in enumerate(req_ids)},
             "sampled_token_ids": [list(sampled.get(r, [])) for r in req_ids],
             "spec_token_ids": None, "logprobs": None, "prompt_logprobs_dict": {},
-            "pooler_output": [], "kv_connector_output": None, "num_nans_in_logits": None,
+            "pooler_output": [], "kv_connector_output": kv_connector_output,
+            "num_nans_in_logits": None,
         }
         cls = self.ModelRunnerOutput
         if dataclasses.is_dataclass(cls):
@@ -421,12 +695,11 @@ class Driver:
             return cls(**kwargs)
         return cls(**ev.kwargs_for(cls, values))
 
-    def update(self, sampled: dict[str, list[int]]) -> dict:
+    def update(self, sampled: dict[str, list[int]], kv: dict | None = None) -> dict:
         sched = self._require()
-        so = self.last_output
-        if so is None:
+        if not self.in_flight:
             raise DriverError("'update' without a preceding 'schedule'")
-        self.last_output = None
+        so = self.in_flight[0]  # the oldest batch, as EngineCore's batch queue pops it
         req_ids = list(so.num_scheduled_tokens)
         unknown = sorted(set(sampled) - set(req_ids))
         if unknown:
@@ -446,25 +719,52 @@ class Driver:
                 continue
             num_draft += len(drafts)
             num_rejected += len(drafts) - max(len(generated) - 1, 0)
-        engine_outputs = sched.update_from_output(so, self._model_runner_output(req_ids, sampled))
+        kv_output = self._kv_connector_output(kv)
+        # Requests a failed load may finish (fail policy): unscheduled ones
+        # waiting in kv_holding_waiting, in queue order.
+        known = dict(sched.requests) if kv_output is not None else requests
+        holding = {r.request_id: i for i, r in
+                   enumerate(getattr(sched, "kv_holding_waiting", ()))}
+        self.in_flight.popleft()
+        self.hooks.drained = []
+        self.hooks.recving, self.hooks.kv_freed = [], []
+        engine_outputs = sched.update_from_output(
+            so, self._model_runner_output(req_ids, sampled, kv_output))
+        drained, self.hooks.drained = self.hooks.drained, []
+        recving, self.hooks.recving = self.hooks.recving, []
+        kv_freed, self.hooks.kv_freed = self.hooks.kv_freed, []
         new_token_ids: dict[str, list[int]] = {}
         finished: list[dict] = []
+        errors: list[dict] = []
         for client in sorted(engine_outputs):
             for out in engine_outputs[client].outputs:
                 if out.new_token_ids:
                     new_token_ids[out.request_id] = list(out.new_token_ids)
                 if out.finish_reason is not None:
-                    request = requests.get(out.request_id)
+                    request = known.get(out.request_id)
                     if request is None:
                         raise NormalisationError(f"{out.request_id} finished but was not scheduled")
                     info = self._finished_info(request)
                     if info["finish_reason"] != str(out.finish_reason):
                         raise NormalisationError(f"{out.request_id}: finish reason mismatch")
-                    finished.append(info)
-        return {"new_token_ids": new_token_ids, "finished": finished,
-                "num_draft_tokens": num_draft, "num_rejected_draft_tokens": num_rejected,
-                "num_unfinished": sched.get_num_unfinished_requests(),
-                "snapshot": self.snapshot()}
+                    if info["status"] == "FINISHED_ERROR" and out.request_id in holding:
+                        errors.append(info)
+                    else:
+                        finished.append(info)
+        # KV-load failures under the fail policy finish after every other
+        # output, through finish_requests(set): report them in queue order
+        # (as the reference does), not in the set's hash order.
+        finished += sorted(errors, key=lambda f: holding[f["request_id"]])
+        answer = {"new_token_ids": new_token_ids, "finished": finished,
+                  "num_draft_tokens": num_draft, "num_rejected_draft_tokens": num_rejected,
+                  "drained": [[fence, blocks] for fence, blocks in drained],
+                  "num_unfinished": sched.get_num_unfinished_requests(),
+                  "snapshot": self.snapshot()}
+        if kv_output is not None:
+            answer.update(finished_recving=recving,
+                          invalid_block_ids=sorted(kv_output.invalid_block_ids or ()),
+                          kv_freed=[[r, blocks, fence] for r, blocks, fence in kv_freed])
+        return answer
 
     def drafts(self, drafts: dict[str, list[int]]) -> dict:
         sched = self._require()
@@ -520,7 +820,7 @@ def _serve(inp, out) -> int:
             elif op == "schedule":
                 resp = driver.schedule(bool(msg.get("throttle_prefills", False)))
             elif op == "update":
-                resp = driver.update(msg.get("sampled") or {})
+                resp = driver.update(msg.get("sampled") or {}, msg.get("kv"))
             elif op == "drafts":
                 resp = driver.drafts(msg.get("drafts") or {})
             elif op == "snapshot":

@@ -3,11 +3,9 @@
 STANDALONE: standard library only, no import side effects (no environment
 variables set, no vLLM import at module level), so it can be imported inside a
 vLLM server process (``harness/vllm_recording_scheduler.py``) as well as by the
-subprocess driver. The functions here mirror ``harness/vllm_driver.py``'s
-``Driver._install_hooks``, ``_normalise``, ``_finished_info``, ``snapshot``
-and its prefill-gate recomputation in ``schedule``; the driver still carries
-its own copies (see the report of the change that added this module: the
-driver should call these instead).
+subprocess driver (``harness/vllm_driver.py``), which uses these for its
+hooks, normalisation, finished-request info, snapshots and prefill-gate
+recomputation.
 
 Shapes (those of ``reference/output.py``, as the driver's protocol speaks them):
 ``normalise`` returns ``{events, num_scheduled_tokens, total_num_scheduled_tokens,
@@ -15,15 +13,29 @@ preempted_req_ids, finished_req_ids, token_budget}`` where ``events`` is the
 chronological list of ``{"type": "schedule", request_id, kind,
 num_computed_tokens, num_scheduled_tokens, num_prefix_hit_tokens,
 new_block_ids, spec_token_ids}``, ``{"type": "withdraw", request_id,
-num_scheduled_tokens, block_ids}`` and ``{"type": "preempt", request_id,
-num_computed_tokens, freed_block_ids}``.
+num_scheduled_tokens, block_ids}``, ``{"type": "preempt", request_id,
+num_computed_tokens, freed_block_ids, fence}``, ``{"type": "skip",
+request_id, reason}``, and with the KV connector ``{"type": "kv_load",
+request_id, num_prefix_hit_tokens, num_external_tokens, block_ids,
+reserved_blocks}`` (an async-load admission: ``allocate_slots`` called with
+``delay_cache_blocks=True``) and ``{"type": "kv_promote", request_id, status,
+num_computed_tokens, load_failed, freed_block_ids}`` (a finished load promoted
+by ``_handle_blocked_waiting_request``).
+
+Deferred block frees (vLLM's ``defer_block_free``, spec 5.10): a free that
+``Scheduler._free_request_blocks`` defers goes through
+``kv_cache_manager.pop_blocks_for_free`` instead of ``free``; the hooks record
+its blocks (tail first) and its fence (``sched_step_seq`` at the time), and
+``_drain_deferred_frees`` is wrapped to report what each update released.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import inspect
+from array import array
 
 
 class NormalisationError(Exception):
@@ -46,6 +58,36 @@ def kwargs_for(callable_obj, wanted: dict) -> dict:
     return {k: v for k, v in wanted.items() if k in params}
 
 
+def _unit(data: bytes) -> float:
+    """A uniform number in [0, 1) from bytes."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") / 2**64
+
+
+def held_prefix_tokens(prompt_token_ids, block_size: int, fraction: float) -> int:
+    """Tokens of the longest prefix of full prompt blocks the simulated KV
+    store holds: a verbatim copy of ``reference.kv_connector.held_prefix_tokens``
+    (this module cannot import the reference package; a test keeps the two
+    equal). Block i is held iff a chained hash of the first (i + 1) blocks
+    falls below ``fraction``."""
+    held = 0
+    parent = b"kv-store"
+    for start in range(0, len(prompt_token_ids) - block_size + 1, block_size):
+        digest = hashlib.blake2b(parent, digest_size=16)
+        digest.update(array("q", prompt_token_ids[start:start + block_size]).tobytes())
+        parent = digest.digest()
+        if _unit(parent) >= fraction:
+            break
+        held += block_size
+    return held
+
+
+def kv_hooks_installable(sched) -> bool:
+    """Whether ``allocate_slots`` tells an async-load admission apart
+    (``delay_cache_blocks``) and carries its reservation."""
+    params = inspect.signature(sched.kv_cache_manager.allocate_slots).parameters
+    return {"delay_cache_blocks", "reserved_blocks", "num_external_computed_tokens"} <= set(params)
+
+
 def field_names(cls) -> set[str]:
     if dataclasses.is_dataclass(cls):
         return {f.name for f in dataclasses.fields(cls)}
@@ -60,16 +102,41 @@ class DecisionHooks:
 
     ``seq`` collects the current schedule's decisions (``begin()`` resets it);
     ``freed`` maps request id -> blocks released by its last free (pop them);
+    ``fences`` maps request id -> the fence of its last free when that free
+    was deferred (``pop_blocks_for_free``; pop it with ``freed``);
+    ``drained`` collects ``(fence, block ids tail first)`` of the deferred
+    frees ``_drain_deferred_frees`` released (the caller resets it);
     ``free_order``, when set to a list, collects request ids in the order
     ``free`` sees them (None: not tracked). ``active = False`` makes every
     wrapper a plain pass-through.
+
+    Skips: the waiting loop's local ``skip_request`` adds the request to
+    ``sched.deferred_waiting``, the only such add inside ``schedule()``; that
+    set is replaced by one that reports the add as a ``("skip", id, reason)``
+    decision.
+
+    KV connector: an ``allocate_slots`` call with ``delay_cache_blocks=True``
+    is an async-load admission, recorded as ``("remote_load", ...)`` with its
+    local hit, external tokens, whole block table and the ``reserved_blocks``
+    vLLM passed (its ``skip_request`` is not a skip);
+    ``_handle_blocked_waiting_request`` of a load reported done is a
+    promotion, ``("promote", id, status, num_computed_tokens, load_failed,
+    freed blocks)``; ``_update_from_kv_xfer_finished`` fills ``recving`` and
+    ``kv_freed``.
     """
 
     def __init__(self, sched) -> None:
         self.sched = sched
         self.seq: list[tuple] = []
         self.freed: dict[str, list[int]] = {}
+        self.fences: dict[str, int] = {}
+        self.drained: list[tuple[int, list[int]]] = []
         self.free_order: list[str] | None = None
+        # KV connector, per update (the caller resets them): transfers
+        # reported done, in processing order, and the frees of requests that
+        # had finished while loading: (request id, blocks tail first, fence).
+        self.recving: list[str] = []
+        self.kv_freed: list[tuple[str, list[int], int | None]] = []
         self.in_schedule = False
         self.active = True
         kvm = sched.kv_cache_manager
@@ -87,6 +154,16 @@ class DecisionHooks:
             if result is not None and hooks.in_schedule and hooks.active:
                 bound = alloc_sig.bind(request, *args, **kwargs).arguments
                 n_new = bound.get("num_new_tokens", 0)
+                if bound.get("delay_cache_blocks", False):
+                    # An async KV load (load_kv_async): blocks for the local
+                    # hit and the external tokens, nothing scheduled. The
+                    # reservation is the one vLLM passed.
+                    hooks.seq.append(("remote_load", request.request_id, status_before,
+                                      bound.get("num_new_computed_tokens", 0),
+                                      bound.get("num_external_computed_tokens", 0),
+                                      blocks_of(kvm.get_blocks(request.request_id)),
+                                      bound.get("reserved_blocks", 0), n_new))
+                    return result
                 # Drafts a running request gets verified (vLLM picks them right
                 # after this call; a withdrawal later drops them from its output).
                 spec = []
@@ -110,8 +187,33 @@ class DecisionHooks:
                 table = []
             orig_free(request, *args, **kwargs)
             hooks.freed[request.request_id] = table[::-1]
+            hooks.fences.pop(request.request_id, None)
             if hooks.free_order is not None:
                 hooks.free_order.append(request.request_id)
+
+        orig_pop = getattr(kvm, "pop_blocks_for_free", None)
+
+        def pop_blocks_for_free(request, *args, **kwargs):
+            # The deferred branch of _free_request_blocks: the blocks leave the
+            # request now and reach the pool once the fence has passed.
+            blocks = orig_pop(request, *args, **kwargs)
+            if hooks.active:
+                hooks.freed[request.request_id] = [b.block_id for b in reversed(blocks)]
+                hooks.fences[request.request_id] = sched.sched_step_seq
+                if hooks.free_order is not None:
+                    hooks.free_order.append(request.request_id)
+            return blocks
+
+        orig_drain = getattr(sched, "_drain_deferred_frees", None)
+
+        def _drain_deferred_frees(*args, **kwargs):
+            pending = list(sched.deferred_frees)
+            result = orig_drain(*args, **kwargs)
+            if hooks.active:
+                # Draining pops from the front only (and appends nothing).
+                for fence, blocks in pending[:len(pending) - len(sched.deferred_frees)]:
+                    hooks.drained.append((fence, [b.block_id for b in reversed(blocks)]))
+            return result
 
         @functools.wraps(orig_preempt)  # keeps the signature for whoever wraps us
         def _preempt_request(request, *args, **kwargs):
@@ -119,16 +221,81 @@ class DecisionHooks:
                 return orig_preempt(request, *args, **kwargs)
             computed_before = request.num_computed_tokens
             hooks.freed.pop(request.request_id, None)
+            hooks.fences.pop(request.request_id, None)
             orig_preempt(request, *args, **kwargs)
             freed = hooks.freed.pop(request.request_id, None)
+            fence = hooks.fences.pop(request.request_id, None)
             if freed is None:
                 raise NormalisationError(f"preemption of {request.request_id} freed no blocks "
-                                         f"through kv_cache_manager.free (deferred free?)")
-            hooks.seq.append(("preempt", request.request_id, computed_before, freed))
+                                         f"through kv_cache_manager.free or pop_blocks_for_free")
+            hooks.seq.append(("preempt", request.request_id, computed_before, freed, fence))
+
+        class _SkipRecordingSet(set):
+            """``deferred_waiting``: an add inside schedule() is a waiting-loop skip."""
+
+            def add(self, request) -> None:
+                if hooks.in_schedule and hooks.active and not (
+                        hooks.seq and hooks.seq[-1][0] == "remote_load"
+                        and hooks.seq[-1][1] == request.request_id):
+                    # (An async-load admission leaves through skip_request
+                    # too: it is reported as its kv_load, not as a skip.)
+                    hooks.seq.append(("skip", request.request_id, skip_reason(request)))
+                super().add(request)
+
+        orig_blocked = getattr(sched, "_handle_blocked_waiting_request", None)
+
+        def _handle_blocked_waiting_request(request, *args, **kwargs):
+            # A finished async load is promoted here (vLLM
+            # _update_waiting_for_remote_kv, then WAITING or PREEMPTED).
+            promoting = (request.status.name == "WAITING_FOR_REMOTE_KVS"
+                         and request.request_id in sched.finished_recving_kv_req_ids)
+            load_failed = request.request_id in sched.failed_recving_kv_req_ids
+            if not (promoting and hooks.active):
+                return orig_blocked(request, *args, **kwargs)
+            hooks.freed.pop(request.request_id, None)
+            ready = orig_blocked(request, *args, **kwargs)
+            freed = hooks.freed.pop(request.request_id, [])
+            hooks.fences.pop(request.request_id, None)
+            if hooks.in_schedule:
+                hooks.seq.append(("promote", request.request_id, request.status.name,
+                                  request.num_computed_tokens, load_failed, freed))
+            return ready
+
+        orig_xfer = getattr(sched, "_update_from_kv_xfer_finished", None)
+
+        def _update_from_kv_xfer_finished(kv_connector_output, *args, **kwargs):
+            # Finished transfers: loads become promotable; a request that
+            # finished while loading frees its blocks now (maybe deferred).
+            if not hooks.active:
+                return orig_xfer(kv_connector_output, *args, **kwargs)
+            ids = list(kv_connector_output.finished_recving or ())
+            pending = []
+            for req_id in ids:
+                request = sched.requests.get(req_id)
+                if request is not None and request.is_finished():
+                    hooks.freed.pop(req_id, None)
+                    hooks.fences.pop(req_id, None)
+                    pending.append(req_id)
+            result = orig_xfer(kv_connector_output, *args, **kwargs)
+            hooks.recving.extend(ids)
+            for req_id in pending:
+                hooks.kv_freed.append((req_id, hooks.freed.pop(req_id, []),
+                                       hooks.fences.pop(req_id, None)))
+            return result
 
         kvm.allocate_slots = allocate_slots
         kvm.free = free
+        if orig_blocked is not None:
+            sched._handle_blocked_waiting_request = _handle_blocked_waiting_request
+        if orig_xfer is not None:
+            sched._update_from_kv_xfer_finished = _update_from_kv_xfer_finished
+        if orig_pop is not None:
+            kvm.pop_blocks_for_free = pop_blocks_for_free
+        if orig_drain is not None:
+            sched._drain_deferred_frees = _drain_deferred_frees
         sched._preempt_request = _preempt_request
+        if isinstance(getattr(sched, "deferred_waiting", None), set):
+            sched.deferred_waiting = _SkipRecordingSet(sched.deferred_waiting)
 
     def begin(self) -> None:
         self.seq = []
@@ -150,14 +317,27 @@ def snapshot(sched) -> dict:
             "num_free_blocks": num_free_blocks(sched)}
 
 
-def finished_info(request, freed_block_ids: list[int]) -> dict:
-    """A finished (or aborted) request as the harness's ``FinishedRequest``."""
+def finished_info(request, freed_block_ids: list[int], fence: int | None = None) -> dict:
+    """A finished (or aborted) request as the harness's ``FinishedRequest``
+    (``fence``: set when its free was deferred)."""
     reason = request.get_finished_reason()
     return {"request_id": request.request_id, "status": request.status.name,
             "finish_reason": None if reason is None else str(reason),
             "stop_reason": request.stop_reason,
             "num_output_tokens": request.num_output_tokens,
-            "freed_block_ids": list(freed_block_ids)}
+            "freed_block_ids": list(freed_block_ids), "fence": fence}
+
+
+def skip_reason(request) -> str:
+    """Why vLLM's waiting loop skipped ``request``, in the reference's words
+    (``reference/scheduler.py``: ``Skip`` reasons)."""
+    if request.status.name == "WAITING_FOR_REMOTE_KVS":
+        return "waiting for remote KV"
+    if getattr(request, "num_stale_output_tokens", 0) and not getattr(request, "drop_stale_output", False):
+        return "stale output in flight"
+    # Blocked statuses, LoRA limits, connector or encoder-cache waits: none
+    # of them is modelled by the harness.
+    return f"skipped by vLLM (status {request.status.name})"
 
 
 def prefill_gate(sched, throttle_prefills: bool) -> bool:
@@ -216,8 +396,29 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
                 raise NormalisationError(f"{req_id} allocated twice in one step")
             live[req_id] = event
             events.append(event)
+        elif item[0] == "remote_load":
+            _, req_id, status, n_hit, n_external, block_ids, reserved, n_new = item
+            if status not in ("WAITING", "PREEMPTED") or n_new != 0 or n_external <= 0:
+                raise NormalisationError(f"{req_id}: async load in status {status} with "
+                                         f"{n_new} new and {n_external} external tokens")
+            if req_id in live:
+                raise NormalisationError(f"{req_id} loads after it was scheduled in this step")
+            events.append({"type": "kv_load", "request_id": req_id,
+                           "num_prefix_hit_tokens": n_hit, "num_external_tokens": n_external,
+                           "block_ids": block_ids, "reserved_blocks": reserved})
+        elif item[0] == "promote":
+            _, req_id, status, computed, load_failed, freed = item
+            events.append({"type": "kv_promote", "request_id": req_id, "status": status,
+                           "num_computed_tokens": computed, "load_failed": bool(load_failed),
+                           "freed_block_ids": list(freed)})
+        elif item[0] == "skip":
+            _, req_id, reason = item
+            if req_id in live:
+                raise NormalisationError(f"{req_id} skipped after it was scheduled in this step")
+            events.append({"type": "skip", "request_id": req_id, "reason": reason})
         else:
-            _, req_id, computed_before, freed = item
+            _, req_id, computed_before, freed, *rest = item
+            fence = rest[0] if rest else None
             withdrawn = live.pop(req_id, None)
             if withdrawn is not None:
                 if withdrawn["new_block_ids"] is None:
@@ -226,7 +427,8 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
                                "num_scheduled_tokens": withdrawn["num_scheduled_tokens"],
                                "block_ids": list(withdrawn["new_block_ids"])})
             events.append({"type": "preempt", "request_id": req_id,
-                           "num_computed_tokens": computed_before, "freed_block_ids": freed})
+                           "num_computed_tokens": computed_before, "freed_block_ids": freed,
+                           "fence": fence})
 
     scheduled = dict(so.num_scheduled_tokens)
     spec_tokens = dict(getattr(so, "scheduled_spec_decode_tokens", None) or {})

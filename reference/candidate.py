@@ -7,7 +7,8 @@ real vLLM behind a subprocess. It is built by a *factory*
 
 Per engine step the loop calls, in order: ``add_request`` for each arrival,
 ``finish_requests`` for each abort, ``snapshot()``, ``schedule()``,
-``snapshot()``, then ``update_from_output`` with the scripted model's tokens,
+``snapshot()``, then ``update_from_output`` with the scripted model's tokens
+(and, with the KV connector on, the simulated worker's KV-connector output),
 then ``snapshot()``, and with speculative decoding ``update_draft_token_ids``. Decisions come back in the reference's normalised types
 (``SchedulerOutput``, ``UpdateResult``, ``FinishedRequest``), which is what
 the trace records and the checker reads.
@@ -16,11 +17,14 @@ the trace records and the checker reads.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from reference.config import EngineConfig
 from reference.output import FinishedRequest, SchedulerOutput, SchedulerSnapshot, UpdateResult
 from reference.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from reference.kv_connector import KVConnectorOutput
 
 
 @runtime_checkable
@@ -39,8 +43,21 @@ class Candidate(Protocol):
         """Decide one step."""
 
     def update_from_output(self, output: SchedulerOutput,
-                           sampled_token_ids: dict[str, list[int]]) -> UpdateResult:
-        """Apply the model's sampled tokens for ``output``."""
+                           sampled_token_ids: dict[str, list[int]],
+                           kv_connector_output: KVConnectorOutput | None = None) -> UpdateResult:
+        """Apply the model's sampled tokens for ``output``.
+
+        ``kv_connector_output`` (only passed when ``config.kv_connector`` is
+        on; a candidate without a connector may omit the parameter): the
+        simulated worker-side connector's report for this batch (vLLM
+        ``ModelRunnerOutput.kv_connector_output``): ``finished_recving``, the
+        async loads that finished (in load start order), and
+        ``invalid_block_ids``, the blocks whose load failed. The candidate
+        reports back, in ``UpdateResult``, the transfers it processed
+        (``finished_recving``), the failed blocks (``invalid_block_ids``), the
+        frees of requests that finished while loading (``kv_freed``, with
+        fences) and, under ``kv_load_failure_policy="fail"``, the requests it
+        finished with FINISHED_ERROR (in ``finished``, after the others)."""
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> dict[str, list[int]]:
         """Store drafts for the next step (only called with speculative

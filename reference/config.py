@@ -15,7 +15,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from reference.model_runner import parse_draft_acceptance_pattern
+
 POLICIES = ("fcfs", "priority")
+#: Keys added after traces were first recorded: ``to_dict`` (trace metadata,
+#: fingerprint) leaves them out at their default, so older traces and goldens
+#: keep their fingerprints and bytes, and a missing key reads as the default.
+OMITTED_AT_DEFAULT = ("draft_acceptance_pattern", "kv_connector", "kv_store_fraction",
+                      "kv_load_steps", "kv_load_failure_rate", "kv_load_failure_policy",
+                      "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input")
+KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 MAX_NUM_GPU_BLOCKS = 4_194_304
 
 
@@ -50,6 +59,11 @@ class EngineConfig:
     # model with probability draft_acceptance_rate (seeded; harness key).
     num_speculative_tokens: int = 0
     draft_acceptance_rate: float = 0.7
+    # Which drafts match (harness key; reference.model_runner.propose_drafts):
+    # "random" (each with probability draft_acceptance_rate), "all", "none",
+    # "prefix-N" (the first N of each proposal) or "cycle" (a request's i-th
+    # proposal has its first i mod (K + 1) drafts matching).
+    draft_acceptance_pattern: str = "random"
     # Batches in flight (vLLM's executor max_concurrent_batches): 1 = sync;
     # 2 with async_scheduling = vLLM's async scheduling; > 1 without it
     # behaves like pipeline parallelism.
@@ -68,6 +82,27 @@ class EngineConfig:
     # Data-parallel ranks, each its own scheduler and KV pool of
     # num_gpu_blocks; a coordinator routes arrivals and throttles prefills.
     data_parallel_size: int = 1
+    # A simulated KV-consumer connector (harness keys; reference.kv_connector):
+    # an external store holding prompt prefixes (kv_store_fraction: the share
+    # of prompt blocks held, by content), loaded asynchronously in
+    # kv_load_steps steps (WAITING_FOR_REMOTE_KVS); a load fails with
+    # probability kv_load_failure_rate and is then recomputed or fails the
+    # request (vLLM's kv_load_failure_policy).
+    kv_connector: bool = False
+    kv_store_fraction: float = 1.0
+    kv_load_steps: int = 1
+    kv_load_failure_rate: float = 0.0
+    kv_load_failure_policy: str = "recompute"
+    # Encoder inputs (multimodal items; reference.encoder_cache_manager):
+    # the encoder compute budget per step and the encoder cache size, both in
+    # embeds. vLLM's SchedulerConfig sets both to max_num_batched_tokens (None
+    # here means that) and its MultiModalBudget raises them to the model's
+    # largest item; these are those effective values. An item of more embeds
+    # than either is refused at arrival. disable_chunked_mm_input: a step
+    # never covers part of an item only.
+    max_num_encoder_input_tokens: int | None = None
+    encoder_cache_size: int | None = None
+    disable_chunked_mm_input: bool = False
     step_fixed_s: float = 0.005
     step_per_token_s: float = 0.0001
 
@@ -81,6 +116,22 @@ class EngineConfig:
             return self.max_num_scheduled_tokens
         return self.max_num_batched_tokens
 
+    @property
+    def encoder_compute_budget(self) -> int:
+        """Encoder embeds computable per step: ``max_num_encoder_input_tokens``
+        if set, else ``max_num_batched_tokens`` (vLLM's SchedulerConfig)."""
+        if self.max_num_encoder_input_tokens is not None:
+            return self.max_num_encoder_input_tokens
+        return self.max_num_batched_tokens
+
+    @property
+    def encoder_cache_capacity(self) -> int:
+        """Encoder cache size in embeds: ``encoder_cache_size`` if set, else
+        ``max_num_batched_tokens`` (vLLM's SchedulerConfig)."""
+        if self.encoder_cache_size is not None:
+            return self.encoder_cache_size
+        return self.max_num_batched_tokens
+
     def validate(self) -> None:
         """Raise ConfigError on a configuration vLLM would refuse (or we cannot run)."""
         def positive(name: str) -> None:
@@ -91,8 +142,9 @@ class EngineConfig:
         for name in ("num_gpu_blocks", "block_size", "max_model_len", "max_num_seqs",
                      "max_num_batched_tokens"):
             positive(name)
-        if self.max_num_scheduled_tokens is not None:
-            positive("max_num_scheduled_tokens")
+        for name in ("max_num_scheduled_tokens", "max_num_encoder_input_tokens", "encoder_cache_size"):
+            if getattr(self, name) is not None:
+                positive(name)
         if self.num_gpu_blocks > MAX_NUM_GPU_BLOCKS:
             # A harness limit, not vLLM's: one Python object per block.
             raise ConfigError(f"num_gpu_blocks {self.num_gpu_blocks} is above this harness's "
@@ -101,6 +153,10 @@ class EngineConfig:
             raise ConfigError("num_speculative_tokens must be an integer >= 0")
         if not 0.0 <= self.draft_acceptance_rate <= 1.0:
             raise ConfigError(f"draft_acceptance_rate must be in [0, 1], got {self.draft_acceptance_rate}")
+        try:
+            parse_draft_acceptance_pattern(self.draft_acceptance_pattern)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if not isinstance(self.data_parallel_size, int) or self.data_parallel_size < 1:
             raise ConfigError("data_parallel_size must be an integer >= 1")
         if not isinstance(self.prefill_schedule_interval, int) or self.prefill_schedule_interval < 1:
@@ -128,12 +184,27 @@ class EngineConfig:
             # only through the async scheduler's -1 draft placeholders.
             raise ConfigError("speculative decoding with more than one batch in flight "
                               "(max_concurrent_batches > 1) is not modelled yet")
+        if not isinstance(self.kv_load_steps, int) or isinstance(self.kv_load_steps, bool) \
+                or self.kv_load_steps < 1:
+            raise ConfigError(f"kv_load_steps must be an integer >= 1, got {self.kv_load_steps!r}")
+        for name in ("kv_store_fraction", "kv_load_failure_rate"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{name} must be a number in [0, 1], got {value!r}")
+        if self.kv_load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
+            raise ConfigError(f"kv_load_failure_policy must be one of "
+                              f"{', '.join(KV_LOAD_FAILURE_POLICIES)}, got {self.kv_load_failure_policy!r}")
+        if self.kv_connector and self.max_concurrent_batches > 1 and not self.defer_block_free:
+            # vLLM 0.33.0 Scheduler.__init__: a KV consumer with more than one
+            # batch in flight always defers block frees.
+            raise ConfigError("kv_connector with max_concurrent_batches > 1 needs defer_block_free=true "
+                              "(vLLM defers block frees for a KV consumer with batches in flight)")
         for name in ("watermark", "step_fixed_s", "step_per_token_s", "draft_acceptance_rate"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "scheduler_reserve_full_isl",
-                     "async_scheduling", "defer_block_free"):
+                     "async_scheduling", "defer_block_free", "kv_connector", "disable_chunked_mm_input"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.policy not in POLICIES:
@@ -171,7 +242,14 @@ class EngineConfig:
 
     # -- serialisation ------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, except a key of ``OMITTED_AT_DEFAULT`` at its default
+        (what trace metadata stores and the fingerprint hashes)."""
+        data = dataclasses.asdict(self)
+        fields = type(self).__dataclass_fields__
+        for name in OMITTED_AT_DEFAULT:
+            if data[name] == fields[name].default:
+                del data[name]
+        return data
 
     def fingerprint(self) -> str:
         """sha256 hex of the canonical JSON of ``to_dict()``."""

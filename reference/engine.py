@@ -23,8 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from reference.config import EngineConfig
+from reference.kv_connector import SimulatedKVWorker
 from reference.model_runner import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
+from reference.runners import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
 from reference.candidate import Candidate, CandidateError, CandidateFactory
 from reference.output import FinishedRequest, SchedulerOutput, UpdateResult
 from reference.scheduler import Scheduler
@@ -90,7 +92,13 @@ class _Rank:
 
     index: int
     sched: _Guarded
+    kv_worker: SimulatedKVWorker | None = None
     in_flight: deque = field(default_factory=deque)
+
+    @property
+    def loading(self) -> bool:
+        """KV loads in flight (the rank must keep stepping to report them)."""
+        return self.kv_worker is not None and self.kv_worker.busy
 
 
 @dataclass
@@ -107,6 +115,8 @@ class EngineSummary:
     scheduled_tokens: int = 0
     draft_tokens: int = 0
     rejected_draft_tokens: int = 0
+    remote_kv_loads: int = 0
+    failed_kv_loads: int = 0
     clock: float = 0.0
     stalled: str | None = None
 
@@ -116,7 +126,17 @@ def reject_reason(spec: RequestSpec, config: EngineConfig) -> str | None:
 
     vLLM 0.33.0 ``InputProcessor._validate_prompt_len``: an empty prompt, a
     prompt longer than ``max_model_len``, and, for generation, a prompt of
-    exactly ``max_model_len`` tokens (no room for one output token).
+    exactly ``max_model_len`` tokens (no room for one output token); then
+    ``_validate_model_input``: an encoder input of more embeds than the
+    encoder cache. Also refused, as items vLLM's budgets are sized never to
+    meet (``compute_mm_encoder_budget`` raises the compute budget to the
+    model's largest item, and with ``disable_chunked_mm_input`` refuses to
+    start if that item exceeds ``max_num_batched_tokens``): an item of more
+    embeds than the encoder compute budget, and with
+    ``disable_chunked_mm_input`` one longer than a step's token budget or
+    than ``long_prefill_token_threshold``. Without these it could never be
+    scheduled (the last one: never while another request is eligible; vLLM
+    accepts it and livelocks once two such requests wait at such an item).
     """
     n = len(spec.prompt_token_ids)
     if n == 0:
@@ -126,20 +146,37 @@ def reject_reason(spec: RequestSpec, config: EngineConfig) -> str | None:
     if n == config.max_model_len:
         return (f"prompt of {n} tokens plus at least 1 output token is longer than "
                 f"max_model_len {config.max_model_len}")
+    step_tokens = min(config.token_budget, config.max_num_batched_tokens)
+    if config.long_prefill_token_threshold > 0:
+        step_tokens = min(step_tokens, config.long_prefill_token_threshold)
+    for i, (_, length) in enumerate(spec.mm_positions):
+        if length > config.encoder_cache_capacity:
+            return (f"encoder input {i} has {length} embeds, more than the encoder cache size "
+                    f"{config.encoder_cache_capacity}")
+        if length > config.encoder_compute_budget:
+            return (f"encoder input {i} has {length} embeds, more than the encoder compute budget "
+                    f"{config.encoder_compute_budget} (max_num_encoder_input_tokens)")
+        if config.disable_chunked_mm_input and length > step_tokens:
+            return (f"encoder input {i} has {length} tokens, more than a step's {step_tokens} "
+                    f"with disable_chunked_mm_input")
     return None
 
 
 class Engine:
-    """One candidate scheduler + the scripted runner, driven by a workload.
+    """One candidate scheduler + a model runner, driven by a workload.
 
     ``candidate_factory(config)`` builds the scheduler (default: the
-    reference); see ``reference.candidate`` for the protocol. ``max_steps``
+    reference); see ``reference.candidate`` for the protocol.
+    ``runner_factory(config, seed)`` builds one model runner per
+    data-parallel rank (``reference.runners.ModelRunner``, e.g. the torch
+    runner); default: the scripted runner, shared by the ranks. ``max_steps``
     bounds the run. Anything the candidate raises is re-raised as
     CandidateError naming the step.
     """
 
     def __init__(self, config: EngineConfig, *, seed: int = 0,
                  candidate_factory: CandidateFactory = Scheduler,
+                 runner_factory: RunnerFactory | None = None,
                  max_steps: int = 10_000_000) -> None:
         self.config = config
         try:
@@ -148,7 +185,12 @@ class Engine:
                                                 for _ in range(config.data_parallel_size)]
         except Exception as exc:
             raise CandidateError(0, exc) from exc
+        self.seed = seed
         self.runner = ScriptedModelRunner(seed)
+        # One runner per rank; rank i's is runners[i].
+        self.runners: list[ModelRunner] = (
+            [ScriptedRunnerAdapter(self.runner)] * config.data_parallel_size if runner_factory is None
+            else [runner_factory(config, seed) for _ in range(config.data_parallel_size)])
         self.max_steps = max_steps
         # A prefill of max_model_len tokens at one token per step, twice over:
         # longer without any sampled token is a livelock, not slowness.
@@ -170,7 +212,9 @@ class Engine:
         other ranks' in ``peers``.
         """
         config = self.config
-        ranks = [_Rank(i, _Guarded(s, self)) for i, s in enumerate(self.schedulers)]
+        ranks = [_Rank(i, _Guarded(s, self),
+                       SimulatedKVWorker(config, self.seed) if config.kv_connector else None)
+                 for i, s in enumerate(self.schedulers)]
         dp_interval = config.prefill_schedule_interval if len(ranks) > 1 else 1
         pending = sorted(workload.requests, key=lambda r: (r.arrival_time, r.request_id))
         aborts = sorted((r.abort_time, r.request_id) for r in workload.requests
@@ -187,7 +231,7 @@ class Engine:
             return sum(r.sched.get_num_unfinished_requests() for r in ranks)
 
         def busy() -> bool:
-            return bool(unfinished() or any(r.in_flight for r in ranks))
+            return bool(unfinished() or any(r.in_flight or r.loading for r in ranks))
 
         while next_arrival < len(pending) or busy():
             if not busy() and pending[next_arrival].arrival_time > clock:
@@ -210,7 +254,7 @@ class Engine:
                 owner[spec.request_id] = rank
                 records[rank.index].arrivals.append(spec)
                 rank.sched.add_request(self._make_request(spec))
-                self.runner.add_request(spec.request_id, RequestScript(
+                self.runners[rank.index].add_request(spec, RequestScript(
                     len(spec.prompt_token_ids), spec.scripted_output_len, spec.eos_token_id))
             while next_abort < len(aborts) and aborts[next_abort][0] <= clock:
                 abort_time, req_id = aborts[next_abort]
@@ -222,13 +266,14 @@ class Engine:
                     continue  # rejected at arrival
                 for fin in rank.sched.finish_requests([req_id], RequestStatus.FINISHED_ABORTED):
                     records[rank.index].aborts.append(fin)
-                    self.runner.finish(req_id)
+                    self.runners[rank.index].finish(req_id)
                     summary.aborted += 1
 
             throttle = dp_interval > 1 and step % dp_interval != 0
             totals = [self._rank_step(rank, records[rank.index], throttle, summary) for rank in ranks]
-            if any((rec.update is not None and (rec.update.new_token_ids or rec.update.finished))
-                   or rec.aborts for rec in records):
+            progressed = any((rec.update is not None and (rec.update.new_token_ids or rec.update.finished))
+                             or rec.aborts for rec in records)
+            if progressed:
                 last_progress = step
             elif step - last_progress > self.progress_window:
                 raise EngineStalled(
@@ -247,7 +292,16 @@ class Engine:
             # abort can unblock us.
             changed = any(rec.output is not None and (rec.output.preemptions or rec.output.defer_prefills)
                           for rec in records)
-            if not any(totals) and not any(r.in_flight for r in ranks) and unfinished() and not changed:
+            # A KV load in flight, or one just reported done, will change the next step.
+            changed |= any(r.loading or (rec.update is not None and rec.update.finished_recving)
+                           for r, rec in zip(ranks, records))
+            # So will blocks returned by drained deferred frees.
+            changed |= any(rec.update is not None and rec.update.drained for rec in records)
+            # (Empty batches may sit in flight: they change nothing, unless
+            # they carry a KV-connector output: finished or failed loads.)
+            working = any(batch[1].total_num_scheduled_tokens or batch[3]
+                          for r in ranks for batch in r.in_flight)
+            if not any(totals) and not working and not progressed and unfinished() and not changed:
                 upcoming = [pending[next_arrival].arrival_time] if next_arrival < len(pending) else []
                 upcoming += [aborts[next_abort][0]] if next_abort < len(aborts) else []
                 if not upcoming:
@@ -260,14 +314,20 @@ class Engine:
 
     def _rank_step(self, rank: _Rank, rec: StepRecord, throttle: bool,
                    summary: EngineSummary) -> int:
-        """One rank's share of a step: schedule and launch a batch whenever
-        there is work (vLLM step_with_batch_queue); process the oldest batch
-        once ``max_concurrent_batches`` are in flight, or when nothing new was
-        launched. Batches are never "done early": the pipeline stays full.
-        Returns the tokens scheduled."""
-        config, sched = self.config, rank.sched
+        """One rank's share of a step, as vLLM 0.33.0
+        ``EngineCore.step_with_batch_queue``: while the rank has requests,
+        schedule and launch a batch every step, even an empty one, and
+        process the oldest batch only once ``max_concurrent_batches`` are in
+        flight; with no request left, process one batch per step until the
+        queue drains. Batches are never "done early": the pipeline stays
+        full. Returns the tokens scheduled."""
+        config, sched, runner = self.config, rank.sched, self.runners[rank.index]
         total = 0
-        if sched.get_num_unfinished_requests():
+        scheduled = False
+        # A rank keeps stepping while a KV load is in flight, even with no
+        # request left (one aborted while loading waits for its transfer).
+        if sched.get_num_unfinished_requests() or rank.loading:
+            scheduled = True
             before = sched.snapshot()
             rec.waiting_before, rec.running_before = list(before.waiting), list(before.running)
             rec.num_free_blocks_before = before.num_free_blocks
@@ -276,24 +336,37 @@ class Engine:
             after = sched.snapshot()
             rec.waiting_after, rec.running_after = list(after.waiting), list(after.running)
             rec.num_free_blocks_after_schedule = after.num_free_blocks
-            sampled = self.runner.execute(output)
-            rank.in_flight.append((rec.step, output, sampled))
+            sampled = runner.execute(output, rec.step)
+            kv_output = None
+            if rank.kv_worker is not None:
+                rank.kv_worker.start_loads(rec.step, output)
+                kv_output = rank.kv_worker.poll(rec.step)
+                summary.remote_kv_loads += len(output.remote_loads)
+                # vLLM records prefix-cache stats at every admission, async loads included.
+                summary.prefix_hit_tokens += sum(e.num_prefix_hit_tokens for e in output.remote_loads)
+                summary.failed_kv_loads += len(kv_output.invalid_block_ids)
+            rank.in_flight.append((rec.step, output, sampled, kv_output))
             total = output.total_num_scheduled_tokens
             summary.preemptions += len(output.preemptions)
             summary.prefix_hit_tokens += sum(s.num_prefix_hit_tokens for s in output.scheduled)
             summary.scheduled_tokens += total
-        if rank.in_flight and (len(rank.in_flight) >= config.max_concurrent_batches or total == 0):
-            batch_step, batch, rec.sampled = rank.in_flight.popleft()
+        if rank.in_flight and (len(rank.in_flight) >= config.max_concurrent_batches or not scheduled):
+            batch_step, batch, rec.sampled, kv_output = rank.in_flight.popleft()
             rec.update_batch_step = batch_step
-            rec.update = sched.update_from_output(batch, rec.sampled)
+            runner.batch_done(batch_step)
+            if kv_output is None:
+                rec.update = sched.update_from_output(batch, rec.sampled)
+            else:
+                rec.update = sched.update_from_output(batch, rec.sampled, kv_output)
             rec.num_free_blocks_after_update = sched.snapshot().num_free_blocks
             for fin in rec.update.finished:
-                self.runner.finish(fin.request_id)
+                runner.finish(fin.request_id)
             if config.num_speculative_tokens > 0:
                 finished = {f.request_id for f in rec.update.finished}
-                proposals = self.runner.propose_drafts(
+                proposals = runner.propose_drafts(
                     [s.request_id for s in batch.scheduled if s.request_id not in finished],
-                    config.num_speculative_tokens, config.draft_acceptance_rate)
+                    config.num_speculative_tokens, config.draft_acceptance_rate,
+                    config.draft_acceptance_pattern)
                 rec.drafts = sched.update_draft_token_ids(proposals)
             summary.finished += len(rec.update.finished)
             summary.draft_tokens += rec.update.num_draft_tokens
@@ -315,6 +388,7 @@ class Engine:
             arrival_time=spec.arrival_time,
             priority=spec.priority,
             block_size=self.config.block_size,
+            mm_positions=spec.mm_positions,
         )
 
 

@@ -69,7 +69,10 @@ class KVCacheManager:
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[KVCacheBlock] | None = None,
                        num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False,
                        full_sequence_must_fit: bool = False,
+                       reserved_blocks: int = 0,
                        has_scheduled_reqs: bool = True) -> list[KVCacheBlock] | None:
         """Give ``request`` slots for ``num_new_tokens`` more tokens (+ lookahead).
 
@@ -80,13 +83,20 @@ class KVCacheManager:
         (touch); pop new blocks from the free-queue head; eagerly register
         full blocks up to min(computed + new, num_tokens) in the prefix cache.
 
-        Raises ValueError if both ``num_new_tokens`` and the hit are 0.
+        KV connector (spec 7.2): ``num_external_computed_tokens`` get blocks
+        like new tokens (the connector loads them); ``delay_cache_blocks``
+        (an async load) registers nothing until the load is done;
+        ``reserved_blocks`` must stay free after the allocation (in-flight
+        prefills' reservation; the full-sequence gate ignores it).
+
+        Raises ValueError if ``num_new_tokens``, the hit and the external
+        tokens are all 0.
         """
         hits = new_computed_blocks or []
-        if num_new_tokens == 0 and num_new_computed_tokens == 0:
+        if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be > 0 when there are no computed tokens to adopt")
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
-        total_computed = min(num_local_computed, self.max_model_len)
+        total_computed = min(num_local_computed + num_external_computed_tokens, self.max_model_len)
         watermark = 0
         if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             watermark = self.watermark_blocks
@@ -98,7 +108,7 @@ class KVCacheManager:
         num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens,
                                    self.max_model_len)
         needed = self._num_blocks_to_allocate(request.request_id, num_tokens_need_slot, hits)
-        if needed + watermark > free:
+        if needed + watermark > free - reserved_blocks:
             return None
 
         table = self.req_to_blocks.setdefault(request.request_id, [])
@@ -110,8 +120,14 @@ class KVCacheManager:
         num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(table)
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         table.extend(new_blocks)
-        self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        if not delay_cache_blocks:
+            self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
         return new_blocks
+
+    def get_num_blocks_to_hold(self, request: Request, num_tokens: int) -> int:
+        """Blocks ``request`` still needs for ``num_tokens`` tokens beyond its
+        table (vLLM ``get_num_blocks_to_allocate`` with no new hits)."""
+        return self._num_blocks_to_allocate(request.request_id, num_tokens, [])
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's full blocks within its first ``num_tokens``."""

@@ -20,23 +20,44 @@ from dataclasses import dataclass
 NONE_HASH: bytes = hashlib.sha256(b"vllm-none-hash").digest()
 
 
-def hash_block_tokens(parent_block_hash: bytes | None, block_token_ids: Iterable[int]) -> bytes:
-    """Chained hash of one full block: H(parent or NONE_HASH, tokens).
+def hash_block_tokens(parent_block_hash: bytes | None, block_token_ids: Iterable[int],
+                      extra_keys: tuple | None = None) -> bytes:
+    """Chained hash of one full block: H(parent or NONE_HASH, tokens, extra keys).
 
-    Returns 32 bytes (sha256). Extra keys (LoRA, multimodal, cache salt) are
-    not modelled: the reference engine serves text-only requests without LoRA.
+    Returns 32 bytes (sha256). The only extra keys modelled are multimodal
+    ones, ``("mm", identifier, item offset - block start)`` per item
+    overlapping the block (vLLM ``_gen_mm_extra_hash_keys``); None (text-only
+    blocks) hashes exactly as before they existed. No LoRA, no cache salt.
     """
     h = hashlib.sha256(parent_block_hash if parent_block_hash is not None else NONE_HASH)
     h.update(array("q", block_token_ids).tobytes())
+    if extra_keys:
+        h.update(repr(extra_keys).encode())
     return h.digest()
 
 
-def hash_request_blocks(token_ids: list[int], block_size: int, block_hashes: list[bytes]) -> None:
-    """Extend ``block_hashes`` in place with the hashes of newly full blocks."""
+def mm_extra_keys(start: int, end: int, mm_positions: tuple[tuple[int, int], ...],
+                  mm_hashes: tuple[str, ...]) -> tuple | None:
+    """The multimodal extra keys of the block of tokens ``[start, end)``:
+    ``("mm", identifier, offset - start)`` for each item overlapping it, in
+    item order; None when no item does."""
+    keys = tuple(("mm", mm_hash, offset - start)
+                 for (offset, length), mm_hash in zip(mm_positions, mm_hashes)
+                 if offset < end and start < offset + length)
+    return keys or None
+
+
+def hash_request_blocks(token_ids: list[int], block_size: int, block_hashes: list[bytes],
+                        mm_positions: tuple[tuple[int, int], ...] = (),
+                        mm_hashes: tuple[str, ...] = ()) -> None:
+    """Extend ``block_hashes`` in place with the hashes of newly full blocks
+    (with multimodal extra keys for blocks overlapping an item)."""
     start = len(block_hashes) * block_size
     while start + block_size <= len(token_ids):
         parent = block_hashes[-1] if block_hashes else None
-        block_hashes.append(hash_block_tokens(parent, token_ids[start : start + block_size]))
+        extra = (mm_extra_keys(start, start + block_size, mm_positions, mm_hashes)
+                 if mm_positions else None)
+        block_hashes.append(hash_block_tokens(parent, token_ids[start : start + block_size], extra))
         start += block_size
 
 

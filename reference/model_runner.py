@@ -11,6 +11,7 @@ any candidate engine can be re-driven with the same outputs.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 
 from reference.output import SchedulerOutput
@@ -40,6 +41,31 @@ def scripted_token(seed: int, request_id: str, output_index: int, script: Reques
     return FIRST_SAMPLED_TOKEN_ID + int.from_bytes(digest, "little") % (VOCAB_SIZE - FIRST_SAMPLED_TOKEN_ID)
 
 
+#: The scripted proposer's acceptance patterns (``EngineConfig.draft_acceptance_pattern``);
+#: ``prefix-N`` stands for any N >= 0 (``prefix-0`` is ``none``, ``prefix-1`` "first only").
+DRAFT_ACCEPTANCE_PATTERNS = ("random", "all", "none", "prefix-N", "cycle")
+_PREFIX_PATTERN = re.compile(r"prefix-(0|[1-9][0-9]{0,5})")
+
+
+def parse_draft_acceptance_pattern(pattern: object) -> tuple[str, int]:
+    """Split a draft acceptance pattern into (kind, N): ``("random", 0)``,
+    ``("cycle", 0)`` or ``("prefix", N)`` where the first N drafts of a
+    proposal match (``all`` is N = 10**6, more drafts than any proposal has;
+    ``none`` is N = 0). Raises ValueError naming the known patterns for
+    anything else (including a non-string or N above 999999)."""
+    if pattern in ("random", "cycle"):
+        return str(pattern), 0
+    if pattern == "all":
+        return "prefix", 10**6
+    if pattern == "none":
+        return "prefix", 0
+    match = _PREFIX_PATTERN.fullmatch(pattern) if isinstance(pattern, str) else None
+    if match is None:
+        raise ValueError(f"draft_acceptance_pattern must be one of {', '.join(DRAFT_ACCEPTANCE_PATTERNS)} "
+                         f"(N an integer >= 0, e.g. prefix-1), got {pattern!r}")
+    return "prefix", int(match.group(1))
+
+
 def _coin(seed: int, request_id: str, position: int) -> float:
     """A seeded uniform number in [0, 1) for the proposer's accept/reject choice."""
     digest = hashlib.blake2b(f"draft:{seed}:{request_id}:{position}".encode(), digest_size=8).digest()
@@ -58,6 +84,7 @@ class ScriptedModelRunner:
         self._scripts: dict[str, RequestScript] = {}
         self._num_tokens: dict[str, int] = {}
         self._num_outputs: dict[str, int] = {}
+        self._num_proposals: dict[str, int] = {}  # proposals made per request (pattern "cycle")
 
     def add_request(self, request_id: str, script: RequestScript) -> None:
         self._scripts[request_id] = script
@@ -92,21 +119,45 @@ class ScriptedModelRunner:
         return sampled
 
     def propose_drafts(self, request_ids: list[str], num_speculative_tokens: int,
-                       acceptance_rate: float) -> dict[str, list[int]]:
+                       acceptance_rate: float, pattern: str = "random") -> dict[str, list[int]]:
         """The scripted proposer: ``num_speculative_tokens`` drafts for the
-        next positions of each request. Draft j equals the scripted model's
-        token there with probability ``acceptance_rate`` (a seeded coin per
-        (request, position)), else a token the model never samples there.
+        next positions of each request (requests it does not know are
+        skipped). A draft "matches" when it equals the scripted model's token
+        at its position (greedy verification then accepts it); a mismatching
+        draft is a token the model never samples there. Which drafts match is
+        set by ``pattern`` (``EngineConfig.draft_acceptance_pattern``, see
+        ``DRAFT_ACCEPTANCE_PATTERNS``):
+
+        - ``random``: draft j matches with probability ``acceptance_rate``
+          (a seeded coin per (request, output position));
+        - ``all`` / ``none``: every draft matches / none does;
+        - ``prefix-N``: the first N drafts of each proposal match, the rest
+          do not (the first rejection is at draft N);
+        - ``cycle``: the i-th proposal made to a request (0-based, counted
+          by this runner) has its first ``i mod (K + 1)`` drafts matching, so a
+          request in turn rejects at draft 0, 1, ..., K-1 and accepts all K.
+
+        ``acceptance_rate`` (in [0, 1]) matters only for ``random``. Raises
+        ValueError for a pattern ``parse_draft_acceptance_pattern`` refuses.
         """
+        kind, prefix = parse_draft_acceptance_pattern(pattern)
         drafts: dict[str, list[int]] = {}
         for req_id in request_ids:
             if req_id not in self._scripts:
                 continue
             index = self._num_outputs[req_id]
+            if kind == "cycle":
+                count = self._num_proposals.get(req_id, 0)
+                self._num_proposals[req_id] = count + 1
+                prefix = count % (num_speculative_tokens + 1)
             proposal = []
             for j in range(num_speculative_tokens):
                 token = scripted_token(self.seed, req_id, index + j, self._scripts[req_id])
-                if _coin(self.seed, req_id, index + j) >= acceptance_rate:
+                if kind == "random":
+                    matches = _coin(self.seed, req_id, index + j) < acceptance_rate
+                else:
+                    matches = j < prefix
+                if not matches:
                     token = FIRST_SAMPLED_TOKEN_ID + (token - FIRST_SAMPLED_TOKEN_ID + 1) % (
                         VOCAB_SIZE - FIRST_SAMPLED_TOKEN_ID)
                 proposal.append(token)
@@ -121,3 +172,4 @@ class ScriptedModelRunner:
         self._scripts.pop(request_id, None)
         self._num_tokens.pop(request_id, None)
         self._num_outputs.pop(request_id, None)
+        self._num_proposals.pop(request_id, None)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 from reference.block_pool import BlockPool
+from reference.encoder_cache_manager import EncoderCacheManager
 from reference.kv_cache_manager import KVCacheManager
+from reference.kv_connector import KVConnectorOutput
 from reference.request import Request, RequestStatus
 from reference.output import Preemption, ScheduledRequest, SchedulerOutput, Withdrawal
 from reference.scheduler import Scheduler
@@ -425,6 +427,135 @@ class IgnoreThrottle(Scheduler):
         return super().schedule(False)
 
 
+class _TolerantKVUpdates(Scheduler):
+    """Ignores transfer reports for requests the (broken) scheduler no longer
+    considers loading, so the mutant runs on instead of failing vLLM's assert."""
+
+    def _update_from_kv_xfer_finished(self, kv_connector_output, result) -> None:
+        known = tuple(i for i in kv_connector_output.finished_recving
+                      if i in self.kv_pending_free or (
+                          i in self.requests
+                          and self.requests[i].status == RequestStatus.WAITING_FOR_REMOTE_KVS))
+        super()._update_from_kv_xfer_finished(
+            KVConnectorOutput(known, kv_connector_output.invalid_block_ids), result)
+
+
+class FreeWhileLoading(_TolerantKVUpdates):
+    """Frees an aborted request's blocks at once although its KV load may
+    still write them (REMOTE-KV-ABORT-HOLDS)."""
+
+    def finish_requests(self, request_ids, finished_status):
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is not None and request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.finished_recving_kv_req_ids.add(req_id)  # the bug: as if the load were done
+        return super().finish_requests(request_ids, finished_status)
+
+
+class _EagerCachingKVManager(KVCacheManager):
+    def allocate_slots(self, request, num_new_tokens, **kwargs):
+        kwargs["delay_cache_blocks"] = False  # the bug: caches blocks still being loaded
+        return super().allocate_slots(request, num_new_tokens, **kwargs)
+
+
+class CacheBeforeLoad(Scheduler):
+    """Registers an async load's blocks in the prefix cache at admission, so
+    others hit blocks whose KV has not arrived (PREFIX-HIT-RULES)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager = _kv_manager(_EagerCachingKVManager, config)
+
+
+class NoLoadReservation(Scheduler):
+    """Admits async loads without leaving the blocks in-flight prefills still
+    need (REMOTE-KV-RESERVATION)."""
+
+    def _inflight_prefill_reserved_blocks(self) -> int:
+        return 0
+
+
+class PromoteEarly(_TolerantKVUpdates):
+    """Promotes a loading request before its transfer reported done
+    (REMOTE-KV-LOADING)."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        for request in self.kv_holding_waiting:
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.finished_recving_kv_req_ids.add(request.request_id)
+        return super().schedule(throttle_prefills)
+
+
+class IgnoreEncoderBudget(Scheduler):
+    """Encodes every input a window needs, whatever the encoder compute budget
+    left; the budget goes negative (ENCODER-BUDGET)."""
+
+    def _try_schedule_encoder_inputs(self, request, num_computed_tokens, num_new_tokens,
+                                     encoder_compute_budget):
+        ids, n, _, duplicates = super()._try_schedule_encoder_inputs(
+            request, num_computed_tokens, num_new_tokens, 1 << 30)
+        return ids, n, encoder_compute_budget - sum(request.get_num_encoder_embeds(i) for i in ids), \
+            duplicates
+
+
+class _NoHitEncoderCache(EncoderCacheManager):
+    def check_and_update_cache(self, request, input_id) -> bool:
+        return False  # the bug: never a hit, so cached inputs are encoded again
+
+    def allocate(self, request, input_id) -> None:
+        if request.mm_hashes[input_id] in self.cached:
+            # Keep the bookkeeping consistent: reference the existing entry.
+            super().check_and_update_cache(request, input_id)
+            return
+        super().allocate(request, input_id)
+
+
+class NoEncoderCacheCheck(Scheduler):
+    """Never looks an encoder input up in the encoder cache: inputs cached by
+    an earlier step or another request are encoded again (ENCODER-INPUTS)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.encoder_cache_manager = _NoHitEncoderCache(config.encoder_cache_capacity)
+
+
+class _NewestFirstEncoderCache(EncoderCacheManager):
+    def can_allocate(self, request, input_id, encoder_compute_budget, num_embeds_to_schedule) -> bool:
+        num_embeds = request.get_num_encoder_embeds(input_id)
+        if num_embeds > encoder_compute_budget:
+            return False
+        num_embeds += num_embeds_to_schedule
+        if num_embeds <= self.num_free_slots:
+            return True
+        if num_embeds > self.num_freeable_slots:
+            return False
+        while num_embeds > self.num_free_slots:
+            mm_hash, size = self.freeable.popitem(last=True)  # the bug: newest first
+            del self.cached[mm_hash]
+            del self.num_embeds_by_hash[mm_hash]
+            self.freed.append(mm_hash)
+            self.num_free_slots += size
+        return True
+
+
+class EvictNewestFirst(Scheduler):
+    """Evicts the most recently freed encoder-cache entry first instead of
+    the oldest (ENCODER-CACHE)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.encoder_cache_manager = _NewestFirstEncoderCache(config.encoder_cache_capacity)
+
+
+class NoEncoderGiveBack(Scheduler):
+    """PRIORITY give-back returns a withdrawn victim's tokens but not its
+    encoder embeds: later windows are cut for want of budget
+    (ENCODER-INPUTS)."""
+
+    def _encoder_embeds_to_restore(self, victim, input_ids) -> int:
+        return 0
+
+
 # Mutant name -> (class, the invariant that must catch it).
 MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "admit-after-preempt": (AdmitAfterPreempt, "NO-ADMIT-AFTER-PREEMPT"),
@@ -454,6 +585,14 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "ignore-throttle": (IgnoreThrottle, "PREFILL-DEFER"),
     "ignore-max-num-seqs": (IgnoreMaxNumSeqs, "MAX-NUM-SEQS"),
     "no-stop-on-max-tokens": (NoStopOnMaxTokens, "STOP-RULES"),
+    "free-while-loading": (FreeWhileLoading, "REMOTE-KV-ABORT-HOLDS"),
+    "cache-before-load": (CacheBeforeLoad, "PREFIX-HIT-RULES"),
+    "no-load-reservation": (NoLoadReservation, "REMOTE-KV-RESERVATION"),
+    "promote-early": (PromoteEarly, "REMOTE-KV-LOADING"),
+    "ignore-encoder-budget": (IgnoreEncoderBudget, "ENCODER-BUDGET"),
+    "no-encoder-cache-check": (NoEncoderCacheCheck, "ENCODER-INPUTS"),
+    "evict-newest-first": (EvictNewestFirst, "ENCODER-CACHE"),
+    "no-encoder-give-back": (NoEncoderGiveBack, "ENCODER-INPUTS"),
 }
 MUTANTS: dict[str, type[Scheduler]] = {k: v[0] for k, v in MUTANTS_AND_TARGETS.items()}
 EXPECTED_INVARIANT: dict[str, str] = {k: v[1] for k, v in MUTANTS_AND_TARGETS.items()}

@@ -21,6 +21,8 @@ class ScheduledRequest:
     "running". ``num_computed_tokens`` is the value *before* this step (after
     the prefix lookup for admissions). ``new_block_ids``: blocks added to its
     table this step; for admissions the whole table, prefix hits first.
+    ``encoder_input_ids``: its encoder inputs (indices into its
+    ``mm_positions``) encoded this step (vLLM ``scheduled_encoder_inputs``).
     """
 
     request_id: str
@@ -30,6 +32,26 @@ class ScheduledRequest:
     num_prefix_hit_tokens: int
     new_block_ids: list[int]
     spec_token_ids: list[int] = field(default_factory=list)
+    encoder_input_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class EncoderPlan:
+    """What ``_try_schedule_encoder_inputs`` decided for a request whose token
+    window overlaps one of its encoder inputs, taken before KV allocation (so
+    before any preemption that allocation causes): the window
+    ``[num_computed_tokens, + num_scheduled_tokens)`` after it was cut (0:
+    the request is skipped this step) and the inputs chosen to encode
+    (``encoder_input_ids``). Cache hits were referenced and evictions done
+    already. The request's ``ScheduledRequest`` follows if its allocation
+    succeeds; otherwise a waiting request releases its encoder-cache
+    references (vLLM ``encoder_cache_manager.free``) and a running one keeps
+    them (it preempts itself, or the loop gives up)."""
+
+    request_id: str
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    encoder_input_ids: list[int]
 
 
 @dataclass
@@ -55,16 +77,61 @@ class Skip:
 
 
 @dataclass
+class RemoteLoad:
+    """An async KV-load admission (spec 7.2): the request took its local
+    prefix hit (``num_prefix_hit_tokens``) plus blocks for
+    ``num_external_tokens`` the connector will load, and entered
+    WAITING_FOR_REMOTE_KVS; nothing is scheduled for it. ``block_ids`` is its
+    whole table (hits first); ``reserved_blocks`` the free blocks the
+    allocation had to leave for in-flight prefills."""
+
+    request_id: str
+    num_prefix_hit_tokens: int
+    num_external_tokens: int
+    block_ids: list[int]
+    reserved_blocks: int
+
+
+@dataclass
+class Promotion:
+    """A finished async load promoted back to WAITING (or PREEMPTED): the
+    loaded blocks are cached and ``num_computed_tokens`` is what the request
+    resumes from (num_tokens - 1 for a whole-sequence load; the valid prefix
+    after a failed load, whose blocks are all freed, ``freed_block_ids``, if
+    nothing is valid)."""
+
+    request_id: str
+    status: RequestStatus
+    num_computed_tokens: int
+    load_failed: bool
+    freed_block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class KVTransferFree:
+    """Blocks of a request that finished while its KV load was in flight,
+    freed once the transfer reported done (vLLM ``_free_blocks`` from
+    ``_update_from_kv_xfer_finished``)."""
+
+    request_id: str
+    freed_block_ids: list[int]
+    fence: int | None = None
+
+
+@dataclass
 class Withdrawal:
     """PRIORITY give-back (spec 4.2): a request scheduled earlier in this step
     was chosen as a preemption victim; its ``num_scheduled_tokens`` return to
     the budget and it leaves the step's output. ``block_ids`` are the blocks
     that scheduling had added (they are freed by the preemption that follows).
+    ``encoder_input_ids``: the encoder inputs it had scheduled, whose embeds
+    return to the encoder compute budget.
     """
 
     request_id: str
     num_scheduled_tokens: int
     block_ids: list[int]
+    encoder_input_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -92,7 +159,8 @@ class SchedulerOutput:
     scheduling order. ``token_budget`` is the budget left.
     """
 
-    events: list[ScheduledRequest | Withdrawal | Preemption | Skip]
+    events: list[ScheduledRequest | Withdrawal | Preemption | Skip | RemoteLoad | Promotion
+                 | EncoderPlan]
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     preempted_req_ids: set[str]
@@ -103,6 +171,9 @@ class SchedulerOutput:
     throttle_prefills: bool = False
     defer_prefills: bool = False
     prefill_capacity_bound: bool = False
+    # Encoder-cache entries evicted this step (vLLM free_encoder_mm_hashes:
+    # identifiers, eviction order): the worker may drop their outputs.
+    free_encoder_mm_hashes: list[str] = field(default_factory=list)
 
     @property
     def scheduled(self) -> list[ScheduledRequest]:
@@ -116,8 +187,18 @@ class SchedulerOutput:
         return {e.request_id: e.spec_token_ids for e in self.scheduled if e.spec_token_ids}
 
     @property
+    def scheduled_encoder_inputs(self) -> dict[str, list[int]]:
+        """Encoder inputs to run per scheduled request (absent: none)."""
+        return {e.request_id: e.encoder_input_ids for e in self.scheduled if e.encoder_input_ids}
+
+    @property
     def preemptions(self) -> list[Preemption]:
         return [e for e in self.events if isinstance(e, Preemption)]
+
+    @property
+    def remote_loads(self) -> list[RemoteLoad]:
+        """Async KV loads started this step (the connector metadata)."""
+        return [e for e in self.events if isinstance(e, RemoteLoad)]
 
 
 @dataclass
@@ -132,6 +213,11 @@ class UpdateResult:
     # Deferred frees drained at the start of this update: (fence, block ids
     # in free order), FIFO.
     drained: list[tuple[int, list[int]]] = field(default_factory=list)
+    # KV connector: the transfers reported done (processing order) and the
+    # frees of requests that had finished while loading.
+    finished_recving: list[str] = field(default_factory=list)
+    invalid_block_ids: list[int] = field(default_factory=list)
+    kv_freed: list[KVTransferFree] = field(default_factory=list)
 
 
 

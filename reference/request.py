@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from reference.encoder_cache_manager import mm_identifier
 from reference.kv_cache_utils import hash_request_blocks
 
 
@@ -93,6 +94,11 @@ class Request:
     block of ``all_token_ids`` and is extended as tokens are appended (vLLM's
     ``Request.block_hasher``). Identity semantics (``eq=False``): two requests
     are equal only if they are the same object, as in vLLM.
+
+    Encoder inputs (vLLM ``mm_features``): ``mm_positions`` are ``(offset,
+    length)`` items of the prompt (sorted, non-overlapping), ``mm_hashes``
+    their identifiers (a hash of the covered prompt tokens); an item has
+    ``length`` embeds.
     """
 
     request_id: str
@@ -115,11 +121,15 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(init=False)
     block_hashes: list[bytes] = field(default_factory=list)
+    mm_positions: tuple[tuple[int, int], ...] = ()
+    mm_hashes: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.max_tokens = self.sampling_params.max_tokens
+        self.mm_positions = tuple((int(o), int(n)) for o, n in self.mm_positions)
+        self.mm_hashes = tuple(mm_identifier(self.prompt_token_ids[o:o + n]) for o, n in self.mm_positions)
         self._update_block_hashes()
 
     # vLLM's PRIORITY heap order: priority, then arrival, then id.
@@ -142,6 +152,14 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
+    @property
+    def has_encoder_inputs(self) -> bool:
+        return bool(self.mm_positions)
+
+    def get_num_encoder_embeds(self, input_id: int) -> int:
+        """Embeds of item ``input_id``: its length (no ``is_embed`` mask)."""
+        return self.mm_positions[input_id][1]
+
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)
 
@@ -155,7 +173,8 @@ class Request:
 
     def _update_block_hashes(self) -> None:
         # One hash per full block; partial tails and drafts are never hashed.
-        hash_request_blocks(self.all_token_ids, self.block_size, self.block_hashes)
+        hash_request_blocks(self.all_token_ids, self.block_size, self.block_hashes,
+                            self.mm_positions, self.mm_hashes)
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:

@@ -2,8 +2,11 @@
 
 Mirrors ``vllm/v1/core/sched/scheduler.py::Scheduler`` of vLLM 0.33.0 (spec
 sections 3, 4, 6 and the 0.33.0 deltas of section 10) for one full-attention
-KV-cache group, text-only requests, no LoRA, no KV connector, synchronous
-scheduling and no speculative decoding.
+KV-cache group and no LoRA, with speculative decoding (n-gram style, no
+lookahead), async scheduling, deferred frees, prefill gating, an optional
+simulated KV-consumer connector (spec 7.2) and encoder inputs (multimodal
+items: encoder compute budget and encoder cache, spec 3.2 step 8, 3.3;
+``reference.encoder_cache_manager``).
 
 There is no prefill or decode phase: each request has ``num_computed_tokens``
 and a target (``num_tokens_with_spec`` + placeholders); every step gives
@@ -18,9 +21,13 @@ from reference.config import EngineConfig
 from reference.kv_cache_manager import KVCacheManager
 from collections import deque
 
+from reference.encoder_cache_manager import (EncoderCacheManager, mm_items_in_window,
+                                             try_schedule_encoder_inputs)
 from reference.kv_cache_utils import KVCacheBlock
-from reference.output import (FinishedRequest, Preemption, ScheduledRequest, SchedulerOutput,
-                              SchedulerSnapshot, Skip, UpdateResult, Withdrawal)
+from reference.kv_connector import KVConnectorOutput, SimulatedKVConnector
+from reference.output import (EncoderPlan, FinishedRequest, KVTransferFree, Preemption, Promotion,
+                              RemoteLoad, ScheduledRequest, SchedulerOutput, SchedulerSnapshot, Skip,
+                              UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus, check_stop
 from reference.request_queue import create_request_queue
 
@@ -29,7 +36,9 @@ class Scheduler:
     """The reference scheduler. One instance per engine (per DP rank).
 
     State: ``requests`` (id -> Request, unfinished only), ``waiting`` (policy
-    queue), ``running`` (list, admission order), ``kv_cache_manager``.
+    queue), ``kv_holding_waiting`` (policy queue of waiting requests that
+    hold KV blocks: async loads in flight or promoted), ``running`` (list,
+    admission order), ``kv_cache_manager``.
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -74,6 +83,26 @@ class Scheduler:
         # Requests skipped by the waiting loop or enqueued blocked (vLLM's
         # deferred_waiting); it only feeds prefill_capacity_bound.
         self.deferred_waiting: set[str] = set()
+        # KV connector (spec 7.2, 10.2): requests holding KV wait in their own
+        # queue, examined first; loads reported done / failed by the worker;
+        # requests that finished while loading keep their blocks until the
+        # transfer is done (a load may still be writing them).
+        self.connector = SimulatedKVConnector(config) if config.kv_connector else None
+        self.kv_holding_waiting = create_request_queue(config.policy)
+        self.finished_recving_kv_req_ids: set[str] = set()
+        self.failed_recving_kv_req_ids: set[str] = set()
+        self.kv_pending_free: dict[str, Request] = {}
+        self.recompute_kv_load_failures = config.kv_load_failure_policy == "recompute"
+        # Requests still prefilling (async loads and admitted prefill chunks):
+        # an async load must leave the blocks they still need (insertion
+        # ordered; only the sum is used).
+        self._inflight_prefills: dict[str, Request] = {}
+        self._spec_decode_step_blocks = (-(-(1 + self.num_spec_tokens) // self.block_size)
+                                         if self.num_spec_tokens else 0)
+        # Encoder inputs (multimodal items): the per-step encoder compute
+        # budget and the encoder cache, both in embeds.
+        self.max_num_encoder_input_tokens = config.encoder_compute_budget
+        self.encoder_cache_manager = EncoderCacheManager(config.encoder_cache_capacity)
 
     # -- requests in and out -------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -92,17 +121,33 @@ class Scheduler:
         gone = set(map(id, valid))
         self.running = [r for r in self.running if id(r) not in gone]
         self.waiting.remove_requests(valid)
+        self.kv_holding_waiting.remove_requests(valid)
         finished = []
         for request in valid:
+            delay_free_blocks = False
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                # The load may still write its blocks: keep them until the
+                # transfer reports done (spec 7.2).
+                delay_free_blocks = request.request_id not in self.finished_recving_kv_req_ids
+                self.finished_recving_kv_req_ids.discard(request.request_id)
+                self.failed_recving_kv_req_ids.discard(request.request_id)
             request.status = finished_status
-            finished.append(self._free_request(request))
+            finished.append(self._free_request(request, delay_free_blocks))
         return finished
 
-    def _free_request(self, request: Request) -> FinishedRequest:
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> FinishedRequest:
         assert request.is_finished()
         self.finished_req_ids.add(request.request_id)
         self.deferred_waiting.discard(request.request_id)
-        freed, fence = self._free_request_blocks(request)
+        self._inflight_prefills.pop(request.request_id, None)
+        if self.connector is not None:
+            self.connector.request_finished(request.request_id)
+        self.encoder_cache_manager.free(request)
+        freed, fence = [], None
+        if delay_free_blocks:
+            self.kv_pending_free[request.request_id] = request
+        else:
+            freed, fence = self._free_request_blocks(request)
         del self.requests[request.request_id]
         return FinishedRequest(request.request_id, request.status, request.get_finished_reason(),
                                request.stop_reason, request.num_output_tokens, freed, fence)
@@ -139,7 +184,8 @@ class Scheduler:
 
     def snapshot(self) -> SchedulerSnapshot:
         """Queue orders and free blocks (the candidate protocol's state view)."""
-        return SchedulerSnapshot(tuple(r.request_id for r in self.waiting),
+        return SchedulerSnapshot(tuple(r.request_id for r in self.kv_holding_waiting)
+                                 + tuple(r.request_id for r in self.waiting),
                                  tuple(r.request_id for r in self.running),
                                  self.kv_cache_manager.num_free_blocks)
 
@@ -159,7 +205,7 @@ class Scheduler:
         draft_slots = 0
         input_budget = self.config.max_num_batched_tokens
         # 0.33.0: the long-prefill cap applies only when someone could starve.
-        num_eligible = len(self.running) + len(self.waiting)
+        num_eligible = len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
         threshold = self.config.long_prefill_token_threshold if num_eligible > 1 else 0
 
         # A running-loop request that was still prefilling before this step
@@ -167,6 +213,8 @@ class Scheduler:
         prefill_scheduled = False
         # An admission with prompt left to compute (stamps the cadence).
         prefill_admitted = False
+        # Encoder embeds still computable this step.
+        encoder_compute_budget = self.max_num_encoder_input_tokens
 
         # Prefill gating: on a throttled step, or inside the local cadence
         # interval, defer prefill compute while decodes are running, unless
@@ -203,6 +251,13 @@ class Scheduler:
             if defer_prefills and request.is_prefill_chunk:
                 req_index += 1  # a prefill chunk waits for a cadence-aligned step
                 continue
+            # Encoder inputs may cut the window (to 0: skipped this step).
+            encoder_ids, encoder_duplicates = [], []
+            new_encoder_budget = encoder_compute_budget
+            if request.has_encoder_inputs and num_new_tokens > 0:
+                encoder_ids, num_new_tokens, new_encoder_budget, encoder_duplicates = \
+                    self._plan_encoder_inputs(request, request.num_computed_tokens, num_new_tokens,
+                                              encoder_compute_budget, events)
             if num_new_tokens <= 0:
                 # Skip, not break: lower-priority requests may still run.
                 req_index += 1
@@ -227,9 +282,12 @@ class Scheduler:
                 if given_back is not None:
                     # PRIORITY give-back of a victim scheduled earlier this step.
                     restored = num_scheduled_tokens.pop(victim.request_id)
-                    events.append(Withdrawal(victim.request_id, restored, given_back.new_block_ids))
+                    events.append(Withdrawal(victim.request_id, restored, given_back.new_block_ids,
+                                             list(given_back.encoder_input_ids)))
                     token_budget += restored
                     input_budget += restored + draft_slots
+                    encoder_compute_budget += self._encoder_embeds_to_restore(
+                        victim, given_back.encoder_input_ids)
                 events.append(self._preempt_request(victim))
                 preempted.append(victim)
                 if victim is request:
@@ -243,7 +301,8 @@ class Scheduler:
                 break
 
             record = ScheduledRequest(request.request_id, "running", num_computed_before,
-                                      num_new_tokens, 0, [b.block_id for b in new_blocks])
+                                      num_new_tokens, 0, [b.block_id for b in new_blocks],
+                                      encoder_input_ids=list(encoder_ids))
             events.append(record)
             scheduled_running[request.request_id] = record
             prefill_scheduled |= request.is_prefill_chunk
@@ -259,58 +318,127 @@ class Scheduler:
                 if k > 0:
                     record.spec_token_ids = request.spec_token_ids[:k]
                 request.spec_token_ids = []
+            # Encoder: commit the budget (this drops a give-back made while
+            # allocating for this request, as vLLM does) and allocate.
+            if encoder_ids:
+                encoder_compute_budget = new_encoder_budget
+                self._allocate_encoder_inputs(request, encoder_ids, encoder_duplicates)
 
         # 2. WAITING requests, only if nobody was preempted this step.
         if not preempted:
-            step_skipped: list[Request] = []
+            # Skipped requests, per queue, in the order met (vLLM 0.33.0
+            # skip_request): the queue is decided after the skip, so an
+            # async-load admission lands in the kv-holding list.
+            skipped_waiting: list[Request] = []
+            skipped_kv_holding: list[Request] = []
+
+            def skip_request(queue, request: Request) -> None:
+                queue.pop_request()
+                self.deferred_waiting.add(request.request_id)
+                (skipped_kv_holding if self._holds_kv_blocks(request) else skipped_waiting).append(request)
+
             while token_budget > 0:
-                if not self.waiting or input_budget <= draft_slots:
+                # Requests holding KV blocks are always drained first.
+                queue = self.kv_holding_waiting if self.kv_holding_waiting else self.waiting
+                if not queue or input_budget <= draft_slots:
                     break
                 if len(self.running) >= self.max_num_running_reqs:
                     break
-                request = self.waiting.peek_request()
+                request = queue.peek_request()
+                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                    if request.request_id not in self.finished_recving_kv_req_ids:
+                        skip_request(queue, request)
+                        events.append(Skip(request.request_id, "waiting for remote KV"))
+                        continue
+                    events.append(self._promote(request))
                 if request.num_stale_output_tokens and not request.drop_stale_output:
                     # Deliverable stale output still in flight: resuming now could
                     # resample a position that output will deliver.
-                    step_skipped.append(self.waiting.pop_request())
-                    self.deferred_waiting.add(request.request_id)
+                    skip_request(queue, request)
                     events.append(Skip(request.request_id, "stale output in flight"))
                     continue
-                # Prefix lookup: preempted requests were reset to 0 and re-match.
-                hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
-                if defer_prefills and num_hit_tokens < request.num_tokens - 1:
-                    break  # local prefill deferred to a cadence-aligned step
-                request_budget = min(token_budget, input_budget - draft_slots)
-                num_new_tokens = request.num_tokens - num_hit_tokens
+                external, load_kv_async = 0, False
+                if request.num_computed_tokens == 0:
+                    # Prefix lookup: preempted requests were reset to 0 and
+                    # re-match; then the connector offers what it holds past
+                    # the local hit.
+                    hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+                    if self.connector is not None:
+                        external, load_kv_async = self.connector.get_num_new_matched_tokens(
+                            request, num_hit_tokens)
+                    num_computed = num_hit_tokens + external
+                else:
+                    # A finished async load: no new lookup.
+                    hit_blocks, num_hit_tokens = [], 0
+                    num_computed = request.num_computed_tokens
                 pad_spec_decode = False
-                # 0.33.0 (spec 10.6): a new decode (one token left) is padded to
-                # 1 + K with -1 drafts so the batch stays uniform.
-                if (self.num_spec_tokens > 0 and self.num_sampled_tokens_per_step > 0
-                        and num_new_tokens == 1 and not prefill_scheduled
-                        and (scheduled_running or num_hit_tokens > 0)):
-                    padded = 1 + self.num_spec_tokens
-                    if num_hit_tokens + padded + self.num_sampled_tokens_per_step <= self.max_model_len:
-                        if padded > request_budget:
-                            break  # rather not schedule than schedule unpadded
-                        num_new_tokens = padded
-                        pad_spec_decode = True
-                if 0 < threshold < num_new_tokens:
-                    num_new_tokens = threshold
-                if not self.config.enable_chunked_prefill and num_new_tokens > request_budget:
-                    break  # no skipping ahead to shorter requests
-                num_new_tokens = min(num_new_tokens, request_budget)
-                assert num_new_tokens > 0
+                encoder_ids, encoder_duplicates = [], []
+                new_encoder_budget = encoder_compute_budget
+                if load_kv_async:
+                    num_new_tokens = 0  # allocation only; nothing runs while it loads
+                elif defer_prefills and num_computed < request.num_tokens - 1:
+                    break  # local prefill deferred to a cadence-aligned step
+                else:
+                    request_budget = min(token_budget, input_budget - draft_slots)
+                    num_new_tokens = request.num_tokens - num_computed
+                    # 0.33.0 (spec 10.6): a new decode (one token left) is padded to
+                    # 1 + K with -1 drafts so the batch stays uniform.
+                    if (self.num_spec_tokens > 0 and self.num_sampled_tokens_per_step > 0
+                            and num_new_tokens == 1 and not prefill_scheduled
+                            and (scheduled_running or num_computed > 0)):
+                        padded = 1 + self.num_spec_tokens
+                        if num_computed + padded + self.num_sampled_tokens_per_step <= self.max_model_len:
+                            if padded > request_budget:
+                                break  # rather not schedule than schedule unpadded
+                            num_new_tokens = padded
+                            pad_spec_decode = True
+                    if 0 < threshold < num_new_tokens:
+                        num_new_tokens = threshold
+                    if not self.config.enable_chunked_prefill and num_new_tokens > request_budget:
+                        break  # no skipping ahead to shorter requests
+                    num_new_tokens = min(num_new_tokens, request_budget)
+                    assert num_new_tokens > 0
+                    if request.has_encoder_inputs:
+                        encoder_ids, num_new_tokens, new_encoder_budget, encoder_duplicates = \
+                            self._plan_encoder_inputs(request, num_computed, num_new_tokens,
+                                                      encoder_compute_budget, events)
+                        if num_new_tokens == 0:
+                            # 0.33.0: skip (not break), so requests behind it may run.
+                            skip_request(queue, request)
+                            events.append(Skip(request.request_id, "encoder input unavailable"))
+                            continue
+                # An async load holds its blocks with no forward progress: it
+                # must leave what in-flight prefills still need (no wedge).
+                # (vLLM adds one spec-decode step of blocks for the load itself.)
+                reserved = (self._inflight_prefill_reserved_blocks() + self._spec_decode_step_blocks
+                            if load_kv_async else 0)
                 new_blocks = self.kv_cache_manager.allocate_slots(
                     request, num_new_tokens,
                     num_new_computed_tokens=num_hit_tokens,
                     new_computed_blocks=hit_blocks,
+                    num_external_computed_tokens=external,
+                    delay_cache_blocks=load_kv_async,
                     full_sequence_must_fit=self.config.scheduler_reserve_full_isl,
+                    reserved_blocks=reserved,
                     has_scheduled_reqs=bool(self.running),
                 )
                 if new_blocks is None:
+                    if request.has_encoder_inputs:
+                        # Release the cache references taken while planning.
+                        self.encoder_cache_manager.free(request)
                     break  # admission never preempts
 
-                self.waiting.pop_request()
+                if load_kv_async:
+                    request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                    request.num_computed_tokens = num_computed
+                    self._inflight_prefills[request.request_id] = request
+                    events.append(RemoteLoad(request.request_id, num_hit_tokens, external,
+                                             self.kv_cache_manager.get_block_ids(request.request_id),
+                                             reserved))
+                    skip_request(queue, request)
+                    continue
+
+                queue.pop_request()
                 self.running.append(request)
                 if request.status == RequestStatus.WAITING:
                     kind = "new"
@@ -319,23 +447,32 @@ class Scheduler:
                 else:
                     raise RuntimeError(f"invalid status {request.status.name} in waiting")
                 events.append(ScheduledRequest(
-                    request.request_id, kind, num_hit_tokens, num_new_tokens, num_hit_tokens,
+                    request.request_id, kind, num_computed, num_new_tokens, num_hit_tokens,
                     self.kv_cache_manager.get_block_ids(request.request_id),
-                    [-1] * self.num_spec_tokens if pad_spec_decode else []))
+                    [-1] * self.num_spec_tokens if pad_spec_decode else [],
+                    list(encoder_ids)))
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
                 input_budget -= num_new_tokens + draft_slots
                 request.status = RequestStatus.RUNNING
-                request.num_computed_tokens = num_hit_tokens
+                request.num_computed_tokens = num_computed
                 self.deferred_waiting.discard(request.request_id)
-                prefill_admitted |= num_hit_tokens < request.num_tokens - 1
-            # Skipped requests go back to the head, in the order met.
-            for request in reversed(step_skipped):
+                prefill_admitted |= num_computed < request.num_tokens - 1
+                if num_computed + num_new_tokens < request.num_tokens:
+                    self._inflight_prefills[request.request_id] = request
+                if encoder_ids:
+                    encoder_compute_budget = new_encoder_budget
+                    self._allocate_encoder_inputs(request, encoder_ids, encoder_duplicates)
+            # Skipped requests go back to the head of their queue, in the order met.
+            for request in reversed(skipped_waiting):
                 self.waiting.prepend_request(request)
+            for request in reversed(skipped_kv_holding):
+                self.kv_holding_waiting.prepend_request(request)
             if not defer_prefills:
                 # Saturation guard: a release step that could not drain the
                 # never-skipped waiting requests stops the gating.
-                self.prefill_capacity_bound = len(self.waiting) > len(self.deferred_waiting)
+                self.prefill_capacity_bound = (len(self.waiting) + len(self.kv_holding_waiting)
+                                               > len(self.deferred_waiting))
 
         total = sum(num_scheduled_tokens.values())
         if total > 0:
@@ -356,11 +493,63 @@ class Scheduler:
             throttle_prefills=throttle_prefills,
             defer_prefills=defer_prefills,
             prefill_capacity_bound=self.prefill_capacity_bound,
+            free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
         )
         if self.defer_block_free and total > 0:
             self.sched_step_seq += 1
         self._update_after_schedule(output)
         return output
+
+    # -- encoder inputs ----------------------------------------------------------
+    def _try_schedule_encoder_inputs(self, request: Request, num_computed_tokens: int,
+                                     num_new_tokens: int, encoder_compute_budget: int
+                                     ) -> tuple[list[int], int, int, list[int]]:
+        """vLLM ``_try_schedule_encoder_inputs`` (see
+        ``reference.encoder_cache_manager.try_schedule_encoder_inputs``):
+        (input ids to encode, tokens, embeds of budget left, duplicates)."""
+        return try_schedule_encoder_inputs(self.encoder_cache_manager, request, num_computed_tokens,
+                                           num_new_tokens, encoder_compute_budget,
+                                           self.config.disable_chunked_mm_input)
+
+    def _plan_encoder_inputs(self, request: Request, num_computed_tokens: int, num_new_tokens: int,
+                             encoder_compute_budget: int, events: list
+                             ) -> tuple[list[int], int, int, list[int]]:
+        """``_try_schedule_encoder_inputs`` for the window ``[num_computed_tokens,
+        + num_new_tokens)``, recorded as an ``EncoderPlan`` when the window
+        overlaps one of the request's encoder inputs (then the call may have
+        referenced cache hits, evicted entries or cut the window)."""
+        lo, hi = mm_items_in_window(request.mm_positions, num_computed_tokens,
+                                    num_computed_tokens + num_new_tokens)
+        ids, n, budget, duplicates = self._try_schedule_encoder_inputs(
+            request, num_computed_tokens, num_new_tokens, encoder_compute_budget)
+        if lo < hi:
+            events.append(EncoderPlan(request.request_id, num_computed_tokens, n, list(ids)))
+        return ids, n, budget, duplicates
+
+    def _allocate_encoder_inputs(self, request: Request, input_ids: list[int],
+                                 duplicate_input_ids: list[int]) -> None:
+        """vLLM ``_allocate_encoder_inputs``: cache room for each input to
+        encode, then references for its same-step duplicates."""
+        for input_id in input_ids:
+            self.encoder_cache_manager.allocate(request, input_id)
+        for input_id in duplicate_input_ids:
+            self.encoder_cache_manager.check_and_update_cache(request, input_id)
+
+    def _encoder_embeds_to_restore(self, victim: Request, input_ids: list[int]) -> int:
+        """PRIORITY give-back (spec 4.2): embeds a withdrawn victim returns to
+        the step's encoder compute budget."""
+        return sum(victim.get_num_encoder_embeds(i) for i in input_ids)
+
+    def _free_encoder_inputs(self, request: Request) -> None:
+        """vLLM ``_free_encoder_inputs`` (spec 6 e, 10.8): after a step's
+        output, drop the request's reference to each cached input whose range
+        ends at or before ``num_computed_tokens - num_output_placeholders``
+        (tokens confirmed computed)."""
+        confirmed = request.num_computed_tokens - request.num_output_placeholders
+        for input_id in list(self.encoder_cache_manager.get_cached_input_ids(request)):
+            start, length = request.mm_positions[input_id]
+            if start + length <= confirmed:
+                self.encoder_cache_manager.free_encoder_input(request, input_id)
 
     def _select_victim(self) -> Request:
         """Spec 4.2: PRIORITY takes the running request with the largest
@@ -370,6 +559,47 @@ class Scheduler:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]
 
+    @staticmethod
+    def _holds_kv_blocks(request: Request) -> bool:
+        """vLLM 0.33.0: a waiting request holds KV if it has computed tokens
+        (a finished load) or is loading."""
+        return request.num_computed_tokens > 0 or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+
+    def _request_remaining_blocks(self, request: Request) -> int:
+        """Blocks ``request`` still needs to hold its whole sequence (plus one
+        spec-decode step): vLLM ``_request_remaining_blocks``."""
+        num_tokens = min(request.num_tokens, self.max_model_len)
+        if self.num_spec_tokens:
+            num_tokens += 1 + self.num_spec_tokens
+        return self.kv_cache_manager.get_num_blocks_to_hold(request, num_tokens)
+
+    def _inflight_prefill_reserved_blocks(self) -> int:
+        """Blocks in-flight prefills still need (an async load's reservation)."""
+        return sum(self._request_remaining_blocks(r) for r in self._inflight_prefills.values())
+
+    def _promote(self, request: Request) -> Promotion:
+        """A finished async load returns to WAITING (PREEMPTED if it had been
+        preempted before): vLLM ``_update_waiting_for_remote_kv``. The loaded
+        blocks are cached now; a failed load keeps its valid prefix (or frees
+        everything if none is valid); a whole-sequence load recomputes the
+        last token so the next one can be sampled."""
+        req_id = request.request_id
+        freed: list[int] = []
+        load_failed = req_id in self.failed_recving_kv_req_ids
+        if load_failed:
+            if request.num_computed_tokens:
+                self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            else:
+                freed = self.kv_cache_manager.free(request)
+            self.failed_recving_kv_req_ids.remove(req_id)
+        else:
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+        if request.num_computed_tokens == request.num_tokens:
+            request.num_computed_tokens = request.num_tokens - 1
+        self.finished_recving_kv_req_ids.remove(req_id)
+        request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+        return Promotion(req_id, request.status, request.num_computed_tokens, load_failed, freed)
+
     def _preempt_request(self, request: Request) -> Preemption:
         """Spec 4.3: free blocks, reset progress, back to the head of waiting.
 
@@ -378,6 +608,9 @@ class Scheduler:
         assert request.status == RequestStatus.RUNNING, "only running requests can be preempted"
         num_computed_before = request.num_computed_tokens
         freed, fence = self._free_request_blocks(request)
+        # Its encoder-cache entries become freeable, not evicted.
+        self.encoder_cache_manager.free(request)
+        self._inflight_prefills.pop(request.request_id, None)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = []
@@ -400,6 +633,8 @@ class Scheduler:
                 request.last_sched_seq = self.sched_step_seq
             request.is_prefill_chunk = request.num_computed_tokens < (
                 request.num_tokens + request.num_output_placeholders)
+            if not request.is_prefill_chunk:
+                self._inflight_prefills.pop(req_id, None)
             if self.async_scheduling and not request.is_prefill_chunk:
                 # AsyncScheduler: the sampled token (and drafts) are in flight.
                 request.num_output_placeholders += (
@@ -411,16 +646,24 @@ class Scheduler:
 
     # -- update ----------------------------------------------------------------
     def update_from_output(self, output: SchedulerOutput,
-                           sampled_token_ids: dict[str, list[int]]) -> UpdateResult:
+                           sampled_token_ids: dict[str, list[int]],
+                           kv_connector_output: KVConnectorOutput | None = None) -> UpdateResult:
         """Apply the model's sampled tokens for ``output`` (spec 6, 10.8).
 
         ``sampled_token_ids[id]`` is empty for a partial prefill chunk. Tokens
         are appended one at a time with ``check_stop`` after each; a stop
         truncates the rest. Finished requests leave ``running`` and free
-        their blocks (tail first).
+        their blocks (tail first). ``kv_connector_output`` (KV connector
+        only): failed blocks are handled first, finished transfers last
+        (vLLM order), see ``_handle_invalid_blocks`` and
+        ``_update_from_kv_xfer_finished``.
         """
         result = UpdateResult()
         stopped: set[int] = set()
+        failed_kv_load_req_ids: list[str] = []
+        if kv_connector_output is not None and kv_connector_output.invalid_block_ids:
+            result.invalid_block_ids = sorted(kv_connector_output.invalid_block_ids)
+            failed_kv_load_req_ids = self._handle_invalid_blocks(kv_connector_output.invalid_block_ids)
         if self.defer_block_free and output.total_num_scheduled_tokens > 0:
             # Every write of this and earlier steps has completed.
             self.processed_step_seq += 1
@@ -449,6 +692,9 @@ class Scheduler:
                     request.num_output_placeholders -= rejected
                 result.num_draft_tokens += len(drafts)
                 result.num_rejected_draft_tokens += rejected
+            if request.has_encoder_inputs:
+                # Only after the step ran: items now behind confirmed progress.
+                self._free_encoder_inputs(request)
             if not new_token_ids:
                 continue
             status_before = request.status
@@ -474,10 +720,52 @@ class Scheduler:
                     stopped.add(id(request))
                 else:
                     self.waiting.remove_requests([request])
+                    self.kv_holding_waiting.remove_requests([request])
                 result.finished.append(self._free_request(request))
         if stopped:
             self.running = [r for r in self.running if id(r) not in stopped]
+        if failed_kv_load_req_ids and not self.recompute_kv_load_failures:
+            result.finished += self.finish_requests(failed_kv_load_req_ids, RequestStatus.FINISHED_ERROR)
+        if kv_connector_output is not None:
+            self._update_from_kv_xfer_finished(kv_connector_output, result)
         return result
+
+    def _handle_invalid_blocks(self, invalid_block_ids: frozenset[int]) -> list[str]:
+        """A failed async load (vLLM ``_update_requests_with_invalid_blocks``
+        for requests in WAITING_FOR_REMOTE_KVS): its computed count drops to
+        the blocks before the first invalid one. Recompute policy: the request
+        is marked to promote with that prefix; fail policy: returned, to be
+        finished with FINISHED_ERROR. Returns the affected ids in queue order."""
+        affected = []
+        for request in self.kv_holding_waiting:
+            if request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+                continue
+            num_blocks = -(-request.num_computed_tokens // self.block_size)
+            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)[:num_blocks]
+            for index, block_id in enumerate(block_ids):
+                if block_id in invalid_block_ids:
+                    request.num_computed_tokens = index * self.block_size
+                    affected.append(request.request_id)
+                    break
+        if self.recompute_kv_load_failures:
+            self.failed_recving_kv_req_ids.update(affected)
+            return []
+        return affected
+
+    def _update_from_kv_xfer_finished(self, kv_connector_output: KVConnectorOutput,
+                                      result: UpdateResult) -> None:
+        """Finished transfers: a loading request becomes promotable at the
+        next schedule(); one that finished while loading frees its blocks now
+        (vLLM ``_update_from_kv_xfer_finished``)."""
+        for req_id in kv_connector_output.finished_recving:
+            result.finished_recving.append(req_id)
+            request = self.requests.get(req_id)
+            if request is not None and request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.finished_recving_kv_req_ids.add(req_id)
+                continue
+            request = self.kv_pending_free.pop(req_id)
+            freed, fence = self._free_request_blocks(request)
+            result.kv_freed.append(KVTransferFree(req_id, freed, fence))
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> dict[str, list[int]]:
         """Store the proposer's drafts for the next step (vLLM

@@ -126,6 +126,14 @@ class RequestSpec:
         abort_time: seconds on the same clock as ``arrival_time`` (and
             >= it); the engine aborts the request when its clock passes this.
             None = never aborted.
+        mm_positions: encoder inputs (multimodal items) as ``(offset,
+            length)`` pairs of prompt token positions: sorted by offset,
+            non-overlapping (adjacent is fine), each ``length >= 1`` and inside
+            the prompt (a list of lists is accepted and converted). An item's
+            encoder output has ``length`` embeds; its identifier (vLLM
+            ``mm_hash``) is a hash of the prompt tokens it covers, so equal
+            items of different requests share encoder-cache entries. Empty =
+            a text-only request.
 
     Raises:
         WorkloadError: (from construction) if any field violates the
@@ -144,10 +152,18 @@ class RequestSpec:
     priority: int = 0
     scripted_output_len: int | None = None
     abort_time: float | None = None
+    mm_positions: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_token_ids, tuple):
             object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
+        if not (isinstance(self.mm_positions, tuple)
+                and all(isinstance(p, tuple) for p in self.mm_positions)):
+            try:
+                object.__setattr__(self, "mm_positions", tuple(tuple(p) for p in self.mm_positions))
+            except TypeError:
+                raise WorkloadError(f"RequestSpec {self.request_id}: mm_positions must be a sequence "
+                                    f"of (offset, length) pairs, got {self.mm_positions!r}") from None
         if not isinstance(self.stop_token_ids, tuple):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         rid = self.request_id
@@ -190,6 +206,7 @@ class RequestSpec:
             raise WorkloadError(
                 f"{where}: abort_time must be None or a finite number >= arrival_time={self.arrival_time}"
             )
+        _check_mm_positions(where, self.mm_positions, len(toks))
         # Normalise ints to floats so equal specs compare and serialise identically.
         object.__setattr__(self, "arrival_time", float(self.arrival_time))
         if self.abort_time is not None:
@@ -248,6 +265,26 @@ def _priority(seed: int, index: int, priority_levels: int) -> int:
     if priority_levels == 1:
         return 0
     return random.Random(f"priority:{seed}:{index}").randrange(priority_levels)
+
+
+def _check_mm_positions(where: str, positions: tuple, num_prompt_tokens: int) -> None:
+    """Raise WorkloadError unless ``positions`` are sorted, non-overlapping
+    ``(offset, length)`` int pairs with ``length >= 1`` inside the prompt."""
+    end = 0
+    for i, pos in enumerate(positions):
+        if len(pos) != 2 or not all(_is_int(v) for v in pos):
+            raise WorkloadError(f"{where}: mm_positions[{i}] must be an (offset, length) pair of ints, "
+                                f"got {pos!r}")
+        offset, length = pos
+        if offset < 0 or length < 1:
+            raise WorkloadError(f"{where}: mm_positions[{i}] = {pos!r} needs offset >= 0 and length >= 1")
+        if offset < end:
+            raise WorkloadError(f"{where}: mm_positions[{i}] = {pos!r} starts before the previous item "
+                                f"ends (token {end}): items must be sorted and non-overlapping")
+        end = offset + length
+        if end > num_prompt_tokens:
+            raise WorkloadError(f"{where}: mm_positions[{i}] = {pos!r} ends at token {end}, past the "
+                                f"{num_prompt_tokens}-token prompt")
 
 
 def _check_common(limit: Any, time_scale: Any, seed: Any, priority_levels: Any) -> None:
@@ -607,6 +644,27 @@ def _chosen(rng: random.Random, n: int, fraction: float) -> frozenset[int]:
     return frozenset(rng.sample(range(n), k))
 
 
+def _insert_mm_items(own: list[int], rng: random.Random, seed: int, index: int, item_len: int,
+                     num_items: int, num_distinct: int) -> tuple[list[int], tuple[tuple[int, int], ...]]:
+    """Insert ``num_items`` items of ``item_len`` tokens into ``own`` at seeded
+    gaps (sorted, possibly adjacent). Item content: pool item ``k`` (seeded
+    by ``k``) with a pool of ``num_distinct`` > 0, else unique to (request,
+    item). Returns (tokens, item positions in them)."""
+    gaps = sorted(rng.randint(0, len(own)) for _ in range(num_items))
+    tokens: list[int] = []
+    positions: list[tuple[int, int]] = []
+    previous = 0
+    for j, gap in enumerate(gaps):
+        tokens += own[previous:gap]
+        previous = gap
+        key = f"pool:{rng.randrange(num_distinct)}" if num_distinct else f"own:{index}:{j}"
+        item = random.Random(f"synthetic:{seed}:mm-item:{key}").choices(_PROMPT_TOKENS, k=item_len)
+        positions.append((len(tokens), item_len))
+        tokens += item
+    tokens += own[previous:]
+    return tokens, tuple(positions)
+
+
 def synthetic(
     num_requests: int = _DEFAULT_SYNTHETIC_REQUESTS,
     *,
@@ -619,6 +677,10 @@ def synthetic(
     priority_levels: int = 1,
     eos_fraction: float = 0.0,
     abort_fraction: float = 0.0,
+    mm_fraction: float = 0.0,
+    mm_item_len: int = 16,
+    mm_items_per_request: int = 1,
+    mm_distinct_items: int = 0,
 ) -> Workload:
     """Generate a seeded random :class:`Workload`.
 
@@ -641,7 +703,16 @@ def synthetic(
       ``ignore_eos=True``, ``scripted_output_len=None``;
     * aborts: exactly ``floor(abort_fraction * num_requests + 0.5)`` chosen
       requests get ``abort_time = arrival_time + U(0, 0.5)`` s; the rest None;
-    * ``priority`` as in :func:`load_azure` (``random.Random(f"priority:{seed}:{i}")``).
+    * ``priority`` as in :func:`load_azure` (``random.Random(f"priority:{seed}:{i}")``);
+    * encoder inputs (multimodal items): exactly ``floor(mm_fraction *
+      num_requests + 0.5)`` chosen requests get ``mm_items_per_request`` items
+      of ``mm_item_len`` tokens each, inserted into their own tokens (after
+      any shared prefix) at seeded positions, so their prompt grows by
+      ``mm_items_per_request * mm_item_len`` tokens; ``mm_positions`` records
+      where. An item's tokens are its content: with ``mm_distinct_items`` K >
+      0 each item is one of K seeded items (so identical items recur across
+      requests and share encoder-cache entries), with 0 every item is unique.
+      The rest get none (``mm_fraction`` 0, the default, changes nothing).
 
     Each aspect draws from its own string-seeded ``random.Random``, so e.g.
     changing ``eos_fraction`` does not change arrivals or prompts.
@@ -657,11 +728,17 @@ def synthetic(
         priority_levels: >= 1 number of priority levels.
         eos_fraction: share of requests with a scripted EOS, in [0, 1].
         abort_fraction: share of requests aborted after arrival, in [0, 1].
+        mm_fraction: share of requests with encoder inputs, in [0, 1].
+        mm_item_len: tokens (= embeds) per item, >= 1.
+        mm_items_per_request: items per chosen request, >= 1.
+        mm_distinct_items: size of the item pool, >= 0 (0: all unique).
 
     Returns:
         A Workload with ``source="synthetic"``, ``params`` = all the
         arguments above (ranges as 2-element lists, rates/fractions as
-        floats, an infinite rate as the string ``"inf"``) and ``sha256`` =
+        floats, an infinite rate as the string ``"inf"``; the four ``mm_*``
+        keys only when ``mm_fraction`` > 0, so workloads without encoder
+        inputs keep their params and sha256) and ``sha256`` =
         sha256 of ``json.dumps(params, sort_keys=True, separators=(",", ":"))``.
 
     Raises:
@@ -682,6 +759,11 @@ def synthetic(
         raise WorkloadError(f"priority_levels must be an int >= 1, got {priority_levels!r}")
     eos_frac = _check_fraction(eos_fraction, "eos_fraction")
     abort_frac = _check_fraction(abort_fraction, "abort_fraction")
+    mm_frac = _check_fraction(mm_fraction, "mm_fraction")
+    for name, value, low in (("mm_item_len", mm_item_len, 1), ("mm_items_per_request", mm_items_per_request, 1),
+                             ("mm_distinct_items", mm_distinct_items, 0)):
+        if not _is_int(value) or value < low:
+            raise WorkloadError(f"{name} must be an int >= {low}, got {value!r}")
 
     rate = float(arrival_rate)
     params = {
@@ -696,6 +778,9 @@ def synthetic(
         "eos_fraction": eos_frac,
         "abort_fraction": abort_frac,
     }
+    if mm_frac > 0:
+        params.update(mm_fraction=mm_frac, mm_item_len=mm_item_len,
+                      mm_items_per_request=mm_items_per_request, mm_distinct_items=mm_distinct_items)
     canonical = json.dumps(params, sort_keys=True, separators=(",", ":"))
 
     def rng(aspect: str) -> random.Random:
@@ -715,11 +800,19 @@ def synthetic(
     abort_set = _chosen(rng("abort-choice"), n, abort_frac)
     eos_rng = rng("eos-len")
     abort_rng = rng("abort-delay")
+    mm_set = _chosen(rng("mm-choice"), n, mm_frac) if mm_frac > 0 else frozenset()
+    mm_rng = rng("mm-items")
 
     reqs: list[RequestSpec] = []
     for i in range(n):
         plen, max_tokens = lengths[i]
         own = random.Random(f"synthetic:{seed}:prompt:{i}").choices(_PROMPT_TOKENS, k=plen)
+        mm_positions: tuple[tuple[int, int], ...] = ()
+        if i in mm_set:
+            own, mm_positions = _insert_mm_items(own, mm_rng, seed, i, mm_item_len, mm_items_per_request,
+                                                 mm_distinct_items)
+            if i in sharing:
+                mm_positions = tuple((offset + len(prefix), length) for offset, length in mm_positions)
         prompt = prefix + tuple(own) if i in sharing else tuple(own)
         scripted = eos_rng.randint(1, max_tokens) if i in eos_set else None
         abort_time = arrivals[i] + abort_rng.uniform(0.0, _MAX_ABORT_DELAY_S) if i in abort_set else None
@@ -734,6 +827,7 @@ def synthetic(
                 priority=_priority(seed, i, priority_levels),
                 scripted_output_len=scripted,
                 abort_time=abort_time,
+                mm_positions=mm_positions,
             )
         )
     return Workload(

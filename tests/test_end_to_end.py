@@ -120,13 +120,16 @@ def test_mutants_command_prints_kill_matrix() -> None:
     code, out = run("mutants", "--list")
     assert code == 0 and out.split() == list(MUTANTS)
     code, report = run_json("mutants", "--scenario", "fcfs-tight", "--scenario", "priority-tight")
-    # Aborts, prefix sharing, the threshold, drafts and pipelining are exercised
-    # only by other scenarios.
+    # Aborts, prefix sharing, the threshold, drafts, pipelining, the KV
+    # connector and encoder inputs are exercised only by other scenarios.
     assert code == 1
     assert report["survivors"] == ["leak-on-abort", "double-free-shared", "ignore-threshold",
                                    "drafts-on-prefill", "no-draft-rollback", "free-before-fence",
                                    "no-stale-skip", "no-async-max-tokens-guard",
-                                   "ignore-prefill-cadence", "ignore-throttle"]
+                                   "ignore-prefill-cadence", "ignore-throttle", "free-while-loading",
+                                   "cache-before-load", "no-load-reservation", "promote-early",
+                                   "ignore-encoder-budget", "no-encoder-cache-check", "evict-newest-first",
+                                   "no-encoder-give-back"]
     assert report["reference_violations"] == {}
     cell = report["matrix"]["preempt-head"]["cells"]["fcfs-tight"]
     assert (cell["target_hits"], cell["ended"]) == (1, "")

@@ -1,30 +1,40 @@
-"""Issue 7: property-based fuzzing (harness/fuzz.py, `harness fuzz`) and a
-stateful test of the block pool / KV-cache manager."""
+"""Issue 7: property-based fuzzing (harness/fuzz.py, `harness fuzz`, also
+with --workers), the scripted proposer's draft acceptance patterns, and
+stateful tests of the block pool / KV-cache manager and of the scheduler."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis import HealthCheck, Phase, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from harness.cli import main
 from harness.fuzz import FuzzCase, evaluate, fuzz
+from harness.recorder import record
+from harness.trace import open_trace
+from reference.engine import Engine, EngineSummary
+from reference.workload import RequestSpec, Workload
 from reference.config import ConfigError, EngineConfig
 from reference.kv_cache_manager import KVCacheManager
+from reference.model_runner import RequestScript, ScriptedModelRunner
 from reference.mutants import MUTANTS_AND_TARGETS
 from reference.request import Request, RequestStatus, SamplingParams
+from reference.scheduler import Scheduler
 
 REGRESSIONS = Path(__file__).parent / "regressions"
 
-# Mutants the fuzzer finds within 60 examples at seed 0 (all of
-# MUTANTS_AND_TARGETS did within 200 when this was written; these are quick).
-FOUND_QUICKLY = ["leak-on-finish", "leak-on-abort", "budget-overrun", "over-allocate",
-                 "free-unhashed-to-tail", "forget-finished-ids", "no-stop-on-max-tokens",
-                 "ignore-prefill-cadence", "drafts-on-prefill", "hit-evicted-block"]
+# Mutants the fuzzer finds quickly at seed 0: (examples until the first
+# failure, requests in the shrunk witness). Exact: they change only when the
+# strategy (or the mutant) does.
+FOUND_QUICKLY = {"leak-on-finish": (1, 1), "leak-on-abort": (5, 1), "budget-overrun": (1, 1),
+                 "over-allocate": (1, 1), "free-unhashed-to-tail": (3, 2), "forget-finished-ids": (3, 2),
+                 "no-stop-on-max-tokens": (2, 1), "ignore-prefill-cadence": (5, 1),
+                 "drafts-on-prefill": (5, 1), "hit-evicted-block": (3, 5)}
 
 
 def test_reference_survives_fuzzing():
@@ -51,14 +61,14 @@ def test_generated_configs_are_valid_and_small():
     prop()
 
 
-@pytest.mark.parametrize("name", FOUND_QUICKLY)
+@pytest.mark.parametrize("name", sorted(FOUND_QUICKLY))
 def test_fuzz_finds_mutant(name):
     cls, _target = MUTANTS_AND_TARGETS[name]
     result = fuzz(cls, max_examples=60, seed=0)
     assert result.found, f"{name} not found in 60 examples"
     assert result.failure.kind != "reference-violation", result.failure.to_dict()
-    # Shrunk: small witnesses.
-    assert len(result.case.requests) <= 4
+    # Found early and shrunk to a small witness.
+    assert (result.examples, len(result.case.requests)) == FOUND_QUICKLY[name]
     # The minimal case really fails, deterministically.
     assert evaluate(cls, result.case) is not None
 
@@ -87,7 +97,7 @@ def test_cli_writes_replayable_trace(tmp_path):
     # A divergence-only mutant: the trace is the reference's, and replaying it diverges.
     out2 = tmp_path / "out2"
     res = runner.invoke(main, ["fuzz", "--candidate", "mutant:lifo-priority-victim",
-                               "--max-examples", "60", "-o", str(out2)])
+                               "--max-examples", "60", "--seed", "3", "-o", str(out2)])
     assert res.exit_code == 1, res.output
     trace = next(out2.glob("*.parquet"))
     replay = runner.invoke(main, ["replay", str(trace), "--candidate", "mutant:lifo-priority-victim"])
@@ -105,6 +115,10 @@ def test_cli_reference_clean(tmp_path):
     ["--max-examples", "x"],
     ["--candidate", "mutant:no-such-mutant"],
     ["--time-budget", "-1"],
+    ["--workers", "x"],
+    ["--workers", "-1"],
+    ["--workers", "257"],
+    ["--workers", "1.5"],
     [],  # -o missing
 ])
 def test_cli_bad_arguments_exit_2(tmp_path, args):
@@ -284,3 +298,380 @@ def test_fuzz_finding_priority_tie_preemption_livelock():
     failure = evaluate(None, case)
     assert failure is not None and failure.kind == "reference-violation"
     assert set(failure.to_dict()["invariants"]) == {"LIVENESS"}
+
+
+# ----------------------------------------------------------------- stateful: the scheduler
+
+EOS = 2  # the scripted model emits it where a request's script says; never in a prompt
+
+@st.composite
+def _machine_configs(draw) -> EngineConfig:
+    """Small synchronous configs (one batch in flight), 2-token blocks, max_model_len 16,
+    pools of 8 to 11 usable blocks, no full-sequence admission gate."""
+    spec = draw(st.sampled_from([0, 0, 2]))
+    seqs = draw(st.integers(1, 3))
+    return EngineConfig(
+        num_gpu_blocks=draw(st.integers(9, 12)), block_size=2, max_model_len=16, max_num_seqs=seqs,
+        max_num_batched_tokens=draw(st.integers(max(seqs, 1 + spec), 12)),
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
+        enable_prefix_caching=draw(st.booleans()),
+        scheduler_reserve_full_isl=False,  # the admission gate would make preemptions rare
+        num_speculative_tokens=spec,
+        draft_acceptance_pattern=draw(st.sampled_from(["random", "cycle", "none"])),
+        prefill_schedule_interval=draw(st.sampled_from([1, 2])))
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Drives the reference Scheduler directly with the scripted model runner:
+    add requests (shared-prefix families, EOS scripts, priorities), abort them,
+    step (schedule, run, update, propose drafts) with or without the prefill
+    throttle, and checks the scheduler's state after every rule."""
+
+    scheduler_class = Scheduler
+
+    @initialize(config=_machine_configs())
+    def setup(self, config: EngineConfig) -> None:
+        self.config = config
+        self.sched = self.scheduler_class(config)
+        self.runner = ScriptedModelRunner(seed=0)
+        self.counter = 0
+        self.ended = 0             # finished + aborted
+        self.outputs: dict[str, int] = {}  # output tokens seen per live request
+        self.unreported: set[str] = set()  # ended since the last schedule()
+        self.max_tokens: dict[str, int] = {}
+
+    @rule(family=st.integers(0, 1), length=st.integers(1, 15), max_tokens=st.integers(1, 8),
+          priority=st.integers(0, 1), eos_at=st.sampled_from([None, None, 1, 3]))
+    def add(self, family: int, length: int, max_tokens: int, priority: int, eos_at) -> None:
+        rid = f"r{self.counter:06d}"
+        self.counter += 1
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=eos_at is None, eos_token_id=EOS)
+        self.sched.add_request(Request(rid, FAMILIES[family][:length], params, arrival_time=self.counter,
+                                       priority=priority if self.config.policy == "priority" else 0,
+                                       block_size=self.config.block_size))
+        self.runner.add_request(rid, RequestScript(length, eos_at, EOS))
+        self.outputs[rid] = 0
+        self.max_tokens[rid] = max_tokens
+
+    @precondition(lambda self: self.sched.requests)
+    @rule(which=st.integers(0, 15))
+    def abort(self, which: int) -> None:
+        if which >= len(self.sched.requests):  # mostly nothing: aborts would empty the pool
+            return
+        rid = sorted(self.sched.requests)[which]
+        finished = self.sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+        assert [f.request_id for f in finished] == [rid]
+        self.runner.finish(rid)
+        self._ended([rid])
+
+    @precondition(lambda self: self.sched.requests)
+    @rule(throttle=st.booleans())
+    def step(self, throttle: bool) -> None:
+        sched, config = self.sched, self.config
+        num_tokens = {rid: r.num_tokens for rid, r in sched.requests.items()}
+        running_before = [r.request_id for r in sched.running]
+        output = sched.schedule(throttle)
+        victims = [p.request_id for p in output.preemptions]
+        # Only running requests are preempted; FCFS takes them from the running
+        # tail and puts them back at the head of waiting.
+        assert set(victims) <= set(running_before)
+        if config.policy == "fcfs" and victims:
+            assert victims == running_before[::-1][:len(victims)], (victims, running_before)
+            assert [r.request_id for r in sched.waiting][:len(victims)] == victims[::-1]
+        # The worker hears of every request that ended since the last step.
+        assert output.finished_req_ids == self.unreported
+        self.unreported = set()
+        bs = config.block_size
+        for s in output.scheduled:
+            table = sched.kv_cache_manager.get_block_ids(s.request_id)
+            end = s.num_computed_tokens + s.num_scheduled_tokens
+            # Blocks cover the scheduled tokens; admissions get exactly that many.
+            assert len(table) >= -(-end // bs)
+            if s.kind != "running":
+                assert len(table) == -(-end // bs), (s, table)
+            if s.spec_token_ids:  # drafts only on decodes, right after the last token
+                assert end == num_tokens[s.request_id] + len(s.spec_token_ids), s
+        # Only RUNNING requests hold scheduled tokens; budget and seat limits.
+        for rid, n in output.num_scheduled_tokens.items():
+            assert sched.requests[rid].status == RequestStatus.RUNNING, rid
+            assert n >= 1
+        assert output.total_num_scheduled_tokens == sum(output.num_scheduled_tokens.values())
+        assert output.total_num_scheduled_tokens + output.token_budget == config.token_budget
+        assert len(output.num_scheduled_tokens) <= config.max_num_seqs
+        if output.preemptions:  # a step that preempted admits nothing
+            assert all(s.kind == "running" for s in output.scheduled)
+        sampled = self.runner.execute(output)
+        update = sched.update_from_output(output, sampled)
+        for fin in update.finished:
+            assert fin.num_output_tokens <= self.max_tokens[fin.request_id]
+            self.runner.finish(fin.request_id)
+        self._ended([f.request_id for f in update.finished])
+        if config.num_speculative_tokens:
+            done = {f.request_id for f in update.finished}
+            sched.update_draft_token_ids(self.runner.propose_drafts(
+                [s.request_id for s in output.scheduled if s.request_id not in done],
+                config.num_speculative_tokens, config.draft_acceptance_rate,
+                config.draft_acceptance_pattern))
+        for rid, req in sched.requests.items():  # output tokens never disappear
+            assert req.num_output_tokens >= self.outputs[rid]
+            self.outputs[rid] = req.num_output_tokens
+
+    def _ended(self, ids: list[str]) -> None:
+        for rid in ids:
+            del self.outputs[rid]
+        self.ended += len(ids)
+        self.unreported.update(ids)
+
+    @invariant()
+    def block_conservation(self) -> None:
+        pool = self.sched.kv_cache_manager.block_pool
+        held = sum(1 for b in pool.blocks if b.ref_cnt > 0 and not b.is_null)
+        assert pool.get_num_free_blocks() + held == self.config.num_gpu_blocks - 1
+
+    @invariant()
+    def ref_counts_match_live_tables(self) -> None:
+        kv = self.sched.kv_cache_manager
+        owners: dict[int, int] = {}
+        for rid, table in kv.req_to_blocks.items():
+            if table:
+                # Only running requests hold blocks (no connector, no deferred frees).
+                assert rid in self.sched.requests and self.sched.requests[rid].status == RequestStatus.RUNNING
+            for b in table:
+                owners[b.block_id] = owners.get(b.block_id, 0) + 1
+        for b in kv.block_pool.blocks:
+            if not b.is_null:
+                assert b.ref_cnt == owners.get(b.block_id, 0), b
+
+    @invariant()
+    def queues_partition_the_live_requests(self) -> None:
+        sched = self.sched
+        running = [r.request_id for r in sched.running]
+        waiting = [r.request_id for r in sched.waiting]
+        assert len(set(running)) == len(running) and len(set(waiting)) == len(waiting)
+        assert not set(running) & set(waiting)
+        assert set(running) | set(waiting) == set(sched.requests) == set(self.outputs)
+        assert not list(sched.kv_holding_waiting)
+        assert len(running) <= self.config.max_num_seqs
+        assert sched.get_num_unfinished_requests() == self.counter - self.ended
+        for r in sched.running:
+            assert r.status == RequestStatus.RUNNING
+            # Synchronous: every computed token has a slot, and nothing is computed past the tokens.
+            assert r.num_computed_tokens <= r.num_tokens
+            assert len(sched.kv_cache_manager.get_block_ids(r.request_id)) * self.config.block_size \
+                >= r.num_computed_tokens
+        for r in sched.waiting:
+            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+            assert r.num_computed_tokens == 0 and not r.spec_token_ids
+        for r in sched.requests.values():  # stop rules: nothing past max_tokens / max_model_len
+            assert r.num_output_tokens <= r.sampling_params.max_tokens
+            assert r.num_tokens <= self.config.max_model_len
+            if r.spec_token_ids:  # drafts only for decodes (all tokens but the last computed)
+                assert r.num_computed_tokens == r.num_tokens - 1, r.request_id
+
+    @invariant()
+    def cached_blocks_hold_their_own_prefix(self) -> None:
+        kv = self.sched.kv_cache_manager
+        for rid, req in self.sched.requests.items():
+            table = kv.req_to_blocks.get(rid, [])
+            for i in range(kv.num_cached_block.get(rid, 0)):
+                assert table[i].block_hash == req.block_hashes[i], (rid, i)
+
+
+SchedulerMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=50, deadline=None,
+                                              database=None, derandomize=True,
+                                              suppress_health_check=list(HealthCheck))
+TestSchedulerStateful = SchedulerMachine.TestCase
+
+# Mutants the machine catches without shrinking (the synchronous ones it
+# misses break rules it does not check: free-queue order, prefill cadence and
+# throttle, the long-prefill threshold, PRIORITY victim choice; the trace
+# checker does).
+MACHINE_CATCHES = ["admission-preempts", "admit-after-preempt", "budget-overrun", "double-free-shared",
+                   "drafts-on-prefill", "forget-finished-ids", "hit-evicted-block", "ignore-max-num-seqs",
+                   "leak-on-abort", "leak-on-finish", "no-draft-rollback", "no-give-back",
+                   "no-stop-on-max-tokens", "over-allocate", "preempt-head", "preempt-keeps-block",
+                   "preempt-waiting", "reuse-held-block", "reverse-running-order"]
+
+
+@pytest.mark.parametrize("name", MACHINE_CATCHES)
+def test_scheduler_machine_catches_mutant(name):
+    machine = type(f"Machine_{name}", (SchedulerMachine,),
+                   {"scheduler_class": MUTANTS_AND_TARGETS[name][0]})
+    machine.TestCase.settings = settings(
+        max_examples=100, stateful_step_count=50, deadline=None, database=None, derandomize=True,
+        suppress_health_check=list(HealthCheck), phases=[Phase.generate], report_multiple_bugs=False)
+    with pytest.raises(AssertionError):
+        machine.TestCase().runTest()
+
+
+# ----------------------------------------------------------------- draft acceptance patterns
+
+def _pattern_run(pattern: str) -> tuple[EngineSummary, list[int], list[int]]:
+    """One 8-token prompt, 12 output tokens, 3 drafts per step, a roomy pool:
+    the summary, the rejected drafts of each verifying step, the output tokens."""
+    spec = RequestSpec("r000000", 0.0, tuple(range(100, 108)), max_tokens=12, ignore_eos=True)
+    config = EngineConfig(num_gpu_blocks=17, block_size=4, max_model_len=64, max_num_seqs=4,
+                          max_num_batched_tokens=64, num_speculative_tokens=3,
+                          draft_acceptance_pattern=pattern)
+    rejected: list[int] = []
+    tokens: list[int] = []
+
+    def on_step(rec) -> None:
+        if rec.update is not None:
+            if rec.update.num_draft_tokens:
+                assert rec.update.num_draft_tokens == 3
+                rejected.append(rec.update.num_rejected_draft_tokens)
+            tokens.extend(rec.update.new_token_ids.get("r000000", []))
+    workload = Workload(source="test", sha256="0" * 64, params={}, requests=(spec,))
+    return Engine(config, seed=0).run(workload, on_step=on_step), rejected, tokens
+
+
+# pattern: steps, draft tokens, rejected drafts, rejected per verifying step.
+# The prefill step samples token 1; each verifying step adds its accepted
+# drafts plus one token, until 12 (a step's tokens past max_tokens are cut).
+PATTERN_COUNTS = {
+    "random": (7, 18, 13, [3, 3, 3, 3, 1, 0]),   # draft_acceptance_rate 0.7, seed 0
+    "all": (4, 9, 0, [0, 0, 0]),                  # 1 + 4 + 4 + 4 (3 cut)
+    "none": (12, 33, 33, [3] * 11),               # 1 + 11 x 1
+    "prefix-0": (12, 33, 33, [3] * 11),           # = none
+    "prefix-1": (7, 18, 12, [2] * 6),             # 1 + 6 x 2 (1 cut)
+    "prefix-2": (5, 12, 4, [1] * 4),              # 1 + 4 x 3 (1 cut)
+    "prefix-3": (4, 9, 0, [0, 0, 0]),             # = all
+    "prefix-7": (4, 9, 0, [0, 0, 0]),             # more than the drafts: all
+    "cycle": (6, 15, 9, [3, 2, 1, 0, 3]),         # rejection at draft 0, 1, 2, none, 0
+}
+
+
+@pytest.mark.parametrize("pattern", sorted(PATTERN_COUNTS))
+def test_draft_acceptance_pattern_exact_counts(pattern):
+    steps, drafts, rejected, per_step = PATTERN_COUNTS[pattern]
+    summary, got_per_step, tokens = _pattern_run(pattern)
+    assert (summary.steps, summary.draft_tokens, summary.rejected_draft_tokens) == (steps, drafts, rejected)
+    assert got_per_step == per_step
+    assert summary.finished == 1
+    # Drafts change how fast tokens come, never which: the scripted model's 12.
+    assert tokens == _pattern_run("all")[2] and len(tokens) == 12
+
+
+def test_draft_acceptance_pattern_validated_and_recorded(tmp_path):
+    with pytest.raises(ConfigError, match=r"draft_acceptance_pattern must be one of random, all, none, "
+                                          r"prefix-N, cycle .* got 'prefix-x'"):
+        EngineConfig(draft_acceptance_pattern="prefix-x")
+    for bad in ("Random", "prefix-", "prefix--1", "prefix-01", "", 3, None):
+        with pytest.raises(ConfigError, match="draft_acceptance_pattern"):
+            EngineConfig(draft_acceptance_pattern=bad)
+    assert EngineConfig().with_overrides({"draft_acceptance_pattern": "prefix-2"}).draft_acceptance_pattern \
+        == "prefix-2"
+    # The default is left out of the serialised config: traces recorded
+    # before the key existed keep their fingerprint, a missing key means "random".
+    default = EngineConfig()
+    assert "draft_acceptance_pattern" not in default.to_dict()
+    assert EngineConfig.from_dict(default.to_dict()) == default
+    cycle = EngineConfig(num_speculative_tokens=2, draft_acceptance_pattern="cycle")
+    assert cycle.to_dict()["draft_acceptance_pattern"] == "cycle"
+    assert cycle.fingerprint() != dataclasses.replace(cycle, draft_acceptance_pattern="random").fingerprint()
+    # Recorded in the trace metadata, and the trace replays identically.
+    path = tmp_path / "cycle.parquet"
+    spec = RequestSpec("r000000", 0.0, tuple(range(100, 108)), max_tokens=12, ignore_eos=True)
+    config = EngineConfig(num_gpu_blocks=17, block_size=4, max_model_len=64, max_num_seqs=4,
+                          max_num_batched_tokens=64, num_speculative_tokens=3, draft_acceptance_pattern="cycle")
+    record(Workload(source="test", sha256="0" * 64, params={}, requests=(spec,)), config, path)
+    trace = open_trace(path)
+    assert trace.meta["config"]["draft_acceptance_pattern"] == "cycle" and trace.config == config
+    res = CliRunner().invoke(main, ["replay", str(path)])
+    assert res.exit_code == 0 and "conformant" in res.output, res.output
+
+
+def test_fuzz_strategy_generates_every_draft_pattern():
+    from harness.fuzz import DRAFT_BEHAVIOURS, fuzz_cases
+
+    seen: set[str] = set()
+
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @__import__("hypothesis").given(fuzz_cases())
+    def prop(case: FuzzCase) -> None:
+        c = case.config
+        if c["num_speculative_tokens"]:
+            seen.add(c["draft_acceptance_pattern"])
+        else:
+            assert c["draft_acceptance_pattern"] == "random"
+
+    prop()
+    assert seen == {p for _, p in DRAFT_BEHAVIOURS} == {"random", "cycle", "prefix-1", "prefix-2"}
+
+
+# ----------------------------------------------------------------- parallel fuzzing
+
+def test_worker_seeds_and_example_shares():
+    from harness.fuzz import split_examples, worker_seed
+
+    assert worker_seed(0, 0) == 0 and worker_seed(7, 0) == 7  # worker 0: the run's own seed
+    assert worker_seed(0, 1) == 2430097083777867444
+    assert len({worker_seed(5, i) for i in range(64)}) == 64
+    assert split_examples(200, 3) == [67, 67, 66]
+    assert split_examples(40, 2) == [20, 20]
+    assert split_examples(2, 4) == [1, 1]  # never more workers than examples
+    with pytest.raises(ValueError):
+        split_examples(0, 2)
+
+
+def test_one_worker_is_the_plain_in_process_fuzz():
+    from harness.fuzz import WorkerProgress, fuzz_parallel
+
+    states = []
+    result = fuzz_parallel("mutant:leak-on-finish", workers=1, max_examples=50, seed=0,
+                           on_progress=states.append)
+    plain = fuzz(MUTANTS_AND_TARGETS["leak-on-finish"][0], max_examples=50, seed=0)
+    assert [w.worker for w in result.workers] == [0] and result.workers[0].seed == 0
+    assert result.workers[0].result.case == plain.case and result.examples == plain.examples == 1
+    assert states[-1] == [WorkerProgress(examples=1, share=50, shrinking=True, done=True)]
+    with pytest.raises(ValueError, match="workers must be an integer in 1..256"):
+        fuzz_parallel("reference", workers=0)
+
+
+def test_cli_workers_2_finds_mutant_writes_each_witness_deterministically(tmp_path):
+    """Two spawned workers (seeds 0 and worker_seed(0, 1), 20 examples each)
+    both find the mutant and shrink to different scenarios; both are written,
+    and the API run with the same arguments finds the same two."""
+    from harness.fuzz import fuzz_parallel
+
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["fuzz", "--candidate", "mutant:drafts-on-prefill", "--workers", "2",
+                                    "--max-examples", "40", "--seed", "0", "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "on 2 workers" in res.output and "FOUND by 2 of 2 workers, 2 distinct" in res.output
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [f"fuzz-mutant-drafts-on-prefill-seed0-worker{i}of2.{ext}"
+                     for i in (0, 1) for ext in ("json", "parquet")]
+    infos = [json.loads((out / f"fuzz-mutant-drafts-on-prefill-seed0-worker{i}of2.json").read_text())
+             for i in (0, 1)]
+    assert [(i["worker"], i["workers"], i["worker_max_examples"], i["found_by_workers"]) for i in infos] \
+        == [(0, 2, 20, [0]), (1, 2, 20, [1])]
+    assert [i["worker_seed"] for i in infos] == [0, 2430097083777867444]
+    assert [(i["examples_before_failure"], i["num_requests"]) for i in infos] == [(4, 1), (3, 2)]
+    assert all(i["replay_command"] in res.output for i in infos)
+    assert "smallest: worker 0" in res.output  # 1 request against 2
+    # Same seed, same result: the API run, in new processes, finds the same cases.
+    again = fuzz_parallel("mutant:drafts-on-prefill", workers=2, max_examples=40, seed=0)
+    assert [w.result.case for w in again.workers] == [FuzzCase.from_dict(i["scenario"]) for i in infos]
+    assert [w.result.examples for w in again.workers] == [4, 3] and again.smallest().worker == 0
+    # A witness replays as a failure.
+    replay = CliRunner().invoke(main, ["replay", infos[1]["trace"], "--candidate", "mutant:drafts-on-prefill"])
+    assert replay.exit_code == 1, replay.output
+
+
+def test_cli_workers_2_reference_clean(tmp_path):
+    res = CliRunner().invoke(main, ["fuzz", "--workers", "2", "--max-examples", "20", "-o", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "fuzzed reference: 20 examples on 2 workers" in res.output and "nothing found" in res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_workers_auto_means_every_available_cpu():
+    from harness.cli import _Workers
+    from harness.fuzz import MAX_WORKERS, available_cpus
+
+    assert _Workers().convert("auto", None, None) == _Workers().convert("0", None, None) \
+        == min(available_cpus(), MAX_WORKERS)
+    assert _Workers().convert("3", None, None) == 3

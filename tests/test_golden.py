@@ -39,11 +39,13 @@ EXPECTED = {
     "spec-decode": (127, 40, 40, 5, 176),
     "spec-decode-priority": (134, 40, 40, 8, 188),
     "async-tight": (212, 50, 50, 8, 196),
-    "pipeline-3": (525, 40, 40, 3, 40),
+    "pipeline-3": (530, 40, 40, 4, 80),
     "async-pipeline-3": (183, 40, 40, 15, 88),
     "deferred-frees": (213, 50, 47, 3, 104),
     "prefill-cadence": (193, 40, 40, 0, 0),
     "dp2-throttle": (210, 60, 60, 2, 44),
+    "kv-connector": (74, 40, 25, 1, 184),
+    "encoder-inputs": (485, 60, 60, 105, 872),
 }
 
 

@@ -237,6 +237,351 @@ def test_known_finding_padded_spec_decode_with_small_threshold_crashes_vllm(vllm
     gc.collect()
 
 
+# -- pipelining, async scheduling, deferred frees, prefill gating, DP ---------------
+
+def _rows(trace_path: Path) -> list[dict]:
+    return [row for _, rows in open_trace(trace_path).iter_steps() for row in rows]
+
+
+def _batch_lag(rows: list[dict]) -> int:
+    """The largest (step - batch_step) of an update: batches in flight - 1."""
+    return max((r["step"] - r["batch_step"] for r in rows if r["kind"] == "update_begin"), default=0)
+
+
+# Each newly driven feature: a golden scenario, and what its trace must show
+# for the comparison to mean anything (the feature really ran).
+FEATURES = {
+    # AsyncScheduler: the next decode is scheduled before the previous output
+    # returns; preemptions with output in flight (stale output delivered).
+    "async-tight": lambda rows: _batch_lag(rows) == 1 and any(r["kind"] == "preempt" for r in rows),
+    # Three batches in flight, plain Scheduler (pipeline-parallel-like).
+    "pipeline-3": lambda rows: _batch_lag(rows) == 2,
+    # Async with three batches in flight: resumes skipped while stale output is in flight.
+    "async-pipeline-3": lambda rows: _batch_lag(rows) == 2 and any(
+        r["kind"] == "skip" and r["message"] == "stale output in flight" for r in rows),
+    # Deferred, fenced frees (finishes and aborts in flight), drained FIFO.
+    "deferred-frees": lambda rows: any(r["kind"] == "free_drain" for r in rows) and any(
+        r["kind"] == "abort" and r["fence"] is not None for r in rows),
+    # Two DP ranks, each its own vLLM scheduler; the coordinator throttles prefills.
+    "dp2-throttle": lambda rows: {r["rank"] for r in rows} == {0, 1} and any(
+        r["kind"] == "schedule_end" and r["defer_prefills"] and r["rank"] == 1 for r in rows),
+    # The local prefill cadence (prefill_schedule_interval, no DP).
+    "prefill-cadence": lambda rows: any(r["kind"] == "schedule_end" and r["defer_prefills"]
+                                        for r in rows),
+}
+
+
+@vllm
+@needs_vllm
+@pytest.mark.parametrize("name", sorted(FEATURES))
+def test_pipelined_and_gated_scenarios_replay_identically_on_vllm(vllm_env, tmp_path, name):
+    """vLLM 0.33.0 driven with several batches in flight (AsyncScheduler or
+    Scheduler), deferred frees, prefill gating and DP ranks takes the
+    reference's decisions on every step, and the trace shows the feature."""
+    from harness.replay import replay
+
+    trace = _record(tmp_path, name, "reference")
+    assert FEATURES[name](_rows(trace)), f"{name} does not exercise its feature"
+    divergence, steps = replay(open_trace(trace), resolve_candidate(SPEC))
+    gc.collect()
+    assert divergence is None, divergence.to_dict()
+    assert steps == open_trace(trace).summary["steps"] > 0
+
+
+@vllm
+@needs_vllm
+@pytest.mark.parametrize("name", ["deferred-frees", "async-pipeline-3"])
+def test_vllm_recorded_pipelined_trace_passes_check_and_diffs_equal(vllm_env, tmp_path, name):
+    """Recorded by vLLM itself: every invariant holds (fenced frees, stale
+    output, placeholders) and the decisions equal the reference's."""
+    real = _record(tmp_path, name, SPEC)
+    tr = open_trace(real)
+    result = check_steps(tr.meta["config"], tr.iter_steps())
+    assert result.ok, result.by_invariant
+    assert FEATURES[name](_rows(real))
+    ref = _record(tmp_path, name, "reference")
+    diff = CliRunner().invoke(main, ["diff", str(ref), str(real), "--json"])
+    payload = json.loads(diff.output)
+    assert diff.exit_code == 0 and payload["same"], payload["first_divergence"]
+
+
+@vllm
+@needs_vllm
+def test_driver_builds_the_scheduler_each_feature_needs(vllm_env):
+    from harness.vllm_candidate import VLLMCandidate
+
+    def info(name: str, **over) -> dict:
+        candidate = VLLMCandidate(EngineConfig(**{**SCENARIOS[name].config, **over}), VERSION)
+        candidate.snapshot()  # starts (or reuses) the driver
+        try:
+            return dict(candidate.info, pid=candidate.pid)
+        finally:
+            candidate.close()
+
+    # Async scheduling: vLLM's AsyncScheduler, built directly (the CPU platform
+    # turns SchedulerConfig.async_scheduling off).
+    deferred = info("deferred-frees")
+    assert deferred["scheduler_class"] == "AsyncScheduler"
+    assert deferred["defer_block_free"] is True and deferred["max_concurrent_batches"] == 2
+    assert info("async-tight")["defer_block_free"] is False  # no KV consumer: vLLM frees at once
+    pipeline = info("pipeline-3")
+    assert (pipeline["scheduler_class"], pipeline["max_concurrent_batches"]) == ("Scheduler", 3)
+    # The local prefill cadence applies without DP, and is off on a DP rank
+    # (the coordinator's throttle_prefills drives it there).
+    assert info("prefill-cadence")["local_prefill_interval"] == 3
+    assert info("dp2-throttle")["local_prefill_interval"] == 1
+
+
+@vllm
+@needs_vllm
+def test_dp_ranks_are_separate_vllm_schedulers(vllm_env):
+    """One candidate, hence one driver process and one vLLM Scheduler, per rank."""
+    config = SCENARIOS["dp2-throttle"].engine_config()
+    engine = Engine(config, candidate_factory=resolve_candidate(SPEC))
+    summary = engine.run(SCENARIOS["dp2-throttle"].make_workload())
+    pids = [c.pid for c in engine.schedulers]
+    assert len(pids) == 2 and None not in pids and pids[0] != pids[1]
+    assert summary.finished == summary.requests - summary.rejected - summary.aborted
+    for candidate in engine.schedulers:
+        candidate.close()
+
+
+@vllm
+@needs_vllm
+def test_batches_in_flight_are_updated_oldest_first(vllm_env):
+    from harness.vllm_candidate import VLLMCandidate, VLLMDriverError
+    from reference.request import Request, SamplingParams
+
+    config = EngineConfig(num_gpu_blocks=50, block_size=4, max_model_len=96, max_num_seqs=4,
+                          max_num_batched_tokens=64, async_scheduling=True,
+                          max_concurrent_batches=2)
+    candidate = VLLMCandidate(config, VERSION)
+    candidate.add_request(Request("r0", list(range(100, 110)), SamplingParams(max_tokens=5),
+                                  arrival_time=0.0, block_size=4))
+    first = candidate.schedule()
+    second = candidate.schedule()  # the decode, scheduled on a placeholder
+    assert first.num_scheduled_tokens == {"r0": 10} and second.num_scheduled_tokens == {"r0": 1}
+    with pytest.raises(VLLMDriverError, match="oldest schedule"):
+        candidate.update_from_output(second, {"r0": [7]})
+    with pytest.raises(VLLMDriverError, match=r"'schedule' with 2 batches in flight"):
+        candidate._call("schedule")  # the driver's own guard: max_concurrent_batches
+    assert candidate.update_from_output(first, {"r0": [7]}).new_token_ids == {"r0": [7]}
+    assert candidate.update_from_output(second, {"r0": [8]}).new_token_ids == {"r0": [8]}
+    candidate.close()
+
+
+# -- KV connector (async KV loads) -------------------------------------------------
+
+def _kv_rows_show_the_connector(rows: list[dict], policy: str) -> bool:
+    """The trace really loads, promotes, fails loads and frees after a
+    transfer; under the fail policy a failed load finishes with an error."""
+    kinds = {r["kind"] for r in rows}
+    if not {"kv_load", "kv_promote", "kv_invalid", "kv_finished", "kv_free"} <= kinds:
+        return False
+    if not any(r["kind"] == "skip" and r["message"] == "waiting for remote KV" for r in rows):
+        return False
+    errors = [r for r in rows if r["kind"] == "finish" and r["status"] == "FINISHED_ERROR"]
+    if policy == "fail":
+        return bool(errors)
+    return not errors and any(r["kind"] == "kv_promote" and r["message"] == "load failed"
+                              for r in rows)
+
+
+def _record_config(tmp_path: Path, name: str, config: EngineConfig, engine: str = "reference",
+                   tag: str = "") -> Path:
+    scenario = SCENARIOS[name]
+    path = tmp_path / f"{name}{tag}.{engine.split('@')[0]}.parquet"
+    record(scenario.make_workload(), config, path, seed=scenario.seed, engine=engine,
+           candidate_factory=resolve_candidate(engine))
+    gc.collect()
+    return path
+
+
+# The kv-connector scenario (async loads over 3 steps, 25% failed loads,
+# aborts while loading), with each failure policy, and with async scheduling
+# and deferred frees (which vLLM's own KV-consumer gate turns on).
+KV_VARIANTS = {
+    "recompute": {},
+    "fail": {"kv_load_failure_policy": "fail"},
+    "async-deferred": {"async_scheduling": True, "max_concurrent_batches": 2,
+                       "defer_block_free": True},
+    "async-deferred-fail": {"async_scheduling": True, "max_concurrent_batches": 2,
+                            "defer_block_free": True, "kv_load_failure_policy": "fail"},
+}
+
+
+@vllm
+@needs_vllm
+@pytest.mark.parametrize("variant", sorted(KV_VARIANTS))
+def test_kv_connector_scenario_replays_identically_on_vllm(vllm_env, tmp_path, variant):
+    """vLLM 0.33.0 with the harness's connector stand-in takes the reference's
+    decisions on every step: async-load admissions (local hit, external
+    tokens, block table, reserved blocks), waiting-for-remote-KV skips,
+    promotions (status, computed tokens, freed blocks), failed blocks,
+    transfers done, frees of requests aborted while loading (with fences),
+    and FINISHED_ERROR finishes under the fail policy."""
+    from harness.replay import replay
+
+    overrides = KV_VARIANTS[variant]
+    config = EngineConfig(**{**SCENARIOS["kv-connector"].config, **overrides})
+    trace = _record_config(tmp_path, "kv-connector", config, tag=f"-{variant}")
+    rows = _rows(trace)
+    assert _kv_rows_show_the_connector(rows, config.kv_load_failure_policy), variant
+    assert any(r["kind"] == "abort" for r in rows)
+    if config.defer_block_free:
+        assert any(r["kind"] == "free_drain" for r in rows)
+    divergence, steps = replay(open_trace(trace), resolve_candidate(SPEC))
+    gc.collect()
+    assert divergence is None, divergence.to_dict()
+    assert steps == open_trace(trace).summary["steps"] > 0
+
+
+@vllm
+@needs_vllm
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_vllm_recorded_kv_connector_trace_passes_check_and_diffs_equal(vllm_env, tmp_path, policy):
+    """Recorded by vLLM itself (its loads fed by the harness's simulated
+    worker): every invariant holds and the trace equals the reference's."""
+    config = EngineConfig(**{**SCENARIOS["kv-connector"].config, "kv_load_failure_policy": policy})
+    real = _record_config(tmp_path, "kv-connector", config, SPEC)
+    tr = open_trace(real)
+    result = check_steps(tr.meta["config"], tr.iter_steps())
+    assert result.ok, result.by_invariant
+    assert result.remote_kv_loads > 0 and result.failed_kv_loads > 0
+    assert _kv_rows_show_the_connector(_rows(real), policy)
+    ref = _record_config(tmp_path, "kv-connector", config)
+    diff = CliRunner().invoke(main, ["diff", str(ref), str(real), "--json"])
+    payload = json.loads(diff.output)
+    assert diff.exit_code == 0 and payload["same"], payload["first_divergence"]
+
+
+@vllm
+@needs_vllm
+def test_driver_configures_the_kv_connector_stand_in(vllm_env):
+    """vLLM builds the stand-in from KVTransferConfig (KV consumer), takes the
+    failure policy, and turns defer_block_free on by itself with two batches
+    of the AsyncScheduler in flight; with three batches of the plain
+    Scheduler (VllmConfig.max_concurrent_batches reads 1 there) the driver
+    sets it."""
+    from harness.vllm_candidate import VLLMCandidate
+
+    def info(**over) -> dict:
+        config = EngineConfig(**{**SCENARIOS["kv-connector"].config, **over})
+        candidate = VLLMCandidate(config, VERSION)
+        candidate.snapshot()
+        try:
+            return dict(candidate.info)
+        finally:
+            candidate.close()
+
+    plain = info()
+    assert plain["kv_connector"] == "HarnessKVStoreConnector"
+    assert plain["recompute_kv_load_failures"] is True and plain["defer_block_free"] is False
+    assert info(kv_load_failure_policy="fail")["recompute_kv_load_failures"] is False
+    async_ = info(async_scheduling=True, max_concurrent_batches=2, defer_block_free=True)
+    assert (async_["scheduler_class"], async_["defer_block_free"],
+            async_["defer_block_free_by_vllm"]) == ("AsyncScheduler", True, True)
+    pipelined = info(max_concurrent_batches=3, defer_block_free=True)
+    assert (pipelined["defer_block_free"], pipelined["defer_block_free_by_vllm"]) == (True, False)
+
+
+@vllm
+@needs_vllm
+def test_kv_connector_is_refused_where_it_cannot_be_driven(vllm_env):
+    """One-line refusals: KV-connector output without the connector, and a
+    vLLM version without 0.33.0's connector plumbing (kv_holding_waiting)."""
+    from harness.vllm_candidate import VLLMCandidate, VLLMDriverError
+    from harness.vllm_env import is_ready
+
+    candidate = VLLMCandidate(EngineConfig(), VERSION)
+    candidate._call("schedule")
+    with pytest.raises(VLLMDriverError, match=r"raised during 'update': DriverError: KV connector "
+                                              r"output sent with kv_connector off"):
+        candidate._call("update", sampled={}, kv={"finished_recving": ["x"]})
+    candidate.close()
+    if not is_ready("0.29.0"):
+        pytest.skip("no vLLM 0.29.0 env (`harness vllm-env 0.29.0`)")
+    old = VLLMCandidate(EngineConfig(kv_connector=True), "0.29.0")
+    with pytest.raises(VLLMDriverError) as info:
+        old.snapshot()
+    message = str(info.value)
+    assert "\n" not in message and message.endswith(
+        "vLLM 0.29.0's Scheduler has no kv_holding_waiting: async KV loads cannot be driven")
+    old.close()
+
+
+def _one_request(prompt: tuple[int, ...], max_tokens: int) -> Workload:
+    return Workload(source="synthetic", sha256="0" * 64, params={},
+                    requests=(RequestSpec("r0", 0.0, prompt, max_tokens=max_tokens),))
+
+
+# Liveness findings in vLLM 0.33.0's async-load path (the reference mirrors
+# each; the same request without the connector finishes in one or two steps).
+KV_WEDGES = {
+    # A load fails with nothing valid: the promotion frees every block, but
+    # the request stays in _inflight_prefills, so its retry's reserved_blocks
+    # ("for *other* in-flight sequences", allocate_slots' docstring) count its
+    # own whole sequence: 10 blocks reserved + 1 to load > 10 free. The retry
+    # breaks the waiting loop at the head of kv_holding_waiting every step.
+    "failed-load-retry-reserves-itself": (
+        dict(num_gpu_blocks=11, block_size=4, max_model_len=40, max_num_seqs=2,
+             max_num_batched_tokens=64, kv_connector=True, kv_store_fraction=0.5,
+             kv_load_failure_rate=1.0),
+        tuple(range(400, 439)), 1, "nothing scheduled"),
+    # The load reserves its own first spec-decode step (1 + K = 4 tokens, 2
+    # blocks), although max_model_len caps that step: 13 + 2 > 14 free, while
+    # a local prefill of the same request fits. It never loads, never runs.
+    "load-reserves-capped-spec-step": (
+        dict(num_gpu_blocks=15, block_size=2, max_model_len=28, max_num_seqs=2,
+             max_num_batched_tokens=43, num_speculative_tokens=3, kv_connector=True,
+             kv_store_fraction=1.0),
+        tuple(range(100, 126)), 2, "nothing scheduled"),
+    # A 1-token prompt held by the store (block_size 1): promotion sets
+    # num_computed_tokens = num_tokens - 1 = 0, which the waiting loop takes
+    # for a fresh request: prefix lookup, the store offers the token again,
+    # a new load, forever.
+    "one-token-prompt-reloads-forever": (
+        dict(num_gpu_blocks=10, block_size=1, max_model_len=8, max_num_seqs=2,
+             max_num_batched_tokens=16, kv_connector=True, kv_store_fraction=1.0),
+        (100,), 2, "livelock"),
+}
+
+
+@vllm
+@needs_vllm
+@pytest.mark.parametrize("name", sorted(KV_WEDGES))
+def test_known_finding_async_kv_load_wedges_vllm(vllm_env, tmp_path, name):
+    """Found by replaying generated KV-connector configs on vLLM 0.33.0:
+    three ways its async-load path stops a request forever. The reference
+    and real vLLM take identical decisions until the harness's stall or
+    livelock detector ends the run; the checker reports LIVENESS (and, for
+    the two wedges, IDLE-ADMISSION)."""
+    from harness.replay import replay
+
+    fields, prompt, max_tokens, stall = KV_WEDGES[name]
+    workload = _one_request(prompt, max_tokens)
+    local = Engine(EngineConfig(**{**fields, "kv_connector": False})).run(workload)
+    assert local.finished == 1 and local.steps <= 3
+    path = tmp_path / f"{name}.parquet"
+    summary = record(workload, EngineConfig(**fields), path)
+    assert summary.stalled is not None and stall in summary.stalled
+    trace = open_trace(path)
+    invariants = set(check_steps(trace.meta["config"], trace.iter_steps()).by_invariant)
+    assert "LIVENESS" in invariants
+    rows = _rows(path)
+    loads = [r for r in rows if r["kind"] == "kv_load"]
+    if name == "one-token-prompt-reloads-forever":
+        assert len(loads) > 100
+    else:
+        # A request that fits an empty engine is never admitted.
+        assert "IDLE-ADMISSION" in invariants
+        assert len(loads) <= 1 and not any(r["kind"] == "schedule" for r in rows)
+    divergence, steps = replay(trace, resolve_candidate(SPEC))
+    gc.collect()
+    assert divergence is None, divergence.to_dict()
+    assert steps == summary.steps
+
+
 @vllm
 @needs_vllm
 def test_vllm_env_command_is_idempotent(vllm_env):
@@ -278,6 +623,23 @@ def test_driver_is_standalone(name):
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             roots.add(node.module.split(".")[0])
     assert not roots - set(sys.stdlib_module_names) - {"vllm", "torch", "vllm_events"}, roots
+
+
+def test_driver_store_matches_the_reference_store():
+    """The driver's copy of held_prefix_tokens (it cannot import the
+    reference) answers as the reference's on every prompt."""
+    import random
+
+    from harness import vllm_events
+    from reference.kv_connector import held_prefix_tokens
+
+    rng = random.Random(7)
+    for _ in range(300):
+        block_size = rng.choice([1, 2, 4, 16])
+        prompt = [rng.randrange(50000) for _ in range(rng.randrange(0, 70))]
+        fraction = rng.choice([0.0, 0.3, 0.8, 0.98, 1.0])
+        assert vllm_events.held_prefix_tokens(prompt, block_size, fraction) == \
+            held_prefix_tokens(prompt, block_size, fraction)
 
 
 def test_pins_are_one_exact_pin_per_line():
