@@ -604,7 +604,10 @@ def _map_config(meta_rec: dict, engine_config_cls) -> tuple[dict, dict]:
     """(values for EngineConfig, unmapped captured values). Names are vLLM's:
     a recorded value under our name wins, then ``scheduler_config.NAME``, then
     ``cache_config.NAME``; fields with no vLLM counterpart keep their default."""
-    fields = {f.name for f in dataclasses.fields(engine_config_cls)}
+    # Text-only recordings (requests with encoder inputs are refused): vLLM's
+    # encoder budget keys have no effect there and stay unmapped.
+    fields = {f.name for f in dataclasses.fields(engine_config_cls)} - {
+        "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input"}
     recorded = meta_rec.get("config", {})
     raw = meta_rec.get("vllm_config", {})
     values = {}
