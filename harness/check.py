@@ -779,9 +779,10 @@ class TraceChecker(EncoderChecks):
         if self.enc_active:
             self._enc_on_schedule_end(ev, st)
         self._conservation("schedule_end", ev["num_free_blocks"])
-        # (Blocks still behind a deferred-free fence may legitimately block it.)
+        # (Blocks still behind a deferred-free fence, or held by the load of a
+        # request finished while loading, may legitimately block it.)
         if (not st.running_before and st.waiting_before and not st.preempted and not st.admitted
-                and not st.skipped and not self.deferred):
+                and not st.skipped and not self.deferred and not self.kv_abandoned):
             self._violate("IDLE-ADMISSION", st.waiting_before[0],
                           f"nothing running, {len(st.waiting_before)} waiting, and nothing admitted: "
                           f"a request that fits an empty engine must be admitted")
@@ -874,7 +875,9 @@ class TraceChecker(EncoderChecks):
             self._violate("REMOTE-KV-LOADING", rid,
                           f"started a load for a request with status {req.status}, "
                           f"{req.num_computed_tokens} computed tokens and blocks {req.blocks}")
-            self._release_all(req, req.blocks[::-1], "finish")
+        # A request that still holds blocks keeps them (its table only
+        # grows), so the shadow pool stays in step after the witness.
+        held = len(req.blocks) if list(ev["block_ids"] or [])[:len(req.blocks)] == req.blocks else 0
         if ext <= 0 or hit + ext > req.num_tokens:
             self._violate("REMOTE-KV-LOADING", rid,
                           f"loads {ext} external tokens after a {hit}-token hit of {req.num_tokens} tokens")
@@ -905,7 +908,7 @@ class TraceChecker(EncoderChecks):
             self._violate("REMOTE-KV-RESERVATION", rid,
                           f"reserved {ev['reserved_blocks']} blocks, but in-flight prefills "
                           f"{list(self.inflight)} still need {reserved}")
-        for i, block in enumerate(block_ids):
+        for i, block in enumerate(block_ids[held:], held):
             self._acquire(req, block, as_hit=i < n_hit)
         if len(req.blocks) != _cdiv(hit + ext, self.bs):
             self._violate("BLOCKS-COVER", rid,
@@ -980,6 +983,11 @@ class TraceChecker(EncoderChecks):
                     self.result.failed_kv_loads += 1
                     self._note(req, f"KV load failed at block {block}: {req.num_computed_tokens} valid tokens")
                     break
+        # A load whose request finished while loading may fail too; its
+        # request is gone from the queues, so nothing changes (vLLM scans
+        # only the waiting requests).
+        for req in self.kv_abandoned.values():
+            hit_blocks.update(b for b in req.blocks if b in invalid)
         if invalid - hit_blocks:
             self._violate("REMOTE-KV-LOADING", None,
                           f"invalid blocks {sorted(invalid - hit_blocks)} belong to no KV load in flight")

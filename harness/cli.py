@@ -594,10 +594,13 @@ class _Workers(click.ParamType):
 @click.option("--workers", type=_Workers(), default="1", show_default=True,
               help="Processes fuzzing in parallel, each with its own seed and share of "
                    "--max-examples; 0 or 'auto': one per available CPU.")
+@click.option("--report-known", is_flag=True, default=False,
+              help="Report the known reference findings (harness.fuzz.KNOWN_REFERENCE_FINDINGS, each "
+                   "mirroring vLLM 0.33.0) like any failure, instead of passing over them.")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the minimal failing traces (Parquet) and their JSON descriptions.")
 def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, workers: int,
-         out_dir: str) -> None:
+         report_known: bool, out_dir: str) -> None:
     """Fuzz CANDIDATE with small generated scenarios (hypothesis): check every invariant and,
     for a candidate other than the reference, compare its decisions with the reference's.
 
@@ -605,8 +608,10 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     derived from --seed and i), each on its share of --max-examples; without --time-budget the
     outcome depends only on the arguments. Each worker stops at its first failure, which is
     shrunk and written to OUT_DIR as a replayable trace plus a JSON description (workers that
-    shrink to the same scenario share one). Exit 0 nothing found, 1 something found, 2 bad
-    arguments."""
+    shrink to the same scenario share one). A scenario on which the reference itself shows a
+    known finding (a documented vLLM 0.33.0 behaviour, e.g. the KV-connector wedge) is passed
+    over and counted in the summary, unless --report-known. Exit 0 nothing found, 1 something
+    found, 2 bad arguments."""
     from rich.markup import escape
 
     from harness.fuzz import FuzzWorkerError, WorkerProgress, fuzz_parallel, write_witnesses
@@ -631,7 +636,8 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
                             description=what)
         try:
             result = fuzz_parallel(candidate, workers=workers, max_examples=max_examples, seed=seed,
-                                   time_budget_s=time_budget, on_progress=on_progress)
+                                   time_budget_s=time_budget, on_progress=on_progress,
+                                   skip_known=not report_known)
         except FuzzWorkerError as exc:
             _fail(str(exc))
     stop = " (time budget spent)" if result.budget_exhausted and not result.found else ""
@@ -639,6 +645,10 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     on = f" on {used} workers" if used > 1 else ""
     console.print(f"fuzzed [bold]{candidate}[/]: {result.examples} examples{on} in "
                   f"{result.elapsed_s:.1f} s, seed {seed}{stop}")
+    if result.known:
+        console.print("passed over known reference findings: "
+                      + ", ".join(f"{name} x{n}" for name, n in result.known.items())
+                      + " (--report-known to stop at them)")
     if not result.found:
         console.print("[bold green]nothing found[/]")
         sys.exit(EXIT_OK)

@@ -18,6 +18,8 @@ tokens), and when their ``arrival``/``reject`` rows hold the same requests
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import math
@@ -214,9 +216,10 @@ def _short(value: Any, limit: int = 80) -> str:
 
 def config_diff(a: Trace, b: Trace) -> dict[str, dict[str, Any]]:
     """{config key: {"a": value in A, "b": value in B}} for every key that differs."""
-    ca, cb = a.meta["config"], b.meta["config"]
-    return {k: {"a": ca.get(k), "b": cb.get(k)} for k in sorted(set(ca) | set(cb))
-            if ca.get(k) != cb.get(k)}
+    # Compare the validated configs: a key left out of the metadata at its
+    # default (OMITTED_AT_DEFAULT) reads as that default, not as None.
+    ca, cb = dataclasses.asdict(a.config), dataclasses.asdict(b.config)
+    return {k: {"a": ca[k], "b": cb[k]} for k in sorted(ca) if ca[k] != cb[k]}
 
 
 def _strip(row: Row) -> Row:

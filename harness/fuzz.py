@@ -17,12 +17,32 @@ With speculative decoding the scripted proposer's acceptance is drawn too
 (``DRAFT_BEHAVIOURS``: all, none, random, rejection at draft 1 or 2, a
 cycling rejection position).
 
+About a third of the configs turn the simulated KV connector on
+(``reference.kv_connector``): store fraction 1.0 (whole prompts held) or a
+fraction that holds partial prefixes (``KV_STORE_FRACTIONS``), loads of 1-4
+steps, a failure rate of 0 up to 0.75 under the "recompute" policy and up to
+1 under "fail" (``KV_LOAD_FAILURE_RATES``), with any async depth; the aborts
+drawn for every request then also land while loads are in flight. About a
+third of the cases get encoder inputs (``encoder_setups``): a catalogue of
+one to four items (their content fixed per case, so requests carrying the
+same item share its encoder-cache entry), placed at block boundaries +-1 in
+the prompts, with an encoder compute budget and cache sized around the
+largest item (so windows are cut and entries evicted; an item larger than
+either is refused at arrival, which is a valid outcome) and
+``disable_chunked_mm_input`` on some. Not generated, as livelocks of the
+simulator by construction (see the comments where they are avoided): rate
+1.0 under "recompute", and a 1-token prompt with block size 1 under the
+connector. The reference's known findings, which these dimensions reach, are
+recognised by ``known_reference_finding`` (``fuzz(known=...)``, the CLI
+unless ``--report-known``).
+
 Only valid configs are generated (``reference.config.EngineConfig``
 validation): chunked prefill off implies ``max_num_batched_tokens >=
 max_model_len``; ``long_prefill_token_threshold`` is 0 or >= 1 +
 ``num_speculative_tokens``; more than one batch in flight (and so async
 scheduling) never with speculative decoding;
-``defer_block_free`` only with ``max_concurrent_batches >= 2``.
+``defer_block_free`` only with ``max_concurrent_batches >= 2``, and always
+with the KV connector when ``max_concurrent_batches >= 2`` (vLLM's gate).
 """
 
 from __future__ import annotations
@@ -46,6 +66,7 @@ from hypothesis import strategies as st
 from reference.candidate import CandidateError, CandidateFactory
 from reference.config import EngineConfig
 from reference.engine import EngineStalled
+from reference.kv_connector import held_prefix_tokens
 from reference.scheduler import Scheduler
 from reference.workload import EOS_TOKEN_ID, RequestSpec, Workload
 
@@ -64,6 +85,18 @@ DRAFT_BEHAVIOURS = ((0.0, "random"), (0.5, "random"), (1.0, "random"), (0.5, "cy
 # Arrival / abort times are multiples of this (seconds); a step lasts at least
 # step_fixed_s = 5 ms, so equal multiples make bursts and small ones interleave.
 TIME_QUANTUM = 0.004
+# KV connector: store fractions (1.0: every prompt held whole; the others
+# hold partial prefixes, block by block by content; 0.0: nothing) and load
+# failure rates drawn. Rate 1.0 (every load fails) only under the "fail"
+# policy: under "recompute" a load that fails at its first block leaves
+# nothing valid, the request is looked up again, the store offers the same
+# blocks and the new load fails too, forever (vLLM's retry, by construction
+# a livelock, not a finding).
+KV_STORE_FRACTIONS = (1.0, 0.5, 0.8, 0.3, 0.0)
+KV_LOAD_FAILURE_RATES = (0.0, 0.0, 0.25, 0.5, 0.75, 1.0)
+# Token ids of encoder input k (its content, hence its identifier): k never
+# collides with prompt tokens (100.., 1000..) nor EOS.
+MM_ITEM_BASE = 20000
 
 
 # ----------------------------------------------------------------- the case
@@ -116,6 +149,16 @@ class FuzzCase:
         for key in ("async_scheduling", "defer_block_free"):
             if c.get(key):
                 flags.append(key)
+        if c.get("kv_connector"):
+            flags.append(f"kv_connector(store={c.get('kv_store_fraction', 1.0)}, "
+                         f"steps={c.get('kv_load_steps', 1)}, fail={c.get('kv_load_failure_rate', 0.0)}"
+                         f"/{c.get('kv_load_failure_policy', 'recompute')})")
+        items = sum(len(r.mm_positions) for r in self.requests)
+        if items:
+            flags.append(f"encoder_inputs={items}(budget={c.get('max_num_encoder_input_tokens')}, "
+                         f"cache={c.get('encoder_cache_size')})")
+        if c.get("disable_chunked_mm_input"):
+            flags.append("disable_chunked_mm_input")
         for key in ("enable_chunked_prefill", "enable_prefix_caching", "scheduler_reserve_full_isl"):
             if not c.get(key, True):
                 flags.append(f"no-{key}")
@@ -126,6 +169,7 @@ def _spec_dict(spec: RequestSpec) -> dict[str, Any]:
     d = dataclasses.asdict(spec)
     d["prompt_token_ids"] = list(spec.prompt_token_ids)
     d["stop_token_ids"] = list(spec.stop_token_ids)
+    d["mm_positions"] = [list(p) for p in spec.mm_positions]
     return d
 
 
@@ -159,7 +203,7 @@ def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
     threshold = 0
     if draw(st.booleans()) and max_model_len >= 1 + spec_tokens:
         threshold = draw(st.integers(1 + spec_tokens, min(max_model_len, 1 + spec_tokens + 12)))
-    return {
+    config = {
         "num_gpu_blocks": num_gpu_blocks,
         "block_size": block_size,
         "max_model_len": max_model_len,
@@ -180,6 +224,65 @@ def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
         "prefill_schedule_interval": draw(st.integers(1, 3)),
         "data_parallel_size": draw(st.sampled_from([1, 1, 1, 2])),
     }
+    # Drawn last, so the draws above are those of a config without it (and
+    # shrinking turns it off first).
+    if draw(st.sampled_from([False, False, True])):
+        config.update(kv_connector_settings(draw, mcb))
+    return config
+
+
+def kv_connector_settings(draw: st.DrawFn, max_concurrent_batches: int) -> dict[str, Any]:
+    """The simulated KV connector's keys: store fraction (whole or partial
+    holdings), 1-4 load steps, failure policy and rate (1.0 only under
+    "fail", see ``KV_LOAD_FAILURE_RATES``). With more than one batch in flight
+    block frees are deferred (EngineConfig's rule, vLLM's gate)."""
+    fraction = draw(st.sampled_from(KV_STORE_FRACTIONS))
+    steps = draw(st.integers(1, 4))
+    policy = draw(st.sampled_from(["recompute", "fail"]))
+    rates = KV_LOAD_FAILURE_RATES if policy == "fail" else KV_LOAD_FAILURE_RATES[:-1]
+    settings_ = {
+        "kv_connector": True,
+        "kv_store_fraction": fraction,
+        "kv_load_steps": steps,
+        "kv_load_failure_rate": draw(st.sampled_from(rates)),
+        "kv_load_failure_policy": policy,
+    }
+    if max_concurrent_batches >= 2:
+        settings_["defer_block_free"] = True
+    return settings_
+
+
+def _item_lengths(block_size: int) -> list[int]:
+    """Encoder input lengths drawn: block boundaries +-1, up to two blocks + 1
+    (at most 17 tokens)."""
+    return _boundary_lengths(block_size, min(2 * block_size + 1, 17))
+
+
+@st.composite
+def encoder_setups(draw: st.DrawFn, config: dict[str, Any]) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """Encoder inputs for ``config``: ``(config with the encoder keys, the
+    catalogue)``. The catalogue holds the lengths of one to three items (item
+    k's tokens are ``MM_ITEM_BASE + 1000 k + j``); ``request_specs`` places
+    them. Budget and cache are left at their default (max_num_batched_tokens)
+    or sized around the largest item: exactly it, room for two items, or one
+    token short (that item is refused at arrival)."""
+    lengths = _item_lengths(config["block_size"])
+    catalogue = tuple(draw(st.lists(st.sampled_from(lengths), min_size=1, max_size=4)))
+    big, small = max(catalogue), min(catalogue)
+    short = [big - 1] if big > 1 else []
+    # Budget: one item per step (big), a little more, or the default; cache:
+    # room for two items or just one (evictions), or the default.
+    budget = draw(st.sampled_from([None, big, big, big + small, big + 1, 2 * big] + short))
+    cache = draw(st.sampled_from([None, big + small, 2 * big, big, 3 * big] + short))
+    return {**config,
+            "max_num_encoder_input_tokens": budget,
+            "encoder_cache_size": cache,
+            "disable_chunked_mm_input": draw(st.booleans())}, catalogue
+
+
+def mm_item_tokens(k: int, length: int) -> list[int]:
+    """The placeholder tokens (the content) of catalogue item ``k``."""
+    return [MM_ITEM_BASE + 1000 * k + j for j in range(length)]
 
 
 def _boundary_lengths(block_size: int, limit: int) -> list[int]:
@@ -194,9 +297,14 @@ def _boundary_lengths(block_size: int, limit: int) -> list[int]:
 
 
 @st.composite
-def request_specs(draw: st.DrawFn, config: dict[str, Any]) -> tuple[RequestSpec, ...]:
+def request_specs(draw: st.DrawFn, config: dict[str, Any],
+                  catalogue: tuple[int, ...] = ()) -> tuple[RequestSpec, ...]:
     """Up to MAX_REQUESTS requests for ``config``: mostly prompts that fit
-    (a prompt of max_model_len tokens or more is rejected, sometimes on purpose)."""
+    (a prompt of max_model_len tokens or more is rejected, sometimes on purpose).
+    With a ``catalogue`` (item lengths, ``encoder_setups``) each request
+    carries zero to three of its items, a catalogue item possibly in several
+    requests or twice in one, each starting at a block boundary +-1 and
+    written over the prompt's tokens there (``mm_positions``)."""
     bs, mml = config["block_size"], config["max_model_len"]
     n = draw(st.integers(1, MAX_REQUESTS))
     limit = min(MAX_PROMPT, mml)  # == mml: rejected at arrival
@@ -210,34 +318,69 @@ def request_specs(draw: st.DrawFn, config: dict[str, Any]) -> tuple[RequestSpec,
         length = draw(st.sampled_from(lengths))
         if length >= mml and draw(st.integers(0, 3)):  # keep rejections rare
             length = max(1, mml - 1)
+        if length == 1 and bs == 1 and config.get("kv_connector"):
+            # Not modelled: the simulated store would offer a held 1-token
+            # prompt again after its promotion (which leaves it 0 computed
+            # tokens, the last token being recomputed), reloading it forever;
+            # a P/D connector offers a prompt once, LMCache never the whole of it.
+            length = 2
         shared = draw(st.sampled_from([0, 0] + [x for x in _boundary_lengths(bs, length)]))
         own = [1000 + 100 * i + j for j in range(length - shared)]
-        prompt = tuple(base[:shared] + own)
+        prompt = base[:shared] + own
         t += draw(st.sampled_from([0, 0, 0, 1, 2, 5]))  # bursts: equal arrival times
         arrival = t * TIME_QUANTUM
         max_tokens = draw(st.sampled_from([1, 1, 2, 3, 5, 8]))
         eos = draw(st.sampled_from([None, None, 1, 2, 4]))
         abort = draw(st.sampled_from([None, None, None, 0, 1, 3, 8]))
+        priority = draw(st.integers(0, 2)) if config["policy"] == "priority" else 0
+        # Drawn last: without a catalogue the draws are those of a text-only request.
+        positions = _place_items(draw, prompt, catalogue, bs) if catalogue else ()
         specs.append(RequestSpec(
             request_id=f"r{i:06d}",
             arrival_time=arrival,
-            prompt_token_ids=prompt,
+            prompt_token_ids=tuple(prompt),
             max_tokens=max_tokens,
             ignore_eos=eos is None,
             eos_token_id=EOS_TOKEN_ID,
-            priority=draw(st.integers(0, 2)) if config["policy"] == "priority" else 0,
+            priority=priority,
             scripted_output_len=eos,
             abort_time=None if abort is None else arrival + abort * TIME_QUANTUM,
+            mm_positions=positions,
         ))
     return tuple(specs)
+
+
+def _place_items(draw: st.DrawFn, prompt: list[int], catalogue: tuple[int, ...],
+                 block_size: int) -> tuple[tuple[int, int], ...]:
+    """Place zero to three catalogue items in ``prompt`` (overwritten in
+    place with their tokens), in order, non-overlapping, each at an offset
+    that is a block boundary +-1; an item that no longer fits ends the list.
+    Returns the ``mm_positions``."""
+    positions: list[tuple[int, int]] = []
+    cursor = 0
+    for _ in range(draw(st.sampled_from([0, 1, 1, 2, 2, 3]))):
+        k = draw(st.integers(0, len(catalogue) - 1))
+        length = catalogue[k]
+        starts = [s for s in [0] + _boundary_lengths(block_size, len(prompt))
+                  if s >= cursor and s + length <= len(prompt)]
+        if not starts:
+            break
+        start = draw(st.sampled_from(starts))
+        prompt[start:start + length] = mm_item_tokens(k, length)
+        positions.append((start, length))
+        cursor = start + length
+    return tuple(positions)
 
 
 @st.composite
 def fuzz_cases(draw: st.DrawFn) -> FuzzCase:
     """A whole case: a valid config, its requests and an engine seed (0 or 1)."""
     config = draw(engine_configs())
+    catalogue: tuple[int, ...] = ()
+    if draw(st.sampled_from([False, False, True])):  # encoder inputs
+        config, catalogue = draw(encoder_setups(config))
     EngineConfig(**config)  # the strategy only generates valid configs
-    return FuzzCase(config, draw(request_specs(config)), draw(st.sampled_from([0, 0, 1])))
+    return FuzzCase(config, draw(request_specs(config, catalogue)), draw(st.sampled_from([0, 0, 1])))
 
 
 # ----------------------------------------------------------------- evaluation
@@ -322,6 +465,65 @@ def evaluate(factory: CandidateFactory | None, case: FuzzCase) -> Failure | None
     return None
 
 
+# ----------------------------------------------------------------- known findings
+
+#: Reference findings the strategy reaches, each mirroring vLLM 0.33.0 (see
+#: ``known_reference_finding`` and the regression tests named).
+KNOWN_REFERENCE_FINDINGS = {
+    "give-back-uncomputed-hit": "tests/test_finding_give_back_uncomputed_hit.py",
+    "priority-tie-preemption-livelock": "tests/regressions/fuzz-finding-priority-tie-preemption-livelock.json",
+    "kv-failed-load-wedge": "tests/regressions/fuzz-finding-kv-failed-load-wedge.json",
+    "kv-spec-reservation-wedge": "tests/regressions/fuzz-finding-kv-spec-reservation-wedge.json",
+}
+_WEDGE_INVARIANTS = frozenset({"IDLE-ADMISSION", "LIVENESS", "NO-PROGRESS"})
+
+
+def known_reference_finding(case: FuzzCase, failure: Failure) -> str | None:
+    """The name (a key of ``KNOWN_REFERENCE_FINDINGS``) of the known finding
+    ``failure`` is, or None. Only reference violations are findings; each is
+    recognised by its invariants and what caused the first of them:
+
+    * ``give-back-uncomputed-hit``: PRIORITY, HIT-UNCOMPUTED-BLOCK only (a
+      prefix hit on a block a withdrawn chunk registered but never computed);
+    * ``priority-tie-preemption-livelock``: PRIORITY, LIVENESS only, two
+      requests with equal priority and arrival time;
+    * ``kv-failed-load-wedge``: KV connector, IDLE-ADMISSION (plus LIVENESS /
+      NO-PROGRESS at most), and the first request not admitted was just
+      promoted from a load that failed with nothing valid: its new load must
+      leave the reservation of ``_inflight_prefills``, which still holds the
+      request itself (and finished loads queued behind it), so it waits,
+      until something else frees blocks or forever;
+    * ``kv-spec-reservation-wedge``: KV connector and speculative decoding,
+      the same invariants, and the first request not admitted never ran: its
+      held prefix plus one speculative step of blocks (the async-load
+      reservation) is more than the whole pool, so it is never admitted.
+    """
+    if failure.kind != "reference-violation":
+        return None
+    invariants = set(failure.invariants)
+    config = case.config
+    if invariants == {"HIT-UNCOMPUTED-BLOCK"} and config["policy"] == "priority":
+        return "give-back-uncomputed-hit"
+    if invariants == {"LIVENESS"} and config["policy"] == "priority":
+        keys = [(r.priority, r.arrival_time) for r in case.requests]
+        return "priority-tie-preemption-livelock" if len(set(keys)) < len(keys) else None
+    if not (config.get("kv_connector") and "IDLE-ADMISSION" in invariants
+            and invariants <= _WEDGE_INVARIANTS):
+        return None
+    result = run_case(Scheduler, case).result
+    first = next(v for v in result.violations if v.invariant == "IDLE-ADMISSION")
+    if first.history and first.history[-1].endswith("promoted (load failed): 0 computed tokens"):
+        return "kv-failed-load-wedge"
+    spec = config.get("num_speculative_tokens", 0)
+    request = next((r for r in case.requests if r.request_id == first.request), None)
+    if spec and request is not None and len(first.history) == 1 and ": arrived," in first.history[0]:
+        bs = config["block_size"]
+        held = held_prefix_tokens(request.prompt_token_ids, bs, config.get("kv_store_fraction", 1.0))
+        if held and -(-held // bs) + -(-(1 + spec) // bs) > config["num_gpu_blocks"] - 1:
+            return "kv-spec-reservation-wedge"
+    return None
+
+
 # ----------------------------------------------------------------- the search
 
 class _StopFuzz(Exception):
@@ -344,6 +546,9 @@ class FuzzResult:
     failure: Failure | None = None
     shrink_calls: int = 0
     budget_exhausted: bool = False
+    #: Generated examples passed over as known reference findings (``fuzz``'s
+    #: ``known``), by name.
+    known: dict[str, int] = field(default_factory=dict)
 
     @property
     def found(self) -> bool:
@@ -353,16 +558,22 @@ class FuzzResult:
 
 def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int = 0,
          time_budget_s: float | None = None,
-         on_example: Callable[[int, bool], None] | None = None) -> FuzzResult:
+         on_example: Callable[[int, bool], None] | None = None,
+         known: Callable[[FuzzCase, Failure], str | None] | None = None) -> FuzzResult:
     """Search for a failing case; deterministic for a given ``seed`` (no
     database, no deadline). On a failure hypothesis shrinks it and the
     returned ``case`` is the minimal one. ``max_examples`` (>= 1) bounds the
     generated examples, ``time_budget_s`` (seconds of wall time, None: no
     limit) the generation phase (a found failure is still shrunk).
     ``on_example(n, shrinking)`` is called after each example, ``n`` the
-    examples generated so far. ``factory`` None means the reference alone."""
+    examples generated so far. ``factory`` None means the reference alone.
+    ``known`` (e.g. ``known_reference_finding``): a case whose failure it
+    names is passed over as a known finding (counted in ``FuzzResult.known``)
+    instead of ending the search; None (the default, and the CLI's) reports
+    every failure."""
     start = time.monotonic()
     state = {"n": 0, "found": False, "last": None, "shrink": 0, "stopped": False}
+    known_counts: dict[str, int] = {}
 
     @settings(max_examples=max_examples, deadline=None, database=None, derandomize=False,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
@@ -379,6 +590,12 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
         else:
             state["n"] += 1
         failure = evaluate(factory, case)
+        if failure is not None and known is not None:
+            name = known(case, failure)
+            if name is not None:
+                failure = None
+                if not state["found"]:
+                    known_counts[name] = known_counts.get(name, 0) + 1
         if on_example is not None:
             on_example(state["n"], state["found"])
         if failure is not None:
@@ -389,12 +606,12 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
     try:
         prop()
     except _StopFuzz:
-        return FuzzResult(state["n"], time.monotonic() - start, budget_exhausted=True)
+        return FuzzResult(state["n"], time.monotonic() - start, budget_exhausted=True, known=known_counts)
     except _Found:
         case, failure = state["last"]
         return FuzzResult(state["n"], time.monotonic() - start, case, failure, state["shrink"],
-                          state["stopped"])
-    return FuzzResult(state["n"], time.monotonic() - start)
+                          state["stopped"], known_counts)
+    return FuzzResult(state["n"], time.monotonic() - start, known=known_counts)
 
 
 def _slug(spec: str) -> str:
@@ -531,6 +748,15 @@ class ParallelFuzzResult:
         """True if some worker stopped generating because the time budget was spent."""
         return any(w.result.budget_exhausted for w in self.workers)
 
+    @property
+    def known(self) -> dict[str, int]:
+        """Known reference findings passed over by all workers together, by name."""
+        total: dict[str, int] = {}
+        for w in self.workers:
+            for name, n in w.result.known.items():
+                total[name] = total.get(name, 0) + n
+        return dict(sorted(total.items()))
+
     def smallest(self) -> WorkerResult | None:
         """The found witness with the fewest requests (then fewest prompt
         tokens, then lowest worker index); None if nothing was found."""
@@ -543,7 +769,7 @@ class ParallelFuzzResult:
 
 
 def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, time_budget_s: float | None,
-                 queue: Any) -> None:
+                 queue: Any, skip_known: bool = False) -> None:
     """Body of one worker process (top level, so ``spawn`` can import it).
 
     Resolves ``spec`` itself (factories need not pickle), runs ``fuzz`` and
@@ -564,7 +790,7 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, time_budg
                 queue.put(("progress", worker, n, shrinking))
 
         result = fuzz(factory, max_examples=max_examples, seed=seed, time_budget_s=time_budget_s,
-                      on_example=on_example)
+                      on_example=on_example, known=known_reference_finding if skip_known else None)
         queue.put(("done", worker, result))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent stops the run
         raise SystemExit(130) from None
@@ -576,7 +802,8 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, time_budg
 
 def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed: int = 0,
                   time_budget_s: float | None = None,
-                  on_progress: Callable[[list[WorkerProgress]], None] | None = None) -> ParallelFuzzResult:
+                  on_progress: Callable[[list[WorkerProgress]], None] | None = None,
+                  skip_known: bool = False) -> ParallelFuzzResult:
     """Fuzz the candidate named ``spec`` (``reference``, ``mutant:NAME``,
     ``module:factory``, ...) on ``workers`` processes.
 
@@ -588,7 +815,8 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     on (spec, workers, max_examples, seed). One worker runs in this process;
     more are ``spawn``-ed processes, each resolving ``spec`` itself.
     ``on_progress`` gets every worker's ``WorkerProgress`` (index order) after
-    each change. Raises ValueError for ``workers`` outside 1..MAX_WORKERS or
+    each change. ``skip_known``: pass over the known reference findings
+    (``fuzz(known=known_reference_finding)``). Raises ValueError for ``workers`` outside 1..MAX_WORKERS or
     ``max_examples`` < 1, CandidateSpecError for a bad ``spec`` (checked here
     first), FuzzWorkerError if a worker fails.
     """
@@ -609,7 +837,8 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
 
     if len(shares) == 1:
         result = fuzz(factory, max_examples=shares[0], seed=seeds[0], time_budget_s=time_budget_s,
-                      on_example=lambda n, shrinking: report(0, examples=n, shrinking=shrinking))
+                      on_example=lambda n, shrinking: report(0, examples=n, shrinking=shrinking),
+                      known=known_reference_finding if skip_known else None)
         report(0, done=True)
         return ParallelFuzzResult(seed, [WorkerResult(0, seeds[0], shares[0], result)],
                                   time.monotonic() - start)
@@ -617,7 +846,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_fuzz_worker, name=f"harness-fuzz-{i}", daemon=True,
-                         args=(spec, i, seeds[i], shares[i], time_budget_s, queue))
+                         args=(spec, i, seeds[i], shares[i], time_budget_s, queue, skip_known))
              for i in range(len(shares))]
     results: dict[int, FuzzResult] = {}
     try:

@@ -194,7 +194,8 @@ class Engine:
         self.max_steps = max_steps
         # A prefill of max_model_len tokens at one token per step, twice over:
         # longer without any sampled token is a livelock, not slowness.
-        self.progress_window = 2 * config.max_model_len + 1000
+        # (A KV load adds its latency: nothing is sampled while it runs.)
+        self.progress_window = 2 * config.max_model_len + 1000 + config.kv_load_steps
         self.summary = EngineSummary()
         self.current_step = 0  # the step being run (named in CandidateError)
 
@@ -270,6 +271,11 @@ class Engine:
                     summary.aborted += 1
 
             throttle = dp_interval > 1 and step % dp_interval != 0
+            # A batch that ran tokens and is processed this step makes its
+            # requests' deferred blocks freeable: a running loop that gave up
+            # on such a victim (its free would wait for the fence) may preempt
+            # it next step.
+            ran_in_flight = any(batch[1].total_num_scheduled_tokens for r in ranks for batch in r.in_flight)
             totals = [self._rank_step(rank, records[rank.index], throttle, summary) for rank in ranks]
             progressed = any((rec.update is not None and (rec.update.new_token_ids or rec.update.finished))
                              or rec.aborts for rec in records)
@@ -301,6 +307,7 @@ class Engine:
             # they carry a KV-connector output: finished or failed loads.)
             working = any(batch[1].total_num_scheduled_tokens or batch[3]
                           for r in ranks for batch in r.in_flight)
+            working |= ran_in_flight
             if not any(totals) and not working and not progressed and unfinished() and not changed:
                 upcoming = [pending[next_arrival].arrival_time] if next_arrival < len(pending) else []
                 upcoming += [aborts[next_abort][0]] if next_abort < len(aborts) else []
