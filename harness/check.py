@@ -629,6 +629,35 @@ class TraceChecker(EncoderChecks):
                           f"only a new decode may be padded with {self.num_spec} x -1")
         req.spec_token_ids = []
 
+    def _check_prefix_hit(self, req: _Req, hit: int, block_ids: list[int]) -> None:
+        """A lookup's hit (admission or async load): whole blocks, at most
+        num_tokens - 1, the longest cached prefix, blocks holding this
+        request's prefix, none of them never computed."""
+        rid = req.request_id
+        if hit % self.bs or hit > req.num_tokens - 1 or (hit and not self.caching):
+            self._violate("PREFIX-HIT-RULES", rid,
+                          f"hit of {hit} tokens (block_size {self.bs}, {req.num_tokens} tokens, "
+                          f"caching {'on' if self.caching else 'off'})")
+        n_hit = hit // self.bs
+        if not self.caching:
+            return
+        longest = self._longest_cached_prefix(req)
+        uncomputed = [b for b in block_ids[:n_hit] if b in self.uncomputed]
+        if uncomputed:
+            block = uncomputed[0]
+            self._violate("HIT-UNCOMPUTED-BLOCK", rid,
+                          f"prefix hit on block {block}, whose KV was never computed: a chunk of "
+                          f"{self.uncomputed[block]} cached it at allocation and was then withdrawn "
+                          f"by a PRIORITY give-back")
+        elif hit != longest:
+            self._violate("PREFIX-HIT-RULES", rid,
+                          f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
+        for i, block in enumerate(block_ids[:n_hit]):
+            if i < len(req.chain) and block not in self.uncomputed and self.content.get(block) != req.chain[i]:
+                self._violate("PREFIX-HIT-RULES", rid,
+                              f"hit block {block} (#{i}) does not hold this request's prefix block")
+                break
+
     def _on_admission(self, ev: dict, st: _StepState, req: _Req, kind: str, hit: int,
                       computed: int, n: int) -> None:
         rid = req.request_id
@@ -683,29 +712,9 @@ class TraceChecker(EncoderChecks):
         if computed != hit:
             self._violate("COMPUTED-CONTINUITY", rid,
                           f"admitted with num_computed_tokens {computed} != prefix hit {hit}")
-        if hit % self.bs or hit > req.num_tokens - 1 or (hit and not self.caching):
-            self._violate("PREFIX-HIT-RULES", rid,
-                          f"hit of {hit} tokens (block_size {self.bs}, {req.num_tokens} tokens, "
-                          f"caching {'on' if self.caching else 'off'})")
         block_ids = list(ev["block_ids"] or [])
         n_hit = hit // self.bs
-        if self.caching:
-            longest = self._longest_cached_prefix(req)
-            uncomputed = [b for b in block_ids[:n_hit] if b in self.uncomputed]
-            if uncomputed:
-                block = uncomputed[0]
-                self._violate("HIT-UNCOMPUTED-BLOCK", rid,
-                              f"prefix hit on block {block}, whose KV was never computed: a chunk of "
-                              f"{self.uncomputed[block]} cached it at allocation and was then withdrawn "
-                              f"by a PRIORITY give-back")
-            elif hit != longest:
-                self._violate("PREFIX-HIT-RULES", rid,
-                              f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
-            for i, block in enumerate(block_ids[:n_hit]):
-                if i < len(req.chain) and block not in self.uncomputed and self.content.get(block) != req.chain[i]:
-                    self._violate("PREFIX-HIT-RULES", rid,
-                                  f"hit block {block} (#{i}) does not hold this request's prefix block")
-                    break
+        self._check_prefix_hit(req, hit, block_ids)
         for i, block in enumerate(block_ids):
             self._acquire(req, block, as_hit=i < n_hit)
         req.status = "RUNNING"
@@ -881,27 +890,9 @@ class TraceChecker(EncoderChecks):
         if ext <= 0 or hit + ext > req.num_tokens:
             self._violate("REMOTE-KV-LOADING", rid,
                           f"loads {ext} external tokens after a {hit}-token hit of {req.num_tokens} tokens")
-        if hit % self.bs or hit > req.num_tokens - 1 or (hit and not self.caching):
-            self._violate("PREFIX-HIT-RULES", rid, f"hit of {hit} tokens (block_size {self.bs})")
         block_ids = list(ev["block_ids"] or [])
         n_hit = hit // self.bs
-        if self.caching:
-            longest = self._longest_cached_prefix(req)
-            uncomputed = [b for b in block_ids[:n_hit] if b in self.uncomputed]
-            if uncomputed:
-                block = uncomputed[0]
-                self._violate("HIT-UNCOMPUTED-BLOCK", rid,
-                              f"prefix hit on block {block}, whose KV was never computed: a chunk of "
-                              f"{self.uncomputed[block]} cached it at allocation and was then withdrawn "
-                              f"by a PRIORITY give-back")
-            elif hit != longest:
-                self._violate("PREFIX-HIT-RULES", rid,
-                              f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
-            for i, block in enumerate(block_ids[:n_hit]):
-                if i < len(req.chain) and block not in self.uncomputed and self.content.get(block) != req.chain[i]:
-                    self._violate("PREFIX-HIT-RULES", rid,
-                                  f"hit block {block} (#{i}) does not hold this request's prefix block")
-                    break
+        self._check_prefix_hit(req, hit, block_ids)
         reserved = sum(self._remaining_blocks(self.reqs[r]) for r in self.inflight if r in self.reqs)
         reserved += _cdiv(1 + self.num_spec, self.bs) if self.num_spec else 0
         if (ev["reserved_blocks"] or 0) != reserved:
