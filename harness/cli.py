@@ -9,6 +9,7 @@ file and the problem.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -579,9 +580,16 @@ class _Workers(click.ParamType):
         return n
 
 
+def _finite_or_none(value: float | None, name: str) -> float | None:
+    """Refuse NaN and infinity (click's FloatRange lets NaN through)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds", param_hint=name)
+    return value
+
+
 @main.command()
 @click.option("--candidate", default="reference", show_default=True,
-              help="Engine to fuzz: 'reference', 'mutant:NAME' or 'package.module:factory'.")
+              help="Engine to fuzz: 'reference', 'mutant:NAME', 'vllm@VERSION' or 'package.module:factory'.")
 @click.option("--max-examples", type=click.IntRange(min=1), default=200, show_default=True,
               help="Generated scenarios to try, shared equally by the workers (shrinking runs come "
                    "on top).")
@@ -589,6 +597,7 @@ class _Workers(click.ParamType):
               help="Hypothesis seed: the same seed generates the same scenarios (worker i > 0 uses "
                    "a seed derived from it and i).")
 @click.option("--time-budget", type=click.FloatRange(min=0, min_open=True), default=None,
+              callback=lambda _ctx, _param, value: _finite_or_none(value, "--time-budget"),
               metavar="SECONDS", help="Each worker stops generating after this many seconds "
                                       "(shrinking a found failure still completes).")
 @click.option("--workers", type=_Workers(), default="1", show_default=True,
