@@ -109,12 +109,16 @@ class EncoderCacheManager:
         if num_embeds > self.num_freeable_slots:
             return False
         while num_embeds > self.num_free_slots:
-            mm_hash, num_free_embeds = self.freeable.popitem(last=False)
+            mm_hash, num_free_embeds = self._pop_eviction_victim()
             del self.cached[mm_hash]
             del self.num_embeds_by_hash[mm_hash]
             self.freed.append(mm_hash)
             self.num_free_slots += num_free_embeds
         return True
+
+    def _pop_eviction_victim(self) -> tuple[str, int]:
+        """The freeable entry to evict: the oldest (mm_hash, embeds)."""
+        return self.freeable.popitem(last=False)
 
     def allocate(self, request: EncoderRequest, input_id: int) -> None:
         """Reserve the item's embeds for ``request`` (after ``can_allocate``)."""

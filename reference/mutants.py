@@ -520,22 +520,8 @@ class NoEncoderCacheCheck(Scheduler):
 
 
 class _NewestFirstEncoderCache(EncoderCacheManager):
-    def can_allocate(self, request, input_id, encoder_compute_budget, num_embeds_to_schedule) -> bool:
-        num_embeds = request.get_num_encoder_embeds(input_id)
-        if num_embeds > encoder_compute_budget:
-            return False
-        num_embeds += num_embeds_to_schedule
-        if num_embeds <= self.num_free_slots:
-            return True
-        if num_embeds > self.num_freeable_slots:
-            return False
-        while num_embeds > self.num_free_slots:
-            mm_hash, size = self.freeable.popitem(last=True)  # the bug: newest first
-            del self.cached[mm_hash]
-            del self.num_embeds_by_hash[mm_hash]
-            self.freed.append(mm_hash)
-            self.num_free_slots += size
-        return True
+    def _pop_eviction_victim(self) -> tuple[str, int]:
+        return self.freeable.popitem(last=True)  # the bug: newest first
 
 
 class EvictNewestFirst(Scheduler):
