@@ -10,7 +10,6 @@ reproduce (``tests/v1/core/test_scheduler.py``, spec 9.1) where one exists.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -22,7 +21,7 @@ from harness.check import check_steps
 from harness.recorder import record
 from harness.replay import replay
 from harness.scenarios import SCENARIOS
-from harness.trace import METADATA_KEY, SUMMARY_KEY, open_trace
+from harness.trace import open_trace
 from reference.config import ConfigError, EngineConfig
 from reference.encoder_cache_manager import (
     EncoderCacheManager,
@@ -556,24 +555,13 @@ def test_encoder_inputs_scenario_trace(tmp_path) -> None:
     assert all(len(row["mm_positions"]) == 6 for row in table if row["kind"] == "arrival")
 
 
-def test_schema_3_trace_without_encoder_columns_still_reads(tmp_path) -> None:
+def test_schema_3_trace_without_encoder_columns_still_reads(tmp_path, schema3_copy) -> None:
     """A trace written before encoder inputs (schema 3, without the three
     columns) reads with them null, checks clean and replays identically."""
     scenario = SCENARIOS["priority-tight"]
     path = tmp_path / "new.parquet"
     record(scenario.make_workload(), scenario.engine_config(), path, seed=scenario.seed)
-    source = pq.ParquetFile(path)
-    table = source.read().drop_columns(["num_external_tokens", "reserved_blocks", "mm_positions",
-                                        "encoder_input_ids", "free_encoder_mm_hashes"])
-    meta = dict(table.schema.metadata)
-    info = json.loads(meta[METADATA_KEY])
-    info["schema_version"] = 3
-    meta[METADATA_KEY] = json.dumps(info, sort_keys=True).encode()
-    old = tmp_path / "old.parquet"
-    with pq.ParquetWriter(old, table.schema.with_metadata(meta)) as writer:
-        writer.write_table(table.replace_schema_metadata(meta))
-        writer.add_key_value_metadata({SUMMARY_KEY: source.metadata.metadata[SUMMARY_KEY]})
-    trace = open_trace(old)
+    trace = open_trace(schema3_copy(path, tmp_path / "old.parquet"))
     assert check_steps(trace.meta["config"], trace.iter_steps()).ok
     assert replay(trace, Scheduler) == (None, 221)
 

@@ -9,7 +9,6 @@ tests (``tests/v1/kv_connector/unit/``) where one exists.
 
 from __future__ import annotations
 
-import json
 
 import pyarrow.parquet as pq
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from harness.check import check_steps
 from harness.recorder import record
 from harness.scenarios import SCENARIOS
-from harness.trace import METADATA_KEY, SCHEMA_VERSION, SUMMARY_KEY, open_trace
+from harness.trace import open_trace
 from reference.config import ConfigError, EngineConfig
 from reference.kv_connector import KVConnectorOutput, held_prefix_tokens
 from reference.output import Promotion, RemoteLoad, ScheduledRequest, Skip
@@ -165,24 +164,13 @@ def test_kv_connector_golden_counts(tmp_path) -> None:
         "kv_load": 24, "kv_promote": 22, "kv_invalid": 7, "kv_finished": 24, "kv_free": 2}
 
 
-def test_schema_3_trace_still_reads(tmp_path) -> None:
-    """Traces written before the KV connector (schema 3) lack two columns:
-    they read with those columns null and check clean."""
+def test_schema_3_trace_still_reads(tmp_path, schema3_copy) -> None:
+    """Traces written before the KV connector and encoder inputs (schema 3)
+    lack their columns: they read with those columns null and check clean."""
     golden = SCENARIOS["fcfs-tight"]
     path = tmp_path / "new.parquet"
     record(golden.make_workload(), golden.engine_config(), path, seed=golden.seed)
-    source = pq.ParquetFile(path)
-    table = source.read().drop_columns(["num_external_tokens", "reserved_blocks"])
-    meta = dict(table.schema.metadata)
-    info = json.loads(meta[METADATA_KEY])
-    assert info["schema_version"] == SCHEMA_VERSION == 4
-    info["schema_version"] = 3
-    meta[METADATA_KEY] = json.dumps(info, sort_keys=True).encode()
-    old = tmp_path / "old.parquet"
-    with pq.ParquetWriter(old, table.schema.with_metadata(meta)) as writer:
-        writer.write_table(table.replace_schema_metadata(meta))
-        writer.add_key_value_metadata({SUMMARY_KEY: source.metadata.metadata[SUMMARY_KEY]})
-    trace = open_trace(old)
+    trace = open_trace(schema3_copy(path, tmp_path / "old.parquet"))
     result = check_steps(trace.meta["config"], trace.iter_steps())
     assert result.ok and result.steps == 392
 

@@ -239,6 +239,16 @@ def test_known_finding_padded_spec_decode_with_small_threshold_crashes_vllm(vllm
 
 # -- pipelining, async scheduling, deferred frees, prefill gating, DP ---------------
 
+def _assert_vllm_replays_identically(trace: Path) -> None:
+    """vLLM re-driven with the trace's inputs decides the same on every step."""
+    from harness.replay import replay
+
+    divergence, steps = replay(open_trace(trace), resolve_candidate(SPEC))
+    gc.collect()
+    assert divergence is None, divergence.to_dict()
+    assert steps == open_trace(trace).summary["steps"] > 0
+
+
 def _rows(trace_path: Path) -> list[dict]:
     return [row for _, rows in open_trace(trace_path).iter_steps() for row in rows]
 
@@ -278,14 +288,9 @@ def test_pipelined_and_gated_scenarios_replay_identically_on_vllm(vllm_env, tmp_
     """vLLM 0.33.0 driven with several batches in flight (AsyncScheduler or
     Scheduler), deferred frees, prefill gating and DP ranks takes the
     reference's decisions on every step, and the trace shows the feature."""
-    from harness.replay import replay
-
     trace = _record(tmp_path, name, "reference")
     assert FEATURES[name](_rows(trace)), f"{name} does not exercise its feature"
-    divergence, steps = replay(open_trace(trace), resolve_candidate(SPEC))
-    gc.collect()
-    assert divergence is None, divergence.to_dict()
-    assert steps == open_trace(trace).summary["steps"] > 0
+    _assert_vllm_replays_identically(trace)
 
 
 @vllm
@@ -420,8 +425,6 @@ def test_kv_connector_scenario_replays_identically_on_vllm(vllm_env, tmp_path, v
     promotions (status, computed tokens, freed blocks), failed blocks,
     transfers done, frees of requests aborted while loading (with fences),
     and FINISHED_ERROR finishes under the fail policy."""
-    from harness.replay import replay
-
     overrides = KV_VARIANTS[variant]
     config = EngineConfig(**{**SCENARIOS["kv-connector"].config, **overrides})
     trace = _record_config(tmp_path, "kv-connector", config, tag=f"-{variant}")
@@ -430,10 +433,7 @@ def test_kv_connector_scenario_replays_identically_on_vllm(vllm_env, tmp_path, v
     assert any(r["kind"] == "abort" for r in rows)
     if config.defer_block_free:
         assert any(r["kind"] == "free_drain" for r in rows)
-    divergence, steps = replay(open_trace(trace), resolve_candidate(SPEC))
-    gc.collect()
-    assert divergence is None, divergence.to_dict()
-    assert steps == open_trace(trace).summary["steps"] > 0
+    _assert_vllm_replays_identically(trace)
 
 
 @vllm
