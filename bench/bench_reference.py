@@ -11,7 +11,7 @@ max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192).
 
 Figures:
   (a) engine only: reference.engine.Engine.run with no recording;
-  (b) record: harness.recorder.record to a temporary Parquet file
+  (b) record: harness.trace.recorder.record to a temporary Parquet file
       (wall time, file size, rows);
   (c) check: harness.check.check_steps over open_trace(...).iter_steps();
   (d) pyarrow alone: pq.read_table of the same file, for comparison with (c);
@@ -48,13 +48,14 @@ import pyarrow  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from harness.check import check_steps  # noqa: E402
-from harness.recorder import record  # noqa: E402
+from harness.trace.recorder import record  # noqa: E402
 from harness.replay import replay  # noqa: E402
 from harness.trace import open_trace  # noqa: E402
 from reference.config import EngineConfig  # noqa: E402
 from reference.engine import Engine  # noqa: E402
 from reference.scheduler import Scheduler  # noqa: E402
-from reference.workload import WorkloadError, load_workload, with_eos_stops  # noqa: E402
+from reference.workload import WorkloadError
+from workloads import load_workload, with_eos_stops  # noqa: E402
 
 AZURE_CODE = (REPO / ".." / "shared" / "data" / "azure-llm-inference-2023"
               / "AzureLLMInferenceTrace_code.csv").resolve()

@@ -41,7 +41,7 @@ if str(REPO) not in sys.path:  # importable even without the editable install
 from harness.outputs import OutputsError, import_torch
 from reference.config import EngineConfig
 from reference.engine import Engine
-from reference.workload import load_workload, synthetic
+from workloads import load_workload, synthetic
 
 AZURE_CODE = (REPO / ".." / "shared" / "data" / "azure-llm-inference-2023"
               / "AzureLLMInferenceTrace_code.csv").resolve()
@@ -68,7 +68,7 @@ def prefill_workload(limit: int):
 
 
 def bench_engine(name: str, wl, config, device: str, integrity: bool, torch) -> dict:
-    from reference.torch_runner import TorchRunnerFactory
+    from reference.runners.torch_runner import TorchRunnerFactory
 
     factory = TorchRunnerFactory(device=device, kv_integrity=integrity)
     generated = 0
@@ -95,7 +95,7 @@ def bench_engine(name: str, wl, config, device: str, integrity: bool, torch) -> 
 
 
 def bench_oracle(wl, device: str, torch) -> dict:
-    from reference.torch_model import (
+    from reference.runners.torch_model import (
         SamplingRule,
         TinyModelConfig,
         TinyTransformer,

@@ -5,9 +5,9 @@ Run from anywhere:  .venv/bin/python bench/bench_vllm.py [--steps N] [--quick]
 
 Times each ``schedule()`` and ``update_from_output()`` call, per engine step,
 of (1) ``reference.scheduler.Scheduler`` in this process, driven by the
-scripted model runner (``reference/model_runner.py``), and (2) vLLM's real
+scripted model runner (``reference/runners/scripted.py``), and (2) vLLM's real
 ``vllm.v1.core.sched.scheduler.Scheduler`` in a subprocess under the vLLM
-venv's Python (``harness/vllm_env.py``; build it with
+venv's Python (``harness/candidates/vllm/env.py``; build it with
 ``harness vllm-env 0.33.0``), on the same workloads:
 
   decode-64, decode-256  N requests with 32-token prompts and long max_tokens
@@ -23,7 +23,7 @@ venv's Python (``harness/vllm_env.py``; build it with
 
 vLLM side: the subprocess is this same file (``--_vllm-child``, standard
 library only at import). It builds the scheduler exactly as
-``harness/vllm_driver.py`` does (``Driver.init``: CPU platform, synchronous
+``harness/candidates/vllm/driver.py`` does (``Driver.init``: CPU platform, synchronous
 scheduling, no tokenizer, ``log_stats=False``), then removes the driver's
 decision-recording hooks so the real ``KVCacheManager.allocate_slots``/``free``
 and ``Scheduler._preempt_request`` run, and calls ``schedule()`` and
@@ -36,7 +36,7 @@ outside the timed region on both sides.
 Both sides run the same loop (below): arrivals on a virtual clock
 (``step_fixed_s + step_per_token_s * scheduled tokens`` per step, as
 ``reference.engine.Engine``), scripted tokens (the same function of (seed,
-request, output index) as ``reference.model_runner.scripted_token``), one
+request, output index) as ``reference.runners.scripted.scripted_token``), one
 batch in flight. A digest of each step's decisions (scheduled tokens per
 request, preemptions, finishes) is compared between the two runs, so the
 figures are for identical work.
@@ -93,7 +93,7 @@ VOCAB_SIZE = 32000
 
 def scripted_token(seed: int, request_id: str, output_index: int,
                    eos_at: int | None, eos_token_id: int | None) -> int:
-    """``reference.model_runner.scripted_token`` (checked equal at start-up)."""
+    """``reference.runners.scripted.scripted_token`` (checked equal at start-up)."""
     if eos_at is not None and output_index + 1 == eos_at and eos_token_id is not None:
         return eos_token_id
     digest = hashlib.blake2b(f"{seed}:{request_id}:{output_index}".encode(), digest_size=8).digest()
@@ -193,7 +193,7 @@ def run_scenario(backend, scenario: dict, gc_freeze: bool) -> dict:
 # vLLM side: runs under the vLLM venv's Python (--_vllm-child JOB RESULT).
 # ----------------------------------------------------------------------------
 class VLLMBackend:
-    """vLLM's Scheduler built by harness/vllm_driver.py's Driver, hooks removed."""
+    """vLLM's Scheduler built by harness/candidates/vllm/driver.py's Driver, hooks removed."""
 
     def __init__(self, drv, config: dict, seed: int, log_stats: bool = False) -> None:
         self.drv = drv
@@ -296,7 +296,7 @@ def vllm_child(job_path: str, result_path: str) -> int:
             # A field the driver does not map yet: harmless at its default value.
             if config[key] != job["defaults"].get(key, object()):
                 raise RuntimeError(f"config key {key}={config[key]!r} has no mapping in "
-                                   f"harness/vllm_driver.py")
+                                   f"harness/candidates/vllm/driver.py")
             del config[key]
             if key not in out["dropped_keys"]:
                 out["dropped_keys"].append(key)
@@ -317,7 +317,7 @@ class ReferenceBackend:
 
     def __init__(self, config: dict, seed: int) -> None:
         from reference.config import EngineConfig
-        from reference.model_runner import RequestScript, ScriptedModelRunner
+        from reference.runners.scripted import RequestScript, ScriptedModelRunner
         from reference.request import Request, SamplingParams
         from reference.scheduler import Scheduler
 
@@ -367,7 +367,8 @@ def _spec_dict(spec) -> dict:
 
 def decode_scenario(n: int, steps: int, warmup: int) -> dict:
     from reference.config import EngineConfig
-    from reference.workload import FIRST_PROMPT_TOKEN_ID, RequestSpec
+    from reference.workload import RequestSpec
+    from workloads import FIRST_PROMPT_TOKEN_ID
 
     # Long enough that nobody finishes: admission takes a few steps
     # (n * 32 prompt tokens at 2048 per step), then warmup + steps decodes.
@@ -396,7 +397,7 @@ def decode_scenario(n: int, steps: int, warmup: int) -> dict:
 def azure_scenario(limit: int) -> dict:
     from reference.config import EngineConfig
     from reference.engine import reject_reason
-    from reference.workload import load_workload
+    from workloads import load_workload
 
     config = EngineConfig(**AZURE_CONFIG)
     workload = load_workload(str(AZURE_CODE), limit=limit, time_scale=AZURE_TIME_SCALE, seed=SEED)
@@ -441,7 +442,7 @@ def run_vllm_child(scenarios: list[dict], gc_freeze: bool, log_stats: bool,
     """Run every scenario in one vLLM subprocess: (result, log tail, wall s)."""
     from reference.config import EngineConfig
 
-    from harness.vllm_env import env_python
+    from harness.candidates.vllm.env import env_python
 
     job = {"seed": SEED, "gc_freeze": gc_freeze, "log_stats": log_stats,
            "defaults": EngineConfig().to_dict(),
@@ -508,15 +509,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if str(REPO) not in sys.path:  # importable even without the editable install
         sys.path.insert(0, str(REPO))
-    from harness.vllm_env import env_python, is_ready
-    from reference.model_runner import RequestScript
-    from reference.model_runner import scripted_token as ref_scripted_token
+    from harness.candidates.vllm.env import env_python, is_ready
+    from reference.runners.scripted import RequestScript
+    from reference.runners.scripted import scripted_token as ref_scripted_token
 
     for i in range(50):  # our copy of the scripted model must be the reference's
         script = RequestScript(5, eos_at=7 if i % 2 else None, eos_token_id=2)
         if scripted_token(SEED, f"r{i:06d}", i % 9, script.eos_at, 2) != \
                 ref_scripted_token(SEED, f"r{i:06d}", i % 9, script):
-            print("error: scripted_token differs from reference.model_runner", file=sys.stderr)
+            print("error: scripted_token differs from reference.runners.scripted", file=sys.stderr)
             return 1
     if azure_limit and not AZURE_CODE.is_file():
         print(f"error: {AZURE_CODE}: Azure code trace not found", file=sys.stderr)
@@ -555,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{vllm_out['python']} ({env_python(VLLM_VERSION)}); import + driver setup "
               f"{vllm_out['import_s']:.1f} s")
         print("             Scheduler log_stats=" + ("True (--log-stats)" if args.log_stats
-                                                     else "False (as harness/vllm_driver.py)"))
+                                                     else "False (as harness/candidates/vllm/driver.py)"))
         if vllm_out["dropped_keys"]:
             print(f"             config keys at their default, not mapped by the driver, dropped: "
                   f"{', '.join(vllm_out['dropped_keys'])}")

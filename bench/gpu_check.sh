@@ -42,10 +42,10 @@ if ! "$VENV/bin/pip" install "${pip_args[@]}" -e '.[test]' 2>"$OUT/pip.log"; the
     log "pip install -e '.[test]' failed (offline?); trying without dependencies"
     "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e . 2>>"$OUT/pip.log" || true
 fi
-"$VENV/bin/python" -c 'import click, deepdiff, pyarrow, pytest, rich, harness.cli, reference.torch_model' \
+"$VENV/bin/python" -c 'import click, deepdiff, pyarrow, pytest, rich, harness.cli, reference.runners.torch_model' \
     || { log "missing dependencies (see $OUT/pip.log)"; exit 2; }
 "$VENV/bin/python" - <<'EOF' || { log "torch does not see a CUDA GPU"; exit 2; }
-from reference.torch_model import torch
+from reference.runners.torch_model import torch
 assert torch.cuda.is_available()
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
 EOF

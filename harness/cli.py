@@ -20,12 +20,13 @@ from rich.table import Table
 
 from reference.config import ConfigError, EngineConfig
 from reference.candidate import CandidateError, CandidateFactory
-from reference.workload import WorkloadError, load_workload, with_eos_stops
+from reference.workload import WorkloadError
+from workloads import load_workload, with_eos_stops
 
-from harness.candidates import CandidateSpecError, resolve_candidate
+from harness.candidates.resolve import CandidateSpecError, resolve_candidate
 from harness.check import MAX_PER_INVARIANT, CheckResult, check_steps
-from harness.invariants import INVARIANTS
-from harness.recorder import record as record_run
+from harness.check.invariants import INVARIANTS
+from harness.trace.recorder import record as record_run
 from harness.replay import Divergence, replay as replay_trace
 from harness.trace import Trace, TraceError, open_trace
 
@@ -490,7 +491,7 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
     """
     from harness.mutation import kill_matrix, run_candidate
     from harness.scenarios import SCENARIOS
-    from reference.mutants import MUTANTS_AND_TARGETS
+    from harness.candidates.mutants import MUTANTS_AND_TARGETS
     from reference.scheduler import Scheduler
 
     if list_only:
@@ -547,7 +548,7 @@ def vllm_env(version: str, force: bool) -> None:
     Exit 2 with a one-line message on failure."""
     from rich.markup import escape
 
-    from harness.vllm_env import VLLMEnvError, ensure_env
+    from harness.candidates.vllm.env import VLLMEnvError, ensure_env
 
     try:
         python = ensure_env(version, log=lambda line: err.print(f"[dim]vllm-env:[/] {escape(line)}"),

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.recorder import Row
+from harness.trace.recorder import Row
 from harness.replay import first_difference
 from harness.trace import Trace, TraceError
 

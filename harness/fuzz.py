@@ -71,7 +71,7 @@ from reference.scheduler import Scheduler
 from reference.workload import EOS_TOKEN_ID, RequestSpec, Workload
 
 from harness.check import CheckResult, check_steps
-from harness.recorder import Row, record, run_to_rows
+from harness.trace.recorder import Row, record, run_to_rows
 from harness.replay import first_difference
 
 MAX_REQUESTS = 12
@@ -778,7 +778,7 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, time_budg
     or ``("error", worker, message)``; on KeyboardInterrupt it exits with
     status 130 and puts nothing."""
     try:
-        from harness.candidates import resolve_candidate
+        from harness.candidates.resolve import resolve_candidate
 
         factory = None if spec == "reference" else resolve_candidate(spec)
         last = {"t": 0.0, "shrinking": False}
@@ -820,7 +820,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     ``max_examples`` < 1, CandidateSpecError for a bad ``spec`` (checked here
     first), FuzzWorkerError if a worker fails.
     """
-    from harness.candidates import resolve_candidate
+    from harness.candidates.resolve import resolve_candidate
 
     if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= MAX_WORKERS:
         raise ValueError(f"workers must be an integer in 1..{MAX_WORKERS}, got {workers!r}")

@@ -37,7 +37,7 @@ from reference.config import ConfigError
 from reference.scheduler import Scheduler
 
 from harness.check import CheckResult, check_steps
-from harness.recorder import record
+from harness.trace.recorder import record
 from harness.replay import Divergence, first_difference, replay
 from harness.scenarios import SCENARIOS, Scenario
 from harness.trace import Trace, TraceError, open_trace

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from reference.candidate import CandidateError, CandidateFactory
 from reference.engine import EngineStalled
-from reference.mutants import MUTANTS_AND_TARGETS
+from harness.candidates.mutants import MUTANTS_AND_TARGETS
 
 from harness.check import CheckResult, check_steps
-from harness.recorder import run_to_rows
+from harness.trace.recorder import run_to_rows
 from harness.scenarios import SCENARIOS, Scenario
 
 

@@ -5,7 +5,7 @@ the paged runner produced (its ``output`` rows, in order: including tokens
 past a stop that async scheduling over-scheduled) must equal greedy
 generation by the same model (weights from the trace's ``model`` metadata)
 over the request's prompt alone, without paging, batching, chunking,
-preemption or prefix sharing (``reference.torch_model.dense_generate``).
+preemption or prefix sharing (``reference.runners.torch_model.dense_generate``).
 This is the invariant "output unchanged by preemption, recompute, prefix
 hits, chunked prefill, speculative decoding and async scheduling".
 
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.playback import load_recorded_outputs, trace_model
+from harness.trace.playback import load_recorded_outputs, trace_model
 from harness.replay import workload_from_trace
 from harness.trace import Trace
 from reference.workload import RequestSpec
@@ -45,7 +45,7 @@ def import_torch():
     try:
         import torch
 
-        import reference.torch_model  # noqa: F401  (silences torch's numpy warning)
+        import reference.runners.torch_model  # noqa: F401  (silences torch's numpy warning)
     except ImportError:
         raise OutputsError(f"the torch model runner needs torch: pip install {TORCH_PIN}") from None
     torch.set_num_threads(1)
@@ -107,7 +107,7 @@ def torch_runner_factory(device: str = "auto", kv_integrity: bool = False) -> An
     """A ``TorchRunnerFactory`` (default tiny model) on ``device``; raises
     OutputsError when torch or the device is missing."""
     import_torch()
-    from reference.torch_runner import TorchRunnerFactory
+    from reference.runners.torch_runner import TorchRunnerFactory
 
     try:
         return TorchRunnerFactory(device=device, kv_integrity=kv_integrity)
@@ -119,7 +119,7 @@ def verify_outputs(specs: Iterable[RequestSpec], streams: dict[str, list[int]], 
     """Compare each request's produced tokens (``streams``) with dense greedy
     generation by ``model`` (a ``TinyTransformer``). Requests that produced
     nothing are skipped."""
-    from reference.torch_model import SamplingRule, dense_generate
+    from reference.runners.torch_model import SamplingRule, dense_generate
 
     report = OutputReport()
     for spec in specs:
@@ -147,7 +147,7 @@ def model_from_trace(trace: Trace, device: str = "auto") -> Any:
         raise OutputsError(f"{trace.path}: not recorded with the torch model runner "
                            f"(record it with --model torch)")
     import_torch()
-    from reference.torch_model import TinyModelConfig, TinyTransformer, resolve_device
+    from reference.runners.torch_model import TinyModelConfig, TinyTransformer, resolve_device
 
     try:
         config = TinyModelConfig.from_dict(meta.get("config") or {})

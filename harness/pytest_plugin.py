@@ -39,7 +39,7 @@ def harness_candidate_spec(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def harness_candidate(harness_candidate_spec: str):
     """The candidate factory named by --harness-candidate."""
-    from harness.candidates import CandidateSpecError, resolve_candidate
+    from harness.candidates.resolve import CandidateSpecError, resolve_candidate
 
     try:
         return resolve_candidate(harness_candidate_spec)

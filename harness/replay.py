@@ -5,7 +5,7 @@ parameters) and the config come from the trace itself; the scripted model is
 re-created from the trace's seed, so the candidate sees the same model outputs
 for the same positions. A trace recorded with a real model (metadata key
 ``model``) is re-driven with its recorded outputs instead
-(``harness.playback``): no torch needed. The candidate's steps are compared
+(``harness.trace.playback``): no torch needed. The candidate's steps are compared
 with the trace's as they are produced; the run stops at the first differing
 step.
 """
@@ -23,8 +23,8 @@ from reference.candidate import CandidateError, CandidateFactory
 from reference.engine import EngineStalled
 from reference.workload import Workload
 
-from harness.playback import playback_factory, trace_model
-from harness.recorder import Row, run_to_rows, spec_from_row
+from harness.trace.playback import playback_factory, trace_model
+from harness.trace.recorder import Row, run_to_rows, spec_from_row
 from harness.trace import Trace, TraceError
 
 

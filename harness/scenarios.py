@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reference.config import EngineConfig
-from reference.workload import Workload, synthetic
+from reference.workload import Workload
+from workloads import synthetic
 
 # Block size 4 keeps the tables short enough to read in a diff.
 _SMALL = dict(block_size=4, max_model_len=96, max_num_seqs=4, max_num_batched_tokens=64)

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from reference.model_runner import parse_draft_acceptance_pattern
+from reference.runners.scripted import parse_draft_acceptance_pattern
 
 POLICIES = ("fcfs", "priority")
 #: Keys added after traces were first recorded: ``to_dict`` (trace metadata,
@@ -59,7 +59,7 @@ class EngineConfig:
     # model with probability draft_acceptance_rate (seeded; harness key).
     num_speculative_tokens: int = 0
     draft_acceptance_rate: float = 0.7
-    # Which drafts match (harness key; reference.model_runner.propose_drafts):
+    # Which drafts match (harness key; reference.runners.scripted.propose_drafts):
     # "random" (each with probability draft_acceptance_rate), "all", "none",
     # "prefix-N" (the first N of each proposal) or "cycle" (a request's i-th
     # proposal has its first i mod (K + 1) drafts matching).

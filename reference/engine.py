@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 from reference.config import EngineConfig
 from reference.kv_connector import SimulatedKVWorker
-from reference.model_runner import RequestScript, ScriptedModelRunner
+from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
-from reference.runners import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
+from reference.runners.base import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
 from reference.candidate import Candidate, CandidateError, CandidateFactory
 from reference.output import FinishedRequest, SchedulerOutput, UpdateResult
 from reference.scheduler import Scheduler

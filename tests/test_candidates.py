@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.candidates import CandidateSpecError, resolve_candidate
+from harness.candidates.resolve import CandidateSpecError, resolve_candidate
 from harness.cli import main
 from reference.candidate import Candidate
 from reference.config import EngineConfig
-from reference.mutants import MUTANTS
+from harness.candidates.mutants import MUTANTS
 from reference.scheduler import Scheduler
 
 SMALL = ["--set", "num_gpu_blocks=30", "--set", "max_model_len=96", "--set", "max_num_seqs=4",

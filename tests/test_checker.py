@@ -8,7 +8,7 @@ hand-made trace.
 from __future__ import annotations
 
 from harness.check import TraceChecker
-from harness.invariants import INVARIANTS
+from harness.check.invariants import INVARIANTS
 from harness.mutation import kill_matrix
 from reference.config import EngineConfig
 
@@ -48,7 +48,7 @@ def test_every_invariant_is_shown_to_fire() -> None:
 def test_spec_acceptance_fires_when_the_model_output_ignores_the_drafts(tmp_path) -> None:
     """A model runner (not the scheduler) that returns tokens which do not
     start with the accepted drafts: shown on a doctored spec-decode trace."""
-    from harness.recorder import record
+    from harness.trace.recorder import record
     from harness.scenarios import SCENARIOS
     from harness.trace import open_trace
 
@@ -82,7 +82,7 @@ def test_dp_routing_fires_when_an_arrival_goes_to_the_busier_rank(tmp_path) -> N
     """The coordinator (engine side, not a scheduler) routes to the least
     loaded rank: shown on a doctored data-parallel trace."""
     from harness.check import check_steps
-    from harness.recorder import record
+    from harness.trace.recorder import record
     from harness.scenarios import SCENARIOS
     from harness.trace import open_trace
 

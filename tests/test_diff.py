@@ -237,9 +237,9 @@ def test_stats_pinned_and_cross_checked(tmp_path: Path) -> None:
 
 
 def test_aborted_requests_have_no_latency(tmp_path: Path) -> None:
-    from harness.recorder import record as record_api
+    from harness.trace.recorder import record as record_api
     from reference.config import EngineConfig
-    from reference.workload import synthetic
+    from workloads import synthetic
 
     path = tmp_path / "abort.parquet"
     record_api(synthetic(9, seed=1, abort_fraction=1.0), EngineConfig(), path, seed=1)

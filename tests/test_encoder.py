@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.check import check_steps
-from harness.recorder import record
+from harness.trace.recorder import record
 from harness.replay import replay
 from harness.scenarios import SCENARIOS
 from harness.trace import open_trace
@@ -29,11 +29,12 @@ from reference.encoder_cache_manager import (
     mm_items_in_window,
 )
 from reference.engine import reject_reason
-from reference.mutants import NoEncoderGiveBack
+from harness.candidates.mutants import NoEncoderGiveBack
 from reference.output import EncoderPlan, ScheduledRequest, Skip, Withdrawal
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.scheduler import Scheduler
-from reference.workload import RequestSpec, WorkloadError, synthetic
+from reference.workload import RequestSpec, WorkloadError
+from workloads import synthetic
 
 _BASES = itertools.count(10_000, 10_000)
 
@@ -593,7 +594,7 @@ def test_checker_finds_a_window_over_an_unencoded_input() -> None:
     encoded): ENCODER-INPUTS, with the window and the items."""
     scenario = SCENARIOS["encoder-inputs"]
     rows: list[tuple[int, list[dict]]] = []
-    from harness.recorder import run_to_rows
+    from harness.trace.recorder import run_to_rows
 
     run_to_rows(scenario.make_workload(), scenario.engine_config(), seed=scenario.seed,
                 on_step_rows=lambda step, step_rows: rows.append((step, step_rows)))
@@ -616,7 +617,7 @@ def test_encoder_decisions_identical_to_vllm() -> None:
     """Real vLLM 0.33.0's Scheduler, given multimodal items, its own
     EncoderCacheManager and budget, makes the reference's decisions on every
     step of 60 random workloads (tests/vllm_encoder_diff.py)."""
-    from harness.vllm_env import ensure_env
+    from harness.candidates.vllm.env import ensure_env
 
     python = ensure_env("0.33.0")
     repo = Path(__file__).resolve().parent.parent

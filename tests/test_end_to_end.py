@@ -1,6 +1,6 @@
 """record -> check -> replay on real workload slices, bad input, and broken engines.
 
-Every checker must be shown to fire: each mutant of reference/mutants.py is
+Every checker must be shown to fire: each mutant of harness/candidates/mutants.py is
 recorded on a scenario that exercises its bug and ``harness check`` must exit 1
 naming the intended invariant.
 """
@@ -19,7 +19,7 @@ from harness.cli import main
 from harness.trace import METADATA_KEY
 from harness.mutation import kill_matrix, run_candidate
 from harness.scenarios import SCENARIOS
-from reference.mutants import MUTANTS
+from harness.candidates.mutants import MUTANTS
 from reference.scheduler import Scheduler
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -255,9 +255,9 @@ def test_invariants_listing() -> None:
 def test_abort_in_arrival_step_is_not_a_state_continuity_violation(tmp_path: Path) -> None:
     """A request that arrives and is aborted before the same step starts left
     the checker expecting it in waiting (false STATE-CONTINUITY alarm)."""
-    from harness.recorder import record
+    from harness.trace.recorder import record
     from reference.config import EngineConfig
-    from reference.workload import synthetic
+    from workloads import synthetic
 
     path = tmp_path / "abort.parquet"
     summary = record(synthetic(9, seed=1, abort_fraction=1.0), EngineConfig(), path, seed=1)
@@ -381,7 +381,7 @@ def test_abort_of_every_running_request_in_an_inputs_only_step(tmp_path: Path) -
     """Regression: when aborts leave nothing unfinished, the step has inputs
     only (no schedule part) and the checker kept the aborted requests in its
     idea of `running` (false STATE-CONTINUITY at the next step)."""
-    from harness.recorder import record
+    from harness.trace.recorder import record
     from reference.config import EngineConfig
     from reference.workload import RequestSpec, Workload
 

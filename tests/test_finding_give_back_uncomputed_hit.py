@@ -26,10 +26,11 @@ from pathlib import Path
 import pytest
 
 from harness.check import check_steps
-from harness.recorder import record
+from harness.trace.recorder import record
 from harness.trace import open_trace
 from reference.config import EngineConfig
-from reference.workload import Workload, synthetic
+from reference.workload import Workload
+from workloads import synthetic
 
 CONFIG = EngineConfig(block_size=4, max_model_len=96, max_num_seqs=3, max_num_batched_tokens=64,
                       num_gpu_blocks=26, policy="priority", scheduler_reserve_full_isl=False,
@@ -65,7 +66,7 @@ def test_reference_hits_a_block_its_withdrawn_chunk_never_computed(trace_path: P
 
 @pytest.mark.skipif(os.environ.get("HARNESS_SKIP_VLLM") == "1", reason="HARNESS_SKIP_VLLM=1")
 def test_real_vllm_makes_the_same_decisions(trace_path: Path) -> None:
-    from harness.candidates import resolve_candidate
+    from harness.candidates.resolve import resolve_candidate
     from harness.replay import replay
 
     divergence, compared = replay(open_trace(trace_path), resolve_candidate("vllm@0.33.0"))
@@ -75,7 +76,7 @@ def test_real_vllm_makes_the_same_decisions(trace_path: Path) -> None:
 def test_torch_runner_reads_garbage_and_samples_wrong_tokens(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from harness.outputs import verify_trace_outputs
-    from reference.torch_runner import TorchRunnerFactory
+    from reference.runners.torch_runner import TorchRunnerFactory
 
     factory = TorchRunnerFactory(device="cpu", kv_integrity=True)
     path = tmp_path / "torch.parquet"

@@ -16,14 +16,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from harness.cli import main
 from harness.fuzz import (KNOWN_REFERENCE_FINDINGS, MM_ITEM_BASE, FuzzCase, evaluate, fuzz, fuzz_cases,
                           known_reference_finding, mm_item_tokens, run_case)
-from harness.recorder import record
+from harness.trace.recorder import record
 from harness.trace import open_trace
 from reference.engine import Engine, EngineSummary
 from reference.workload import RequestSpec, Workload
 from reference.config import ConfigError, EngineConfig
 from reference.kv_cache_manager import KVCacheManager
-from reference.model_runner import RequestScript, ScriptedModelRunner
-from reference.mutants import MUTANTS_AND_TARGETS
+from reference.runners.scripted import RequestScript, ScriptedModelRunner
+from harness.candidates.mutants import MUTANTS_AND_TARGETS
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.scheduler import Scheduler
 

@@ -21,7 +21,7 @@ import reference
 from harness.cli import main
 from harness.golden import MANIFEST_NAME, check_goldens, manifest_text, update_goldens
 from harness.scenarios import SCENARIOS
-from reference.mutants import MUTANTS
+from harness.candidates.mutants import MUTANTS
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 

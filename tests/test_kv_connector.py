@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.check import check_steps
-from harness.recorder import record
+from harness.trace.recorder import record
 from harness.scenarios import SCENARIOS
 from harness.trace import open_trace
 from reference.config import ConfigError, EngineConfig

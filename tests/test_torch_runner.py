@@ -18,23 +18,23 @@ from pathlib import Path
 import pytest
 
 # Skips without torch; importing through the model module keeps torch's numpy warning quiet.
-torch = pytest.importorskip("reference.torch_model").torch
+torch = pytest.importorskip("reference.runners.torch_model").torch
 
 from click.testing import CliRunner
 
 from harness.check import check_steps
 from harness.cli import main
 from harness.outputs import verify_outputs, verify_trace_outputs
-from harness.playback import load_recorded_outputs
-from harness.recorder import record
+from harness.trace.playback import load_recorded_outputs
+from harness.trace.recorder import record
 from harness.replay import replay
 from harness.scenarios import SCENARIOS
 from harness.trace import open_trace
 from reference.config import EngineConfig
 from reference.engine import Engine
-from reference.mutants import MUTANTS
+from harness.candidates.mutants import MUTANTS
 from reference.scheduler import Scheduler
-from reference.torch_model import (
+from reference.runners.torch_model import (
     DenseSequence,
     SamplingRule,
     TinyModelConfig,
@@ -42,8 +42,8 @@ from reference.torch_model import (
     dense_generate,
     greedy_sample,
 )
-from reference.torch_runner import TorchRunnerFactory, compute_slot_mapping
-from reference.workload import load_workload, synthetic
+from reference.runners.torch_runner import TorchRunnerFactory, compute_slot_mapping
+from workloads import load_workload, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT / ".." / "shared" / "data" / "mooncake-fast25" / "conversation_trace.jsonl"
@@ -308,7 +308,7 @@ def test_cli_record_verify_and_errors(tmp_path: Path) -> None:
 
 def test_harness_imports_without_torch() -> None:
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import harness.cli, harness.replay, harness.playback, harness.outputs, reference.engine\n"
+            "import harness.cli, harness.replay, harness.trace.playback, harness.outputs, reference.engine\n"
             "from harness.outputs import OutputsError, import_torch\n"
             "try:\n    import_torch()\nexcept OutputsError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

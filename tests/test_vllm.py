@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.candidates import CandidateSpecError, resolve_candidate
+from harness.candidates.resolve import CandidateSpecError, resolve_candidate
 from harness.check import check_steps
 from harness.cli import main
-from harness.recorder import record
+from harness.trace.recorder import record
 from harness.scenarios import SCENARIOS
 from harness.trace import open_trace
 from reference.candidate import CandidateError
@@ -48,7 +48,7 @@ IDENTICAL = ["fcfs-tight", "priority-tight", "prefix-sharing", "chunked-threshol
 @pytest.fixture(scope="module")
 def vllm_env():
     """Build (or find) the vLLM env once per module."""
-    from harness.vllm_env import ensure_env
+    from harness.candidates.vllm.env import ensure_env
 
     return ensure_env(VERSION, log=lambda line: print(f"vllm-env: {line}", file=sys.stderr))
 
@@ -65,7 +65,7 @@ def _record(tmp_path: Path, name: str, engine: str) -> Path:
 @vllm
 @needs_vllm
 def test_driver_starts_and_reports_its_version(vllm_env):
-    from harness.vllm_candidate import VLLMCandidate
+    from harness.candidates.vllm.candidate import VLLMCandidate
 
     config = EngineConfig(num_gpu_blocks=50, block_size=4, max_model_len=96, max_num_seqs=4,
                           max_num_batched_tokens=64)
@@ -144,7 +144,7 @@ def _crash_workload() -> Workload:
 @vllm
 @needs_vllm
 def test_killed_driver_gives_a_clean_one_line_error(vllm_env):
-    from harness.vllm_candidate import VLLMCandidate, VLLMDriverError
+    from harness.candidates.vllm.candidate import VLLMCandidate, VLLMDriverError
 
     config = EngineConfig(num_gpu_blocks=50, block_size=4, max_model_len=96, max_num_seqs=4,
                           max_num_batched_tokens=64)
@@ -178,7 +178,7 @@ def test_killed_driver_gives_a_clean_one_line_error(vllm_env):
 @vllm
 @needs_vllm
 def test_driver_error_is_reported_with_the_failing_op(vllm_env):
-    from harness.vllm_candidate import VLLMCandidate, VLLMDriverError
+    from harness.candidates.vllm.candidate import VLLMCandidate, VLLMDriverError
 
     candidate = VLLMCandidate(EngineConfig(), VERSION)
     with pytest.raises(VLLMDriverError, match=r"raised during 'update': DriverError: "
@@ -313,7 +313,7 @@ def test_vllm_recorded_pipelined_trace_passes_check_and_diffs_equal(vllm_env, tm
 @vllm
 @needs_vllm
 def test_driver_builds_the_scheduler_each_feature_needs(vllm_env):
-    from harness.vllm_candidate import VLLMCandidate
+    from harness.candidates.vllm.candidate import VLLMCandidate
 
     def info(name: str, **over) -> dict:
         candidate = VLLMCandidate(EngineConfig(**{**SCENARIOS[name].config, **over}), VERSION)
@@ -354,7 +354,7 @@ def test_dp_ranks_are_separate_vllm_schedulers(vllm_env):
 @vllm
 @needs_vllm
 def test_batches_in_flight_are_updated_oldest_first(vllm_env):
-    from harness.vllm_candidate import VLLMCandidate, VLLMDriverError
+    from harness.candidates.vllm.candidate import VLLMCandidate, VLLMDriverError
     from reference.request import Request, SamplingParams
 
     config = EngineConfig(num_gpu_blocks=50, block_size=4, max_model_len=96, max_num_seqs=4,
@@ -463,7 +463,7 @@ def test_driver_configures_the_kv_connector_stand_in(vllm_env):
     of the AsyncScheduler in flight; with three batches of the plain
     Scheduler (VllmConfig.max_concurrent_batches reads 1 there) the driver
     sets it."""
-    from harness.vllm_candidate import VLLMCandidate
+    from harness.candidates.vllm.candidate import VLLMCandidate
 
     def info(**over) -> dict:
         config = EngineConfig(**{**SCENARIOS["kv-connector"].config, **over})
@@ -490,8 +490,8 @@ def test_driver_configures_the_kv_connector_stand_in(vllm_env):
 def test_kv_connector_is_refused_where_it_cannot_be_driven(vllm_env):
     """One-line refusals: KV-connector output without the connector, and a
     vLLM version without 0.33.0's connector plumbing (kv_holding_waiting)."""
-    from harness.vllm_candidate import VLLMCandidate, VLLMDriverError
-    from harness.vllm_env import is_ready
+    from harness.candidates.vllm.candidate import VLLMCandidate, VLLMDriverError
+    from harness.candidates.vllm.env import is_ready
 
     candidate = VLLMCandidate(EngineConfig(), VERSION)
     candidate._call("schedule")
@@ -611,18 +611,18 @@ def test_vllm_env_command_refuses_a_bad_version():
     assert "bad vLLM version" in result.output and len(result.output.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("name", ["vllm_driver.py", "vllm_events.py"])
+@pytest.mark.parametrize("name", ["driver.py", "events.py"])
 def test_driver_is_standalone(name):
     """The driver runs under vLLM's venv: only the stdlib, vllm, torch and its
-    sibling vllm_events (imported by path)."""
-    tree = ast.parse((REPO / "harness" / name).read_text())
+    sibling events.py (loaded by path)."""
+    tree = ast.parse((REPO / "harness" / "candidates" / "vllm" / name).read_text())
     roots = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             roots |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             roots.add(node.module.split(".")[0])
-    assert not roots - set(sys.stdlib_module_names) - {"vllm", "torch", "vllm_events"}, roots
+    assert not roots - set(sys.stdlib_module_names) - {"vllm", "torch"}, roots
 
 
 def test_driver_store_matches_the_reference_store():
@@ -630,7 +630,7 @@ def test_driver_store_matches_the_reference_store():
     reference) answers as the reference's on every prompt."""
     import random
 
-    from harness import vllm_events
+    from harness.candidates.vllm import events as vllm_events
     from reference.kv_connector import held_prefix_tokens
 
     rng = random.Random(7)
@@ -643,7 +643,7 @@ def test_driver_store_matches_the_reference_store():
 
 
 def test_pins_are_one_exact_pin_per_line():
-    from harness.vllm_env import read_pins
+    from harness.candidates.vllm.env import read_pins
 
     pins = read_pins()
     assert len(pins) > 50 and all(p.count("==") == 1 for p in pins)

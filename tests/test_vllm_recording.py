@@ -1,8 +1,8 @@
-"""``harness/vllm_recording_scheduler.py``: record real vLLM with the ``--scheduler-cls``
+"""``harness/candidates/vllm/recording_scheduler.py``: record real vLLM with the ``--scheduler-cls``
 subclass, convert the JSONL to a trace, check it and replay it against the reference.
 
 No server and no GPU: a script running under vLLM 0.33.0's CPU venv builds
-``RecordingScheduler`` exactly as ``harness/vllm_driver.py`` builds vLLM's
+``RecordingScheduler`` exactly as ``harness/candidates/vllm/driver.py`` builds vLLM's
 ``Scheduler`` (the driver's class swapped for ours) and drives it with the
 reference engine loop (virtual clock, scripted model outputs, aborts, drafts)
 through ``VLLMCandidate`` answered in-process. Like ``EngineCore.step``, it
@@ -32,7 +32,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.recorder import record
+from harness.trace.recorder import record
 from harness.scenarios import SCENARIOS
 from reference.config import EngineConfig
 from reference.workload import RequestSpec, Workload
@@ -48,9 +48,9 @@ HARNESS_ONLY = ("draft_acceptance_rate", "step_fixed_s", "step_per_token_s")
 DRIVE = r'''
 import dataclasses, json, os, sys, time
 t0 = time.time()
-from harness.vllm_driver import Driver  # sets the CPU-only vLLM environment defaults
-from harness.vllm_recording_scheduler import RecordingScheduler
-from harness.vllm_candidate import VLLMCandidate
+from harness.candidates.vllm.driver import Driver  # sets the CPU-only vLLM environment defaults
+from harness.candidates.vllm.recording_scheduler import RecordingScheduler
+from harness.candidates.vllm.candidate import VLLMCandidate
 from reference.config import EngineConfig
 from reference.engine import Engine
 from reference.workload import RequestSpec, Workload
@@ -130,7 +130,7 @@ class InProcessCandidate(VLLMCandidate):
 
 
 results = {"import_s": time.time() - t0, "runs": {}}
-import harness.vllm_recording_scheduler as recording
+import harness.candidates.vllm.recording_scheduler as recording
 normalise = recording._ev.normalise
 for name, run in json.load(open(sys.argv[1])).items():
     os.environ["SCHED_HARNESS_TRACE"] = run["jsonl"]
@@ -155,7 +155,7 @@ for name, run in json.load(open(sys.argv[1])).items():
 from vllm.config import SchedulerConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 cls = SchedulerConfig.default_factory(
-    scheduler_cls="harness.vllm_recording_scheduler.RecordingScheduler").get_scheduler_cls()
+    scheduler_cls="harness.candidates.vllm.recording_scheduler.RecordingScheduler").get_scheduler_cls()
 results["resolved"] = [cls is RecordingScheduler, issubclass(cls, Scheduler)]
 # Async scheduling (vLLM's default with a custom class) is refused at start-up.
 old = driver.sched
@@ -203,7 +203,7 @@ def recorded(tmp_path_factory):
     """Run the drive script once under vLLM's Python: {name: (jsonl path, engine info)}."""
     if SKIP:
         pytest.skip("HARNESS_SKIP_VLLM=1")
-    from harness.vllm_env import ensure_env
+    from harness.candidates.vllm.env import ensure_env
 
     python = ensure_env(VERSION, log=lambda line: print(f"vllm-env: {line}", file=sys.stderr))
     tmp = tmp_path_factory.mktemp("vllm-recording")
@@ -251,7 +251,7 @@ def _harness_json(*args: str) -> dict:
 @pytest.mark.vllm
 @pytest.mark.parametrize("name", CASES)
 def test_recorded_run_converts_checks_and_replays_identically(recorded, tmp_path, name):
-    from harness.vllm_recording_scheduler import convert
+    from harness.candidates.vllm.recording_scheduler import convert
 
     jsonl, info, config, workload = recorded["runs"][name]
     assert jsonl.is_file() and not list(jsonl.parent.glob(".*.tmp")), "temp file not renamed"
@@ -316,7 +316,7 @@ def test_recorded_run_converts_checks_and_replays_identically(recorded, tmp_path
 @pytest.mark.vllm
 def test_a_killed_server_leaves_a_convertible_log(recorded, tmp_path):
     """Flushed per step: a log cut mid-line (no end record) still converts."""
-    from harness.vllm_recording_scheduler import convert
+    from harness.candidates.vllm.recording_scheduler import convert
 
     jsonl = recorded["runs"]["eos-stop-abort"][0]
     data = jsonl.read_text().splitlines(keepends=True)
@@ -334,7 +334,7 @@ def test_a_killed_server_leaves_a_convertible_log(recorded, tmp_path):
 
 @pytest.mark.vllm
 def test_a_recording_error_stops_recording_not_the_server(recorded, tmp_path):
-    from harness.vllm_recording_scheduler import convert
+    from harness.candidates.vllm.recording_scheduler import convert
 
     jsonl, info, *_ = recorded["runs"]["failing"]
     assert info["summary"]["steps"] > 30 and info["summary"]["finished"] > 0  # the run went on
@@ -354,7 +354,7 @@ def test_scheduler_cls_resolves_and_async_is_refused(recorded):
 
 def test_module_imports_without_vllm():
     """Our venv has no vLLM: convert() is importable, the scheduler class is built lazily."""
-    import harness.vllm_recording_scheduler as mod
+    import harness.candidates.vllm.recording_scheduler as mod
 
     assert callable(mod.convert)
     try:

@@ -1,4 +1,4 @@
-"""Tests for reference.workload: trace loaders, synthetic generator, dispatch, errors."""
+"""Tests for workloads/ (trace loaders, synthetic generator, dispatch, errors) and reference.workload (RequestSpec)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from reference.workload import (
-    EOS_TOKEN_ID,
-    FIRST_PROMPT_TOKEN_ID,
-    MOONCAKE_BLOCK_TOKENS,
-    VOCAB_SIZE,
-    RequestSpec,
-    Workload,
-    WorkloadError,
-    load_azure,
-    load_mooncake,
-    load_workload,
-    synthetic,
-)
+from reference.workload import EOS_TOKEN_ID, VOCAB_SIZE, RequestSpec, Workload, WorkloadError
+
+from workloads import FIRST_PROMPT_TOKEN_ID, MOONCAKE_BLOCK_TOKENS, load_azure, load_mooncake, load_workload, synthetic
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 AZURE_CODE = DATA / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_code.csv"

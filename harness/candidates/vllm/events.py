@@ -2,8 +2,8 @@
 
 STANDALONE: standard library only, no import side effects (no environment
 variables set, no vLLM import at module level), so it can be imported inside a
-vLLM server process (``harness/vllm_recording_scheduler.py``) as well as by the
-subprocess driver (``harness/vllm_driver.py``), which uses these for its
+vLLM server process (``harness/candidates/vllm/recording_scheduler.py``) as well as by the
+subprocess driver (``harness/candidates/vllm/driver.py``), which uses these for its
 hooks, normalisation, finished-request info, snapshots and prefill-gate
 recomputation.
 

@@ -1,8 +1,8 @@
 """Resolve a candidate spec to a factory: the harness's plug-in point.
 
 Specs: ``reference`` (the reference scheduler), ``mutant:NAME`` (a
-deliberately broken one from ``reference/mutants.py``), ``vllm@VERSION``
-(real vLLM's scheduler in a subprocess, ``harness/vllm_candidate.py``), or
+deliberately broken one from ``harness/candidates/mutants.py``), ``vllm@VERSION``
+(real vLLM's scheduler in a subprocess, ``harness/candidates/vllm/candidate.py``), or
 ``package.module:factory`` where ``factory(config: EngineConfig)`` returns an
 object satisfying ``reference.candidate.Candidate``.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 
 from reference.candidate import CandidateFactory
-from reference.mutants import MUTANTS
+from harness.candidates.mutants import MUTANTS
 from reference.scheduler import Scheduler
 
 
@@ -53,7 +53,7 @@ def resolve_candidate(spec: str) -> CandidateFactory:
 
 def _vllm_factory(spec: str) -> CandidateFactory:
     """``vllm@VERSION``: real vLLM behind a driver subprocess; its env must be built."""
-    from harness.vllm_env import VLLMEnvError, check_version, env_dir, is_ready
+    from harness.candidates.vllm.env import VLLMEnvError, check_version, env_dir, is_ready
 
     version = spec.split("@", 1)[1]
     try:
@@ -63,6 +63,6 @@ def _vllm_factory(spec: str) -> CandidateFactory:
     if not is_ready(version):
         raise CandidateSpecError(f"candidate {spec!r}: the vLLM {version} env is not built "
                                  f"({env_dir(version)}); run `harness vllm-env {version}`")
-    from harness.vllm_candidate import make_factory
+    from harness.candidates.vllm.candidate import make_factory
 
     return make_factory(version)

@@ -22,7 +22,7 @@ from reference.candidate import CandidateFactory
 from reference.engine import Engine, EngineStalled, EngineSummary, StepRecord
 from reference.output import (EncoderPlan, FinishedRequest, Preemption, Promotion, RemoteLoad,
                               ScheduledRequest, Skip, Withdrawal)
-from reference.runners import RunnerFactory
+from reference.runners.base import RunnerFactory
 from reference.scheduler import Scheduler
 from reference.workload import RequestSpec, Workload
 

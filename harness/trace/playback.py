@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from harness.trace import Trace, TraceError
 from reference.config import EngineConfig
-from reference.model_runner import RequestScript
+from reference.runners.scripted import RequestScript
 from reference.output import SchedulerOutput
 from reference.workload import RequestSpec
 

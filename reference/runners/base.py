@@ -5,11 +5,11 @@ it is told about requests, executes each scheduled step and returns the
 sampled token ids, proposes drafts for speculative decoding and forgets
 finished requests. The engine builds one runner per data-parallel rank with
 a ``RunnerFactory`` (``Engine(config, runner_factory=...)``); without one it
-uses the scripted runner (``reference.model_runner``), shared by the ranks.
+uses the scripted runner (``reference.runners.scripted``), shared by the ranks.
 
 Runners in this project: the scripted runner (decisions only), the torch
-paged-attention runner (``reference.torch_runner``, needs torch) and the
-playback runner (``harness.playback``: a recorded trace's tokens).
+paged-attention runner (``reference.runners.torch_runner``, needs torch) and the
+playback runner (``harness.trace.playback``: a recorded trace's tokens).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from reference.config import EngineConfig
-from reference.model_runner import RequestScript, ScriptedModelRunner
+from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.output import SchedulerOutput
 from reference.workload import RequestSpec
 

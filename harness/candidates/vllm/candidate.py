@@ -1,8 +1,8 @@
 """Real vLLM as a candidate: ``--engine vllm@0.33.0`` / ``--candidate vllm@0.33.0``.
 
 ``VLLMCandidate`` implements ``reference.candidate.Candidate`` in this process
-and forwards every call to ``harness/vllm_driver.py``, a standalone script
-running under the vLLM venv's Python (``harness/vllm_env.py``), over
+and forwards every call to ``harness/candidates/vllm/driver.py``, a standalone script
+running under the vLLM venv's Python (``harness/candidates/vllm/env.py``), over
 newline-delimited JSON on the subprocess's stdin/stdout. The driver answers
 with decisions already normalised to the shape of ``reference/output.py``;
 this module only turns them back into those dataclasses.
@@ -39,9 +39,9 @@ from reference.output import (FinishedRequest, KVTransferFree, Preemption, Promo
                               UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus
 
-from harness.vllm_env import VLLMEnvError, check_version, env_python, is_ready
+from harness.candidates.vllm.env import VLLMEnvError, check_version, env_python, is_ready
 
-DRIVER = Path(__file__).with_name("vllm_driver.py")
+DRIVER = Path(__file__).with_name("driver.py")
 #: Seconds allowed for the first answer (vLLM import + scheduler construction).
 START_TIMEOUT_S = float(os.environ.get("HARNESS_VLLM_START_TIMEOUT_S", "300"))
 #: Seconds allowed for any other answer.

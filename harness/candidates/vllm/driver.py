@@ -2,9 +2,9 @@
 """Drive vLLM's real v1 ``Scheduler`` step by step, over newline-delimited JSON.
 
 STANDALONE: this script runs under a vLLM virtual environment's Python
-(``harness/vllm_env.py`` builds those) and imports only the standard library,
+(``harness/candidates/vllm/env.py`` builds those) and imports only the standard library,
 ``vllm`` and ``torch`` -- never this project's packages. The harness side is
-``harness/vllm_candidate.py``.
+``harness/candidates/vllm/candidate.py``.
 
 Protocol: one JSON object per line on stdin, one answer per line on stdout
 (the original stdout file descriptor; everything vLLM prints goes to stderr).
@@ -42,7 +42,7 @@ The order comes from wrapping, on the scheduler instance,
 decision), ``_preempt_request``, ``kv_cache_manager.free`` and
 ``pop_blocks_for_free`` (the blocks a request releases, tail first) and the
 ``deferred_waiting`` set (a waiting-loop skip); the values are taken from (and
-checked against) the real ``SchedulerOutput`` (``vllm_events.py``).
+checked against) the real ``SchedulerOutput`` (``events.py``).
 
 Pipelining (the harness's ``max_concurrent_batches``, ``async_scheduling``,
 ``defer_block_free``), driven as vLLM's ``EngineCore.step_with_batch_queue``
@@ -79,7 +79,7 @@ vLLM gets a scheduler-side stand-in, ``HarnessKVStoreConnector`` (a
 kv_load_failure_policy=...)``. Its ``get_num_new_matched_tokens(request,
 num_computed_tokens)`` returns ``(max(held - num_computed_tokens, 0), ext >
 0)`` with ``held = held_prefix_tokens(prompt, block_size,
-kv_store_fraction)`` (``vllm_events.held_prefix_tokens``, a copy of the
+kv_store_fraction)`` (``events.held_prefix_tokens``, a copy of the
 reference's pure function); ``update_state_after_alloc`` does nothing,
 ``build_connector_meta`` returns empty metadata, ``request_finished`` returns
 ``(False, None)`` (a consumer never delays its frees). Everything else is
@@ -101,6 +101,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections import deque
+import importlib.util
 import json
 import os
 import sys
@@ -110,9 +111,13 @@ import traceback
 from pathlib import Path
 
 # The driver runs as a script with the vLLM env's python (no access to our
-# package), so its sibling module is imported by path.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import vllm_events as ev  # noqa: E402
+# package), so its sibling module is loaded by file path, under a private name
+# (a top-level "events" could shadow or be shadowed by another package).
+_EVENTS_SPEC = importlib.util.spec_from_file_location(
+    "sched_harness_vllm_events", Path(__file__).resolve().with_name("events.py"))
+ev = importlib.util.module_from_spec(_EVENTS_SPEC)
+sys.modules[_EVENTS_SPEC.name] = ev
+_EVENTS_SPEC.loader.exec_module(ev)
 
 PROTOCOL = 1
 # The V2 model runner lists resumed requests in scheduled_new_reqs; both

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.check_encoder import EncoderChecks, EncoderStep, Item, block_extra_keys, request_items
-from harness.invariants import INVARIANTS
+from harness.check.encoder import EncoderChecks, EncoderStep, Item, block_extra_keys, request_items
+from harness.check.invariants import INVARIANTS
 
 MAX_PER_INVARIANT = 10
 HISTORY = 8
@@ -1211,7 +1211,7 @@ class _StepState:
     kv_failed: list[str] = field(default_factory=list)  # loads reported failed in this update
     kv_free_due: set[str] = field(default_factory=set)  # finished-while-loading, transfer now done
     running_scheduled: set[str] = field(default_factory=set)  # running-loop requests scheduled (kept)
-    enc: EncoderStep = field(default_factory=EncoderStep)  # encoder inputs (harness.check_encoder)
+    enc: EncoderStep = field(default_factory=EncoderStep)  # encoder inputs (harness.check.encoder)
 
 
 @dataclass

@@ -72,9 +72,9 @@ with warnings.catch_warnings():
     import torch
 
 from reference.config import EngineConfig
-from reference.model_runner import RequestScript
+from reference.runners.scripted import RequestScript
 from reference.output import ScheduledRequest, SchedulerOutput
-from reference.torch_model import (
+from reference.runners.torch_model import (
     DenseSequence,
     SamplingRule,
     TinyModelConfig,
@@ -488,7 +488,7 @@ class TorchModelRunner:
         ``acceptance_rate``; ``all``, ``none``, ``prefix-N``, ``cycle``).
         Requests still prefilling get none (the scheduler would drop them).
         Raises ValueError for an unknown pattern."""
-        from reference.model_runner import parse_draft_acceptance_pattern
+        from reference.runners.scripted import parse_draft_acceptance_pattern
 
         kind, prefix = parse_draft_acceptance_pattern(pattern)
         drafts: dict[str, list[int]] = {}

@@ -4,7 +4,7 @@ Two halves in one file:
 
 * ``RecordingScheduler`` -- a subclass of vLLM's v1 ``Scheduler`` for
   ``--scheduler-cls``. It runs inside the server's engine-core process and
-  imports only the standard library, ``vllm`` and ``harness/vllm_events.py``
+  imports only the standard library, ``vllm`` and ``harness/candidates/vllm/events.py``
   (stdlib only): no pyarrow, no ``reference`` package. As the server runs it
   writes newline-delimited JSON (one file per engine core) and flushes it at
   the end of every step.
@@ -20,11 +20,11 @@ Usage on a GPU server (vLLM 0.33.0; the engine must run synchronously)::
 
     PYTHONPATH=/path/to/sched-harness SCHED_HARNESS_TRACE=/tmp/run1.jsonl \\
       vllm serve MODEL --no-async-scheduling \\
-        --scheduler-cls harness.vllm_recording_scheduler.RecordingScheduler
+        --scheduler-cls harness.candidates.vllm.recording_scheduler.RecordingScheduler
     # ... send traffic, then stop the server (Ctrl-C): the scheduler's
     # shutdown() renames the temporary file to /tmp/run1.jsonl
 
-    .venv/bin/python -c 'from harness.vllm_recording_scheduler import convert; \\
+    .venv/bin/python -c 'from harness.candidates.vllm.recording_scheduler import convert; \\
       print(convert("/tmp/run1.jsonl", "/tmp/run1.parquet"))'
     .venv/bin/harness check /tmp/run1.parquet
 
@@ -94,10 +94,15 @@ from pathlib import Path
 from typing import Any
 
 try:  # as a package module (our venv; PYTHONPATH=repo in the server)
-    from harness import vllm_events as _ev
+    from harness.candidates.vllm import events as _ev
 except ImportError:  # pragma: no cover - loaded by file path
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import vllm_events as _ev  # type: ignore[no-redef]
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "sched_harness_vllm_events", Path(__file__).resolve().with_name("events.py"))
+    _ev = importlib.util.module_from_spec(_spec)  # type: ignore[no-redef]
+    sys.modules[_spec.name] = _ev
+    _spec.loader.exec_module(_ev)
 
 FORMAT = 1
 ENV_PATH = "SCHED_HARNESS_TRACE"
@@ -424,7 +429,7 @@ def _build_recording_scheduler():
 
     class RecordingScheduler(Scheduler):
         """vLLM's ``Scheduler`` writing a sched-harness JSONL log as it runs
-        (see ``harness/vllm_recording_scheduler.py``). Behaviour is unchanged:
+        (see ``harness/candidates/vllm/recording_scheduler.py``). Behaviour is unchanged:
         every override calls the parent and only observes."""
 
         def __init__(self, *args, **kwargs) -> None:
@@ -638,7 +643,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     is written to a temporary file and renamed on success.
     """
     # Our venv only: the reference package, and pyarrow through harness.trace.
-    from harness.recorder import step_rows, trace_metadata
+    from harness.trace.recorder import step_rows, trace_metadata
     from harness.trace import TraceWriter
     from reference.config import ConfigError, EngineConfig
     from reference.engine import StepRecord

@@ -3,9 +3,9 @@
 Each supported vLLM version gets its own venv under ``<repo>/.vllm-envs/<version>/``
 (override the root with ``HARNESS_VLLM_ENVS``), built the light way that
 ``shared/notes/vllm-on-cpu.md`` measured: the CPU build of torch, the pinned
-dependencies of ``harness/vllm_pins.txt`` with ``--no-deps``, then vLLM itself
+dependencies of ``harness/candidates/vllm/pins.txt`` with ``--no-deps``, then vLLM itself
 with ``--no-deps`` (about a minute, 2.2 GB). Nothing of the harness is installed
-there: ``harness/vllm_driver.py`` runs under that venv's Python as a standalone
+there: ``harness/candidates/vllm/driver.py`` runs under that venv's Python as a standalone
 script.
 
 ``ensure_env(version)`` builds it if missing (idempotent, under a file lock);
@@ -34,9 +34,9 @@ from pathlib import Path
 #: version's behaviour, e.g. ``watermark`` on 0.20.2).
 SUPPORTED_VERSIONS = ("0.33.0", "0.29.0", "0.20.2")
 TORCH_VERSION = "2.13.0"
-PINS_FILE = Path(__file__).with_name("vllm_pins.txt")
+PINS_FILE = Path(__file__).with_name("pins.txt")
 MARKER = ".harness-env.json"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class VLLMEnvError(RuntimeError):

@@ -1,0 +1,16 @@
+"""Real vLLM as a candidate.
+
+- ``env``: builds one CPU-only virtual environment per vLLM version
+  (``harness vllm-env``), from ``pins.txt``.
+- ``driver``: a standalone script run by that environment's Python; it drives
+  vLLM's own ``Scheduler`` over JSON lines (stdlib + vLLM only).
+- ``candidate``: ``VLLMCandidate``, the harness-side half of that protocol.
+- ``events``: shared normalisation of vLLM's ``SchedulerOutput`` into our
+  events (imported by path from the driver and the recording scheduler).
+- ``recording_scheduler``: a ``Scheduler`` subclass for ``vllm serve
+  --scheduler-cls`` that logs JSON lines, and ``convert()`` to a trace.
+
+``driver``, ``events`` and ``recording_scheduler`` import only the standard
+library and vLLM (they run inside vLLM's environment); ``candidate`` and
+``env`` run in the harness.
+"""

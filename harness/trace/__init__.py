@@ -1,0 +1,20 @@
+"""Traces: the Parquet file every run is recorded to, and the runs that make them.
+
+- ``schema``: columns, event kinds, schema versions, footer keys (pure data).
+- ``reader``: ``open_trace`` validates a file and streams its steps.
+- ``writer``: ``TraceWriter`` writes row groups to a temp file, renames at the end.
+- ``recorder``: turns engine steps into rows; ``record`` runs a workload to a trace.
+- ``playback``: a model runner that replays a trace's recorded tokens.
+
+May import ``reference`` and ``workloads``; never ``harness.check``,
+``harness.candidates`` or the tools. The names most callers need are
+re-exported here (``from harness.trace import open_trace``).
+"""
+
+from harness.trace.reader import Trace, TraceError, open_trace
+from harness.trace.schema import (COLUMNS, EVENT_KINDS, METADATA_KEY, READABLE_VERSIONS, SCHEMA,
+                                  SCHEMA_VERSION, SUMMARY_KEY)
+from harness.trace.writer import TraceWriter
+
+__all__ = ["COLUMNS", "EVENT_KINDS", "METADATA_KEY", "READABLE_VERSIONS", "SCHEMA", "SCHEMA_VERSION",
+           "SUMMARY_KEY", "Trace", "TraceError", "TraceWriter", "open_trace"]

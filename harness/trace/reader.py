@@ -1,0 +1,144 @@
+"""Open and validate a trace: metadata, schema version, config fingerprint, rows by step.
+
+``open_trace(path)`` refuses anything unusable (not Parquet, truncated, unknown
+schema version, missing column, bad or tampered config) with ``TraceError``,
+whose ``str()`` is one line naming the file; ``Trace.iter_steps()`` streams
+``(step, rows)`` in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.trace.schema import COLUMNS, METADATA_KEY, READABLE_VERSIONS, SCHEMA_VERSION, SUMMARY_KEY
+from reference.config import ConfigError, EngineConfig
+
+
+class TraceError(Exception):
+    """An unusable trace file. ``str()`` is a one-line message naming the file."""
+
+
+@dataclass
+class Trace:
+    """An opened, validated trace: its path, ``meta`` (the metadata dict),
+    ``config`` (validated, fingerprint verified) and ``summary`` (footer:
+    steps, events, and why the engine stalled, if it did)."""
+
+    path: Path
+    meta: dict[str, Any]
+    config: EngineConfig
+    summary: dict[str, Any]
+    num_rows: int
+    _file: pq.ParquetFile
+
+    def iter_steps(self) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """Yield (step, events of that step in order), reading one row group at
+        a time: memory is bounded by a row group, not by the trace.
+
+        Raises TraceError on a corrupt row group or events out of order.
+        """
+        current: int | None = None
+        events: list[dict[str, Any]] = []
+        last_key = (-1, -1)
+        num_steps = 0
+        try:
+            present = [c for c in COLUMNS if c in self._file.schema_arrow.names]
+            absent = dict.fromkeys(c for c in COLUMNS if c not in present)
+            for batch in self._file.iter_batches(batch_size=65536, columns=present):
+                for row in batch.to_pylist():
+                    if absent:
+                        row.update(absent)  # an older schema: its missing columns read as null
+                    key = (row["step"], row["event_index"])
+                    if key <= last_key:
+                        raise TraceError(f"{self.path}: events out of order at step {key[0]} "
+                                         f"event {key[1]}")
+                    last_key = key
+                    if row["step"] != current:
+                        if current is not None:
+                            yield current, events
+                        current, events = row["step"], []
+                        num_steps += 1
+                    events.append(row)
+        except (OSError, pa.ArrowException) as exc:
+            raise TraceError(f"{self.path}: corrupt or truncated data ({_one_line(exc)})") from None
+        if current is not None:
+            yield current, events
+        if num_steps != self.summary["steps"]:
+            raise TraceError(f"{self.path}: incomplete trace: the footer says "
+                             f"{self.summary['steps']} steps, the file holds {num_steps}")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def open_trace(path: str | os.PathLike[str]) -> Trace:
+    """Open and validate a trace. Raises TraceError (missing file, not Parquet,
+    truncated, no metadata, unknown schema version, missing column)."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{p}: no such file")
+    if p.is_dir():
+        raise TraceError(f"{p}: is a directory, not a trace file")
+    try:
+        pf = pq.ParquetFile(p)
+    except (OSError, pa.ArrowException) as exc:
+        raise TraceError(f"{p}: not a Parquet file or truncated ({_one_line(exc)})") from None
+    raw = (pf.metadata.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        raise TraceError(f"{p}: Parquet file without sched-harness metadata (not a trace)")
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        raise TraceError(f"{p}: sched-harness metadata is not valid JSON") from None
+    if not isinstance(meta, dict):
+        raise TraceError(f"{p}: sched-harness metadata is not a JSON object")
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION and version not in READABLE_VERSIONS:
+        hint = "; re-record it with this harness" if isinstance(version, int) and version < SCHEMA_VERSION else ""
+        raise TraceError(f"{p}: unknown trace schema version {version!r} "
+                         f"(this harness reads version {SCHEMA_VERSION}{hint})")
+    names = set(pf.schema_arrow.names)
+    absent = READABLE_VERSIONS.get(version, ())
+    missing = [c for c in COLUMNS if c not in names and c not in absent]
+    if missing:
+        raise TraceError(f"{p}: missing column(s) {', '.join(missing)}")
+    config = _validate_meta(p, meta)
+    raw_summary = (pf.metadata.metadata or {}).get(SUMMARY_KEY)
+    try:
+        summary = json.loads(raw_summary) if raw_summary is not None else None
+    except ValueError:
+        summary = None
+    if not isinstance(summary, dict) or not isinstance(summary.get("steps"), int) \
+            or not isinstance(summary.get("events"), int):
+        raise TraceError(f"{p}: no valid run summary in the footer (the run did not finish "
+                         f"writing, or the file was rewritten)")
+    if summary["events"] != pf.metadata.num_rows:
+        raise TraceError(f"{p}: incomplete trace: the footer says {summary['events']} events, "
+                         f"the file holds {pf.metadata.num_rows}")
+    return Trace(p, meta, config, summary, pf.metadata.num_rows, pf)
+
+
+def _validate_meta(p: Path, meta: Any) -> EngineConfig:
+    """Check the metadata's shape; return its config, validated and fingerprint-checked."""
+    for key, kind in (("engine", str), ("config", dict), ("seed", int), ("workload", dict),
+                      ("config_fingerprint", str)):
+        if key not in meta:
+            raise TraceError(f"{p}: metadata lacks {key!r}")
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            raise TraceError(f"{p}: metadata {key!r} must be a {kind.__name__}, got {meta[key]!r}")
+    try:
+        config = EngineConfig.from_dict(meta["config"])
+    except ConfigError as exc:
+        raise TraceError(f"{p}: bad config in metadata: {exc}") from None
+    if config.fingerprint() != meta["config_fingerprint"]:
+        raise TraceError(f"{p}: config does not match its fingerprint (metadata edited?)")
+    return config
