@@ -4,6 +4,14 @@ Exit codes for every command: 0 ok, 1 invariant violation or divergence,
 2 unusable input (missing, not Parquet, truncated, unknown schema version,
 missing column, bad config or workload), with a one-line message naming the
 file and the problem.
+
+Thin by design: each command parses its options, calls one function of the
+module that owns the work (``harness.trace.recorder``, ``harness.replay``, ``harness.report``,
+``harness.diff``, ``harness.golden``, ``harness.mutation``, ``harness.fuzz``,
+``harness.outputs``, ``harness.candidates.vllm.env``) and prints what comes
+back, the longer reports through that module's ``render_*`` function; errors
+become exit codes here. It is one file over ~500 lines because it declares
+every command's options and help text, which click wants next to the command.
 """
 
 from __future__ import annotations
@@ -18,16 +26,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from reference.config import ConfigError, EngineConfig
+from reference.config import ConfigError
 from reference.candidate import CandidateError, CandidateFactory
 from reference.workload import WorkloadError
-from workloads import load_workload, with_eos_stops
 
 from harness.candidates.resolve import CandidateSpecError, resolve_candidate
-from harness.check import MAX_PER_INVARIANT, CheckResult, check_steps
+from harness.check import CheckResult, check_steps
 from harness.check.invariants import INVARIANTS
-from harness.trace.recorder import record as record_run
+from harness.trace.recorder import record as record_run, record_inputs, requests_ended
 from harness.replay import Divergence, replay as replay_trace
+from harness.report import render_report as render_check_report, report_dict
 from harness.trace import Trace, TraceError, open_trace
 
 console = Console(stderr=False, highlight=False, soft_wrap=True)
@@ -124,16 +132,12 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
         except OutputsError as exc:
             _fail(str(exc))
     try:
-        config = EngineConfig().with_overrides(_parse_sets(sets))
+        config, wl = record_inputs(workload, _parse_sets(sets), limit=limit, time_scale=time_scale,
+                                   seed=seed, priority_levels=priority_levels, stop_on_eos=stop_on_eos)
     except ConfigError as exc:
         _fail(f"bad config: {exc}")
-    try:
-        wl = load_workload(workload, limit=limit, time_scale=time_scale, seed=seed,
-                           priority_levels=priority_levels)
     except (WorkloadError, OSError) as exc:
         _fail(str(exc))
-    if stop_on_eos:
-        wl = with_eos_stops(wl)
     total = len(wl.requests)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} requests done"),
@@ -144,8 +148,7 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
 
         def on_progress(rec) -> None:
             nonlocal done
-            for r in [rec, *rec.peers]:
-                done += len(r.update.finished if r.update else ()) + len(r.aborts) + len(r.rejections)
+            done += requests_ended(rec)
             if rec.step % 64 == 0:
                 progress.update(task, completed=done, step=rec.step)
         try:
@@ -178,48 +181,16 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
 def _torch_report(runner_factory: Any, output: str, kv_integrity: bool, verify_outputs: bool) -> bool:
     """Print the torch runner's figures, integrity findings and the output
     oracle's result; True when anything was found."""
-    from rich.markup import escape
+    from harness.outputs import OutputsError, render_outputs, render_torch_run, verify_trace_outputs
 
-    from harness.outputs import OutputsError, verify_trace_outputs
-
-    tokens = sum(r.num_scheduled_tokens for r in runner_factory.runners)
-    console.print(f"model: tiny-transformer (torch, {runner_factory.device.type}), "
-                  f"{tokens} tokens run through the paged KV cache")
-    found = False
-    if kv_integrity:
-        n = runner_factory.num_findings
-        if n:
-            found = True
-            kinds = {}
-            for r in runner_factory.runners:
-                for k, v in r.findings_by_kind.items():
-                    kinds[k] = kinds.get(k, 0) + v
-            console.print(f"[bold red]KV integrity: {n} finding(s)[/] "
-                          f"({', '.join(f'{k}: {v}' for k, v in sorted(kinds.items()))}); the first:")
-            console.print(escape(runner_factory.findings[0].describe()))
-        else:
-            console.print("[bold green]KV integrity: every K/V read matched the dense computation[/]")
+    found = render_torch_run(runner_factory, kv_integrity, console)
     if verify_outputs:
         try:
             report = verify_trace_outputs(_open(output), str(runner_factory.device.type))
         except OutputsError as exc:
             _fail(str(exc))
-        found |= _print_outputs(report)
+        found |= render_outputs(report, console)
     return found
-
-
-def _print_outputs(report: Any) -> bool:
-    from rich.markup import escape
-
-    if report.ok:
-        console.print(f"[bold green]outputs: {report.requests} requests, {report.tokens} tokens, all "
-                      f"equal to a dense unbatched forward[/]")
-        return False
-    console.print(f"[bold red]outputs: {len(report.mismatches)} of {report.requests} requests differ "
-                  f"from a dense unbatched forward[/] ({report.tokens} tokens compared)")
-    for m in report.mismatches[:5]:
-        console.print("  " + escape(m.describe()))
-    return True
 
 
 @main.command("verify-outputs")
@@ -232,7 +203,7 @@ def verify_outputs_cmd(trace_path: str, device: str, as_json: bool) -> None:
     generation by the same model over its prompt alone (dense, unbatched, unpaged).
 
     Exit 0 all equal, 1 a mismatch, 2 unusable trace (not a torch trace, no torch, no such device)."""
-    from harness.outputs import OutputsError, verify_trace_outputs
+    from harness.outputs import OutputsError, render_outputs, verify_trace_outputs
 
     trace = _open(trace_path)
     try:
@@ -244,7 +215,7 @@ def verify_outputs_cmd(trace_path: str, device: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"trace": str(trace.path), **report.to_dict()}))
     else:
-        _print_outputs(report)
+        render_outputs(report, console)
     sys.exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 
@@ -268,70 +239,10 @@ def _check(trace: Trace) -> CheckResult:
 
 def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, trace: Trace,
             extra: dict[str, Any] | None = None) -> None:
-    ok = result.ok and divergence is None
     if as_json:
-        payload = {"ok": ok, "trace": str(trace.path), "engine": trace.meta.get("engine"),
-                   "steps": result.steps, "requests": result.requests, "finished": result.finished,
-                   "rejected": result.rejected, "aborted": result.aborted,
-                   "preemptions": result.preemptions, "prefix_hit_tokens": result.prefix_hit_tokens,
-                   "draft_tokens": result.draft_tokens,
-                   "rejected_draft_tokens": result.rejected_draft_tokens,
-                   "deferred_frees": result.deferred_frees,
-                   "deferred_prefill_steps": result.deferred_prefill_steps,
-                   "remote_kv_loads": result.remote_kv_loads,
-                   "failed_kv_loads": result.failed_kv_loads,
-                   "num_violations": result.num_violations,
-                   "violations_by_invariant": result.by_invariant,
-                   "violations": [v.to_dict() for v in result.violations],
-                   "divergence": divergence.to_dict() if divergence else None, **(extra or {})}
-        click.echo(json.dumps(payload, default=str))
-        return
-    table = Table(show_header=False, box=None)
-    rows = [("trace", str(trace.path)), ("engine", trace.meta.get("engine")),
-            ("steps", result.steps), ("requests", result.requests),
-            ("finished", result.finished), ("rejected", result.rejected),
-            ("aborted", result.aborted), ("preemptions", result.preemptions),
-            ("prefix-hit tokens", result.prefix_hit_tokens)]
-    if result.draft_tokens:
-        rows.append(("draft tokens (rejected)", f"{result.draft_tokens} ({result.rejected_draft_tokens})"))
-    if result.deferred_frees:
-        rows.append(("deferred frees drained", result.deferred_frees))
-    if result.deferred_prefill_steps:
-        rows.append(("steps deferring prefills", result.deferred_prefill_steps))
-    if result.remote_kv_loads:
-        rows.append(("remote KV loads (failed)", f"{result.remote_kv_loads} ({result.failed_kv_loads})"))
-    for label, value in rows:
-        table.add_row(label, str(value))
-    console.print(table)
-    for v in result.violations:
-        console.print(f"[bold red]VIOLATION[/] {v.invariant} at step {v.step}"
-                      + (f", request {v.request}" if v.request else "") + f": {v.message}")
-        console.print(f"  rule: {INVARIANTS[v.invariant].statement}")
-        for line in v.history:
-            console.print(f"    {line}")
-    if result.num_violations > len(result.violations):
-        counts = ", ".join(f"{k}: {v}" for k, v in sorted(result.by_invariant.items()))
-        console.print(f"... {result.num_violations} violations in all ({counts}); "
-                      f"the first {MAX_PER_INVARIANT} of each are shown")
-    if divergence is not None:
-        console.print(f"[bold red]DIVERGENCE[/] at step {divergence.step}, event #{divergence.event_index}"
-                      f" ({divergence.kind or '-'}), request {divergence.request or '-'}, "
-                      f"field {divergence.field}: expected {divergence.expected!r}, got {divergence.actual!r}")
-        if divergence.diff:
-            console.print(divergence.diff)
-        for side, rows in (("trace", divergence.context_expected), ("candidate", divergence.context_actual)):
-            console.print(f"  {side} step {divergence.step}:")
-            for row in rows[:12]:
-                console.print("    " + _brief_row(row))
-    if ok:
-        console.print("[bold green]conformant[/]" + (f": {extra['replayed_steps']} steps replayed, "
-                                                    f"identical decisions" if extra else ""))
-
-
-def _brief_row(row: dict[str, Any]) -> str:
-    keys = ("kind", "request_id", "schedule_kind", "num_computed_tokens", "num_scheduled_tokens",
-            "num_prefix_hit_tokens", "block_ids", "token_ids", "finish_reason", "num_free_blocks")
-    return " ".join(f"{k}={row[k]}" for k in keys if row.get(k) not in (None, []))
+        click.echo(json.dumps(report_dict(result, divergence, trace, extra), default=str))
+    else:
+        render_check_report(result, divergence, trace, console, extra)
 
 
 @main.command()
@@ -489,10 +400,9 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
     the clean reference violates anything. With --scenario, mutants of
     features those scenarios never exercise are expected to survive.
     """
-    from harness.mutation import kill_matrix, run_candidate
+    from harness.mutation import render_matrix, run_mutation
     from harness.scenarios import SCENARIOS
     from harness.candidates.mutants import MUTANTS_AND_TARGETS
-    from reference.scheduler import Scheduler
 
     if list_only:
         for name in MUTANTS_AND_TARGETS:
@@ -504,39 +414,12 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
     for name in scenario_names:
         if name not in SCENARIOS:
             raise click.BadParameter(f"unknown scenario {name!r}", param_hint="--scenario")
-    scenario_list = list(scenario_names) or list(SCENARIOS)
-    clean = {s: run_candidate(Scheduler, SCENARIOS[s]) for s in scenario_list}
-    rows = kill_matrix(list(mutant_names) or None, scenario_list)
-    dirty = {s: c.result.by_invariant for s, c in clean.items() if not c.result.ok}
-    survivors = [r.mutant for r in rows if not r.killed]
+    report = run_mutation(list(mutant_names) or None, list(scenario_names) or None)
     if as_json:
-        click.echo(json.dumps({
-            "ok": not survivors and not dirty, "survivors": survivors, "reference_violations": dirty,
-            "matrix": {r.mutant: {"target": r.target, "killed": r.killed,
-                                  "cells": {s: {"target_hits": c.result.by_invariant.get(r.target, 0),
-                                                "violations": c.result.by_invariant, "ended": c.ended}
-                                            for s, c in r.cells.items()}} for r in rows}}))
+        click.echo(json.dumps(report.to_dict()))
     else:
-        # One row per mutant: readable at any terminal width.
-        table = Table("mutant", "target invariant", "fired on (scenario: times)", "killed")
-        clean_cells = [s for s in scenario_list if not clean[s].result.ok]
-        table.add_row("[dim]reference[/]", "[dim](none)[/]",
-                      "clean on every scenario" if not clean_cells else
-                      f"[red]violations on {', '.join(clean_cells)}[/]", "")
-        for r in rows:
-            hits = [f"{s}: {r.cells[s].result.by_invariant.get(r.target, 0)}"
-                    + ("*" if r.cells[s].ended else "")
-                    for s in scenario_list if r.cells[s].result.by_invariant.get(r.target)]
-            table.add_row(r.mutant, r.target, ", ".join(hits) or "-",
-                          "[green]yes[/]" if r.killed else "[bold red]SURVIVED[/]")
-        console.print(table)
-        console.print("times the target invariant fired per scenario; * = the run ended early "
-                      "(stalled or the candidate raised)")
-        if dirty:
-            console.print(f"[bold red]the reference violates invariants:[/] {dirty}")
-        console.print(f"{len(rows) - len(survivors)}/{len(rows)} mutants killed"
-                      + (f"; survivors: {', '.join(survivors)}" if survivors else ""))
-    sys.exit(EXIT_FOUND if survivors or dirty else EXIT_OK)
+        render_matrix(report, console)
+    sys.exit(EXIT_OK if report.ok else EXIT_FOUND)
 
 
 @main.command("vllm-env")
@@ -622,9 +505,8 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     known finding (a documented vLLM 0.33.0 behaviour, e.g. the KV-connector wedge) is passed
     over and counted in the summary, unless --report-known. Exit 0 nothing found, 1 something
     found, 2 bad arguments."""
-    from rich.markup import escape
-
     from harness.fuzz import FuzzWorkerError, WorkerProgress, fuzz_parallel, write_witnesses
+    from harness.fuzz.report import render_summary, render_witnesses
 
     factory = _candidate(candidate)
     workers = min(workers, max_examples)  # fuzz_parallel never uses more
@@ -650,42 +532,12 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
                                    skip_known=not report_known)
         except FuzzWorkerError as exc:
             _fail(str(exc))
-    stop = " (time budget spent)" if result.budget_exhausted and not result.found else ""
-    used = len(result.workers)
-    on = f" on {used} workers" if used > 1 else ""
-    console.print(f"fuzzed [bold]{candidate}[/]: {result.examples} examples{on} in "
-                  f"{result.elapsed_s:.1f} s, seed {seed}{stop}")
-    if result.known:
-        console.print("passed over known reference findings: "
-                      + ", ".join(f"{name} x{n}" for name, n in result.known.items())
-                      + " (--report-known to stop at them)")
+    render_summary(result, candidate, seed, console)
     if not result.found:
         console.print("[bold green]nothing found[/]")
         sys.exit(EXIT_OK)
     witnesses = write_witnesses(out_dir, candidate, factory, result)
-    if used > 1:
-        console.print(f"[bold red]FOUND[/] by {len(result.found)} of {used} workers, "
-                      f"{len(witnesses)} distinct shrunk scenario(s):")
-    for wit in witnesses:
-        res = wit.worker.result
-        failure, case = res.failure, res.case
-        who = ""
-        if used > 1:
-            others = [i for i in wit.found_by if i != wit.worker.worker]
-            who = (f"worker {wit.worker.worker} (seed {wit.worker.seed})"
-                   + (f", also worker{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
-                      if others else "") + ": ")
-        console.print(f"[bold red]FOUND[/] {who}{failure.kind}: {escape(failure.message)}")
-        if failure.invariants:
-            console.print("  invariants: " + ", ".join(f"{k}: {v}" for k, v in sorted(failure.invariants.items())))
-        console.print(f"  shrunk to {escape(case.describe())} ({res.shrink_calls} shrink runs)")
-        console.print(f"  trace {wit.trace}, description {wit.json}")
-        console.print(f"  replay: {wit.command}")
-    if len(witnesses) > 1:
-        smallest = result.smallest()
-        best = next(w for w in witnesses if smallest.worker in w.found_by)
-        console.print(f"smallest: worker {best.worker.worker}, {escape(best.worker.result.case.describe())}; "
-                      f"replay: {best.command}")
+    render_witnesses(result, witnesses, console)
     sys.exit(EXIT_FOUND)
 
 

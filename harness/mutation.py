@@ -8,9 +8,14 @@ violate nothing anywhere. This is what proves each checker can fire.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
 
 from reference.candidate import CandidateError, CandidateFactory
 from reference.engine import EngineStalled
+from reference.scheduler import Scheduler
 from harness.candidates.mutants import MUTANTS_AND_TARGETS
 
 from harness.check import CheckResult, check_steps
@@ -65,3 +70,71 @@ def kill_matrix(mutants: list[str] | None = None,
             row.cells[sc.name] = run_candidate(cls, sc)
         rows.append(row)
     return rows
+
+
+@dataclass
+class MutationReport:
+    """The self-test's outcome (``run_mutation``): the scenarios run, the
+    clean reference's cell on each, and one row per mutant."""
+
+    scenarios: list[str]
+    clean: dict[str, Cell]
+    rows: list[MatrixRow]
+
+    @property
+    def dirty(self) -> dict[str, dict[str, int]]:
+        """Violations of the clean reference, by scenario then invariant (must be empty)."""
+        return {s: c.result.by_invariant for s, c in self.clean.items() if not c.result.ok}
+
+    @property
+    def survivors(self) -> list[str]:
+        """The mutants whose target invariant fired on no scenario."""
+        return [r.mutant for r in self.rows if not r.killed]
+
+    @property
+    def ok(self) -> bool:
+        """Every mutant killed and the reference clean everywhere."""
+        return not self.survivors and not self.dirty
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``harness mutants --json``."""
+        return {
+            "ok": self.ok, "survivors": self.survivors, "reference_violations": self.dirty,
+            "matrix": {r.mutant: {"target": r.target, "killed": r.killed,
+                                  "cells": {s: {"target_hits": c.result.by_invariant.get(r.target, 0),
+                                                "violations": c.result.by_invariant, "ended": c.ended}
+                                            for s, c in r.cells.items()}} for r in self.rows}}
+
+
+def run_mutation(mutants: list[str] | None = None, scenarios: list[str] | None = None) -> MutationReport:
+    """Run the clean reference and then every mutant (``kill_matrix``) on
+    every scenario (all of ``MUTANTS_AND_TARGETS`` / ``SCENARIOS`` when
+    None). KeyError for an unknown name."""
+    scenario_list = scenarios or list(SCENARIOS)
+    clean = {s: run_candidate(Scheduler, SCENARIOS[s]) for s in scenario_list}
+    return MutationReport(scenario_list, clean, kill_matrix(mutants or None, scenario_list))
+
+
+def render_matrix(report: MutationReport, console: Console) -> None:
+    """Print the kill matrix, one row per mutant (readable at any terminal
+    width): its target, the scenarios where it fired and how often, killed
+    or SURVIVED; then the reference's violations, if any, and the count."""
+    clean, rows, survivors = report.clean, report.rows, report.survivors
+    table = Table("mutant", "target invariant", "fired on (scenario: times)", "killed")
+    clean_cells = [s for s in report.scenarios if not clean[s].result.ok]
+    table.add_row("[dim]reference[/]", "[dim](none)[/]",
+                  "clean on every scenario" if not clean_cells else
+                  f"[red]violations on {', '.join(clean_cells)}[/]", "")
+    for r in rows:
+        hits = [f"{s}: {r.cells[s].result.by_invariant.get(r.target, 0)}"
+                + ("*" if r.cells[s].ended else "")
+                for s in report.scenarios if r.cells[s].result.by_invariant.get(r.target)]
+        table.add_row(r.mutant, r.target, ", ".join(hits) or "-",
+                      "[green]yes[/]" if r.killed else "[bold red]SURVIVED[/]")
+    console.print(table)
+    console.print("times the target invariant fired per scenario; * = the run ended early "
+                  "(stalled or the candidate raised)")
+    if report.dirty:
+        console.print(f"[bold red]the reference violates invariants:[/] {report.dirty}")
+    console.print(f"{len(rows) - len(survivors)}/{len(rows)} mutants killed"
+                  + (f"; survivors: {', '.join(survivors)}" if survivors else ""))

@@ -23,6 +23,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
+
 from harness.trace.playback import load_recorded_outputs, trace_model
 from harness.replay import workload_from_trace
 from harness.trace import Trace
@@ -166,3 +169,38 @@ def verify_trace_outputs(trace: Trace, device: str = "auto") -> OutputReport:
     model = model_from_trace(trace, device)
     streams = load_recorded_outputs(trace).streams
     return verify_outputs(workload_from_trace(trace).requests, streams, model)
+
+
+def render_torch_run(runner_factory: Any, kv_integrity: bool, console: Console) -> bool:
+    """Print what a ``--model torch`` recording ran (device, tokens through
+    the paged KV cache) and, with ``kv_integrity``, its integrity findings
+    by kind and the first in full; True when there is a finding.
+    ``runner_factory``: the ``TorchRunnerFactory`` the recording used."""
+    tokens = sum(r.num_scheduled_tokens for r in runner_factory.runners)
+    console.print(f"model: tiny-transformer (torch, {runner_factory.device.type}), "
+                  f"{tokens} tokens run through the paged KV cache")
+    if not kv_integrity:
+        return False
+    n = runner_factory.num_findings
+    if not n:
+        console.print("[bold green]KV integrity: every K/V read matched the dense computation[/]")
+        return False
+    kinds = runner_factory.findings_by_kind
+    console.print(f"[bold red]KV integrity: {n} finding(s)[/] "
+                  f"({', '.join(f'{k}: {v}' for k, v in sorted(kinds.items()))}); the first:")
+    console.print(escape(runner_factory.findings[0].describe()))
+    return True
+
+
+def render_outputs(report: OutputReport, console: Console) -> bool:
+    """Print the output oracle's verdict (the first five mismatches in
+    full); True when some request differs."""
+    if report.ok:
+        console.print(f"[bold green]outputs: {report.requests} requests, {report.tokens} tokens, all "
+                      f"equal to a dense unbatched forward[/]")
+        return False
+    console.print(f"[bold red]outputs: {len(report.mismatches)} of {report.requests} requests differ "
+                  f"from a dense unbatched forward[/] ({report.tokens} tokens compared)")
+    for m in report.mismatches[:5]:
+        console.print("  " + escape(m.describe()))
+    return True

@@ -13,6 +13,12 @@ and a target (``num_tokens_with_spec`` + placeholders); every step gives
 requests tokens so the computed count catches up, first to ``running`` (in
 order, preempting on KV shortage), then, only if nobody was preempted, to
 ``waiting`` (admissions).
+
+One file over ~500 lines on purpose: it mirrors vLLM's single
+``scheduler.py`` method for method (same names, same order of the phases),
+so a reader can hold it next to the upstream file and a vLLM change maps to
+one place here; what vLLM keeps in other modules (queues, block pool,
+KV-cache manager, encoder cache, connector) is in other modules here too.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """record -> check -> replay on real workload slices, bad input, and broken engines.
 
-Every checker must be shown to fire: each mutant of harness/candidates/mutants.py is
+Every checker must be shown to fire: each mutant of harness/candidates/mutants/ is
 recorded on a scenario that exercises its bug and ``harness check`` must exit 1
 naming the intended invariant.
 """

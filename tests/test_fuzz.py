@@ -1,4 +1,4 @@
-"""Issue 7: property-based fuzzing (harness/fuzz.py, `harness fuzz`, also
+"""Issue 7: property-based fuzzing (harness/fuzz/, `harness fuzz`, also
 with --workers), the scripted proposer's draft acceptance patterns, and
 stateful tests of the block pool / KV-cache manager and of the scheduler."""
 

@@ -1,7 +1,7 @@
 """Resolve a candidate spec to a factory: the harness's plug-in point.
 
 Specs: ``reference`` (the reference scheduler), ``mutant:NAME`` (a
-deliberately broken one from ``harness/candidates/mutants.py``), ``vllm@VERSION``
+deliberately broken one from ``harness/candidates/mutants/``), ``vllm@VERSION``
 (real vLLM's scheduler in a subprocess, ``harness/candidates/vllm/candidate.py``), or
 ``package.module:factory`` where ``factory(config: EngineConfig)`` returns an
 object satisfying ``reference.candidate.Candidate``.

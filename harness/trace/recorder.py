@@ -25,6 +25,7 @@ from reference.output import (EncoderPlan, FinishedRequest, Preemption, Promotio
 from reference.runners.base import RunnerFactory
 from reference.scheduler import Scheduler
 from reference.workload import RequestSpec, Workload
+from workloads import load_workload, with_eos_stops
 
 from harness.trace import TraceWriter
 
@@ -190,6 +191,30 @@ def trace_metadata(workload: Workload, config: EngineConfig, seed: int, engine: 
     if model is not None:
         meta["model"] = model
     return meta
+
+
+def record_inputs(workload: str | Path, overrides: dict[str, str], *, limit: int | None = None,
+                  time_scale: float = 1.0, seed: int = 0, priority_levels: int = 1,
+                  stop_on_eos: bool = False) -> tuple[EngineConfig, Workload]:
+    """The config and workload ``harness record`` runs: ``EngineConfig()``
+    with ``overrides`` (``--set`` values, vLLM's names, parsed by
+    ``EngineConfig.with_overrides``), and ``workloads.load_workload(workload,
+    ...)``, ending on EOS when ``stop_on_eos`` (``with_eos_stops``).
+
+    Raises ConfigError for a bad override (before the workload is read),
+    WorkloadError or OSError for an unusable workload."""
+    config = EngineConfig().with_overrides(overrides)
+    wl = load_workload(workload, limit=limit, time_scale=time_scale, seed=seed,
+                       priority_levels=priority_levels)
+    return config, with_eos_stops(wl) if stop_on_eos else wl
+
+
+def requests_ended(rec: StepRecord) -> int:
+    """Requests that ended in the step of ``rec``, over every data-parallel
+    rank (``rec.peers``): finished by its update, aborted, or rejected at
+    arrival (a recording's progress, in requests)."""
+    return sum(len(r.update.finished if r.update else ()) + len(r.aborts) + len(r.rejections)
+               for r in [rec, *rec.peers])
 
 
 def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, seed: int = 0,

@@ -55,6 +55,12 @@ is refused with ValueError).
 
 Deterministic: no global state, no randomness besides the seeded weights
 and the hash-based coin.
+
+One file over ~500 lines: the runner's job (execute a SchedulerOutput on a
+paged KV cache) and its KV-integrity mode share the per-step state (block
+tables, slot mapping, writes in flight, owner history) that the checks read
+as each layer runs; the model, the attention and the dense oracle are
+already in ``torch_model.py``.
 """
 
 from __future__ import annotations
@@ -645,3 +651,13 @@ class TorchRunnerFactory:
     @property
     def num_findings(self) -> int:
         return sum(r.num_findings for r in self.runners)
+
+    @property
+    def findings_by_kind(self) -> dict[str, int]:
+        """Integrity findings of all runners together, by kind (all of them,
+        not only the first ``MAX_FINDINGS`` kept)."""
+        kinds: dict[str, int] = {}
+        for r in self.runners:
+            for k, v in r.findings_by_kind.items():
+                kinds[k] = kinds.get(k, 0) + v
+        return kinds

@@ -76,6 +76,12 @@ What ``convert`` does with them (the trace is replayable because of it):
   (vLLM's ``_process_aborts_queue``) cannot be placed in the trace's step
   order; they are moved to the next step and counted in
   ``vllm_recording.warnings``.
+
+One file over ~500 lines on purpose: it is loaded inside vLLM's engine-core
+process (``--scheduler-cls``), where only the standard library, vLLM and
+``events.py`` (by path) may be imported, and the JSONL it writes and
+``convert``, the one reader of that JSONL, change together; keeping both in
+one file keeps the format in one place.
 """
 
 from __future__ import annotations

@@ -1,0 +1,178 @@
+"""Mutants of KV blocks and the prefix cache.
+
+Each swaps in a broken ``KVCacheManager`` or ``BlockPool`` (leaks on finish,
+abort or preemption, a double free, the wrong end of the free queue, a
+reallocated block keeping its hash, one block too many, a held block handed
+out again); the invariant that catches it is in its docstring and in
+``harness.candidates.mutants.MUTANTS_AND_TARGETS``.
+"""
+
+from __future__ import annotations
+
+from reference.block_pool import BlockPool
+from reference.kv_cache_manager import KVCacheManager
+from reference.request import Request, RequestStatus
+from reference.scheduler import Scheduler
+
+
+def build_kv_manager(cls: type[KVCacheManager], config) -> KVCacheManager:
+    """A KV-cache manager of the (broken) class ``cls`` built like the reference's."""
+    return cls(num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size,
+               max_model_len=config.max_model_len, enable_caching=config.enable_prefix_caching,
+               watermark=config.watermark)
+
+
+class _LeakyKVCacheManager(KVCacheManager):
+    def free(self, request: Request) -> list[int]:
+        if request.is_finished():
+            # Forget the table without returning the blocks (the leak).
+            blocks = self.req_to_blocks.pop(request.request_id, [])
+            self.num_cached_block.pop(request.request_id, None)
+            return [b.block_id for b in blocks[::-1]]
+        return super().free(request)
+
+
+class LeakOnFinish(Scheduler):
+    """Finished requests never return their blocks (BLOCK-CONSERVATION)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager = build_kv_manager(_LeakyKVCacheManager, config)
+
+
+class _NoEvictBlockPool(BlockPool):
+    def _maybe_evict_cached_block(self, block) -> None:
+        pass  # the bug: a reallocated block keeps its old hash in the map
+
+
+class HitEvictedBlock(Scheduler):
+    """Reallocating a free cached block does not evict its hash, so a later
+    prefix hit can land on a block that now holds other tokens
+    (PREFIX-HIT-RULES)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager.block_pool = _NoEvictBlockPool(
+            config.num_gpu_blocks, config.enable_prefix_caching)
+
+
+class _AbortLeakKVCacheManager(KVCacheManager):
+    def free(self, request: Request) -> list[int]:
+        if request.status == RequestStatus.FINISHED_ABORTED:
+            self.req_to_blocks.pop(request.request_id, None)
+            self.num_cached_block.pop(request.request_id, None)
+            return []  # the blocks never return to the pool
+        return super().free(request)
+
+
+class LeakOnAbort(Scheduler):
+    """An aborted request's blocks are forgotten, not freed (FREE-ORDER)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager = build_kv_manager(_AbortLeakKVCacheManager, config)
+
+
+class _DoubleFreeKVCacheManager(KVCacheManager):
+    def free(self, request: Request) -> list[int]:
+        blocks = list(self.req_to_blocks.get(request.request_id, ()))
+        freed = super().free(request)
+        # The bug: a block still shared with another request is released a
+        # second time, so it enters the free queue while still referenced.
+        shared = [b for b in blocks if b.ref_cnt > 0]
+        self.block_pool.free_blocks(shared[:1])
+        return freed
+
+
+class _TolerantBlockPool(BlockPool):
+    def free_blocks(self, ordered_blocks) -> None:
+        # Ignore frees of blocks already at ref 0 instead of asserting, so the
+        # double free shows up in the trace rather than as a crash.
+        super().free_blocks([b for b in ordered_blocks if b.ref_cnt > 0])
+
+
+class DoubleFreeShared(Scheduler):
+    """Frees a prefix-shared block twice; it is then handed to a new owner
+    while the other request still holds it (BLOCK-CONSERVATION)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager = build_kv_manager(_DoubleFreeKVCacheManager, config)
+        self.kv_cache_manager.block_pool = _TolerantBlockPool(
+            config.num_gpu_blocks, config.enable_prefix_caching)
+
+
+class _TailFreeBlockPool(BlockPool):
+    def free_blocks(self, ordered_blocks) -> None:
+        ordered = list(ordered_blocks)
+        for block in ordered:
+            block.ref_cnt -= 1
+        # The bug: every block goes to the tail, unhashed ones included.
+        self.free_block_queue.append_n([b for b in ordered if b.ref_cnt == 0])
+
+
+class FreeUnhashedToTail(Scheduler):
+    """Unhashed (partial) blocks are freed to the tail instead of the head
+    (ALLOC-FROM-HEAD: the next allocation does not take the expected block)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager.block_pool = _TailFreeBlockPool(
+            config.num_gpu_blocks, config.enable_prefix_caching)
+
+
+class _PreemptLeakKVCacheManager(KVCacheManager):
+    def free(self, request: Request) -> list[int]:
+        if request.status != RequestStatus.RUNNING:
+            return super().free(request)
+        # Preemption (the request is still RUNNING here): the first block is
+        # dropped from the table but never returned to the pool.
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        if blocks:
+            blocks.pop(0)
+            self.num_cached_block.pop(request.request_id, None)
+        return super().free(request)
+
+
+class PreemptKeepsBlock(Scheduler):
+    """A preempted request does not give back its first block (PREEMPT-EFFECTS)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager = build_kv_manager(_PreemptLeakKVCacheManager, config)
+
+
+class _OverAllocKVCacheManager(KVCacheManager):
+    def allocate_slots(self, request, num_new_tokens, **kwargs):
+        if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            kwargs["num_lookahead_tokens"] = self.block_size  # one block too many
+        return super().allocate_slots(request, num_new_tokens, **kwargs)
+
+
+class OverAllocate(Scheduler):
+    """Admissions get one block more than their tokens need (BLOCKS-COVER)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager = build_kv_manager(_OverAllocKVCacheManager, config)
+
+
+class _ReuseHeldBlockPool(BlockPool):
+    def get_new_blocks(self, num_blocks: int):
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        for block in blocks:
+            self._maybe_evict_cached_block(block)
+            block.ref_cnt += 1
+        if blocks and blocks[-1].ref_cnt == 1:
+            # The bug: the last block stays at the head, to be handed out again.
+            self.free_block_queue.prepend_n([blocks[-1]])
+        return blocks
+
+
+class ReuseHeldBlock(Scheduler):
+    """Hands a block still held by one request to another (BLOCK-EXCLUSIVE)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager.block_pool = _ReuseHeldBlockPool(
+            config.num_gpu_blocks, config.enable_prefix_caching)

@@ -1,0 +1,58 @@
+"""What ``harness fuzz`` prints: the run's summary line (examples, workers,
+seconds, seed, known findings passed over) and, per written witness, its
+failure, its shrunk case, its files and the ``harness replay`` command that
+reproduces it. Rendering only; ``harness.cli`` calls it with its console.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+
+from harness.fuzz.parallel import ParallelFuzzResult
+from harness.fuzz.witness import Witness
+
+
+def render_summary(result: ParallelFuzzResult, candidate: str, seed: int, console: Console) -> None:
+    """Print ``fuzzed CANDIDATE: N examples [on W workers] in S s, seed SEED``
+    (noting a spent time budget when nothing was found) and the known
+    reference findings passed over, if any."""
+    stop = " (time budget spent)" if result.budget_exhausted and not result.found else ""
+    used = len(result.workers)
+    on = f" on {used} workers" if used > 1 else ""
+    console.print(f"fuzzed [bold]{candidate}[/]: {result.examples} examples{on} in "
+                  f"{result.elapsed_s:.1f} s, seed {seed}{stop}")
+    if result.known:
+        console.print("passed over known reference findings: "
+                      + ", ".join(f"{name} x{n}" for name, n in result.known.items())
+                      + " (--report-known to stop at them)")
+
+
+def render_witnesses(result: ParallelFuzzResult, witnesses: list[Witness], console: Console) -> None:
+    """Print each witness (``write_witnesses``): which workers found it, the
+    failure and its invariants, the shrunk case, its files and replay
+    command; with several, the smallest one's replay command last."""
+    used = len(result.workers)
+    if used > 1:
+        console.print(f"[bold red]FOUND[/] by {len(result.found)} of {used} workers, "
+                      f"{len(witnesses)} distinct shrunk scenario(s):")
+    for wit in witnesses:
+        res = wit.worker.result
+        failure, case = res.failure, res.case
+        who = ""
+        if used > 1:
+            others = [i for i in wit.found_by if i != wit.worker.worker]
+            who = (f"worker {wit.worker.worker} (seed {wit.worker.seed})"
+                   + (f", also worker{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
+                      if others else "") + ": ")
+        console.print(f"[bold red]FOUND[/] {who}{failure.kind}: {escape(failure.message)}")
+        if failure.invariants:
+            console.print("  invariants: " + ", ".join(f"{k}: {v}" for k, v in sorted(failure.invariants.items())))
+        console.print(f"  shrunk to {escape(case.describe())} ({res.shrink_calls} shrink runs)")
+        console.print(f"  trace {wit.trace}, description {wit.json}")
+        console.print(f"  replay: {wit.command}")
+    if len(witnesses) > 1:
+        smallest = result.smallest()
+        best = next(w for w in witnesses if smallest.worker in w.found_by)
+        console.print(f"smallest: worker {best.worker.worker}, {escape(best.worker.result.case.describe())}; "
+                      f"replay: {best.command}")

@@ -1,0 +1,259 @@
+"""Running a fuzz case and the search: each case runs in memory on the
+reference and on the candidate, every invariant is checked
+(``harness.check.check_steps``) and, for a candidate other than the
+reference, its rows are compared step by step with the reference's
+(``harness.replay.first_difference``): ``evaluate``. ``fuzz`` drives
+hypothesis over ``fuzz_cases`` until the first failure, which hypothesis
+shrinks to a minimal case. The reference's known findings, which the
+strategies reach, are recognised by ``known_reference_finding``
+(``fuzz(known=...)``, the CLI unless ``--report-known``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
+
+from reference.candidate import CandidateError, CandidateFactory
+from reference.engine import EngineStalled
+from reference.kv_connector import held_prefix_tokens
+from reference.scheduler import Scheduler
+
+from harness.check import CheckResult, check_steps
+from harness.trace.recorder import Row, run_to_rows
+from harness.replay import first_difference
+from harness.fuzz.strategies import FuzzCase, fuzz_cases
+
+# ----------------------------------------------------------------- evaluation
+
+@dataclass
+class Run:
+    """One in-memory run: its steps (rows), how it ended, its check result."""
+
+    steps: list[tuple[int, list[Row]]]
+    ended: str  # "" normally, "stalled: ...", or "exception: ..."
+    result: CheckResult
+
+
+@dataclass
+class Failure:
+    """Why a case fails. ``kind``: reference-violation, violation, divergence,
+    exception or stall."""
+
+    kind: str
+    message: str
+    invariants: dict[str, int] = field(default_factory=dict)
+    step: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "invariants": self.invariants,
+                "step": self.step, **self.details}
+
+
+def run_case(factory: CandidateFactory, case: FuzzCase) -> Run:
+    """Run ``case`` in memory with ``factory``'s scheduler and check the rows.
+    A stall or a candidate exception ends the run (``Run.ended``), never raises."""
+    steps: list[tuple[int, list[Row]]] = []
+    ended = ""
+    config = case.engine_config()
+    try:
+        run_to_rows(case.workload(), config, seed=case.seed, candidate_factory=factory,
+                    on_step_rows=lambda s, rows: steps.append((s, rows)))
+    except EngineStalled as exc:
+        ended = f"stalled: {exc}"
+    except CandidateError as exc:
+        ended = f"exception: {exc}"
+    return Run(steps, ended, check_steps(config.to_dict(), steps))
+
+
+def _violation_failure(kind: str, result: CheckResult) -> Failure:
+    first = result.violations[0]
+    return Failure(kind, f"{first.invariant} at step {first.step}"
+                   + (f", request {first.request}" if first.request else "") + f": {first.message}",
+                   dict(result.by_invariant), first.step,
+                   {"violations": [v.to_dict() for v in result.violations[:5]]})
+
+
+def evaluate(factory: CandidateFactory | None, case: FuzzCase) -> Failure | None:
+    """None if ``case`` passes; ``factory`` None or Scheduler means the reference alone."""
+    ref = run_case(Scheduler, case)
+    if not ref.result.ok:
+        return _violation_failure("reference-violation", ref.result)
+    if ref.ended.startswith("exception"):
+        return Failure("reference-violation", f"the reference raised: {ref.ended}")
+    if factory is None or factory is Scheduler:
+        return None
+    cand = run_case(factory, case)
+    if cand.ended.startswith("exception"):
+        return Failure("exception", cand.ended, step=cand.steps[-1][0] + 1 if cand.steps else 0)
+    if cand.ended and cand.ended != ref.ended:
+        return Failure("stall", cand.ended, dict(cand.result.by_invariant),
+                       cand.steps[-1][0] if cand.steps else 0)
+    if not cand.result.ok:
+        return _violation_failure("violation", cand.result)
+    for (rs, rrows), (cs, crows) in zip(ref.steps, cand.steps):
+        if rs != cs:
+            return Failure("divergence", f"step numbers differ: reference {rs}, candidate {cs}", step=rs)
+        d = first_difference(rs, rrows, crows)
+        if d is not None:
+            return Failure("divergence", f"step {d.step}, event #{d.event_index} ({d.kind or '-'}), "
+                           f"request {d.request or '-'}, field {d.field}: expected {d.expected!r}, "
+                           f"got {d.actual!r}", step=d.step, details={"divergence": d.to_dict()})
+    if len(ref.steps) != len(cand.steps):
+        return Failure("divergence", f"reference ran {len(ref.steps)} steps, candidate {len(cand.steps)}",
+                       step=min(len(ref.steps), len(cand.steps)))
+    return None
+
+
+# ----------------------------------------------------------------- known findings
+
+#: Reference findings the strategy reaches, each mirroring vLLM 0.33.0 (see
+#: ``known_reference_finding`` and the regression tests named).
+KNOWN_REFERENCE_FINDINGS = {
+    "give-back-uncomputed-hit": "tests/test_finding_give_back_uncomputed_hit.py",
+    "priority-tie-preemption-livelock": "tests/regressions/fuzz-finding-priority-tie-preemption-livelock.json",
+    "kv-failed-load-wedge": "tests/regressions/fuzz-finding-kv-failed-load-wedge.json",
+    "kv-spec-reservation-wedge": "tests/regressions/fuzz-finding-kv-spec-reservation-wedge.json",
+}
+_WEDGE_INVARIANTS = frozenset({"IDLE-ADMISSION", "LIVENESS", "NO-PROGRESS"})
+
+
+def known_reference_finding(case: FuzzCase, failure: Failure) -> str | None:
+    """The name (a key of ``KNOWN_REFERENCE_FINDINGS``) of the known finding
+    ``failure`` is, or None. Only reference violations are findings; each is
+    recognised by its invariants and what caused the first of them:
+
+    * ``give-back-uncomputed-hit``: PRIORITY, HIT-UNCOMPUTED-BLOCK only (a
+      prefix hit on a block a withdrawn chunk registered but never computed);
+    * ``priority-tie-preemption-livelock``: PRIORITY, LIVENESS only, two
+      requests with equal priority and arrival time;
+    * ``kv-failed-load-wedge``: KV connector, IDLE-ADMISSION (plus LIVENESS /
+      NO-PROGRESS at most), and the first request not admitted was just
+      promoted from a load that failed with nothing valid: its new load must
+      leave the reservation of ``_inflight_prefills``, which still holds the
+      request itself (and finished loads queued behind it), so it waits,
+      until something else frees blocks or forever;
+    * ``kv-spec-reservation-wedge``: KV connector and speculative decoding,
+      the same invariants, and the first request not admitted never ran: its
+      held prefix plus one speculative step of blocks (the async-load
+      reservation) is more than the whole pool, so it is never admitted.
+    """
+    if failure.kind != "reference-violation":
+        return None
+    invariants = set(failure.invariants)
+    config = case.config
+    if invariants == {"HIT-UNCOMPUTED-BLOCK"} and config["policy"] == "priority":
+        return "give-back-uncomputed-hit"
+    if invariants == {"LIVENESS"} and config["policy"] == "priority":
+        keys = [(r.priority, r.arrival_time) for r in case.requests]
+        return "priority-tie-preemption-livelock" if len(set(keys)) < len(keys) else None
+    if not (config.get("kv_connector") and "IDLE-ADMISSION" in invariants
+            and invariants <= _WEDGE_INVARIANTS):
+        return None
+    result = run_case(Scheduler, case).result
+    first = next(v for v in result.violations if v.invariant == "IDLE-ADMISSION")
+    if first.history and first.history[-1].endswith("promoted (load failed): 0 computed tokens"):
+        return "kv-failed-load-wedge"
+    spec = config.get("num_speculative_tokens", 0)
+    request = next((r for r in case.requests if r.request_id == first.request), None)
+    if spec and request is not None and len(first.history) == 1 and ": arrived," in first.history[0]:
+        bs = config["block_size"]
+        held = held_prefix_tokens(request.prompt_token_ids, bs, config.get("kv_store_fraction", 1.0))
+        if held and -(-held // bs) + -(-(1 + spec) // bs) > config["num_gpu_blocks"] - 1:
+            return "kv-spec-reservation-wedge"
+    return None
+
+
+# ----------------------------------------------------------------- the search
+
+class _StopFuzz(Exception):
+    """Raised inside the property to end generation when the time budget is spent."""
+
+
+class _Found(AssertionError):
+    pass
+
+
+@dataclass
+class FuzzResult:
+    """Outcome of ``fuzz``: examples generated, wall seconds, the minimal
+    failing case and its failure (None when nothing was found), shrinking
+    runs, and whether generation stopped on the time budget."""
+
+    examples: int
+    elapsed_s: float
+    case: FuzzCase | None = None
+    failure: Failure | None = None
+    shrink_calls: int = 0
+    budget_exhausted: bool = False
+    #: Generated examples passed over as known reference findings (``fuzz``'s
+    #: ``known``), by name.
+    known: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def found(self) -> bool:
+        """True if a failing case was found (``case``/``failure`` are set)."""
+        return self.failure is not None
+
+
+def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int = 0,
+         time_budget_s: float | None = None,
+         on_example: Callable[[int, bool], None] | None = None,
+         known: Callable[[FuzzCase, Failure], str | None] | None = None) -> FuzzResult:
+    """Search for a failing case; deterministic for a given ``seed`` (no
+    database, no deadline). On a failure hypothesis shrinks it and the
+    returned ``case`` is the minimal one. ``max_examples`` (>= 1) bounds the
+    generated examples, ``time_budget_s`` (seconds of wall time, None: no
+    limit) the generation phase (a found failure is still shrunk).
+    ``on_example(n, shrinking)`` is called after each example, ``n`` the
+    examples generated so far. ``factory`` None means the reference alone.
+    ``known`` (e.g. ``known_reference_finding``): a case whose failure it
+    names is passed over as a known finding (counted in ``FuzzResult.known``)
+    instead of ending the search; None (the default, and the CLI's) reports
+    every failure."""
+    start = time.monotonic()
+    state = {"n": 0, "found": False, "last": None, "shrink": 0, "stopped": False}
+    known_counts: dict[str, int] = {}
+
+    @settings(max_examples=max_examples, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+              phases=[Phase.generate, Phase.shrink], print_blob=False, verbosity=Verbosity.quiet)
+    @hyp_seed(seed)
+    @given(fuzz_cases())
+    def prop(case: FuzzCase) -> None:
+        if not state["found"] and time_budget_s is not None \
+                and time.monotonic() - start > time_budget_s:
+            state["stopped"] = True
+            raise _StopFuzz()
+        if state["found"]:
+            state["shrink"] += 1
+        else:
+            state["n"] += 1
+        failure = evaluate(factory, case)
+        if failure is not None and known is not None:
+            name = known(case, failure)
+            if name is not None:
+                failure = None
+                if not state["found"]:
+                    known_counts[name] = known_counts.get(name, 0) + 1
+        if on_example is not None:
+            on_example(state["n"], state["found"])
+        if failure is not None:
+            state["found"] = True
+            state["last"] = (case, failure)
+            raise _Found(failure.message)
+
+    try:
+        prop()
+    except _StopFuzz:
+        return FuzzResult(state["n"], time.monotonic() - start, budget_exhausted=True, known=known_counts)
+    except _Found:
+        case, failure = state["last"]
+        return FuzzResult(state["n"], time.monotonic() - start, case, failure, state["shrink"],
+                          state["stopped"], known_counts)
+    return FuzzResult(state["n"], time.monotonic() - start, known=known_counts)

@@ -1,0 +1,362 @@
+"""Hypothesis strategies over engine configs and workloads (``fuzz_cases``),
+and the case they generate (``FuzzCase``).
+
+The configs and workloads are small and their correct decisions
+unambiguous: tiny pools, block-boundary prompt lengths, shared prefixes of
+whole and partial blocks, priority ties broken by distinct request ids,
+arrival bursts, ``max_tokens`` 1, aborts, scripted EOS, speculative
+decoding, async scheduling, deferred frees, prefill cadence, ... With
+speculative decoding the scripted proposer's acceptance is drawn too
+(``DRAFT_BEHAVIOURS``: all, none, random, rejection at draft 1 or 2, a
+cycling rejection position).
+
+About a third of the configs turn the simulated KV connector on
+(``reference.kv_connector``): store fraction 1.0 (whole prompts held) or a
+fraction that holds partial prefixes (``KV_STORE_FRACTIONS``), loads of 1-4
+steps, a failure rate of 0 up to 0.75 under the "recompute" policy and up to
+1 under "fail" (``KV_LOAD_FAILURE_RATES``), with any async depth; the aborts
+drawn for every request then also land while loads are in flight. About a
+third of the cases get encoder inputs (``encoder_setups``): a catalogue of
+one to four items (their content fixed per case, so requests carrying the
+same item share its encoder-cache entry), placed at block boundaries +-1 in
+the prompts, with an encoder compute budget and cache sized around the
+largest item (so windows are cut and entries evicted; an item larger than
+either is refused at arrival, which is a valid outcome) and
+``disable_chunked_mm_input`` on some. Not generated, as livelocks of the
+simulator by construction (see the comments where they are avoided): rate
+1.0 under "recompute", and a 1-token prompt with block size 1 under the
+connector.
+
+Only valid configs are generated (``reference.config.EngineConfig``
+validation): chunked prefill off implies ``max_num_batched_tokens >=
+max_model_len``; ``long_prefill_token_threshold`` is 0 or >= 1 +
+``num_speculative_tokens``; more than one batch in flight (and so async
+scheduling) never with speculative decoding;
+``defer_block_free`` only with ``max_concurrent_batches >= 2``, and always
+with the KV connector when ``max_concurrent_batches >= 2`` (vLLM's gate).
+
+The order of the draws is part of the behaviour: the same hypothesis seed
+generates the same cases only while every draw stays where it is (features
+added later are drawn last, so older draws are unchanged).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+
+from reference.config import EngineConfig
+from reference.workload import EOS_TOKEN_ID, RequestSpec, Workload
+
+MAX_REQUESTS = 12
+MAX_PROMPT = 64
+# The scripted proposer's behaviours drawn, as (draft_acceptance_rate,
+# draft_acceptance_pattern): all rejected, random, all accepted, rejection at
+# draft 1 or 2 of every proposal, and a rejection position that cycles over
+# every draft. (The rate matters only for "random".)
+DRAFT_BEHAVIOURS = ((0.0, "random"), (0.5, "random"), (1.0, "random"), (0.5, "cycle"),
+                    (0.5, "prefix-1"), (0.5, "prefix-2"))
+# Arrival / abort times are multiples of this (seconds); a step lasts at least
+# step_fixed_s = 5 ms, so equal multiples make bursts and small ones interleave.
+TIME_QUANTUM = 0.004
+# KV connector: store fractions (1.0: every prompt held whole; the others
+# hold partial prefixes, block by block by content; 0.0: nothing) and load
+# failure rates drawn. Rate 1.0 (every load fails) only under the "fail"
+# policy: under "recompute" a load that fails at its first block leaves
+# nothing valid, the request is looked up again, the store offers the same
+# blocks and the new load fails too, forever (vLLM's retry, by construction
+# a livelock, not a finding).
+KV_STORE_FRACTIONS = (1.0, 0.5, 0.8, 0.3, 0.0)
+KV_LOAD_FAILURE_RATES = (0.0, 0.0, 0.25, 0.5, 0.75, 1.0)
+# Token ids of encoder input k (its content, hence its identifier): k never
+# collides with prompt tokens (100.., 1000..) nor EOS.
+MM_ITEM_BASE = 20000
+
+
+# ----------------------------------------------------------------- the case
+
+@dataclass(frozen=True)
+class FuzzCase:
+    """One generated scenario: an engine config, requests and the engine seed."""
+
+    config: dict[str, Any]
+    requests: tuple[RequestSpec, ...]
+    seed: int = 0
+
+    def engine_config(self) -> EngineConfig:
+        """The validated config (ConfigError if ``config`` is not one)."""
+        return EngineConfig(**self.config)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``from_dict`` reads it back to an equal case)."""
+        return {"config": dict(self.config), "seed": self.seed,
+                "requests": [_spec_dict(r) for r in self.requests]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FuzzCase:
+        """Inverse of ``to_dict``; a config without a key later added to
+        EngineConfig (e.g. ``draft_acceptance_pattern``) gets its default."""
+        specs = tuple(RequestSpec(**{**r, "prompt_token_ids": tuple(r["prompt_token_ids"]),
+                                     "stop_token_ids": tuple(r.get("stop_token_ids", ()))})
+                      for r in data["requests"])
+        return cls(dict(data["config"]), specs, int(data.get("seed", 0)))
+
+    def workload(self) -> Workload:
+        """The requests as a Workload (source ``fuzz``, sha256 of the case)."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        reqs = tuple(sorted(self.requests, key=lambda r: (r.arrival_time, r.request_id)))
+        return Workload(source="fuzz", sha256=hashlib.sha256(canonical.encode()).hexdigest(),
+                        params={"fuzz": True, "num_requests": len(reqs)}, requests=reqs)
+
+    def describe(self) -> str:
+        """One line: request count and the config's notable settings."""
+        c = self.config
+        flags = [f"bs={c['block_size']}", f"blocks={c['num_gpu_blocks']}", f"mml={c['max_model_len']}",
+                 f"seqs={c['max_num_seqs']}", f"budget={c['max_num_batched_tokens']}", c["policy"]]
+        for key in ("num_speculative_tokens", "max_concurrent_batches", "prefill_schedule_interval",
+                    "long_prefill_token_threshold"):
+            default = EngineConfig.__dataclass_fields__[key].default
+            if c.get(key, default) != default:
+                flags.append(f"{key}={c[key]}")
+        if c.get("num_speculative_tokens") and c.get("draft_acceptance_pattern", "random") != "random":
+            flags.append(f"drafts={c['draft_acceptance_pattern']}")
+        for key in ("async_scheduling", "defer_block_free"):
+            if c.get(key):
+                flags.append(key)
+        if c.get("kv_connector"):
+            flags.append(f"kv_connector(store={c.get('kv_store_fraction', 1.0)}, "
+                         f"steps={c.get('kv_load_steps', 1)}, fail={c.get('kv_load_failure_rate', 0.0)}"
+                         f"/{c.get('kv_load_failure_policy', 'recompute')})")
+        items = sum(len(r.mm_positions) for r in self.requests)
+        if items:
+            flags.append(f"encoder_inputs={items}(budget={c.get('max_num_encoder_input_tokens')}, "
+                         f"cache={c.get('encoder_cache_size')})")
+        if c.get("disable_chunked_mm_input"):
+            flags.append("disable_chunked_mm_input")
+        for key in ("enable_chunked_prefill", "enable_prefix_caching", "scheduler_reserve_full_isl"):
+            if not c.get(key, True):
+                flags.append(f"no-{key}")
+        return f"{len(self.requests)} requests; " + " ".join(flags)
+
+
+def _spec_dict(spec: RequestSpec) -> dict[str, Any]:
+    d = dataclasses.asdict(spec)
+    d["prompt_token_ids"] = list(spec.prompt_token_ids)
+    d["stop_token_ids"] = list(spec.stop_token_ids)
+    d["mm_positions"] = [list(p) for p in spec.mm_positions]
+    return d
+
+
+# ----------------------------------------------------------------- strategies
+
+@st.composite
+def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
+    """A small, valid EngineConfig as a dict (``EngineConfig(**d)`` accepts it)."""
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    max_blocks_per_seq = draw(st.integers(1, max(1, 72 // block_size)))
+    max_model_len = block_size * max_blocks_per_seq + draw(st.sampled_from([0, 0, -1, 1]))
+    max_model_len = max(2, min(max_model_len, 72))
+    needed = -(-max_model_len // block_size)
+    # Tiny pools: just enough blocks for one max_model_len request, plus a few.
+    num_gpu_blocks = needed + 1 + draw(st.sampled_from([0, 0, 1, 2, 3, 5, 8]))
+    max_num_seqs = draw(st.integers(1, 4))
+    spec_tokens = draw(st.sampled_from([0, 0, 0, 1, 2, 3]))
+    # Speculative decoding is modelled only with one batch in flight.
+    mcb = 1 if spec_tokens else draw(st.sampled_from([1, 1, 1, 2, 3]))
+    async_sched = mcb >= 2 and spec_tokens == 0 and draw(st.booleans())
+    defer = mcb >= 2 and draw(st.booleans())
+    chunked = draw(st.booleans()) or max_model_len > 64
+    if chunked:
+        budget = draw(st.integers(max(max_num_seqs, 1 + spec_tokens), 64))
+    else:
+        budget = draw(st.integers(max(max_model_len, max_num_seqs), max(max_model_len, max_num_seqs) + 16))
+    # One draw for both (rate, pattern): rate 0 / 1 are all rejected / all
+    # accepted. Without drafts the pattern stays at its default.
+    rate, pattern = draw(st.sampled_from(DRAFT_BEHAVIOURS))
+    pattern = pattern if spec_tokens else "random"
+    threshold = 0
+    if draw(st.booleans()) and max_model_len >= 1 + spec_tokens:
+        threshold = draw(st.integers(1 + spec_tokens, min(max_model_len, 1 + spec_tokens + 12)))
+    config = {
+        "num_gpu_blocks": num_gpu_blocks,
+        "block_size": block_size,
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": budget,
+        "policy": draw(st.sampled_from(["fcfs", "priority"])),
+        "enable_prefix_caching": draw(st.sampled_from([True, True, True, False])),
+        "enable_chunked_prefill": chunked,
+        "long_prefill_token_threshold": threshold,
+        "watermark": draw(st.sampled_from([0.0, 0.0, 0.01, 0.05, 0.1])),
+        "scheduler_reserve_full_isl": draw(st.booleans()),
+        "num_speculative_tokens": spec_tokens,
+        "draft_acceptance_rate": rate,
+        "draft_acceptance_pattern": pattern,
+        "max_concurrent_batches": mcb,
+        "async_scheduling": async_sched,
+        "defer_block_free": defer,
+        "prefill_schedule_interval": draw(st.integers(1, 3)),
+        "data_parallel_size": draw(st.sampled_from([1, 1, 1, 2])),
+    }
+    # Drawn last, so the draws above are those of a config without it (and
+    # shrinking turns it off first).
+    if draw(st.sampled_from([False, False, True])):
+        config.update(kv_connector_settings(draw, mcb))
+    return config
+
+
+def kv_connector_settings(draw: st.DrawFn, max_concurrent_batches: int) -> dict[str, Any]:
+    """The simulated KV connector's keys: store fraction (whole or partial
+    holdings), 1-4 load steps, failure policy and rate (1.0 only under
+    "fail", see ``KV_LOAD_FAILURE_RATES``). With more than one batch in flight
+    block frees are deferred (EngineConfig's rule, vLLM's gate)."""
+    fraction = draw(st.sampled_from(KV_STORE_FRACTIONS))
+    steps = draw(st.integers(1, 4))
+    policy = draw(st.sampled_from(["recompute", "fail"]))
+    rates = KV_LOAD_FAILURE_RATES if policy == "fail" else KV_LOAD_FAILURE_RATES[:-1]
+    settings_ = {
+        "kv_connector": True,
+        "kv_store_fraction": fraction,
+        "kv_load_steps": steps,
+        "kv_load_failure_rate": draw(st.sampled_from(rates)),
+        "kv_load_failure_policy": policy,
+    }
+    if max_concurrent_batches >= 2:
+        settings_["defer_block_free"] = True
+    return settings_
+
+
+def _item_lengths(block_size: int) -> list[int]:
+    """Encoder input lengths drawn: block boundaries +-1, up to two blocks + 1
+    (at most 17 tokens)."""
+    return _boundary_lengths(block_size, min(2 * block_size + 1, 17))
+
+
+@st.composite
+def encoder_setups(draw: st.DrawFn, config: dict[str, Any]) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """Encoder inputs for ``config``: ``(config with the encoder keys, the
+    catalogue)``. The catalogue holds the lengths of one to three items (item
+    k's tokens are ``MM_ITEM_BASE + 1000 k + j``); ``request_specs`` places
+    them. Budget and cache are left at their default (max_num_batched_tokens)
+    or sized around the largest item: exactly it, room for two items, or one
+    token short (that item is refused at arrival)."""
+    lengths = _item_lengths(config["block_size"])
+    catalogue = tuple(draw(st.lists(st.sampled_from(lengths), min_size=1, max_size=4)))
+    big, small = max(catalogue), min(catalogue)
+    short = [big - 1] if big > 1 else []
+    # Budget: one item per step (big), a little more, or the default; cache:
+    # room for two items or just one (evictions), or the default.
+    budget = draw(st.sampled_from([None, big, big, big + small, big + 1, 2 * big] + short))
+    cache = draw(st.sampled_from([None, big + small, 2 * big, big, 3 * big] + short))
+    return {**config,
+            "max_num_encoder_input_tokens": budget,
+            "encoder_cache_size": cache,
+            "disable_chunked_mm_input": draw(st.booleans())}, catalogue
+
+
+def mm_item_tokens(k: int, length: int) -> list[int]:
+    """The placeholder tokens (the content) of catalogue item ``k``."""
+    return [MM_ITEM_BASE + 1000 * k + j for j in range(length)]
+
+
+def _boundary_lengths(block_size: int, limit: int) -> list[int]:
+    """Prompt lengths at block boundaries +-1, within [1, limit]."""
+    out = set()
+    for k in range(0, limit // block_size + 2):
+        for d in (-1, 0, 1):
+            n = k * block_size + d
+            if 1 <= n <= limit:
+                out.add(n)
+    return sorted(out)
+
+
+@st.composite
+def request_specs(draw: st.DrawFn, config: dict[str, Any],
+                  catalogue: tuple[int, ...] = ()) -> tuple[RequestSpec, ...]:
+    """Up to MAX_REQUESTS requests for ``config``: mostly prompts that fit
+    (a prompt of max_model_len tokens or more is rejected, sometimes on purpose).
+    With a ``catalogue`` (item lengths, ``encoder_setups``) each request
+    carries zero to three of its items, a catalogue item possibly in several
+    requests or twice in one, each starting at a block boundary +-1 and
+    written over the prompt's tokens there (``mm_positions``)."""
+    bs, mml = config["block_size"], config["max_model_len"]
+    n = draw(st.integers(1, MAX_REQUESTS))
+    limit = min(MAX_PROMPT, mml)  # == mml: rejected at arrival
+    lengths = _boundary_lengths(bs, limit)
+    # One shared base sequence; each request takes a prefix of it (whole or
+    # partial blocks) and then its own tokens.
+    base = [100 + i for i in range(MAX_PROMPT)]
+    specs = []
+    t = 0
+    for i in range(n):
+        length = draw(st.sampled_from(lengths))
+        if length >= mml and draw(st.integers(0, 3)):  # keep rejections rare
+            length = max(1, mml - 1)
+        if length == 1 and bs == 1 and config.get("kv_connector"):
+            # Not modelled: the simulated store would offer a held 1-token
+            # prompt again after its promotion (which leaves it 0 computed
+            # tokens, the last token being recomputed), reloading it forever;
+            # a P/D connector offers a prompt once, LMCache never the whole of it.
+            length = 2
+        shared = draw(st.sampled_from([0, 0] + [x for x in _boundary_lengths(bs, length)]))
+        own = [1000 + 100 * i + j for j in range(length - shared)]
+        prompt = base[:shared] + own
+        t += draw(st.sampled_from([0, 0, 0, 1, 2, 5]))  # bursts: equal arrival times
+        arrival = t * TIME_QUANTUM
+        max_tokens = draw(st.sampled_from([1, 1, 2, 3, 5, 8]))
+        eos = draw(st.sampled_from([None, None, 1, 2, 4]))
+        abort = draw(st.sampled_from([None, None, None, 0, 1, 3, 8]))
+        priority = draw(st.integers(0, 2)) if config["policy"] == "priority" else 0
+        # Drawn last: without a catalogue the draws are those of a text-only request.
+        positions = _place_items(draw, prompt, catalogue, bs) if catalogue else ()
+        specs.append(RequestSpec(
+            request_id=f"r{i:06d}",
+            arrival_time=arrival,
+            prompt_token_ids=tuple(prompt),
+            max_tokens=max_tokens,
+            ignore_eos=eos is None,
+            eos_token_id=EOS_TOKEN_ID,
+            priority=priority,
+            scripted_output_len=eos,
+            abort_time=None if abort is None else arrival + abort * TIME_QUANTUM,
+            mm_positions=positions,
+        ))
+    return tuple(specs)
+
+
+def _place_items(draw: st.DrawFn, prompt: list[int], catalogue: tuple[int, ...],
+                 block_size: int) -> tuple[tuple[int, int], ...]:
+    """Place zero to three catalogue items in ``prompt`` (overwritten in
+    place with their tokens), in order, non-overlapping, each at an offset
+    that is a block boundary +-1; an item that no longer fits ends the list.
+    Returns the ``mm_positions``."""
+    positions: list[tuple[int, int]] = []
+    cursor = 0
+    for _ in range(draw(st.sampled_from([0, 1, 1, 2, 2, 3]))):
+        k = draw(st.integers(0, len(catalogue) - 1))
+        length = catalogue[k]
+        starts = [s for s in [0] + _boundary_lengths(block_size, len(prompt))
+                  if s >= cursor and s + length <= len(prompt)]
+        if not starts:
+            break
+        start = draw(st.sampled_from(starts))
+        prompt[start:start + length] = mm_item_tokens(k, length)
+        positions.append((start, length))
+        cursor = start + length
+    return tuple(positions)
+
+
+@st.composite
+def fuzz_cases(draw: st.DrawFn) -> FuzzCase:
+    """A whole case: a valid config, its requests and an engine seed (0 or 1)."""
+    config = draw(engine_configs())
+    catalogue: tuple[int, ...] = ()
+    if draw(st.sampled_from([False, False, True])):  # encoder inputs
+        config, catalogue = draw(encoder_setups(config))
+    EngineConfig(**config)  # the strategy only generates valid configs
+    return FuzzCase(config, draw(request_specs(config, catalogue)), draw(st.sampled_from([0, 0, 1])))

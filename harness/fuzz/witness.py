@@ -1,0 +1,105 @@
+"""Writing replayable witnesses: a found failure's minimal case as a Parquet
+trace plus a JSON description (``write_failure``), one pair per distinct
+shrunk case of a parallel run (``write_witnesses``), each with the
+``harness replay`` command that reproduces it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reference.candidate import CandidateFactory
+from reference.scheduler import Scheduler
+
+from harness.trace.recorder import record
+from harness.fuzz.parallel import ParallelFuzzResult, WorkerResult
+from harness.fuzz.run import FuzzResult
+
+
+def _slug(spec: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", spec).strip("-") or "candidate"
+
+
+def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, result: FuzzResult,
+                  seed: int, *, name: str | None = None,
+                  extra: dict[str, Any] | None = None) -> tuple[Path, Path, str]:
+    """Write the minimal case's trace and a JSON description; returns
+    (trace path, JSON path, the replay command).
+
+    Files are ``DIR/NAME.parquet`` and ``DIR/NAME.json``, NAME defaulting to
+    ``fuzz-<candidate>-seed<seed>`` (an existing pair of that name is
+    replaced); ``extra`` adds keys to the JSON (e.g. the worker).
+
+    The trace is recorded with the candidate (engine=SPEC) when the candidate
+    violates an invariant or stalls: replaying it checks it and fails. When
+    the candidate only diverges from the reference, or raises, the trace is
+    the reference's (engine=reference): replaying it with ``--candidate SPEC``
+    reports the divergence.
+    """
+    assert result.case is not None and result.failure is not None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = name or f"fuzz-{_slug(spec)}-seed{seed}"
+    trace_path = out / f"{base}.parquet"
+    case, failure = result.case, result.failure
+    engine, rec_factory = spec, factory
+    if failure.kind in ("divergence", "exception", "reference-violation"):
+        engine, rec_factory = "reference", Scheduler
+    summary = record(case.workload(), case.engine_config(), trace_path, seed=case.seed,
+                     engine=engine, candidate_factory=rec_factory)
+    command = f"harness replay {trace_path} --candidate {spec}"
+    info = {"candidate": spec, "fuzz_seed": seed, "trace": str(trace_path), "trace_engine": engine,
+            "replay_command": command, "failure": failure.to_dict(),
+            "examples_before_failure": result.examples, "shrink_calls": result.shrink_calls,
+            "num_requests": len(case.requests), "num_steps": summary.steps,
+            "summary": case.describe(), **(extra or {}), "scenario": case.to_dict()}
+    json_path = out / f"{base}.json"
+    json_path.write_text(json.dumps(info, indent=2, default=str) + "\n")
+    return trace_path, json_path, command
+
+
+
+@dataclass
+class Witness:
+    """A written failure: the worker that wrote it, every worker whose shrunk
+    case is the same, and the files and replay command ``write_failure`` gave."""
+
+    worker: WorkerResult
+    found_by: list[int]
+    trace: Path
+    json: Path
+    command: str
+
+
+def write_witnesses(out_dir: str | Path, spec: str, factory: CandidateFactory,
+                    result: ParallelFuzzResult) -> list[Witness]:
+    """Write each distinct shrunk case found by ``result``'s workers (see
+    ``write_failure``), in worker order; workers that shrank to the same case
+    share one pair of files. One worker: ``fuzz-<candidate>-seed<S>.*``;
+    N > 1 workers: ``fuzz-<candidate>-seed<S>-worker<i>of<N>.*`` (no clashes
+    within a run, nor with runs of another worker count). Returns [] if
+    nothing was found."""
+    n = len(result.workers)
+    groups: list[tuple[WorkerResult, list[int]]] = []
+    for w in result.found:
+        same = next((g for g in groups if g[0].result.case == w.result.case), None)
+        if same is None:
+            groups.append((w, [w.worker]))
+        else:
+            same[1].append(w.worker)
+    out: list[Witness] = []
+    for w, found_by in groups:
+        name = None
+        extra: dict[str, Any] = {}
+        if n > 1:
+            name = f"fuzz-{_slug(spec)}-seed{result.seed}-worker{w.worker}of{n}"
+            extra = {"worker": w.worker, "workers": n, "worker_seed": w.seed,
+                     "worker_max_examples": w.max_examples, "found_by_workers": found_by}
+        trace, json_path, command = write_failure(out_dir, spec, factory, w.result, result.seed,
+                                                  name=name, extra=extra)
+        out.append(Witness(w, found_by, trace, json_path, command))
+    return out

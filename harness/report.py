@@ -1,0 +1,100 @@
+"""How ``harness check`` and ``harness replay`` present their outcome: a
+trace's ``CheckResult`` and, after a replay, the first ``Divergence``, as
+one JSON object (``report_dict``) or as a text report (``render_report``).
+
+May import ``harness.check``, ``harness.replay`` and ``harness.trace``
+(rendering only: no run, no file written); ``harness.cli`` calls it with
+its console, as it calls ``harness.diff.render_report``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.check import MAX_PER_INVARIANT, CheckResult
+from harness.check.invariants import INVARIANTS
+from harness.replay import Divergence
+from harness.trace import Trace
+
+
+def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON object of ``--json``: ``ok`` (no violation, no divergence),
+    the trace and its engine, the check's counts (steps, requests, tokens,
+    blocks), the violations (the first ``MAX_PER_INVARIANT`` of each
+    invariant) and the divergence (None if none); ``extra`` adds keys
+    (``candidate``, ``replayed_steps``)."""
+    ok = result.ok and divergence is None
+    return {"ok": ok, "trace": str(trace.path), "engine": trace.meta.get("engine"),
+            "steps": result.steps, "requests": result.requests, "finished": result.finished,
+            "rejected": result.rejected, "aborted": result.aborted,
+            "preemptions": result.preemptions, "prefix_hit_tokens": result.prefix_hit_tokens,
+            "draft_tokens": result.draft_tokens,
+            "rejected_draft_tokens": result.rejected_draft_tokens,
+            "deferred_frees": result.deferred_frees,
+            "deferred_prefill_steps": result.deferred_prefill_steps,
+            "remote_kv_loads": result.remote_kv_loads,
+            "failed_kv_loads": result.failed_kv_loads,
+            "num_violations": result.num_violations,
+            "violations_by_invariant": result.by_invariant,
+            "violations": [v.to_dict() for v in result.violations],
+            "divergence": divergence.to_dict() if divergence else None, **(extra or {})}
+
+
+def render_report(result: CheckResult, divergence: Divergence | None, trace: Trace, console: Console,
+                  extra: dict[str, Any] | None = None) -> None:
+    """Print the check's counts as a table, each violation with its rule and
+    history, the divergence with both sides' rows of that step, and
+    "conformant" when there is neither (with ``extra['replayed_steps']``
+    after a replay)."""
+    ok = result.ok and divergence is None
+    table = Table(show_header=False, box=None)
+    rows = [("trace", str(trace.path)), ("engine", trace.meta.get("engine")),
+            ("steps", result.steps), ("requests", result.requests),
+            ("finished", result.finished), ("rejected", result.rejected),
+            ("aborted", result.aborted), ("preemptions", result.preemptions),
+            ("prefix-hit tokens", result.prefix_hit_tokens)]
+    if result.draft_tokens:
+        rows.append(("draft tokens (rejected)", f"{result.draft_tokens} ({result.rejected_draft_tokens})"))
+    if result.deferred_frees:
+        rows.append(("deferred frees drained", result.deferred_frees))
+    if result.deferred_prefill_steps:
+        rows.append(("steps deferring prefills", result.deferred_prefill_steps))
+    if result.remote_kv_loads:
+        rows.append(("remote KV loads (failed)", f"{result.remote_kv_loads} ({result.failed_kv_loads})"))
+    for label, value in rows:
+        table.add_row(label, str(value))
+    console.print(table)
+    for v in result.violations:
+        console.print(f"[bold red]VIOLATION[/] {v.invariant} at step {v.step}"
+                      + (f", request {v.request}" if v.request else "") + f": {v.message}")
+        console.print(f"  rule: {INVARIANTS[v.invariant].statement}")
+        for line in v.history:
+            console.print(f"    {line}")
+    if result.num_violations > len(result.violations):
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(result.by_invariant.items()))
+        console.print(f"... {result.num_violations} violations in all ({counts}); "
+                      f"the first {MAX_PER_INVARIANT} of each are shown")
+    if divergence is not None:
+        console.print(f"[bold red]DIVERGENCE[/] at step {divergence.step}, event #{divergence.event_index}"
+                      f" ({divergence.kind or '-'}), request {divergence.request or '-'}, "
+                      f"field {divergence.field}: expected {divergence.expected!r}, got {divergence.actual!r}")
+        if divergence.diff:
+            console.print(divergence.diff)
+        for side, rows in (("trace", divergence.context_expected), ("candidate", divergence.context_actual)):
+            console.print(f"  {side} step {divergence.step}:")
+            for row in rows[:12]:
+                console.print("    " + brief_row(row))
+    if ok:
+        console.print("[bold green]conformant[/]" + (f": {extra['replayed_steps']} steps replayed, "
+                                                    f"identical decisions" if extra else ""))
+
+
+def brief_row(row: dict[str, Any]) -> str:
+    """One line for a row of a divergent step: its decision columns that are set."""
+    keys = ("kind", "request_id", "schedule_kind", "num_computed_tokens", "num_scheduled_tokens",
+            "num_prefix_hit_tokens", "block_ids", "token_ids", "finish_reason", "num_free_blocks")
+    return " ".join(f"{k}={row[k]}" for k in keys if row.get(k) not in (None, []))
