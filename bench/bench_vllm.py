@@ -50,6 +50,11 @@ scenario (``gc.freeze()``, as vLLM's EngineCore does after start-up with
 Timings use time.perf_counter_ns around each call. This is a benchmark, not a
 test: it prints figures and exits 0, 1 if a run fails or the decisions differ,
 2 if the data file or the vLLM env is missing.
+
+One file over ~500 lines on purpose: the same file is both the parent (this
+project's venv) and the ``--_vllm-child`` run under vLLM's venv, where this
+project's packages cannot be imported, so both sides and the workloads they
+share must travel together.
 """
 
 from __future__ import annotations
