@@ -12,7 +12,7 @@
   vLLM, because that environment has none of our dependencies.
 - Every folder says, in a README.md or its package docstring, what lives there
   and what it may import.
-- Every repository path that README.md and docs/ mention exists.
+- Every repository path that README.md, docs/ and the folder READMEs mention exists.
 """
 
 from __future__ import annotations
@@ -161,7 +161,9 @@ _SHARED = re.compile(r"`(\.\./shared/[\w./-]+)`")
 
 
 def test_every_path_the_docs_mention_exists() -> None:
-    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    docs = dict.fromkeys([ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+            *sorted(ROOT / f / "README.md" for f in FOLDERS if (ROOT / f / "README.md").exists())])
+    assert len(docs) >= 7  # README.md, docs/ and the folder READMEs (tests, bench, golden, traces)
     shared_here = (ROOT.parent / "shared").is_dir()
     missing = []
     for doc in docs:
