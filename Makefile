@@ -3,7 +3,10 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two stamps: `make demo` needs only the runtime dependencies (`pip install .`: the scripted model,
+# no torch), as do the benchmarks; `make test` adds the test extra (pytest, and torch for the torch tests).
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
 DEMO_TRACE := out/azure-code-500.parquet
 AZURE_CODE := ../shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_code.csv
@@ -13,8 +16,12 @@ AZURE_CODE := ../shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_cod
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e .
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(TEST_STAMP)
 
 demo: $(STAMP)
 	@mkdir -p out
@@ -23,7 +30,7 @@ demo: $(STAMP)
 		--set max_model_len=8192 -o $(DEMO_TRACE)
 	$(BIN)/harness replay $(DEMO_TRACE)
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (exit 5), treated as success"; exit 0; fi; exit $$rc
 
 bench: $(STAMP)

@@ -78,7 +78,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 AZURE_CODE = (REPO / ".." / "shared" / "data" / "azure-llm-inference-2023"
               / "AzureLLMInferenceTrace_code.csv").resolve()
-DRIVER = REPO / "harness" / "vllm_driver.py"
+DRIVER = REPO / "harness" / "candidates" / "vllm" / "driver.py"
 VLLM_VERSION = "0.33.0"
 SEED = 0
 AZURE_TIME_SCALE = 30.0

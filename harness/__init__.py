@@ -1,1 +1,31 @@
-"""sched-harness: record, check, replay and diff scheduler step traces."""
+"""sched-harness: record, check, replay and diff scheduler step traces.
+
+The repository in layers, each importing only the layers above it in this list:
+
+- ``reference/``: the engine that mirrors vLLM 0.33.0's v1 scheduler and KV-cache
+  manager (config, request, queues, block pool, KV-cache manager, encoder cache,
+  KV connector, scheduler, engine loop, outputs, the candidate protocol), with
+  the model runners in ``reference/runners/``. Imports only the standard library
+  (and torch, lazily, in the torch runner).
+- ``workloads/``: the request streams (Azure, Mooncake, synthetic); imports
+  ``reference`` for the ``Workload`` types.
+- ``harness/trace/``: the Parquet trace (schema, writer, reader), the recorder
+  and playback; imports ``reference`` and ``workloads``.
+- ``harness/check/``: the invariants, checked from a trace alone; imports
+  ``reference`` and ``harness.trace``.
+- ``harness/candidates/``: the schedulers the harness drives (SPEC resolution,
+  the mutants, real vLLM in ``vllm/``); imports ``reference`` and ``harness.trace``.
+- The tools, one module each, over all of the above: ``replay``, ``diff``,
+  ``golden``, ``mutation``, ``fuzz``, ``outputs`` (the torch output oracle),
+  ``conformance`` and ``pytest_plugin``; ``scenarios`` (the canonical scenarios
+  they share); ``cli`` (the ``harness`` command: parse, call, print).
+
+The import rule, enforced by ``tests/test_layout.py``: imports only go downward.
+``reference`` never imports ``harness`` or ``workloads``; ``workloads`` never
+imports ``harness``; ``harness.trace`` never imports ``harness.check``,
+``harness.candidates`` or a tool; ``harness.check`` never imports
+``harness.candidates`` or a tool (a verdict depends on the trace alone, not on
+which engine made it); ``harness.candidates`` never imports ``harness.check`` or
+a tool. Tests, benchmarks, goldens and example traces live outside the packages
+(``tests/``, ``bench/``, ``golden/``, ``traces/``).
+"""

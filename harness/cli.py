@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -45,7 +46,8 @@ EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE = 0, 1, 2
 
 
 def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    # The message is plain text: escaped, so "[torch]" in an install hint is not taken as markup.
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     sys.exit(EXIT_UNUSABLE)
 
 

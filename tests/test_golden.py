@@ -97,7 +97,8 @@ def test_committed_goldens_pass_check() -> None:
 
 def test_committed_folder_holds_exactly_the_scenarios() -> None:
     names = sorted(p.name for p in GOLDEN.iterdir())
-    assert names == sorted([MANIFEST_NAME] + [f"{s}.parquet" for s in SCENARIOS])
+    # README.md: the folder's paragraph (tests/test_layout.py requires one); nothing else but goldens.
+    assert names == sorted([MANIFEST_NAME, "README.md"] + [f"{s}.parquet" for s in SCENARIOS])
     assert set(EXPECTED) == set(SCENARIOS)
 
 

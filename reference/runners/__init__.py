@@ -5,7 +5,7 @@
 - ``scripted``: the deterministic scripted model (tokens a pure function of
   seed, request and output index; draft proposals and acceptance patterns).
 - ``torch_runner`` / ``torch_model``: a paged-attention runner over a small
-  random-weight model (needs torch: ``pip install '.[torch]'``).
+  random-weight model (needs torch: ``pip install 'sched-harness[torch]'``).
 
 Nothing is imported here: ``reference.config`` imports ``scripted`` and
 ``base`` imports the config, so eager imports would be circular.

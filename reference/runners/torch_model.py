@@ -1,7 +1,7 @@
 """A tiny decoder-only transformer with seeded weights, its attention kernel,
 its greedy sampler and a dense (unpaged, unbatched) sequence for the oracle.
 
-Needs torch (``pip install torch==2.13.0``); nothing else in ``reference/``
+Needs torch (``pip install 'sched-harness[torch]'``, which pins torch==2.13.0); nothing else in ``reference/``
 imports this module, so the scheduler, the scripted runner and the harness
 work without torch.
 

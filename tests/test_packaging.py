@@ -1,0 +1,121 @@
+"""What ``pip install .`` must give: every command works with the runtime
+dependencies alone, and torch stays optional (the ``[torch]`` extra, pinned).
+
+- Every third-party module the packages import is a runtime dependency in
+  pyproject.toml, except the three optional ones, each confined to where it is
+  documented: torch (the ``[torch]`` extra; imported lazily, only by the torch
+  runner and the output oracle), pytest (only the pytest plugin and the
+  conformance suite, which pytest itself loads) and vLLM (only the modules that
+  run inside a vLLM environment). ``harness fuzz`` once died with a
+  ModuleNotFoundError because hypothesis was only a test extra.
+- Without torch, ``harness record --model torch`` and ``harness
+  verify-outputs`` print one line saying how to install it and exit 2.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from harness.outputs import TORCH_MISSING
+
+ROOT = Path(__file__).resolve().parents[1]
+OWN = {"reference", "workloads", "harness"}
+# Optional imports -> the files allowed to import them (lazily for torch: see below).
+OPTIONAL = {
+    "torch": {"reference/runners/torch_model.py", "reference/runners/torch_runner.py", "harness/outputs.py",
+              "harness/candidates/vllm/driver.py"},
+    "pytest": {"harness/pytest_plugin.py", "harness/conformance.py"},
+    "vllm": {"harness/candidates/vllm/driver.py", "harness/candidates/vllm/events.py",
+             "harness/candidates/vllm/recording_scheduler.py"},
+}
+
+
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _name(requirement: str) -> str:
+    """The normalised distribution name of a requirement string (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
+
+
+def _third_party_imports() -> dict[str, set[str]]:
+    """Top-level third-party module -> the files (relative paths) importing it."""
+    found: dict[str, set[str]] = {}
+    for top in sorted(OWN):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    first = name.split(".")[0]
+                    if first not in OWN and first not in sys.stdlib_module_names and first != "__future__":
+                        found.setdefault(first, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_imported_library_is_a_runtime_dependency_or_a_confined_optional_one() -> None:
+    runtime = {_name(r) for r in _project()["dependencies"]}
+    dists = importlib.metadata.packages_distributions()
+    imports = _third_party_imports()
+    assert {"pyarrow", "click", "rich", "deepdiff", "hypothesis", "torch", "pytest", "vllm"} <= set(imports)
+    missing = {}
+    for module, files in sorted(imports.items()):
+        if module in OPTIONAL:
+            assert files <= OPTIONAL[module], f"{module} imported outside its place: {files - OPTIONAL[module]}"
+            continue
+        names = {_name(d) for d in dists.get(module, [module])}
+        if not names & runtime:
+            missing[module] = sorted(files)
+    assert missing == {}
+
+
+def test_torch_is_imported_only_lazily_outside_its_runner() -> None:
+    # reference/runners/torch_* are imported only once torch is known present (harness/outputs.py);
+    # everything else imports torch inside a function.
+    for rel in OPTIONAL["torch"] - {"reference/runners/torch_model.py", "reference/runners/torch_runner.py"}:
+        tree = ast.parse((ROOT / rel).read_text())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert not any("torch" in ast.unparse(n).split() or "reference.runners.torch" in ast.unparse(n)
+                       for n in top), rel
+
+
+def test_extras_pin_torch_and_the_test_extra_brings_it() -> None:
+    project = _project()
+    extras = project["optional-dependencies"]
+    assert extras["torch"] == ["torch==2.13.0"]
+    assert "torch" not in {_name(r) for r in project["dependencies"]}
+    assert "sched-harness[torch]" in extras["test"] and "pytest>=8" in extras["test"]
+    assert "hypothesis>=6.100" in project["dependencies"]
+
+
+def _harness_without_torch(*args: str) -> subprocess.CompletedProcess:
+    # sys.modules["torch"] = None makes every `import torch` raise ImportError, as if not installed.
+    code = ("import sys; sys.modules['torch'] = None; sys.argv = ['harness', *sys.argv[1:]]\n"
+            "from harness.cli import main; main()")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+
+
+def test_without_torch_the_torch_commands_say_how_to_install_it(tmp_path: Path) -> None:
+    assert TORCH_MISSING == ("the torch model runner needs torch: pip install 'sched-harness[torch]' "
+                             "(or pip install torch==2.13.0)")
+    record = _harness_without_torch("record", "synthetic:2", "--model", "torch", "-o", str(tmp_path / "t.parquet"))
+    verify = _harness_without_torch("verify-outputs", "traces/torch-tiny.parquet")
+    for proc in (record, verify):
+        assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"error: {TORCH_MISSING}\n")
+    assert not (tmp_path / "t.parquet").exists()
+    # The scripted runner still works in the same torch-less interpreter.
+    ok = _harness_without_torch("record", "synthetic:2", "-o", str(tmp_path / "s.parquet"))
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "s.parquet").exists()
