@@ -108,6 +108,11 @@ def test_every_mutant_is_caught_by_its_invariant(name: str) -> None:
     least one canonical scenario (harness/scenarios.py)."""
     (row,) = kill_matrix([name])
     assert row.killed, {s: c.result.by_invariant for s, c in row.cells.items()}
+    # Regression (mutants no-draft-rollback, no-stop-on-max-tokens): a mutant
+    # overriding a hook with the wrong signature crashed with a TypeError on
+    # the kv-connector scenario instead of showing its fault.
+    crashes = {s: c.ended for s, c in row.cells.items() if "TypeError" in c.ended}
+    assert crashes == {}
 
 
 def test_reference_violates_nothing_on_any_scenario() -> None:

@@ -64,10 +64,10 @@ class IgnoreMaxNumSeqs(Scheduler):
 class NoStopOnMaxTokens(Scheduler):
     """Keeps generating past max_tokens (STOP-RULES)."""
 
-    def update_from_output(self, output, sampled_token_ids):
+    def update_from_output(self, output, sampled_token_ids, kv_connector_output=None):
         for request in self.requests.values():
             request.max_tokens = request.sampling_params.max_tokens + 1
-        return super().update_from_output(output, sampled_token_ids)
+        return super().update_from_output(output, sampled_token_ids, kv_connector_output)
 
 
 class PreemptWaiting(Scheduler):

@@ -35,8 +35,8 @@ class NoDraftRollback(Scheduler):
     """Rejected drafts are not rolled back: num_computed_tokens runs ahead of
     the tokens that exist (COMPUTED-CONTINUITY)."""
 
-    def update_from_output(self, output, sampled_token_ids):
-        result = super().update_from_output(output, sampled_token_ids)
+    def update_from_output(self, output, sampled_token_ids, kv_connector_output=None):
+        result = super().update_from_output(output, sampled_token_ids, kv_connector_output)
         for req_id, drafts in output.scheduled_spec_decode_tokens.items():
             request = self.requests.get(req_id)
             sampled = sampled_token_ids.get(req_id, [])
