@@ -428,6 +428,33 @@ def test_batches_in_flight_are_updated_oldest_first(vllm_env):
     candidate.close()
 
 
+@vllm
+@needs_vllm
+def test_driver_takes_batches_in_flight_from_vllms_own_derivation(vllm_env):
+    """pipeline_parallel_size reaches vLLM's ParallelConfig and the batches in
+    flight are vLLM's VllmConfig.max_concurrent_batches; a config whose stored
+    count vLLM does not derive (an old dict without pipeline_parallel_size)
+    is refused in one line."""
+    from harness.candidates.vllm.candidate import VLLMCandidate, VLLMDriverError, driver_config
+
+    candidate = VLLMCandidate(EngineConfig(), VERSION)
+    candidate.snapshot()
+    try:
+        with pytest.raises(VLLMDriverError, match=r"vLLM 0\.33\.0 derives max_concurrent_batches=1 from "
+                                                  r"pipeline_parallel_size=1, async_scheduling=False "
+                                                  r"\(use_v2_model_runner=False\); the harness config "
+                                                  r"says 3"):
+            candidate._call("init", config={**EngineConfig().to_dict(), "max_concurrent_batches": 3},
+                            seed=0)
+        for config, batches in [(EngineConfig(async_scheduling=True, pipeline_parallel_size=2), 2),
+                                (EngineConfig(pipeline_parallel_size=4), 4),
+                                (EngineConfig(), 1)]:
+            info = candidate._call("init", config=driver_config(config), seed=0)
+            assert info["max_concurrent_batches"] == batches == config.max_concurrent_batches
+    finally:
+        candidate.close()
+
+
 # -- KV connector (async KV loads) -------------------------------------------------
 
 def _kv_rows_show_the_connector(rows: list[dict], policy: str) -> bool:
