@@ -66,8 +66,7 @@ DEMO_CONFIG = {"num_gpu_blocks": 1200, "max_num_seqs": 64, "max_num_batched_toke
 # README presets: (name, extra config, stop on EOS?, summary figure).
 PRESETS: list[tuple[str, dict[str, Any], bool]] = [
     ("spec decode", {"num_speculative_tokens": 3}, False),
-    ("async + deferred frees", {"async_scheduling": True, "max_concurrent_batches": 2,
-                               "defer_block_free": True}, True),
+    ("async + deferred frees", {"async_scheduling": True, "defer_block_free": True}, True),
     ("DP=2 + throttle", {"data_parallel_size": 2, "prefill_schedule_interval": 4}, False),
     ("KV connector", {"kv_connector": True, "kv_store_fraction": 0.98, "kv_load_steps": 4,
                       "kv_load_failure_rate": 0.1}, False),

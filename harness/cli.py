@@ -92,7 +92,9 @@ def main() -> None:
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Engine config (vLLM names): num_gpu_blocks, block_size, max_num_seqs, "
                    "max_num_batched_tokens, max_model_len, policy (fcfs|priority), "
-                   "enable_prefix_caching, enable_chunked_prefill, long_prefill_token_threshold, ...")
+                   "enable_prefix_caching, enable_chunked_prefill, long_prefill_token_threshold, "
+                   "async_scheduling, pipeline_parallel_size (batches in flight derive from these "
+                   "two, as in vLLM), ...")
 @click.option("--stop-on-eos", is_flag=True,
               help="Make trace requests end on EOS at their recorded output length (max_tokens "
                    "doubled) instead of on max_tokens with ignore_eos.")

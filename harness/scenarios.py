@@ -71,14 +71,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              {"num_requests": 40, "priority_levels": 3, "output_len": (1, 24), "arrival_rate": 30.0}),
     Scenario("async-tight", "async scheduling (2 batches in flight) on a tight pool: placeholders, "
              "preemption with output in flight (stale output delivered, resume skipped until then)",
-             {**_SMALL, "num_gpu_blocks": 30, "async_scheduling": True, "max_concurrent_batches": 2,
+             {**_SMALL, "num_gpu_blocks": 30, "async_scheduling": True,
               "scheduler_reserve_full_isl": False},
              {"num_requests": 50, "eos_fraction": 0.3, "arrival_rate": 40.0}),
     Scenario("pipeline-3", "three batches in flight without async scheduling (pipeline-parallel-like)",
-             {**_SMALL, "num_gpu_blocks": 40, "max_concurrent_batches": 3}, {"num_requests": 40}),
+             {**_SMALL, "num_gpu_blocks": 40, "pipeline_parallel_size": 3}, {"num_requests": 40}),
     Scenario("async-pipeline-3", "async scheduling with 3 batches in flight: preempted requests wait "
              "for their stale output before they resume",
-             {**_SMALL, "num_gpu_blocks": 30, "async_scheduling": True, "max_concurrent_batches": 3,
+             {**_SMALL, "num_gpu_blocks": 30, "async_scheduling": True, "pipeline_parallel_size": 3,
               "scheduler_reserve_full_isl": False},
              {"num_requests": 40, "arrival_rate": 40.0}),
     Scenario("prefill-cadence", "prefill_schedule_interval 3: with decodes running, prefill compute "
@@ -90,7 +90,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              {**_SMALL, "num_gpu_blocks": 30, "data_parallel_size": 2, "prefill_schedule_interval": 3},
              {"num_requests": 60, "arrival_rate": 40.0}),
     Scenario("deferred-frees", "async scheduling with deferred, fenced block frees and aborts in flight",
-             {**_SMALL, "num_gpu_blocks": 30, "async_scheduling": True, "max_concurrent_batches": 2,
+             {**_SMALL, "num_gpu_blocks": 30, "async_scheduling": True,
               "defer_block_free": True, "scheduler_reserve_full_isl": False},
              {"num_requests": 50, "eos_fraction": 0.3, "abort_fraction": 0.3, "arrival_rate": 40.0}),
     Scenario("kv-connector", "a KV-consumer connector holding 80% of the prompt blocks (shared "

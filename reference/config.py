@@ -1,9 +1,19 @@
 """Engine configuration: one frozen dataclass, validated at the edge.
 
-Field names are vLLM's (``SchedulerConfig``, ``CacheConfig``, ``ModelConfig``);
-defaults are vLLM 0.33.0's ``SchedulerConfig`` defaults (spec 10.1) except
-``num_gpu_blocks`` and ``max_model_len``, which vLLM derives from the GPU and
-the model and which we must be told.
+Field names are vLLM's (``SchedulerConfig``, ``CacheConfig``, ``ModelConfig``,
+``ParallelConfig``); defaults are vLLM 0.33.0's ``SchedulerConfig`` defaults
+(spec 10.1) except ``num_gpu_blocks`` and ``max_model_len``, which vLLM derives
+from the GPU and the model and which we must be told.
+
+Batches in flight are not a user key, as in vLLM: ``max_concurrent_batches``
+is derived from ``pipeline_parallel_size`` and ``async_scheduling``
+(``derive_max_concurrent_batches``, vLLM 0.33.0's
+``VllmConfig.max_concurrent_batches``). Serialised configs (trace metadata,
+the fingerprint) still store the derived ``max_concurrent_batches`` under that
+name, in the place the old user key had, so the checker reads it and older
+traces and goldens keep their bytes and fingerprints; ``from_dict`` maps a
+stored ``max_concurrent_batches`` back to ``pipeline_parallel_size``
+(``pipeline_parallel_size_for``).
 """
 
 from __future__ import annotations
@@ -24,12 +34,75 @@ POLICIES = ("fcfs", "priority")
 OMITTED_AT_DEFAULT = ("draft_acceptance_pattern", "kv_connector", "kv_store_fraction",
                       "kv_load_steps", "kv_load_failure_rate", "kv_load_failure_policy",
                       "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input")
+#: Keys serialised by ``to_dict`` that are derived, not fields: accepted by
+#: ``from_dict`` (checked against the fields), refused by ``with_overrides``.
+DERIVED_KEYS = ("max_concurrent_batches",)
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 MAX_NUM_GPU_BLOCKS = 4_194_304
 
 
 class ConfigError(ValueError):
     """A bad engine configuration; the message names the field and the problem."""
+
+
+def derive_max_concurrent_batches(pipeline_parallel_size: int, async_scheduling: bool) -> int:
+    """Batches in flight (``EngineCore.batch_queue_size``) for this parallelism,
+    exactly as vLLM 0.33.0's ``VllmConfig.max_concurrent_batches`` with the V1
+    model runner (vllm/config/vllm.py): pipeline parallelism needs
+    ``pipeline_parallel_size`` batches to fill the pipeline; async scheduling
+    needs 2 to overlap, and with PP > 1 the V1 runner keeps ``pp_size``.
+
+    (vLLM's V2 model runner would give ``pp_size + 1`` with async scheduling
+    and staggers decodes by ``pp_size`` steps; the reference mirrors the V1
+    runner, the one the vLLM driver runs, ``VLLM_USE_V2_MODEL_RUNNER=0``.)
+    """
+    if async_scheduling and pipeline_parallel_size <= 1:
+        return 2
+    return pipeline_parallel_size
+
+
+def pipeline_parallel_size_for(max_concurrent_batches: int, async_scheduling: bool) -> int:
+    """The ``pipeline_parallel_size`` a stored ``max_concurrent_batches`` stands
+    for (older traces, goldens and fuzz regressions, where it was a user key):
+    the smallest size that ``derive_max_concurrent_batches`` maps to it, so
+    ``derive_max_concurrent_batches(pipeline_parallel_size_for(n, a), a) == n``.
+
+    Raises ConfigError for a value no vLLM config derives (not a positive
+    integer, or 1 with async scheduling, which older harnesses refused too).
+    """
+    if not isinstance(max_concurrent_batches, int) or isinstance(max_concurrent_batches, bool) \
+            or max_concurrent_batches < 1:
+        raise ConfigError(f"max_concurrent_batches must be an integer >= 1, "
+                          f"got {max_concurrent_batches!r}")
+    if async_scheduling and max_concurrent_batches < 2:
+        raise ConfigError("max_concurrent_batches 1 with async_scheduling: vLLM always runs "
+                          "2 or more batches in flight with async scheduling")
+    if async_scheduling and max_concurrent_batches == 2:
+        return 1
+    return max_concurrent_batches
+
+
+def upgrade_config_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a serialised config) with a stored ``max_concurrent_batches``
+    replaced, in place in the key order, by the ``pipeline_parallel_size`` it
+    stands for; a dict without it is returned as a copy. When both are stored
+    they must agree. Raises ConfigError naming the mismatch."""
+    if "max_concurrent_batches" not in data:
+        return dict(data)
+    stored = data["max_concurrent_batches"]
+    async_scheduling = data.get("async_scheduling", False)
+    inferred = pipeline_parallel_size_for(stored, bool(async_scheduling))
+    if "pipeline_parallel_size" in data:
+        pp = data["pipeline_parallel_size"]
+        if isinstance(pp, int) and not isinstance(pp, bool) and pp >= 1 \
+                and derive_max_concurrent_batches(pp, bool(async_scheduling)) != stored:
+            raise ConfigError(
+                f"max_concurrent_batches {stored} does not match pipeline_parallel_size {pp} "
+                f"with async_scheduling={bool(async_scheduling)} (which derive "
+                f"{derive_max_concurrent_batches(pp, bool(async_scheduling))})")
+        return {k: v for k, v in data.items() if k != "max_concurrent_batches"}
+    return {("pipeline_parallel_size" if k == "max_concurrent_batches" else k):
+            (inferred if k == "max_concurrent_batches" else v) for k, v in data.items()}
 
 
 @dataclass(frozen=True)
@@ -64,10 +137,13 @@ class EngineConfig:
     # "prefix-N" (the first N of each proposal) or "cycle" (a request's i-th
     # proposal has its first i mod (K + 1) drafts matching).
     draft_acceptance_pattern: str = "random"
-    # Batches in flight (vLLM's executor max_concurrent_batches): 1 = sync;
-    # 2 with async_scheduling = vLLM's async scheduling; > 1 without it
-    # behaves like pipeline parallelism.
-    max_concurrent_batches: int = 1
+    # vLLM's ParallelConfig.pipeline_parallel_size: with it (and
+    # async_scheduling) vLLM derives the batches in flight
+    # (max_concurrent_batches, below). Only that count drives the scheduler's
+    # decisions here: the stages themselves are not modelled. Declared where
+    # the old max_concurrent_batches key was: to_dict() writes the derived
+    # count in this place, so serialised configs keep their key order.
+    pipeline_parallel_size: int = 1
     # AsyncScheduler: schedule the next decode before the previous output
     # returns, tracked with num_output_placeholders.
     async_scheduling: bool = False
@@ -108,6 +184,14 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Batches in flight (vLLM's ``VllmConfig.max_concurrent_batches``, the
+        engine core's batch queue size): 1 = synchronous; 2 with
+        ``async_scheduling``; ``pipeline_parallel_size`` otherwise
+        (``derive_max_concurrent_batches``)."""
+        return derive_max_concurrent_batches(self.pipeline_parallel_size, self.async_scheduling)
 
     @property
     def token_budget(self) -> int:
@@ -161,13 +245,17 @@ class EngineConfig:
             raise ConfigError("data_parallel_size must be an integer >= 1")
         if not isinstance(self.prefill_schedule_interval, int) or self.prefill_schedule_interval < 1:
             raise ConfigError("prefill_schedule_interval must be an integer >= 1")
-        if not isinstance(self.max_concurrent_batches, int) or self.max_concurrent_batches < 1:
-            raise ConfigError("max_concurrent_batches must be an integer >= 1")
-        if self.async_scheduling and self.max_concurrent_batches < 2:
-            raise ConfigError("async_scheduling needs max_concurrent_batches >= 2")
+        if not isinstance(self.pipeline_parallel_size, int) or isinstance(self.pipeline_parallel_size, bool) \
+                or self.pipeline_parallel_size < 1:
+            raise ConfigError(f"pipeline_parallel_size must be an integer >= 1, "
+                              f"got {self.pipeline_parallel_size!r}")
+        if not isinstance(self.async_scheduling, bool):
+            # Checked before max_concurrent_batches is derived from it.
+            raise ConfigError(f"async_scheduling must be true or false, got {self.async_scheduling!r}")
         if self.defer_block_free and self.max_concurrent_batches < 2:
-            raise ConfigError("defer_block_free needs max_concurrent_batches >= 2 "
-                              "(vLLM's gate: a KV consumer and more than one batch in flight)")
+            raise ConfigError("defer_block_free needs more than one batch in flight (async_scheduling=true "
+                              "or pipeline_parallel_size >= 2; vLLM's gate: a KV consumer and "
+                              "max_concurrent_batches > 1)")
         if 0 < self.long_prefill_token_threshold < 1 + self.num_speculative_tokens:
             # vLLM 0.33.0 pads a new decode to 1 + K tokens, then caps it at the
             # threshold and fails `assert num_new_tokens == 1 + num_spec_tokens`
@@ -183,7 +271,8 @@ class EngineConfig:
             # then livelocks). vLLM pairs speculative decoding with pipelining
             # only through the async scheduler's -1 draft placeholders.
             raise ConfigError("speculative decoding with more than one batch in flight "
-                              "(max_concurrent_batches > 1) is not modelled yet")
+                              "(max_concurrent_batches > 1: async_scheduling or "
+                              "pipeline_parallel_size > 1) is not modelled yet")
         if not isinstance(self.kv_load_steps, int) or isinstance(self.kv_load_steps, bool) \
                 or self.kv_load_steps < 1:
             raise ConfigError(f"kv_load_steps must be an integer >= 1, got {self.kv_load_steps!r}")
@@ -197,8 +286,9 @@ class EngineConfig:
         if self.kv_connector and self.max_concurrent_batches > 1 and not self.defer_block_free:
             # vLLM 0.33.0 Scheduler.__init__: a KV consumer with more than one
             # batch in flight always defers block frees.
-            raise ConfigError("kv_connector with max_concurrent_batches > 1 needs defer_block_free=true "
-                              "(vLLM defers block frees for a KV consumer with batches in flight)")
+            raise ConfigError("kv_connector with more than one batch in flight (async_scheduling or "
+                              "pipeline_parallel_size > 1) needs defer_block_free=true (vLLM defers "
+                              "block frees for a KV consumer with batches in flight)")
         for name in ("watermark", "step_fixed_s", "step_per_token_s", "draft_acceptance_rate"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
@@ -243,8 +333,20 @@ class EngineConfig:
     # -- serialisation ------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Every field, except a key of ``OMITTED_AT_DEFAULT`` at its default
-        (what trace metadata stores and the fingerprint hashes)."""
-        data = dataclasses.asdict(self)
+        (what trace metadata stores and the fingerprint hashes), with
+        ``pipeline_parallel_size`` written as the derived
+        ``max_concurrent_batches`` in its place (the key the checker and older
+        harnesses read; the bytes older traces and goldens hold). It is also
+        written, after that, only where the count does not give it back
+        (``pipeline_parallel_size_for``: async scheduling with PP 2)."""
+        data: dict[str, Any] = {}
+        for name, value in dataclasses.asdict(self).items():
+            if name == "pipeline_parallel_size":
+                data["max_concurrent_batches"] = self.max_concurrent_batches
+                if pipeline_parallel_size_for(self.max_concurrent_batches, self.async_scheduling) != value:
+                    data[name] = value
+            else:
+                data[name] = value
         fields = type(self).__dataclass_fields__
         for name in OMITTED_AT_DEFAULT:
             if data[name] == fields[name].default:
@@ -258,13 +360,17 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
-        """Build from a dict (e.g. trace metadata). Unknown keys raise ConfigError."""
+        """Build from a dict (e.g. trace metadata, a fuzz case). A stored
+        ``max_concurrent_batches`` (``to_dict``'s, or an older harness's user
+        key) maps to ``pipeline_parallel_size`` (``upgrade_config_keys``).
+        Unknown keys, or a stored count the fields do not derive, raise
+        ConfigError."""
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(set(data) - names - set(DERIVED_KEYS))
         if unknown:
             raise ConfigError(f"unknown config key(s): {', '.join(unknown)}")
         try:
-            return cls(**data)
+            return cls(**upgrade_config_keys(data))
         except TypeError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -273,6 +379,10 @@ class EngineConfig:
         fields = {f.name: f for f in dataclasses.fields(self)}
         values: dict[str, Any] = {}
         for key, raw in overrides.items():
+            if key == "max_concurrent_batches":
+                raise ConfigError("max_concurrent_batches is not a config key: as in vLLM it is derived "
+                                  "from pipeline_parallel_size and async_scheduling (async_scheduling=true "
+                                  "gives 2, pipeline_parallel_size=N gives N)")
             if key not in fields:
                 raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(fields))}")
             values[key] = _parse_value(key, str(fields[key].type), raw)

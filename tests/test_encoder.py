@@ -264,7 +264,7 @@ def test_free_encoder_inputs_respects_unconfirmed_placeholders() -> None:
     """Async scheduling: the step that completes the prompt (ending with an
     item) leaves one output placeholder, so computed - placeholders stops one
     short of the item's end: the entry is kept until a later update."""
-    sched = make_scheduler(async_scheduling=True, max_concurrent_batches=2)
+    sched = make_scheduler(async_scheduling=True)
     request = make_request("r", 8, [(4, 4)])
     sched.add_request(request)
     first = sched.schedule()

@@ -363,7 +363,7 @@ def test_azure_async_deferred_frees_preset(tmp_path: Path) -> None:
     fenced and drained later."""
     path = tmp_path / "async.parquet"
     code, out = run("record", AZURE_CODE, *AZURE_SLICE, "--stop-on-eos", "--set", "async_scheduling=true",
-                    "--set", "max_concurrent_batches=2", "--set", "defer_block_free=true", "-o", path)
+                    "--set", "defer_block_free=true", "-o", path)
     assert code == 0, out
     code, report = run_json("replay", path)
     assert code == 0, report["violations"]

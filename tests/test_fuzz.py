@@ -92,7 +92,7 @@ def test_generated_configs_are_valid_and_small():
         assert not (c["async_scheduling"] and c["num_speculative_tokens"])
         assert FuzzCase.from_dict(json.loads(json.dumps(case.to_dict()))) == case
         if c.get("kv_connector"):
-            assert c["defer_block_free"] or c["max_concurrent_batches"] == 1
+            assert c["defer_block_free"] or case.engine_config().max_concurrent_batches == 1
             assert c["kv_load_failure_rate"] < 1.0 or c["kv_load_failure_policy"] == "fail"
             assert c["block_size"] > 1 or all(len(r.prompt_token_ids) > 1 for r in case.requests)
         for r in case.requests:
@@ -125,7 +125,7 @@ def test_fuzz_strategy_covers_the_kv_connector_and_encoder_inputs():
             rate = c["kv_load_failure_rate"]
             seen.add("no failures" if rate == 0 else "high failure rate" if rate >= 0.75 else "failures")
             seen.add(f"policy {c['kv_load_failure_policy']}")
-            if c["max_concurrent_batches"] > 1:
+            if case.engine_config().max_concurrent_batches > 1:
                 seen.add("kv with batches in flight")
             if c["async_scheduling"]:
                 seen.add("kv with async scheduling")
@@ -264,7 +264,7 @@ def test_fuzz_found_spec_decode_with_pipelining_livelock_is_now_refused():
     async scheduler's placeholders), so the config is refused."""
     case = json.loads((REGRESSIONS / "fuzz-reference-liveness-spec-pipeline.json").read_text())
     with pytest.raises(ConfigError, match="speculative decoding with more than one batch in flight"):
-        EngineConfig(**case["scenario"]["config"])
+        EngineConfig.from_dict(case["scenario"]["config"])
 
 
 # ----------------------------------------------------------------- stateful

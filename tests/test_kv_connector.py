@@ -146,7 +146,9 @@ def test_connector_config_is_validated() -> None:
     with pytest.raises(ConfigError, match="kv_store_fraction"):
         EngineConfig(kv_connector=True, kv_store_fraction=1.5)
     with pytest.raises(ConfigError, match="defer_block_free"):
-        EngineConfig(kv_connector=True, max_concurrent_batches=2)
+        EngineConfig(kv_connector=True, async_scheduling=True)
+    with pytest.raises(ConfigError, match="defer_block_free"):
+        EngineConfig(kv_connector=True, pipeline_parallel_size=2)
     # Off by default, and left out of the metadata then (old fingerprints hold).
     assert "kv_connector" not in EngineConfig().to_dict()
 
@@ -188,7 +190,7 @@ def test_empty_batch_carrying_finished_loads_is_not_a_stall() -> None:
                         requests=(RequestSpec("r0", 0.0, tuple(range(100, 108)), max_tokens=3),))
     config = EngineConfig(num_gpu_blocks=21, block_size=BS, max_model_len=64, max_num_seqs=4,
                           max_num_batched_tokens=64, kv_connector=True, kv_store_fraction=1.0,
-                          kv_load_steps=2, async_scheduling=True, max_concurrent_batches=2,
+                          kv_load_steps=2, async_scheduling=True,
                           defer_block_free=True)
     summary = Engine(config).run(workload)
     assert (summary.finished, summary.remote_kv_loads, summary.stalled) == (1, 1, None)

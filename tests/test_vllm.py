@@ -310,6 +310,60 @@ def test_vllm_recorded_pipelined_trace_passes_check_and_diffs_equal(vllm_env, tm
     assert diff.exit_code == 0 and payload["same"], payload["first_divergence"]
 
 
+def _max_in_flight(rows: list[dict]) -> int:
+    """The most batches scheduled and not yet updated at once (a step's batch
+    counts from its schedule_begin to the update_begin naming it)."""
+    live: set[int] = set()
+    most = 0
+    for r in rows:
+        if r["kind"] == "schedule_begin":
+            live.add(r["step"])
+            most = max(most, len(live))
+        elif r["kind"] == "update_begin":
+            live.discard(r["batch_step"])
+    return most
+
+
+# `harness record synthetic:40 --set async_scheduling=true` on a pool small
+# enough to preempt (README's small-scenario sizes), alone and with pipeline
+# parallelism: (extra --set, batches in flight vLLM derives, steps, preemptions).
+ASYNC_RECORDINGS = {
+    "async": ([], 2, 299, 1),
+    "async-pp3": (["--set", "pipeline_parallel_size=3"], 3, 331, 1),
+}
+SMALL_POOL = ["--set", "num_gpu_blocks=30", "--set", "block_size=4", "--set", "max_model_len=96",
+              "--set", "max_num_seqs=4", "--set", "max_num_batched_tokens=64"]
+
+
+@vllm
+@needs_vllm
+@pytest.mark.parametrize("variant", sorted(ASYNC_RECORDINGS))
+def test_async_scheduling_set_alone_records_and_replays_identically_on_vllm(vllm_env, tmp_path,
+                                                                           variant):
+    """`--set async_scheduling=true` alone works as in vLLM (2 batches in
+    flight, derived); with pipeline_parallel_size=3 vLLM's V1-runner rule
+    gives 3. The trace records the derived count, and vLLM 0.33.0 (its
+    VllmConfig deriving the same count from the same keys) takes the same
+    decisions on every step."""
+    extra, batches, steps, preemptions = ASYNC_RECORDINGS[variant]
+    path = tmp_path / f"{variant}.parquet"
+    recorded = CliRunner().invoke(main, ["record", "synthetic:40", "-o", str(path),
+                                         "--set", "async_scheduling=true", *SMALL_POOL, *extra])
+    assert recorded.exit_code == 0, recorded.output
+    trace = open_trace(path)
+    assert trace.meta["config"]["max_concurrent_batches"] == batches
+    assert trace.config.async_scheduling is True
+    rows = _rows(path)
+    assert (trace.summary["steps"], sum(r["kind"] == "preempt" for r in rows)) == (steps, preemptions)
+    assert _max_in_flight(rows) == batches
+    result = CliRunner().invoke(main, ["replay", str(path), "--candidate", SPEC, "--json"])
+    gc.collect()
+    payload = json.loads(result.output)
+    assert payload["divergence"] is None, payload["divergence"]
+    assert result.exit_code == 0 and payload["ok"]
+    assert payload["replayed_steps"] == payload["steps"] == steps
+
+
 @vllm
 @needs_vllm
 def test_driver_builds_the_scheduler_each_feature_needs(vllm_env):
@@ -358,8 +412,7 @@ def test_batches_in_flight_are_updated_oldest_first(vllm_env):
     from reference.request import Request, SamplingParams
 
     config = EngineConfig(num_gpu_blocks=50, block_size=4, max_model_len=96, max_num_seqs=4,
-                          max_num_batched_tokens=64, async_scheduling=True,
-                          max_concurrent_batches=2)
+                          max_num_batched_tokens=64, async_scheduling=True)
     candidate = VLLMCandidate(config, VERSION)
     candidate.add_request(Request("r0", list(range(100, 110)), SamplingParams(max_tokens=5),
                                   arrival_time=0.0, block_size=4))
@@ -373,6 +426,33 @@ def test_batches_in_flight_are_updated_oldest_first(vllm_env):
     assert candidate.update_from_output(first, {"r0": [7]}).new_token_ids == {"r0": [7]}
     assert candidate.update_from_output(second, {"r0": [8]}).new_token_ids == {"r0": [8]}
     candidate.close()
+
+
+@vllm
+@needs_vllm
+def test_driver_takes_batches_in_flight_from_vllms_own_derivation(vllm_env):
+    """pipeline_parallel_size reaches vLLM's ParallelConfig and the batches in
+    flight are vLLM's VllmConfig.max_concurrent_batches; a config whose stored
+    count vLLM does not derive (an old dict without pipeline_parallel_size)
+    is refused in one line."""
+    from harness.candidates.vllm.candidate import VLLMCandidate, VLLMDriverError, driver_config
+
+    candidate = VLLMCandidate(EngineConfig(), VERSION)
+    candidate.snapshot()
+    try:
+        with pytest.raises(VLLMDriverError, match=r"vLLM 0\.33\.0 derives max_concurrent_batches=1 from "
+                                                  r"pipeline_parallel_size=1, async_scheduling=False "
+                                                  r"\(use_v2_model_runner=False\); the harness config "
+                                                  r"says 3"):
+            candidate._call("init", config={**EngineConfig().to_dict(), "max_concurrent_batches": 3},
+                            seed=0)
+        for config, batches in [(EngineConfig(async_scheduling=True, pipeline_parallel_size=2), 2),
+                                (EngineConfig(pipeline_parallel_size=4), 4),
+                                (EngineConfig(), 1)]:
+            info = candidate._call("init", config=driver_config(config), seed=0)
+            assert info["max_concurrent_batches"] == batches == config.max_concurrent_batches
+    finally:
+        candidate.close()
 
 
 # -- KV connector (async KV loads) -------------------------------------------------
@@ -408,10 +488,9 @@ def _record_config(tmp_path: Path, name: str, config: EngineConfig, engine: str 
 KV_VARIANTS = {
     "recompute": {},
     "fail": {"kv_load_failure_policy": "fail"},
-    "async-deferred": {"async_scheduling": True, "max_concurrent_batches": 2,
-                       "defer_block_free": True},
-    "async-deferred-fail": {"async_scheduling": True, "max_concurrent_batches": 2,
-                            "defer_block_free": True, "kv_load_failure_policy": "fail"},
+    "async-deferred": {"async_scheduling": True, "defer_block_free": True},
+    "async-deferred-fail": {"async_scheduling": True, "defer_block_free": True,
+                            "kv_load_failure_policy": "fail"},
 }
 
 
@@ -459,10 +538,10 @@ def test_vllm_recorded_kv_connector_trace_passes_check_and_diffs_equal(vllm_env,
 @needs_vllm
 def test_driver_configures_the_kv_connector_stand_in(vllm_env):
     """vLLM builds the stand-in from KVTransferConfig (KV consumer), takes the
-    failure policy, and turns defer_block_free on by itself with two batches
-    of the AsyncScheduler in flight; with three batches of the plain
-    Scheduler (VllmConfig.max_concurrent_batches reads 1 there) the driver
-    sets it."""
+    failure policy, and turns defer_block_free on by itself with more than
+    one batch in flight: two of the AsyncScheduler, and three of the plain
+    Scheduler with pipeline_parallel_size 3 (which the driver passes to
+    vLLM's ParallelConfig, so VllmConfig.max_concurrent_batches reads 3)."""
     from harness.candidates.vllm.candidate import VLLMCandidate
 
     def info(**over) -> dict:
@@ -478,11 +557,12 @@ def test_driver_configures_the_kv_connector_stand_in(vllm_env):
     assert plain["kv_connector"] == "HarnessKVStoreConnector"
     assert plain["recompute_kv_load_failures"] is True and plain["defer_block_free"] is False
     assert info(kv_load_failure_policy="fail")["recompute_kv_load_failures"] is False
-    async_ = info(async_scheduling=True, max_concurrent_batches=2, defer_block_free=True)
+    async_ = info(async_scheduling=True, defer_block_free=True)
     assert (async_["scheduler_class"], async_["defer_block_free"],
             async_["defer_block_free_by_vllm"]) == ("AsyncScheduler", True, True)
-    pipelined = info(max_concurrent_batches=3, defer_block_free=True)
-    assert (pipelined["defer_block_free"], pipelined["defer_block_free_by_vllm"]) == (True, False)
+    pipelined = info(pipeline_parallel_size=3, defer_block_free=True)
+    assert (pipelined["scheduler_class"], pipelined["max_concurrent_batches"],
+            pipelined["defer_block_free"], pipelined["defer_block_free_by_vllm"]) == ("Scheduler", 3, True, True)
 
 
 @vllm

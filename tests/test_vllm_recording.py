@@ -50,7 +50,7 @@ import dataclasses, json, os, sys, time
 t0 = time.time()
 from harness.candidates.vllm.driver import Driver  # sets the CPU-only vLLM environment defaults
 from harness.candidates.vllm.recording_scheduler import RecordingScheduler
-from harness.candidates.vllm.candidate import VLLMCandidate
+from harness.candidates.vllm.candidate import VLLMCandidate, driver_config
 from reference.config import EngineConfig
 from reference.engine import Engine
 from reference.workload import RequestSpec, Workload
@@ -106,7 +106,7 @@ class InProcessCandidate(VLLMCandidate):
     def _driver(self):
         if self._proc is None:
             self._proc = PROC
-            self.info = PROC.call({"op": "init", "config": self.config.to_dict(), "seed": self.seed})
+            self.info = PROC.call({"op": "init", "config": driver_config(self.config), "seed": self.seed})
             self._snap = None
         return self._proc
 

@@ -32,8 +32,12 @@ validation): chunked prefill off implies ``max_num_batched_tokens >=
 max_model_len``; ``long_prefill_token_threshold`` is 0 or >= 1 +
 ``num_speculative_tokens``; more than one batch in flight (and so async
 scheduling) never with speculative decoding;
-``defer_block_free`` only with ``max_concurrent_batches >= 2``, and always
-with the KV connector when ``max_concurrent_batches >= 2`` (vLLM's gate).
+``defer_block_free`` only with more than one batch in flight, and always
+with the KV connector then (vLLM's gate). Batches in flight are drawn as a
+count (1, 2 or 3) and written as the vLLM keys that derive it
+(``pipeline_parallel_size``, ``async_scheduling``: 2 batches with async
+scheduling are ``pipeline_parallel_size`` 1), so the draws, hence the
+examples, are those of the strategy that wrote ``max_concurrent_batches``.
 
 The order of the draws is part of the behaviour: the same hypothesis seed
 generates the same cases only while every draw stays where it is (features
@@ -50,7 +54,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from reference.config import EngineConfig
+from reference.config import EngineConfig, pipeline_parallel_size_for, upgrade_config_keys
 from reference.workload import EOS_TOKEN_ID, RequestSpec, Workload
 
 MAX_REQUESTS = 12
@@ -90,7 +94,7 @@ class FuzzCase:
 
     def engine_config(self) -> EngineConfig:
         """The validated config (ConfigError if ``config`` is not one)."""
-        return EngineConfig(**self.config)
+        return EngineConfig.from_dict(self.config)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``from_dict`` reads it back to an equal case)."""
@@ -100,11 +104,13 @@ class FuzzCase:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FuzzCase:
         """Inverse of ``to_dict``; a config without a key later added to
-        EngineConfig (e.g. ``draft_acceptance_pattern``) gets its default."""
+        EngineConfig (e.g. ``draft_acceptance_pattern``) gets its default; an
+        older case's ``max_concurrent_batches`` becomes the
+        ``pipeline_parallel_size`` it stands for (``upgrade_config_keys``)."""
         specs = tuple(RequestSpec(**{**r, "prompt_token_ids": tuple(r["prompt_token_ids"]),
                                      "stop_token_ids": tuple(r.get("stop_token_ids", ()))})
                       for r in data["requests"])
-        return cls(dict(data["config"]), specs, int(data.get("seed", 0)))
+        return cls(upgrade_config_keys(data["config"]), specs, int(data.get("seed", 0)))
 
     def workload(self) -> Workload:
         """The requests as a Workload (source ``fuzz``, sha256 of the case)."""
@@ -118,7 +124,7 @@ class FuzzCase:
         c = self.config
         flags = [f"bs={c['block_size']}", f"blocks={c['num_gpu_blocks']}", f"mml={c['max_model_len']}",
                  f"seqs={c['max_num_seqs']}", f"budget={c['max_num_batched_tokens']}", c["policy"]]
-        for key in ("num_speculative_tokens", "max_concurrent_batches", "prefill_schedule_interval",
+        for key in ("num_speculative_tokens", "pipeline_parallel_size", "prefill_schedule_interval",
                     "long_prefill_token_threshold"):
             default = EngineConfig.__dataclass_fields__[key].default
             if c.get(key, default) != default:
@@ -167,9 +173,11 @@ def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
     max_num_seqs = draw(st.integers(1, 4))
     spec_tokens = draw(st.sampled_from([0, 0, 0, 1, 2, 3]))
     # Speculative decoding is modelled only with one batch in flight.
-    mcb = 1 if spec_tokens else draw(st.sampled_from([1, 1, 1, 2, 3]))
-    async_sched = mcb >= 2 and spec_tokens == 0 and draw(st.booleans())
-    defer = mcb >= 2 and draw(st.booleans())
+    batches = 1 if spec_tokens else draw(st.sampled_from([1, 1, 1, 2, 3]))
+    async_sched = batches >= 2 and spec_tokens == 0 and draw(st.booleans())
+    defer = batches >= 2 and draw(st.booleans())
+    # The vLLM keys deriving that many batches (async alone gives 2).
+    pipeline_parallel_size = pipeline_parallel_size_for(batches, async_sched)
     chunked = draw(st.booleans()) or max_model_len > 64
     if chunked:
         budget = draw(st.integers(max(max_num_seqs, 1 + spec_tokens), 64))
@@ -197,7 +205,7 @@ def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
         "num_speculative_tokens": spec_tokens,
         "draft_acceptance_rate": rate,
         "draft_acceptance_pattern": pattern,
-        "max_concurrent_batches": mcb,
+        "pipeline_parallel_size": pipeline_parallel_size,
         "async_scheduling": async_sched,
         "defer_block_free": defer,
         "prefill_schedule_interval": draw(st.integers(1, 3)),
@@ -206,7 +214,7 @@ def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
     # Drawn last, so the draws above are those of a config without it (and
     # shrinking turns it off first).
     if draw(st.sampled_from([False, False, True])):
-        config.update(kv_connector_settings(draw, mcb))
+        config.update(kv_connector_settings(draw, batches))
     return config
 
 

@@ -51,6 +51,14 @@ CALL_TIMEOUT_S = float(os.environ.get("HARNESS_VLLM_TIMEOUT_S", "120"))
 POOL_SIZE = int(os.environ.get("HARNESS_VLLM_POOL", "2"))
 
 
+def driver_config(config: EngineConfig) -> dict[str, Any]:
+    """The config as the driver's ``init`` takes it: ``config.to_dict()`` (with
+    the derived ``max_concurrent_batches``, which the driver checks against
+    vLLM's ``VllmConfig.max_concurrent_batches``) plus ``pipeline_parallel_size``
+    always (``to_dict`` leaves it out where the count gives it back)."""
+    return {**config.to_dict(), "pipeline_parallel_size": config.pipeline_parallel_size}
+
+
 class VLLMDriverError(RuntimeError):
     """The vLLM driver crashed, timed out, broke the protocol or raised."""
 
@@ -323,7 +331,8 @@ class VLLMCandidate:
             proc = _acquire(self.version)
             self._proc = proc
             self._finalizer = weakref.finalize(self, _release, proc, self.reuse)
-            self.info = proc.call({"op": "init", "config": self.config.to_dict(), "seed": self.seed})
+            self.info = proc.call({"op": "init", "config": driver_config(self.config),
+                                   "seed": self.seed})
             self._snap = None
             self._in_flight.clear()
         return self._proc

@@ -44,25 +44,35 @@ decision), ``_preempt_request``, ``kv_cache_manager.free`` and
 ``deferred_waiting`` set (a waiting-loop skip); the values are taken from (and
 checked against) the real ``SchedulerOutput`` (``events.py``).
 
-Pipelining (the harness's ``max_concurrent_batches``, ``async_scheduling``,
+Pipelining (the harness's ``pipeline_parallel_size``, ``async_scheduling``,
 ``defer_block_free``), driven as vLLM's ``EngineCore.step_with_batch_queue``
 drives its scheduler:
 
+- ``pipeline_parallel_size`` goes to vLLM's ``ParallelConfig``; the batches in
+  flight are vLLM's own ``VllmConfig.max_concurrent_batches`` (the engine
+  core's batch queue size), read once the scheduler config is final. A
+  ``max_concurrent_batches`` in the config (the harness's derived value, what
+  ``EngineConfig.to_dict`` writes) must equal it, else ``init`` fails with
+  one line. With the V1 model runner the stages change no decision of the
+  scheduler (``Scheduler.use_pp`` only adds the sampled tokens to the
+  ``CachedRequestData`` payload); ``AsyncScheduler``'s PP decode stagger is
+  the V2 runner's only;
 - up to ``max_concurrent_batches`` SchedulerOutputs are in flight; each
   ``update`` is applied to the oldest one (FIFO, as the batch queue does), with
   the ModelRunnerOutput built for that batch's requests;
 - ``async_scheduling``: the scheduler is vLLM's ``AsyncScheduler``, built
   directly (the CPU platform's config check turns
   ``SchedulerConfig.async_scheduling`` off; it is set back on afterwards, so
-  ``VllmConfig.max_concurrent_batches`` reads 2 as on a GPU);
+  ``VllmConfig.max_concurrent_batches`` reads 2 as on a GPU). Built that way
+  it also skips ``VllmConfig``'s refusal of explicitly enabled async
+  scheduling with pipeline parallelism on the V1 runner; vLLM's scheduler
+  itself runs it (``max_concurrent_batches`` is then ``pipeline_parallel_size``);
 - ``defer_block_free``: vLLM 0.33.0 turns it on only in ``Scheduler.__init__``,
   when a KV connector is configured that is a KV consumer and
-  ``VllmConfig.max_concurrent_batches > 1``. With the KV connector on and
-  async scheduling, that gate sets it itself (the harness's config requires
-  ``defer_block_free=true`` then); otherwise (no connector, or several
-  batches of the plain ``Scheduler`` in flight, where vLLM reads
-  ``max_concurrent_batches`` 1 without pipeline parallelism) the driver sets
-  the one attribute the gate sets, ``scheduler.defer_block_free = True``
+  ``VllmConfig.max_concurrent_batches > 1``. With the KV connector on and more
+  than one batch in flight, that gate sets it itself (the harness's config
+  requires ``defer_block_free=true`` then); without a connector the driver
+  sets the one attribute the gate sets, ``scheduler.defer_block_free = True``
   (also requiring more than one batch in flight); ``defer_async_loads`` stays
   off (HiSparse only). Deferred frees come back with their fence; each update
   reports the frees it drained.
@@ -163,8 +173,10 @@ MAPPED_KEYS = {
     "max_num_scheduled_tokens", "policy", "enable_prefix_caching", "enable_chunked_prefill",
     "long_prefill_token_threshold", "watermark", "scheduler_reserve_full_isl",
     "num_speculative_tokens", "prefill_schedule_interval",
-    # Pipelining and data parallelism (see the module docstring).
-    "async_scheduling", "max_concurrent_batches", "defer_block_free", "data_parallel_size",
+    # Pipelining and data parallelism (see the module docstring);
+    # max_concurrent_batches is derived (checked against vLLM's own).
+    "async_scheduling", "pipeline_parallel_size", "max_concurrent_batches", "defer_block_free",
+    "data_parallel_size",
 }
 #: Formerly the pipelining fields refused at non-synchronous values; all are
 #: mapped now (kept empty for callers that still add it to the known keys).
@@ -348,13 +360,15 @@ class Driver:
         self.stats: dict[str, list[float]] = {}
 
     @staticmethod
-    def _parallel_config(data_parallel_size: int = 1):
+    def _parallel_config(data_parallel_size: int = 1, pipeline_parallel_size: int = 1):
         from vllm.config import ParallelConfig
 
-        if data_parallel_size == 1:
-            return ParallelConfig()
-        return ParallelConfig(**ev.kwargs_for(ParallelConfig, dict(
-            data_parallel_size=data_parallel_size)))
+        wanted = {}
+        if data_parallel_size != 1:
+            wanted["data_parallel_size"] = data_parallel_size
+        if pipeline_parallel_size != 1:
+            wanted["pipeline_parallel_size"] = pipeline_parallel_size
+        return ParallelConfig(**ev.kwargs_for(ParallelConfig, wanted))
 
     @staticmethod
     def _pin_cpu_platform() -> None:
@@ -371,17 +385,12 @@ class Driver:
             # A new EngineConfig field must be mapped here, never ignored.
             raise DriverError(f"config key(s) {unknown} have no vLLM mapping in the driver")
         self.kv_connector = bool(config.get("kv_connector", False))
-        self.max_in_flight = int(config.get("max_concurrent_batches", 1))
+        self.pp_size = int(config.get("pipeline_parallel_size", 1))
         self.async_scheduling = bool(config.get("async_scheduling", False))
         self.defer_block_free = bool(config.get("defer_block_free", False))
         self.dp_size = int(config.get("data_parallel_size", 1))
-        if self.max_in_flight < 1 or self.dp_size < 1:
-            raise DriverError("max_concurrent_batches and data_parallel_size must be >= 1")
-        if self.async_scheduling and self.max_in_flight < 2:
-            raise DriverError("async_scheduling needs max_concurrent_batches >= 2")
-        if self.defer_block_free and self.max_in_flight < 2:
-            # vLLM's own gate: max_concurrent_batches > 1 (and a KV consumer).
-            raise DriverError("defer_block_free needs max_concurrent_batches >= 2")
+        if self.pp_size < 1 or self.dp_size < 1:
+            raise DriverError("pipeline_parallel_size and data_parallel_size must be >= 1")
         self.config = config
         self.use_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"
         block_size = config["block_size"]
@@ -438,10 +447,11 @@ class Driver:
                 prompt_lookup_max=self.num_spec, prompt_lookup_min=1,
                 target_model_config=model_config,
                 target_parallel_config=self._parallel_config())))
-        parallel_config = self._parallel_config(self.dp_size)
-        if getattr(parallel_config, "data_parallel_size", 1) != self.dp_size:
-            raise DriverError(f"vLLM {self.version}'s ParallelConfig did not take "
-                              f"data_parallel_size={self.dp_size}")
+        parallel_config = self._parallel_config(self.dp_size, self.pp_size)
+        for name, value in (("data_parallel_size", self.dp_size),
+                            ("pipeline_parallel_size", self.pp_size)):
+            if getattr(parallel_config, name, 1) != value:
+                raise DriverError(f"vLLM {self.version}'s ParallelConfig did not take {name}={value}")
         kv_transfer_config = self._kv_transfer_config(config) if self.kv_connector else None
         vllm_config = self.VllmConfig(**ev.kwargs_for(self.VllmConfig, dict(
             model_config=model_config, cache_config=cache_config,
@@ -477,9 +487,11 @@ class Driver:
                               f"expected {max_model_len}")
         if bool(cc.enable_prefix_caching) != config["enable_prefix_caching"]:
             raise DriverError("vLLM changed enable_prefix_caching")
-        if getattr(vllm_config.parallel_config, "data_parallel_size", 1) != self.dp_size:
-            raise DriverError(f"vLLM changed data_parallel_size to "
-                              f"{vllm_config.parallel_config.data_parallel_size}")
+        for name, value in (("data_parallel_size", self.dp_size),
+                            ("pipeline_parallel_size", self.pp_size)):
+            if getattr(vllm_config.parallel_config, name, 1) != value:
+                raise DriverError(f"vLLM changed {name} to "
+                                  f"{getattr(vllm_config.parallel_config, name)}")
         if getattr(sc, "async_scheduling", False):
             raise DriverError("async scheduling could not be turned off")
         scheduler_cls = self.Scheduler
@@ -492,6 +504,22 @@ class Driver:
             # What a GPU platform leaves on (the scheduler itself only reads the
             # class; VllmConfig.max_concurrent_batches reads the flag).
             sc.async_scheduling = True
+        # Batches in flight: vLLM's own derivation (EngineCore.batch_queue_size),
+        # from pipeline_parallel_size and async_scheduling as now set (a vLLM
+        # without the property: its V1 runner's rule, the same numbers).
+        self.max_in_flight = int(getattr(vllm_config, "max_concurrent_batches",
+                                         max(self.pp_size, 2 if self.async_scheduling else 1)))
+        expected = config.get("max_concurrent_batches")
+        if expected is not None and int(expected) != self.max_in_flight:
+            raise DriverError(
+                f"vLLM {self.version} derives max_concurrent_batches={self.max_in_flight} from "
+                f"pipeline_parallel_size={self.pp_size}, async_scheduling={self.async_scheduling} "
+                f"(use_v2_model_runner={bool(getattr(vllm_config, 'use_v2_model_runner', False))}); "
+                f"the harness config says {expected}")
+        if self.defer_block_free and self.max_in_flight < 2:
+            # vLLM's own gate: max_concurrent_batches > 1 (and a KV consumer).
+            raise DriverError("defer_block_free needs more than one batch in flight "
+                              "(async_scheduling or pipeline_parallel_size > 1)")
 
         spec_kwargs = dict(block_size=block_size, num_kv_heads=1, head_size=1,
                            dtype=self.torch.float32)
@@ -515,10 +543,8 @@ class Driver:
             raise DriverError("vLLM turned defer_block_free on; the config has it off")
         if self.defer_block_free and not getattr(sched, "defer_block_free", False):
             # vLLM's gate (Scheduler.__init__): a KV-consumer connector and
-            # VllmConfig.max_concurrent_batches > 1. Without a connector, or
-            # with several batches of the plain Scheduler in flight (vLLM reads
-            # max_concurrent_batches 1 there: no PP), set the one attribute
-            # the gate sets.
+            # VllmConfig.max_concurrent_batches > 1. Without a connector, set
+            # the one attribute the gate sets.
             if not hasattr(sched, "defer_block_free") or not hasattr(sched, "deferred_frees"):
                 raise DriverError(f"vLLM {self.version} has no deferred block frees")
             sched.defer_block_free = True

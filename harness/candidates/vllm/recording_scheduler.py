@@ -230,7 +230,10 @@ class _Recorder:
             "long_prefill_token_threshold": int(sc.long_prefill_token_threshold or 0),
             "num_speculative_tokens": int(getattr(spec, "num_speculative_tokens", 0) or 0)
             if spec is not None else 0,
-            "max_concurrent_batches": int(getattr(vc, "max_concurrent_batches", 1)),
+            # vLLM derives max_concurrent_batches from these two (captured
+            # under vllm_config.max_concurrent_batches; _map_config checks it).
+            "pipeline_parallel_size": int(getattr(getattr(vc, "parallel_config", None),
+                                                  "pipeline_parallel_size", 1)),
             "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
             "defer_block_free": bool(getattr(sched, "defer_block_free", False)),
         }
@@ -611,20 +614,26 @@ def _ulps_below(x: float, n: int) -> float:
     return x
 
 
-def _map_config(meta_rec: dict, engine_config_cls) -> tuple[dict, dict]:
+def _map_config(meta_rec: dict, engine_config_cls,
+                derived_keys: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """(values for EngineConfig, unmapped captured values). Names are vLLM's:
-    a recorded value under our name wins, then ``scheduler_config.NAME``, then
-    ``cache_config.NAME``; fields with no vLLM counterpart keep their default."""
+    a recorded value under our name wins, then ``scheduler_config.NAME``,
+    ``cache_config.NAME``, ``parallel_config.NAME`` and ``vllm_config.NAME``;
+    fields with no vLLM counterpart keep their default. The derived
+    ``max_concurrent_batches`` (vLLM's ``VllmConfig`` property, or an older
+    log's recorded key) is mapped too: ``EngineConfig.from_dict`` checks it
+    against ``pipeline_parallel_size`` and ``async_scheduling``."""
     # Text-only recordings (requests with encoder inputs are refused): vLLM's
     # encoder budget keys have no effect there and stay unmapped.
-    fields = {f.name for f in dataclasses.fields(engine_config_cls)} - {
+    fields = ({f.name for f in dataclasses.fields(engine_config_cls)} | set(derived_keys)) - {
         "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input"}
     recorded = meta_rec.get("config", {})
     raw = meta_rec.get("vllm_config", {})
     values = {}
     for name in fields:
         for key, source in ((name, recorded), (f"scheduler_config.{name}", raw),
-                            (f"cache_config.{name}", raw)):
+                            (f"cache_config.{name}", raw), (f"parallel_config.{name}", raw),
+                            (f"vllm_config.{name}", raw)):
             if key in source:
                 values[name] = source[key]
                 break
@@ -651,7 +660,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     # Our venv only: the reference package, and pyarrow through harness.trace.
     from harness.trace.recorder import step_rows, trace_metadata
     from harness.trace import TraceWriter
-    from reference.config import ConfigError, EngineConfig
+    from reference.config import DERIVED_KEYS, ConfigError, EngineConfig
     from reference.engine import StepRecord
     from reference.output import (
         FinishedRequest,
@@ -673,7 +682,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     if meta_rec.get("format") != FORMAT:
         raise ConvertError(f"{src}: unknown recording format {meta_rec.get('format')!r} "
                            f"(this converter reads {FORMAT})")
-    values, unmapped_config = _map_config(meta_rec, EngineConfig)
+    values, unmapped_config = _map_config(meta_rec, EngineConfig, DERIVED_KEYS)
     values.update(overrides or {})
     try:
         config = EngineConfig.from_dict(values)
