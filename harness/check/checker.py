@@ -9,6 +9,10 @@ order is part of the output (violations are reported in it), so a new check
 goes where its data is first known. Every violation is a witness a human can
 check (in the spirit of Jepsen's Elle): step, request, rule, the
 contradicting values, and the request's recent events.
+
+Over ~500 lines on purpose: each handler is the one place the order of its
+row's checks and updates is visible, and one class keeps all of them side
+by side; the checks themselves are in the family modules.
 """
 
 from __future__ import annotations
