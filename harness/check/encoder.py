@@ -21,8 +21,10 @@ progress (and all of them if it stops).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from harness.check.encoder_cache import Plan, items_in_window
-from harness.check.model import TraceModel
+from harness.check.model import ReqShadow, StepState, TraceModel
 from harness.check.result import Invariant
 
 INVARIANTS = [
@@ -33,7 +35,7 @@ INVARIANTS = [
 
 
 # -- arrivals ---------------------------------------------------------------
-def inadmissible(m: TraceModel, positions) -> str | None:
+def inadmissible(m: TraceModel, positions: Sequence[Sequence[int]] | None) -> str | None:
     """Why an item makes a request inadmissible (the input processor's
     encoder checks), or None."""
     step_tokens = min(m.token_budget, m.max_num_batched_tokens)
@@ -57,7 +59,7 @@ def stop(m: TraceModel, invariant: str, rid: str | None, message: str) -> None:
     m.enc_known = False
 
 # -- scheduling -------------------------------------------------------------
-def before_event(m: TraceModel, ev: dict, st) -> None:
+def before_event(m: TraceModel, ev: dict, st: StepState) -> None:
     """Resolve what the previous rows left open before ``ev`` is handled."""
     kind, enc = ev["kind"], st.enc
     plan = enc.pending
@@ -71,7 +73,7 @@ def before_event(m: TraceModel, ev: dict, st) -> None:
         update_until(m, st, None)
         enc.update_done = True
 
-def expected_window(m: TraceModel, req, computed: int, st) -> int:
+def expected_window(m: TraceModel, req: ReqShadow, computed: int, st: StepState) -> int:
     """The tokens the request would get before encoder limits (spec 10.3,
     10.6): its remaining tokens (padded for a new decode), the threshold,
     the budgets left and, for running requests, max_model_len."""
@@ -92,7 +94,10 @@ def expected_window(m: TraceModel, req, computed: int, st) -> int:
         n = min(n, m.max_model_len - computed - 1)
     return n
 
-def on_encoder_plan(m: TraceModel, ev: dict, st) -> None:
+def on_encoder_plan(m: TraceModel, ev: dict, st: StepState) -> None:
+    """ENCODER-INPUTS at an ``encoder_plan`` row: the window and inputs are the
+    decision ``ShadowEncoderCache.plan`` gives; the plan stays pending until its
+    ``schedule`` row (or fails)."""
     rid, computed, n = ev["request_id"], ev["num_computed_tokens"], ev["num_scheduled_tokens"]
     ids = list(ev.get("encoder_input_ids") or [])
     req = m.reqs.get(rid)
@@ -117,7 +122,7 @@ def on_encoder_plan(m: TraceModel, ev: dict, st) -> None:
     enc.pending = {"rid": rid, "computed": computed, "n": n, "ids": ids, "duplicates": duplicates,
                    "budget": enc.budget_left, "waiting": waiting}
 
-def plan_mismatch(m: TraceModel, req, computed: int, n: int, ids: list[int], n_pre: int, plan: Plan,
+def plan_mismatch(m: TraceModel, req: ReqShadow, computed: int, n: int, ids: list[int], n_pre: int, plan: Plan,
                    budget: int) -> str:
     head = (f"encoder plan window [{computed}, {computed + n}) encoding inputs {ids}, but with "
             f"{n_pre} tokens available, {budget} embeds of encoder budget left and the cache "
@@ -136,7 +141,7 @@ def plan_mismatch(m: TraceModel, req, computed: int, n: int, ids: list[int], n_p
                 f"fits neither the budget left nor the cache")
     return f"{head} the inputs to encode are {plan.input_ids}"
 
-def on_schedule(m: TraceModel, ev: dict, st, req, computed: int, n: int) -> None:
+def on_schedule(m: TraceModel, ev: dict, st: StepState, req: ReqShadow, computed: int, n: int) -> None:
     """Commit the request's plan; check the window's coverage and the budget."""
     rid, enc = req.request_id, st.enc
     ids = list(ev.get("encoder_input_ids") or [])
@@ -191,7 +196,7 @@ def on_schedule(m: TraceModel, ev: dict, st, req, computed: int, n: int) -> None
                        f"{[(i, req.items[i].offset, req.items[i].length) for i in missing]} that are "
                        f"neither cached nor encoded this step")
 
-def on_withdraw(m: TraceModel, ev: dict, st, rid: str) -> None:
+def on_withdraw(m: TraceModel, ev: dict, st: StepState, rid: str) -> None:
     """PRIORITY give-back: the victim's inputs return to the budget."""
     given = list(ev.get("encoder_input_ids") or [])
     committed = st.enc.committed.pop(rid, [])
@@ -202,18 +207,22 @@ def on_withdraw(m: TraceModel, ev: dict, st, rid: str) -> None:
     if req is not None:
         st.enc.budget_left += sum(req.items[i].length for i in committed)
 
-def on_preempt(m: TraceModel, st, req) -> None:
+def on_preempt(m: TraceModel, st: StepState, req: ReqShadow) -> None:
+    """A preempted request drops its pending plan and all its input references."""
     pending = st.enc.pending
     if pending is not None and pending["rid"] == req.request_id:
         st.enc.pending = None  # it preempted itself: the plan fails
     if m.enc_known:
         m.enc.release_all(req.request_id, req.items)
 
-def on_finish(m: TraceModel, req) -> None:
+def on_finish(m: TraceModel, req: ReqShadow) -> None:
+    """A finished (or stopped) request drops all its input references."""
     if m.enc_known:
         m.enc.release_all(req.request_id, req.items)
 
-def on_schedule_end(m: TraceModel, ev: dict, st) -> None:
+def on_schedule_end(m: TraceModel, ev: dict, st: StepState) -> None:
+    """ENCODER-CACHE at ``schedule_end``: free_encoder_mm_hashes lists exactly
+    this step's evictions (unreferenced entries, oldest first)."""
     if not m.enc_known:
         return
     expected = m.enc.take_evicted()
@@ -224,7 +233,7 @@ def on_schedule_end(m: TraceModel, ev: dict, st) -> None:
                        f"first gives {expected}")
 
 # -- update -----------------------------------------------------------------
-def update_until(m: TraceModel, st, rid: str | None) -> None:
+def update_until(m: TraceModel, st: StepState, rid: str | None) -> None:
     """Release passed inputs of the processed batch's requests, in batch
     order, up to (not including) ``rid`` (None: all the rest)."""
     scheduled = st.batch.scheduled if st.batch is not None else []
@@ -237,6 +246,7 @@ def update_until(m: TraceModel, st, rid: str | None) -> None:
         if req is not None:
             free_passed(m, req)
 
-def free_passed(m: TraceModel, req) -> None:
+def free_passed(m: TraceModel, req: ReqShadow) -> None:
+    """Release the request's inputs behind num_computed_tokens - placeholders."""
     if m.enc_known and req.items:
         m.enc.release_passed(req.request_id, req.items, req.num_computed_tokens - req.placeholders)

@@ -221,8 +221,6 @@ class TraceModel:
         history = list(req.history) if req else []
         self.result.violations.append(Violation(invariant, self.step, request, message, history))
 
-    _violate = violate  # the name older callers use
-
     def note(self, req: ReqShadow, text: str) -> None:
         req.history.append(f"step {self.step}: {text}")
 
