@@ -567,48 +567,7 @@ def test_schema_3_trace_without_encoder_columns_still_reads(tmp_path, schema3_co
     assert replay(trace, Scheduler) == (None, 221)
 
 
-# -- the checker ---------------------------------------------------------------------
-def _arrival(rid: str, n: int, positions, kind: str = "arrival") -> dict:
-    return {"kind": kind, "request_id": rid, "prompt_token_ids": list(range(10, 10 + n)), "priority": 0,
-            "arrival_time_s": 0.0, "max_tokens": 4, "min_tokens": 0, "ignore_eos": True,
-            "eos_token_id": 2, "stop_token_ids": [], "mm_positions": [list(p) for p in positions]}
-
-
-def test_arrival_admissible_covers_encoder_inputs() -> None:
-    from harness.check import TraceChecker
-
-    config = EngineConfig(num_gpu_blocks=30, block_size=4, max_model_len=96, max_num_seqs=4,
-                          max_num_batched_tokens=64, encoder_cache_size=16).to_dict()
-    checker = TraceChecker(config)
-    checker.check_step(0, [_arrival("r0", 40, [(0, 8), (10, 17)]), _arrival("r1", 40, [(0, 17)], "reject"),
-                           _arrival("r2", 40, [(0, 16)], "reject")])
-    assert [(v.invariant, v.request, v.message) for v in checker.result.violations] == [
-        ("ARRIVAL-ADMISSIBLE", "r0", "accepted a request whose encoder input 1 of 17 embeds > encoder cache "
-                                     "size 16"),
-        ("ARRIVAL-ADMISSIBLE", "r2", "rejected a 40-token prompt that fits max_model_len 96")]
-
-
-def test_checker_finds_a_window_over_an_unencoded_input() -> None:
-    """A doctored trace: the first encoder_plan and schedule rows of the
-    scenario lose their encoder inputs (the window runs over items nobody
-    encoded): ENCODER-INPUTS, with the window and the items."""
-    scenario = SCENARIOS["encoder-inputs"]
-    rows: list[tuple[int, list[dict]]] = []
-    from harness.trace.recorder import run_to_rows
-
-    run_to_rows(scenario.make_workload(), scenario.engine_config(), seed=scenario.seed,
-                on_step_rows=lambda step, step_rows: rows.append((step, step_rows)))
-    first = next(row for _, step_rows in rows for row in step_rows if row.get("encoder_input_ids"))
-    assert (first["kind"], first["request_id"], first["num_scheduled_tokens"], first["encoder_input_ids"]) == \
-        ("encoder_plan", "r000000", 11, [0])  # a 4-embed budget: cut before the second item at 11
-    for row in rows[0][1]:
-        if row.get("request_id") == "r000000" and row["kind"] in ("encoder_plan", "schedule"):
-            row["encoder_input_ids"] = []
-    result = check_steps(scenario.engine_config().to_dict(), rows)
-    violation = result.violations[0]
-    assert (violation.invariant, violation.step, violation.request) == ("ENCODER-INPUTS", 0, "r000000")
-    assert violation.message.startswith("encoder plan window [0, 11) encoding inputs [], but with ")
-    assert "the inputs to encode are [0]; the encoder cache can no longer be inferred" in violation.message
+# (The checker's encoder tests are in tests/check/test_encoder_family.py.)
 
 
 @pytest.mark.vllm

@@ -1,0 +1,118 @@
+"""Blocks and prefix cache: block tables, ownership, the free queue, prefix hits.
+
+What the trace says each step allocates, shares, frees and hits is checked
+against the model's shadow pool (``TraceModel.owners``, ``free_queue``,
+``content``/``cached``, ``uncomputed``): vLLM 0.33.0 ``BlockPool``,
+``KVCacheManager`` and ``FreeKVCacheBlockQueue`` (spec 5).
+"""
+
+from __future__ import annotations
+
+from harness.check.model import ReqShadow, TraceModel, cdiv
+from harness.check.result import Invariant
+
+INVARIANTS = [
+    Invariant("PREFIX-HIT-RULES", "A prefix hit is whole blocks, at most num_tokens - 1 tokens, 0 with caching off; hit blocks hold exactly the request's prefix, and the hit is the longest one cached.", "5.6, 8 #29"),
+    Invariant("HIT-UNCOMPUTED-BLOCK", "A prefix hit never lands on a block whose KV was never computed, such as one cached at allocation by a chunk that a PRIORITY give-back then withdrew.", "4.2, 5.7 step 10"),
+    Invariant("BLOCKS-COVER", "After scheduling, a request's table has exactly ceil((computed + scheduled) / block_size) blocks.", "5.7"),
+    Invariant("BLOCK-EXCLUSIVE", "A newly allocated block is held by nobody; a block in two tables is a full, prefix-shared block.", "5.3, 8 #26"),
+    Invariant("ALLOC-FROM-HEAD", "New blocks are taken from the head of the free queue, whose order follows from the frees: unhashed (or caching off) blocks to the head, hashed ones to the tail, tail block first.", "5.2, 8 #27-28, 10.7"),
+    Invariant("BLOCK-CONSERVATION", "free blocks + distinct held blocks = num_gpu_blocks - 1 (null block excluded).", "5.1, 8 #24"),
+    Invariant("FREE-ORDER", "A finished, aborted or preempted request frees exactly its table, tail block first.", "5.2, 5.8"),
+]
+
+
+def check_conservation(m: TraceModel, where: str, num_free: int | None) -> None:
+    """BLOCK-CONSERVATION at ``where`` (a row carrying ``num_free_blocks``):
+    free + distinct held = num_gpu_blocks - 1, and free = the shadow queue's length."""
+    if num_free is None:
+        return
+    usable = m.num_gpu_blocks - 1
+    if num_free + m.held() != usable or num_free != len(m.free_queue):
+        m.violate("BLOCK-CONSERVATION", None,
+                  f"at {where}: {num_free} free + {m.held()} held != {usable} usable blocks "
+                  f"(the trace implies {len(m.free_queue)} free)")
+
+
+def check_acquire(m: TraceModel, req: ReqShadow, block: int, as_hit: bool) -> None:
+    """Before ``req`` takes ``block``: BLOCK-EXCLUSIVE (a fresh block is held by
+    nobody, never twice in a table, never the null block) and ALLOC-FROM-HEAD
+    (a fresh block is the head of the inferred free queue; after the first
+    miss the order is unknown and the check stops)."""
+    holders = m.owners.get(block) or ()
+    if req.request_id in holders:
+        m.violate("BLOCK-EXCLUSIVE", req.request_id, f"block {block} appears twice in its table")
+    if holders and not as_hit:
+        m.violate("BLOCK-EXCLUSIVE", req.request_id,
+                  f"newly allocated block {block} is still held by {sorted(holders)}")
+    if block == 0:
+        m.violate("BLOCK-EXCLUSIVE", req.request_id, "the null block 0 was allocated")
+    if not as_hit and m.free_queue_known:
+        head = next(iter(m.free_queue), None)
+        if block != head:
+            preview = list(m.free_queue)[:8]
+            m.violate("ALLOC-FROM-HEAD", req.request_id,
+                      f"allocated block {block} but the free queue starts {preview}; "
+                      f"the queue order can no longer be inferred, so this check stops here")
+            m.free_queue_known = False
+
+
+def check_free_order(m: TraceModel, req: ReqShadow, freed: list[int], expected: list[int]) -> None:
+    """FREE-ORDER: a finished or aborted request frees exactly its table, tail first."""
+    if freed != expected:
+        m.violate("FREE-ORDER", req.request_id, f"freed {freed}, expected its table tail first {expected}")
+
+
+def check_prefix_hit(m: TraceModel, req: ReqShadow, hit: int, block_ids: list[int]) -> None:
+    """A lookup's hit (admission or async load): PREFIX-HIT-RULES (whole blocks,
+    at most num_tokens - 1, the longest cached prefix, blocks holding this
+    request's prefix) and HIT-UNCOMPUTED-BLOCK (none of them never computed)."""
+    rid = req.request_id
+    if hit % m.bs or hit > req.num_tokens - 1 or (hit and not m.caching):
+        m.violate("PREFIX-HIT-RULES", rid,
+                  f"hit of {hit} tokens (block_size {m.bs}, {req.num_tokens} tokens, "
+                  f"caching {'on' if m.caching else 'off'})")
+    n_hit = hit // m.bs
+    if not m.caching:
+        return
+    longest = m.longest_cached_prefix(req)
+    uncomputed = [b for b in block_ids[:n_hit] if b in m.uncomputed]
+    if uncomputed:
+        block = uncomputed[0]
+        m.violate("HIT-UNCOMPUTED-BLOCK", rid,
+                  f"prefix hit on block {block}, whose KV was never computed: a chunk of "
+                  f"{m.uncomputed[block]} cached it at allocation and was then withdrawn "
+                  f"by a PRIORITY give-back")
+    elif hit != longest:
+        m.violate("PREFIX-HIT-RULES", rid, f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
+    for i, block in enumerate(block_ids[:n_hit]):
+        if i < len(req.chain) and block not in m.uncomputed and m.content.get(block) != req.chain[i]:
+            m.violate("PREFIX-HIT-RULES", rid, f"hit block {block} (#{i}) does not hold this request's prefix block")
+            break
+
+
+def check_no_lookup_with_loaded_kv(m: TraceModel, rid: str, hit: int) -> None:
+    """PREFIX-HIT-RULES: a request admitted with loaded KV does no lookup."""
+    if hit:
+        m.violate("PREFIX-HIT-RULES", rid, f"a request holding loaded KV looked up a prefix hit of {hit} tokens")
+
+
+def check_loaded_table_kept(m: TraceModel, req: ReqShadow, block_ids: list[int]) -> None:
+    """BLOCKS-COVER: a request admitted with loaded KV keeps its table and grows it."""
+    if block_ids[:len(req.blocks)] != req.blocks:
+        m.violate("BLOCKS-COVER", req.request_id, f"admitted with table {block_ids}, but it held {req.blocks}")
+
+
+def check_blocks_cover(m: TraceModel, req: ReqShadow, blocks_before: int, end: int) -> None:
+    """BLOCKS-COVER after a schedule row: ceil(end / block_size) blocks for
+    ``end`` = computed + scheduled tokens (rejected drafts can leave blocks past
+    the need; tables never shrink)."""
+    need = max(blocks_before, cdiv(end, m.bs))
+    if len(req.blocks) != need:
+        m.violate("BLOCKS-COVER", req.request_id, f"table has {len(req.blocks)} blocks for {end} tokens, needs {need}")
+
+
+def check_load_cover(m: TraceModel, req: ReqShadow, loaded: int) -> None:
+    """BLOCKS-COVER after an async KV load of ``loaded`` tokens (hit + external)."""
+    if len(req.blocks) != cdiv(loaded, m.bs):
+        m.violate("BLOCKS-COVER", req.request_id, f"table has {len(req.blocks)} blocks for {loaded} loaded tokens")

@@ -1,0 +1,126 @@
+"""Outputs, finishing and liveness: who samples, when a request must stop,
+the ids a step reports finished/preempted, and that the engine makes progress.
+
+vLLM 0.33.0 ``Scheduler.update_from_output`` and ``check_stop`` (spec 6,
+10.8), ``SchedulerOutput.finished_req_ids`` (spec 3.9), and the liveness
+properties of spec 8.
+"""
+
+from __future__ import annotations
+
+from harness.check.model import ReqShadow, StepState, TraceModel
+from harness.check.result import Invariant
+
+INVARIANTS = [
+    Invariant("OUTPUT-ONLY-COMPLETE", "A request samples exactly one token in a step iff the step reaches the end of its known tokens (none for partial prefill chunks).", "6, 8 #18"),
+    Invariant("STOP-RULES", "A request finishes exactly when check_stop says so (EOS unless ignore_eos, stop token, length), with that reason; min_tokens never overrides.", "6, 10.8, 8 #22"),
+    Invariant("FINISHED-IDS", "preempted_req_ids and finished_req_ids of a step list exactly the requests preempted in it / finished since the previous schedule().", "3.9, 8 #12, #23"),
+    Invariant("IDLE-ADMISSION", "With nothing running and requests waiting, a step admits at least one (every accepted request fits an empty engine).", "8 (liveness)"),
+    Invariant("NO-PROGRESS", "No two consecutive steps schedule nothing with the same queues and no input in between.", "8 (liveness)"),
+    Invariant("LIVENESS", "Every accepted request finishes (stopped, length-capped or aborted) by the end of the trace.", "8"),
+]
+
+
+# -- outputs -----------------------------------------------------------------------
+def check_output_in_batch(m: TraceModel, st: StepState, rid: str) -> bool:
+    """OUTPUT-ONLY-COMPLETE: an output is for a request of the processed batch.
+    False when not (the row is ignored)."""
+    if rid not in st.batch.scheduled:
+        m.violate("OUTPUT-ONLY-COMPLETE", rid, "output for a request not in the processed batch")
+        return False
+    return True
+
+
+def check_output_complete(m: TraceModel, req: ReqShadow, end: int, drafts: list[int], tokens: list[int]) -> None:
+    """OUTPUT-ONLY-COMPLETE: a request samples only when its step (scheduled up
+    to ``end``) reached its known tokens; 1 to 1 + drafts tokens."""
+    if end - len(drafts) < req.num_tokens or not 1 <= len(tokens) <= 1 + len(drafts):
+        m.violate("OUTPUT-ONLY-COMPLETE", req.request_id,
+                  f"{len(tokens)} token(s) sampled by a step reaching {end} of "
+                  f"{req.num_tokens} tokens + {len(drafts)} drafts")
+
+
+def check_outputs_present(m: TraceModel, st: StepState) -> None:
+    """OUTPUT-ONLY-COMPLETE at ``update_end``: every processed request whose step
+    reached the end of its tokens sampled."""
+    for rid in st.batch.scheduled:
+        req = m.reqs.get(rid)
+        if req is None or rid in st.outputs:
+            continue
+        end = st.batch.ends[rid] - len(st.batch.drafts.get(rid, []))
+        if end >= req.num_tokens:
+            m.violate("OUTPUT-ONLY-COMPLETE", rid, f"its step reached {end} of {req.num_tokens} tokens but sampled nothing")
+
+
+# -- stopping ----------------------------------------------------------------------
+def stop_reason(m: TraceModel, req: ReqShadow, token: int) -> str | None:
+    """vLLM ``check_stop`` after ``token`` was appended: "stop" (EOS unless
+    ignore_eos, or a stop token), "length" (max_model_len or max_tokens), or
+    None. min_tokens never overrides (STOP-RULES)."""
+    if token == req.eos_token_id or token in req.stop_token_ids:
+        return "stop"
+    if req.num_tokens >= m.max_model_len or req.num_output_tokens >= req.max_tokens:
+        return "length"
+    return None
+
+
+def check_finish_reason(m: TraceModel, ev: dict, req: ReqShadow, expected: str | None) -> None:
+    """STOP-RULES at a ``finish`` row: the reason is check_stop's."""
+    if expected != ev["finish_reason"]:
+        m.violate("STOP-RULES", req.request_id,
+                  f"finished with {ev['finish_reason']!r} but check_stop gives {expected!r} "
+                  f"({req.num_output_tokens} outputs, max_tokens {req.max_tokens})")
+
+
+def check_stopped_finished(m: TraceModel, st: StepState) -> None:
+    """STOP-RULES at ``update_end``: a request check_stop stops did finish."""
+    for rid, stop in st.expected_stop.items():
+        if stop is not None and rid not in st.finished:
+            m.violate("STOP-RULES", rid, f"check_stop gives {stop!r} but the request did not finish")
+
+
+# -- reported ids ------------------------------------------------------------------
+def check_reported_ids(m: TraceModel, ev: dict, st: StepState) -> None:
+    """FINISHED-IDS at ``schedule_end``: preempted_req_ids / finished_req_ids."""
+    if set(ev["preempted_req_ids"] or []) != set(st.preempted):
+        m.violate("FINISHED-IDS", None, f"preempted_req_ids {ev['preempted_req_ids']} != preempted {st.preempted}")
+    if set(ev["finished_req_ids"] or []) != m.finished_since_schedule:
+        m.violate("FINISHED-IDS", None,
+                  f"finished_req_ids {ev['finished_req_ids']} != finished since last schedule "
+                  f"{sorted(m.finished_since_schedule)}")
+
+
+# -- liveness ----------------------------------------------------------------------
+def check_idle_admission(m: TraceModel, st: StepState) -> None:
+    """IDLE-ADMISSION at ``schedule_end``: with nothing running and requests
+    waiting, something is admitted. (Blocks still behind a deferred-free
+    fence, or held by the load of a request finished while loading, may
+    legitimately block it.)"""
+    if (not st.running_before and st.waiting_before and not st.preempted and not st.admitted
+            and not st.skipped and not m.deferred and not m.kv_abandoned):
+        m.violate("IDLE-ADMISSION", st.waiting_before[0],
+                  f"nothing running, {len(st.waiting_before)} waiting, and nothing admitted: "
+                  f"a request that fits an empty engine must be admitted")
+
+
+def check_progress(m: TraceModel, st: StepState) -> None:
+    """NO-PROGRESS at ``schedule_end``: no two consecutive zero-token steps with
+    unchanged queues and no input between (updates ``zero_step_state``).
+    Waiting on outputs in flight or on a KV load is not a lack of progress."""
+    state = (tuple(st.waiting_before), tuple(st.running_before))
+    loading = m.kv_abandoned or any(r.status == "WAITING_FOR_REMOTE_KVS" for r in m.reqs.values())
+    if (st.total == 0 and (st.waiting_before or st.running_before) and len(m.batches) <= 1
+            and not loading):
+        if m.zero_step_state == state and not st.arrived and not st.aborted:
+            m.violate("NO-PROGRESS", None,
+                      f"a second step with no tokens scheduled and unchanged queues "
+                      f"(waiting {list(state[0])[:5]}, running {list(state[1])[:5]})")
+        m.zero_step_state = state
+    else:
+        m.zero_step_state = None
+
+
+def check_liveness(m: TraceModel) -> None:
+    """LIVENESS at the end of the trace: no request is left unfinished."""
+    for rid, req in m.reqs.items():
+        m.violate("LIVENESS", rid, f"still {req.status} with {req.num_output_tokens} outputs at the end of the trace")

@@ -1,0 +1,334 @@
+"""The checker's model: what the trace implies, rebuilt from its rows alone.
+
+``TraceModel`` holds the shadow state that every invariant family reads and
+that the event handlers (``harness.check.checker``) update:
+
+- per request (``ReqShadow``): status, tokens, ``num_computed_tokens``, block
+  table, chained block hashes, pending drafts, async placeholders and tokens
+  in flight, stale output, KV-load flags, encoder inputs, recent history;
+- blocks: owners (ref counts are the owner sets), the free queue in the order
+  the frees imply (spec 5.2), what each full block caches, blocks cached but
+  never computed (PRIORITY give-back);
+- batches in flight (``Batch``, FIFO), deferred-free fences and their FIFO;
+- prefill gating (capacity guard, cadence), KV-connector queues and loads;
+- the encoder cache (``harness.check.encoder_cache.ShadowEncoderCache``);
+- per step (``StepState``): what this step's rows said so far.
+
+The model's methods only update state (and ``violate`` records a witness);
+they judge nothing. Memory is bounded by live requests and the pool, not by
+trace length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.check.encoder_cache import EncoderStep, Item, ShadowEncoderCache, block_extra_keys
+from harness.check.result import MAX_PER_INVARIANT, CheckResult, Violation
+
+HISTORY = 8  # events kept per request for a witness
+
+
+@dataclass
+class ReqShadow:
+    """A live request as the trace implies it (vLLM ``Request``); tokens in tokens."""
+
+    request_id: str
+    priority: int
+    arrival_time: float
+    num_prompt_tokens: int
+    max_tokens: int
+    min_tokens: int
+    eos_token_id: int | None
+    stop_token_ids: tuple[int, ...]
+    token_ids: list[int]
+    status: str = "WAITING"
+    num_computed_tokens: int = 0
+    blocks: list[int] = field(default_factory=list)
+    chain: list[bytes] = field(default_factory=list)
+    registered: int = 0  # leading table blocks whose content is recorded
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts pending for the next step
+    prefill_chunk: bool = True  # still prefilling after its last scheduling
+    placeholders: int = 0  # async: sampled tokens in flight (num_output_placeholders)
+    in_flight: int = 0     # tokens scheduled in batches not yet processed
+    stale: int = 0         # in-flight tokens scheduled before its preemption
+    last_sched_seq: int = 0
+    num_preemptions: int = 0
+    kv_done: bool = False    # its async KV load was reported finished
+    kv_failed: bool = False  # ... with invalid blocks
+    items: tuple[Item, ...] = ()  # encoder inputs (multimodal items)
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+@dataclass
+class Batch:
+    """A scheduled batch waiting for its output (FIFO, up to max_concurrent_batches)."""
+
+    step: int
+    scheduled: list[str]
+    tokens: dict[str, int]
+    drafts: dict[str, list[int]]
+    ends: dict[str, int]
+    total: int
+
+
+@dataclass
+class StepState:
+    """What the current step's rows said so far (reset every step)."""
+
+    arrived: list[str] = field(default_factory=list)
+    aborted: set[str] = field(default_factory=set)
+    running_before: list[str] = field(default_factory=list)
+    waiting_before: list[str] = field(default_factory=list)
+    sim_running: list[str] = field(default_factory=list)
+    eligible: int = 0
+    preempted: list[str] = field(default_factory=list)
+    scheduled: list[str] = field(default_factory=list)
+    scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    withdrawn: list[str] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)
+    last_running_index: int = -1
+    total: int = 0
+    outputs: set[str] = field(default_factory=set)
+    drafts: dict[str, list[int]] = field(default_factory=dict)
+    expected_stop: dict[str, str | None] = field(default_factory=dict)
+    finished: set[str] = field(default_factory=set)
+    skipped: list[str] = field(default_factory=list)
+    ends: dict[str, int] = field(default_factory=dict)  # computed + scheduled, per request
+    placeholders_added: dict[str, int] = field(default_factory=dict)
+    registered_before: dict[str, int] = field(default_factory=dict)  # req.registered before its schedule
+    batch: Batch | None = None  # the batch this step's update processes
+    stale: set[str] = field(default_factory=set)
+    expected_drains: int = 0
+    drains: int = 0
+    defer: bool = False  # this step must defer prefill compute
+    prefill_scheduled: bool = False
+    prefill_admitted: bool = False
+    kv_failed: list[str] = field(default_factory=list)  # loads reported failed in this update
+    kv_free_due: set[str] = field(default_factory=set)  # finished-while-loading, transfer now done
+    running_scheduled: set[str] = field(default_factory=set)  # running-loop requests scheduled (kept)
+    enc: EncoderStep = field(default_factory=EncoderStep)  # encoder inputs (harness.check.encoder)
+
+
+def chain_hash(parent: bytes | None, tokens: list[int], extra: tuple | None = None) -> bytes:
+    """A full block's content hash, chained on its parent's (vLLM ``hash_block_tokens``)."""
+    h = hashlib.sha256(parent or b"root")
+    h.update(array("q", tokens).tobytes())
+    if extra:
+        h.update(repr(extra).encode())
+    return h.digest()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class TraceModel:
+    """The shadow state of one rank's scheduler and KV pool (see the module
+    docstring); ``config`` is the trace's engine config dict."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.bs: int = config["block_size"]
+        self.num_gpu_blocks: int = config["num_gpu_blocks"]
+        self.max_model_len: int = config["max_model_len"]
+        self.max_num_seqs: int = config["max_num_seqs"]
+        self.token_budget: int = config.get("max_num_scheduled_tokens") or config["max_num_batched_tokens"]
+        self.threshold: int = config.get("long_prefill_token_threshold", 0)
+        self.caching: bool = config["enable_prefix_caching"]
+        self.policy: str = config["policy"]
+        self.num_spec: int = config.get("num_speculative_tokens", 0)
+        self.async_scheduling: bool = config.get("async_scheduling", False)
+        self.depth: int = config.get("max_concurrent_batches", 1)
+        self.defer: bool = config.get("defer_block_free", False)
+        # Batches scheduled but not yet processed, oldest first.
+        self.batches: deque[Batch] = deque()
+        # Deferred frees (spec 5.10): sequence numbers and the FIFO of
+        # (fence, blocks in free order); their blocks stay held until drained.
+        self.sched_seq = 0
+        self.processed_seq = 0
+        self.deferred: deque[tuple[int, list[int], str]] = deque()  # (fence, blocks, holder)
+        # Prefill gating (spec 7.1, 10.4), recomputed from the trace.
+        self.interval: int = config.get("prefill_schedule_interval", 1)
+        self.dp_interval = 1  # the DP coordinator's throttle cadence (set by check_steps)
+        self.capacity_bound = False
+        self.last_prefill_step = -self.interval
+        self.num_executed = 0
+        self.deferred_waiting: set[str] = set()  # skipped and still waiting
+        # KV connector (spec 7.2, 10.2): which waiting requests sit in the
+        # kv-holding queue (examined first), requests still prefilling (the
+        # reservation of an async load), and requests finished while their
+        # load was in flight (they hold their blocks until it reports done).
+        self.kv_connector: bool = config.get("kv_connector", False)
+        self.recompute_kv: bool = config.get("kv_load_failure_policy", "recompute") == "recompute"
+        self.kv_queue: set[str] = set()
+        self.inflight: dict[str, None] = {}
+        self.kv_abandoned: dict[str, ReqShadow] = {}
+        self.result = CheckResult()
+        self.reqs: dict[str, ReqShadow] = {}
+        self.owners: dict[int, set[str]] = {}
+        # The free queue as the trace implies it, head first (spec 5.2).
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, self.num_gpu_blocks))
+        self.free_queue_known = True  # false after the first ALLOC-FROM-HEAD violation
+        self.zero_step_state: tuple | None = None  # queues of the last zero-token step
+        # Full blocks: content chain hash per block, and blocks per content.
+        self.content: dict[int, bytes] = {}
+        self.cached: dict[bytes, set[int]] = {}
+        # Blocks the pool still treats as cached (hashed) although their KV
+        # was never computed: cached by a chunk that a PRIORITY give-back
+        # withdrew (block -> the withdrawn request).
+        self.uncomputed: dict[int, str] = {}
+        self.finished_since_schedule: set[str] = set()
+        self.prev_running: list[str] = []
+        self.prev_waiting: list[str] = []
+        self.step = -1
+        # Encoder inputs (spec 3.2 step 8, 10.5); sizes in embeds.
+        mnbt = config["max_num_batched_tokens"]
+        self.max_num_batched_tokens: int = mnbt
+        self.chunked_prefill: bool = config.get("enable_chunked_prefill", True)
+        self.enc_budget: int = config.get("max_num_encoder_input_tokens") or mnbt
+        self.enc_cache_size: int = config.get("encoder_cache_size") or mnbt
+        self.enc_no_chunk: bool = config.get("disable_chunked_mm_input", False)
+        self.enc = ShadowEncoderCache(self.enc_cache_size)
+        self.enc_active = False  # some request carried encoder inputs
+        self.enc_known = True    # false after the shadow stopped matching the trace
+
+    # -- reporting -------------------------------------------------------------
+    def violate(self, invariant: str, request: str | None, message: str) -> None:
+        """Record a witness of ``invariant`` (an id of the catalogue) at the current step."""
+        from harness.check.invariants import INVARIANTS  # the catalogue imports the families
+
+        assert invariant in INVARIANTS, invariant
+        self.result.num_violations += 1
+        counts = self.result.by_invariant
+        counts[invariant] = counts.get(invariant, 0) + 1
+        # Keep the first few witnesses of *each* invariant, so one noisy rule
+        # cannot hide another.
+        if counts[invariant] > MAX_PER_INVARIANT:
+            return
+        req = self.reqs.get(request) if request else None
+        history = list(req.history) if req else []
+        self.result.violations.append(Violation(invariant, self.step, request, message, history))
+
+    def note(self, req: ReqShadow, text: str) -> None:
+        req.history.append(f"step {self.step}: {text}")
+
+    # -- blocks (updates only) -------------------------------------------------
+    def held(self) -> int:
+        """Distinct blocks held by a request or a deferred-free entry."""
+        return len(self.owners)
+
+    def take_block(self, req: ReqShadow, block: int, as_hit: bool) -> None:
+        """``req`` takes ``block``: a hit unlinks it from the free queue; a fresh
+        allocation also evicts whatever the block cached before."""
+        holders = self.owners.setdefault(block, set())
+        self.free_queue.pop(block, None)
+        if not as_hit:
+            self.uncomputed.pop(block, None)
+            old = self.content.pop(block, None)
+            if old is not None:
+                self.cached[old].discard(block)
+                if not self.cached[old]:
+                    del self.cached[old]
+        holders.add(req.request_id)
+        req.blocks.append(block)
+
+    def defer_blocks(self, req: ReqShadow, ordered: list[int], fence: int) -> None:
+        """A deferred free: the fence entry takes the request's references.
+        Each entry keeps its own reference: two entries may share a prefix
+        block, which returns only when both drained."""
+        holder = f"<deferred free of {req.request_id}, fence {fence}>"
+        for block in ordered:
+            holders = self.owners.setdefault(block, set())
+            holders.discard(req.request_id)
+            holders.add(holder)
+        self.deferred.append((fence, ordered, holder))
+
+    def return_blocks(self, ordered: list[int], holder: str) -> None:
+        """Drop ``holder``'s references in ``ordered`` order; blocks reaching
+        ref 0 enter the free queue: unhashed (or caching off) to the head, in
+        that order; hashed to the tail (spec 5.2)."""
+        to_head: list[int] = []
+        to_tail: list[int] = []
+        for block in ordered:
+            holders = self.owners.get(block)
+            if holders is None:
+                continue
+            holders.discard(holder)
+            if not holders:
+                del self.owners[block]
+                (to_tail if block in self.content or block in self.uncomputed else to_head).append(block)
+        for block in reversed(to_head):
+            self.free_queue[block] = None
+            self.free_queue.move_to_end(block, last=False)
+        for block in to_tail:
+            self.free_queue[block] = None
+
+    def extend_chain(self, req: ReqShadow, n_blocks: int) -> None:
+        """Content hashes of the request's first ``n_blocks`` full blocks."""
+        while len(req.chain) < n_blocks:
+            i = len(req.chain)
+            extra = block_extra_keys(req.items, i * self.bs, (i + 1) * self.bs) if req.items else None
+            req.chain.append(chain_hash(req.chain[-1] if req.chain else None,
+                                        req.token_ids[i * self.bs:(i + 1) * self.bs], extra))
+
+    def register_full_blocks(self, req: ReqShadow, upto_tokens: int) -> None:
+        """Record the content of the request's blocks fully covered by
+        ``upto_tokens`` (what vLLM caches eagerly at schedule time)."""
+        if not self.caching:
+            return
+        n_full = min(upto_tokens, req.num_tokens, len(req.blocks) * self.bs) // self.bs
+        self.extend_chain(req, n_full)
+        for i in range(req.registered, n_full):
+            block = req.blocks[i]
+            if block not in self.content:
+                self.content[block] = req.chain[i]
+                self.cached.setdefault(req.chain[i], set()).add(block)
+        req.registered = max(req.registered, n_full)
+
+    def unregister_withdrawn(self, req: ReqShadow, registered_before: int) -> None:
+        """The withdrawn chunk never runs: blocks its scheduling registered
+        (eagerly, vLLM caches at allocation) hold no computed KV. Forget their
+        content and mark them uncomputed, so a later prefix hit on them is seen."""
+        for i in range(registered_before, req.registered):
+            block = req.blocks[i]
+            if self.content.get(block) == req.chain[i]:
+                del self.content[block]
+                self.cached[req.chain[i]].discard(block)
+                if not self.cached[req.chain[i]]:
+                    del self.cached[req.chain[i]]
+                self.uncomputed[block] = req.request_id
+        req.registered = min(req.registered, registered_before)
+
+    def longest_cached_prefix(self, req: ReqShadow) -> int:
+        """Tokens of the longest prefix whose full blocks are all cached,
+        capped at num_tokens - 1 (the last token is always recomputed)."""
+        max_blocks = (req.num_tokens - 1) // self.bs
+        self.extend_chain(req, max_blocks)
+        n = 0
+        while n < max_blocks and self.cached.get(req.chain[n]):
+            n += 1
+        return n * self.bs
+
+    # -- KV connector (spec 7.2) -----------------------------------------------
+    def holds_kv(self, rid: str) -> bool:
+        """The request sits in the kv-holding waiting queue (loading, or loaded)."""
+        req = self.reqs.get(rid)
+        return req is not None and (req.status == "WAITING_FOR_REMOTE_KVS" or req.num_computed_tokens > 0)
+
+    def remaining_blocks(self, req: ReqShadow) -> int:
+        """Blocks an in-flight prefill still needs for its whole sequence
+        (plus one spec-decode step): vLLM ``_request_remaining_blocks``."""
+        num_tokens = min(req.num_tokens, self.max_model_len) + (1 + self.num_spec if self.num_spec else 0)
+        return max(cdiv(num_tokens, self.bs) - len(req.blocks), 0)

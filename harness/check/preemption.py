@@ -1,0 +1,124 @@
+"""Preemption: who may be preempted, who is the victim, what it gives back, where
+it goes, and the PRIORITY give-back (``withdraw`` rows).
+
+vLLM 0.33.0 ``Scheduler.schedule`` running loop (spec 4): FCFS preempts the
+tail of running, PRIORITY the max (priority, arrival_time), withdrawing a
+request it scheduled earlier in the step if that is the victim.
+"""
+
+from __future__ import annotations
+
+from harness.check.model import ReqShadow, StepState, TraceModel
+from harness.check.result import Invariant
+
+INVARIANTS = [
+    Invariant("PREEMPT-ONLY-RUNNING", "Only RUNNING requests in the running queue are preempted.", "4.3, 8 #5"),
+    Invariant("NO-ADMIT-AFTER-PREEMPT", "A step that preempted admits nothing from waiting.", "3.1 step 5, 8 #4"),
+    Invariant("PREEMPT-EFFECTS", "A preempted request gives back every block it holds, leaves running, and resumes from a fresh prefix lookup (num_computed_tokens reset).", "4.3, 8 #5"),
+    Invariant("PREEMPT-WAITING-HEAD", "FCFS: this step's victims sit at the head of waiting in their former running order; PRIORITY: waiting stays in priority order.", "4.4, 8 #11"),
+    Invariant("FCFS-VICTIM-TAIL", "FCFS: each victim is the current tail of running.", "4.2, 8 #7"),
+    Invariant("PRIORITY-VICTIM-MAX", "PRIORITY: each victim has the largest (priority, arrival_time) among the current running requests.", "4.2, 8 #8"),
+    Invariant("PRIORITY-GIVE-BACK", "Only under PRIORITY is a request scheduled earlier in the step withdrawn, exactly its tokens are given back, and it is then preempted; it is absent from the step's output.", "4.2, 8 #9"),
+    Invariant("WAITING-NEVER-PREEMPTS", "Admissions from waiting never preempt: no preemption follows an admission in a step.", "3.4 step 11, 8 #33"),
+]
+
+
+def check_no_admission_before(m: TraceModel, st: StepState, rid: str) -> None:
+    """WAITING-NEVER-PREEMPTS: no preemption follows an admission in a step."""
+    if st.admitted:
+        m.violate("WAITING-NEVER-PREEMPTS", rid,
+                  f"preempted after this step admitted {st.admitted}: admission must never preempt")
+
+
+def check_victim(m: TraceModel, st: StepState, rid: str, req: ReqShadow | None) -> bool:
+    """PREEMPT-ONLY-RUNNING, then the victim rule of the policy (FCFS-VICTIM-TAIL,
+    PRIORITY-VICTIM-MAX) over the running queue as simulated so far. False
+    when the request is unknown (nothing more can be checked)."""
+    if req is None or req.status != "RUNNING" or rid not in st.sim_running:
+        status = req.status if req else "unknown"
+        m.violate("PREEMPT-ONLY-RUNNING", rid, f"preempted a request with status {status}, running queue {st.sim_running}")
+        return req is not None
+    if m.policy == "fcfs":
+        if st.sim_running[-1] != rid:
+            m.violate("FCFS-VICTIM-TAIL", rid, f"victim is not the tail of running {st.sim_running}")
+    else:
+        def key(r: str) -> tuple:
+            q = m.reqs[r]
+            return (q.priority, q.arrival_time)
+        top = max(st.sim_running, key=key)
+        if key(rid) != key(top):
+            m.violate("PRIORITY-VICTIM-MAX", rid, f"victim (priority, arrival) {key(rid)} but {top} has {key(top)}")
+    return True
+
+
+def check_scheduled_victim_withdrawn(m: TraceModel, st: StepState, rid: str) -> bool:
+    """PRIORITY-GIVE-BACK: a victim scheduled earlier in the step was withdrawn
+    first. True when it was not (the caller drops it from the step's schedule)."""
+    if rid in st.scheduled:
+        m.violate("PRIORITY-GIVE-BACK", rid, "preempted after being scheduled this step without a withdraw")
+        return True
+    return False
+
+
+def check_preempt_frees(m: TraceModel, req: ReqShadow, freed: list[int], expected: list[int]) -> None:
+    """PREEMPT-EFFECTS: a preemption gives back its whole table, tail first."""
+    if freed != expected:
+        m.violate("PREEMPT-EFFECTS", req.request_id,
+                  f"preemption freed {freed}, but it must give back its whole table tail first: {expected}")
+
+
+def check_withdraw(m: TraceModel, st: StepState, rid: str, n: int, req: ReqShadow | None) -> bool:
+    """PRIORITY-GIVE-BACK at a ``withdraw`` row: only under PRIORITY, only a
+    request scheduled this step, exactly its tokens. False when it was not
+    scheduled (nothing to undo)."""
+    if m.policy != "priority":
+        m.violate("PRIORITY-GIVE-BACK", rid, "withdrew a scheduled request under FCFS")
+    if req is None or rid not in st.scheduled:
+        m.violate("PRIORITY-GIVE-BACK", rid, "withdrew a request not scheduled this step")
+        return False
+    if st.scheduled_tokens.get(rid) != n:
+        m.violate("PRIORITY-GIVE-BACK", rid, f"gave back {n} tokens but {st.scheduled_tokens.get(rid)} were scheduled")
+    return True
+
+
+def check_withdrawn_preempted(m: TraceModel, st: StepState) -> None:
+    """PRIORITY-GIVE-BACK at schedule end: every withdrawn request was then preempted."""
+    never_preempted = [r for r in st.withdrawn if r not in st.preempted]
+    if never_preempted:
+        m.violate("PRIORITY-GIVE-BACK", never_preempted[0], f"withdrawn but not preempted in the step: {never_preempted}")
+
+
+def check_no_admit_after_preempt(m: TraceModel, st: StepState, rid: str, what: str) -> None:
+    """NO-ADMIT-AFTER-PREEMPT: a step that preempted admits (or starts a KV load
+    for) nothing; ``what`` names the row ("admitted (new)", "started a KV load")."""
+    if st.preempted:
+        m.violate("NO-ADMIT-AFTER-PREEMPT", rid, f"{what} in a step that preempted {st.preempted}")
+
+
+def check_still_holding(m: TraceModel, req: ReqShadow) -> bool:
+    """PREEMPT-EFFECTS at admission: a request without loaded KV holds no
+    blocks. True when it still does (the caller frees them to resync)."""
+    if req.blocks:
+        m.violate("PREEMPT-EFFECTS", req.request_id, f"admitted while still holding blocks {req.blocks}")
+        return True
+    return False
+
+
+def check_fcfs_victims_at_head(m: TraceModel, st: StepState, waiting: list[str], num_kv: int) -> bool:
+    """PREEMPT-WAITING-HEAD (FCFS): this step's victims sit at the head of the
+    waiting queue (after the kv-holding queue) in their old running order.
+    True when they do."""
+    if waiting[num_kv:num_kv + len(st.preempted)] != st.preempted[::-1]:
+        m.violate("PREEMPT-WAITING-HEAD", st.preempted[0] if st.preempted else None,
+                  f"victims {st.preempted} are not at the head of waiting {waiting[:5]}...")
+        return False
+    return True
+
+
+def check_priority_waiting_order(m: TraceModel, waiting: list[str], num_kv: int) -> None:
+    """PREEMPT-WAITING-HEAD (PRIORITY): each waiting queue stays in
+    (priority, arrival_time, id) order."""
+    for part in (waiting[:num_kv], waiting[num_kv:]):
+        keys = [(m.reqs[r].priority, m.reqs[r].arrival_time, r) for r in part if r in m.reqs]
+        if keys != sorted(keys):
+            m.violate("PREEMPT-WAITING-HEAD", None, f"waiting not in priority order: {waiting[:8]}...")

@@ -1,0 +1,184 @@
+"""Queues and admission: arrivals, the waiting and running queues step to step,
+the order requests are scheduled and admitted in, and their computed tokens.
+
+vLLM 0.33.0 engine input processor (admissibility) and ``Scheduler.schedule``
+(spec 3): the running loop walks running in order; the waiting loop takes
+the head of waiting (kv-holding queue first, spec 10.2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.check import encoder
+from harness.check.model import ReqShadow, StepState, TraceModel
+from harness.check.result import Invariant
+
+INVARIANTS = [
+    Invariant("ARRIVAL-ADMISSIBLE", "An accepted request has a non-empty prompt shorter than max_model_len (room for one output token) and encoder inputs that fit the encoder cache and compute budget (and, with disable_chunked_mm_input, one step's tokens); a rejected one does not.", "2.3, engine input processor"),
+    Invariant("STATE-CONTINUITY", "Queues and counters seen at step start/end follow from the previous step's state and this step's events.", "3.1"),
+    Invariant("RUNNING-ORDER", "Running requests are scheduled in running-queue order, each at most once per step.", "3.2, 8 #13"),
+    Invariant("ADMISSION-ORDER", "Admissions follow waiting-queue order: the admitted requests are the head of waiting, as new (WAITING) or resumed (PREEMPTED).", "3.4, 8 #13-14"),
+    Invariant("COMPUTED-CONTINUITY", "num_computed_tokens before a step equals the previous value plus the tokens scheduled since (prefix-hit length at admission).", "3.8, 8 #16"),
+]
+
+
+# -- arrivals -------------------------------------------------------------------
+def check_arrival(m: TraceModel, rid: str, prompt: list[int], positions: Any) -> None:
+    """STATE-CONTINUITY (a fresh id) and ARRIVAL-ADMISSIBLE for an accepted request."""
+    if rid in m.reqs:
+        m.violate("STATE-CONTINUITY", rid, "request id arrived twice")
+    if not prompt or len(prompt) >= m.max_model_len:
+        m.violate("ARRIVAL-ADMISSIBLE", rid,
+                  f"accepted a prompt of {len(prompt)} tokens with max_model_len {m.max_model_len}")
+    if positions:
+        why = encoder.inadmissible(m, positions)
+        if why is not None:
+            m.violate("ARRIVAL-ADMISSIBLE", rid, f"accepted a request whose {why}")
+
+
+def check_reject(m: TraceModel, ev: dict) -> None:
+    """ARRIVAL-ADMISSIBLE for a rejected request: it must not have fit."""
+    n = len(ev["prompt_token_ids"] or [])
+    if 0 < n < m.max_model_len and encoder.inadmissible(m, ev.get("mm_positions")) is None:
+        m.violate("ARRIVAL-ADMISSIBLE", ev["request_id"],
+                  f"rejected a {n}-token prompt that fits max_model_len {m.max_model_len}")
+
+
+# -- state continuity -------------------------------------------------------------
+def check_known(m: TraceModel, rid: str | None, req: ReqShadow | None, what: str) -> bool:
+    """STATE-CONTINUITY: a row about a live request names one; ``what`` says
+    which row ("scheduled", "promoted", "abort of", ...). False when unknown."""
+    if req is None:
+        m.violate("STATE-CONTINUITY", rid, what)
+        return False
+    return True
+
+
+def check_unknown_kind(m: TraceModel, ev: dict) -> None:
+    """STATE-CONTINUITY: every row kind is one the schema defines."""
+    m.violate("STATE-CONTINUITY", ev.get("request_id"), f"unknown event kind {ev['kind']!r}")
+
+
+def check_queues_at_start(m: TraceModel, st: StepState, running: list[str], waiting: list[str]) -> None:
+    """STATE-CONTINUITY at ``schedule_begin``: running and waiting follow from the
+    previous step's end, this step's arrivals and aborts (FCFS: in order)."""
+    expected_running = [r for r in m.prev_running if r not in st.aborted]
+    if running != expected_running:
+        m.violate("STATE-CONTINUITY", None, f"running at step start {running} != previous end {expected_running}")
+    # A request may arrive and be aborted before the same step starts.
+    expected_waiting = [r for r in m.prev_waiting + st.arrived if r not in st.aborted]
+    if sorted(waiting) != sorted(expected_waiting) or (m.policy == "fcfs" and waiting != expected_waiting):
+        m.violate("STATE-CONTINUITY", None,
+                  f"waiting at step start {waiting} != previous end + arrivals {expected_waiting}")
+
+
+def check_batches_in_flight(m: TraceModel) -> None:
+    """STATE-CONTINUITY: at most max_concurrent_batches batches in flight."""
+    if len(m.batches) > m.depth:
+        m.violate("STATE-CONTINUITY", None,
+                  f"{len(m.batches)} batches in flight > max_concurrent_batches {m.depth}")
+
+
+def check_running_after(m: TraceModel, st: StepState, running: list[str]) -> None:
+    """STATE-CONTINUITY at ``schedule_end``: running is what the rows imply."""
+    if running != st.sim_running:
+        m.violate("STATE-CONTINUITY", None, f"running after schedule {running} != expected {st.sim_running}")
+
+
+def check_waiting_after_fcfs(m: TraceModel, waiting: list[str], expected: list[str]) -> None:
+    """STATE-CONTINUITY (FCFS): waiting after the step is exactly ``expected``."""
+    if waiting != expected:
+        m.violate("STATE-CONTINUITY", None, f"waiting after schedule {waiting} != expected {expected}")
+
+
+def check_waiting_after_priority(m: TraceModel, st: StepState, waiting: list[str], kv_after: list[str],
+                                 wait_after: list[str]) -> None:
+    """STATE-CONTINUITY (PRIORITY): each waiting queue holds the expected requests."""
+    num_kv = len(kv_after)
+    if (sorted(waiting[:num_kv]) != sorted(kv_after)
+            or sorted(waiting[num_kv:]) != sorted(st.preempted + wait_after)):
+        m.violate("STATE-CONTINUITY", None,
+                  f"waiting after schedule {waiting} != {kv_after} + {st.preempted + wait_after}")
+
+
+def check_update_begin(m: TraceModel, ev: dict) -> bool:
+    """STATE-CONTINUITY at ``update_begin``: a batch is in flight and it is the
+    oldest one. False when none is (the caller processes an empty batch)."""
+    if not m.batches:
+        m.violate("STATE-CONTINUITY", None, "update of a batch that was never scheduled")
+        return False
+    if ev["batch_step"] != m.batches[0].step:
+        m.violate("STATE-CONTINUITY", None,
+                  f"update of the batch of step {ev['batch_step']}, but the oldest in flight "
+                  f"is from step {m.batches[0].step}")
+    return True
+
+
+# -- order ------------------------------------------------------------------------
+def check_scheduled_once(m: TraceModel, st: StepState, rid: str) -> None:
+    """RUNNING-ORDER: a request is scheduled at most once per step."""
+    if rid in st.scheduled:
+        m.violate("RUNNING-ORDER", rid, "scheduled twice in one step")
+
+
+def check_running_order(m: TraceModel, st: StepState, req: ReqShadow) -> None:
+    """RUNNING-ORDER: a ``running`` schedule row is for a RUNNING request, after
+    the previous one in running order (advances ``st.last_running_index``)."""
+    rid = req.request_id
+    if req.status != "RUNNING" or rid not in st.sim_running:
+        m.violate("RUNNING-ORDER", rid, f"scheduled as running but status {req.status}")
+    else:
+        idx = st.sim_running.index(rid)
+        if idx < st.last_running_index:
+            m.violate("RUNNING-ORDER", rid, f"scheduled out of running order {st.sim_running}")
+        st.last_running_index = idx
+
+
+_NOT_NEXT = {
+    "skip": "skipped a request that is not next in waiting",
+    "kv_load": "KV load for a request that is not next in waiting",
+    "kv_promote": "promoted a request that is not next in waiting",
+}
+
+
+def check_next_in_waiting(m: TraceModel, st: StepState, rid: str, kind: str) -> None:
+    """ADMISSION-ORDER: the waiting loop examines waiting in order; an admission,
+    skip, KV load or promotion (``kind``: "admission", "skip", "kv_load",
+    "kv_promote") is for the next request in it."""
+    position = len(st.admitted) + len(st.skipped)
+    if position >= len(st.waiting_before) or st.waiting_before[position] != rid:
+        if kind == "admission":
+            m.violate("ADMISSION-ORDER", rid,
+                      f"admission #{position + 1} of the step, but waiting was {st.waiting_before[:position + 3]}...")
+        else:
+            m.violate("ADMISSION-ORDER", rid, f"{_NOT_NEXT[kind]} {st.waiting_before[:position + 3]}")
+
+
+def check_admission_status(m: TraceModel, req: ReqShadow, kind: str) -> None:
+    """ADMISSION-ORDER: a ``new`` admission is WAITING, a ``resumed`` one PREEMPTED."""
+    expected_status = {"new": "WAITING", "resumed": "PREEMPTED"}.get(kind)
+    if req.status != expected_status:
+        m.violate("ADMISSION-ORDER", req.request_id, f"admitted as {kind} but its status was {req.status}")
+
+
+# -- computed tokens --------------------------------------------------------------
+def check_computed(m: TraceModel, req: ReqShadow, computed: int, what: str) -> None:
+    """COMPUTED-CONTINUITY: the row's num_computed_tokens is the shadow's
+    (``what``: "running" schedule row, "preempt" row or "loaded" admission)."""
+    if computed == req.num_computed_tokens:
+        return
+    if what == "running":
+        message = f"num_computed_tokens {computed}, expected {req.num_computed_tokens}"
+    elif what == "preempt":
+        message = f"preempt says computed {computed}, expected {req.num_computed_tokens}"
+    else:
+        message = (f"admitted with num_computed_tokens {computed}, but its load left "
+                   f"{req.num_computed_tokens}")
+    m.violate("COMPUTED-CONTINUITY", req.request_id, message)
+
+
+def check_computed_is_hit(m: TraceModel, rid: str, computed: int, hit: int) -> None:
+    """COMPUTED-CONTINUITY: an admission without loaded KV starts at its prefix hit."""
+    if computed != hit:
+        m.violate("COMPUTED-CONTINUITY", rid, f"admitted with num_computed_tokens {computed} != prefix hit {hit}")

@@ -1,0 +1,65 @@
+"""Speculative decoding: which drafts are stored, scheduled and accepted.
+
+vLLM 0.33.0 ``Scheduler.schedule`` / ``update_from_output`` /
+``update_draft_token_ids`` (spec 3.2 step 13, 6 d, 10.6, 10.8). The pending
+drafts are ``ReqShadow.spec_token_ids``; a batch's drafts are in ``Batch.drafts``.
+"""
+
+from __future__ import annotations
+
+from harness.check.model import ReqShadow, TraceModel
+from harness.check.result import Invariant
+
+INVARIANTS = [
+    Invariant("SPEC-TOKENS", "Drafts are stored only for decoding requests (num_speculative_tokens of them), scheduled only on the positions past num_tokens (the first k pending drafts, never for a prefill chunk), cleared by every scheduling and by preemption; admissions carry none except the -1 padding of a new decode.", "3.2 step 13, 3.4, 4.3, 10.6, 8 #19-20"),
+    Invariant("SPEC-ACCEPTANCE", "The model returns the accepted drafts plus one token; rejected drafts roll num_computed_tokens back.", "6 d, 10.8, 8 #21"),
+]
+
+
+def check_running_drafts(m: TraceModel, req: ReqShadow, computed: int, n: int, drafts: list[int]) -> None:
+    """SPEC-TOKENS for a running request: drafts ride on the tokens past
+    num_tokens, exactly the first k of the pending drafts, none for a prefill
+    chunk. Clears the pending drafts (scheduling consumes them)."""
+    k = computed + n - req.num_tokens - req.placeholders
+    expected = req.spec_token_ids[:k] if k > 0 else []
+    if drafts != expected:
+        m.violate("SPEC-TOKENS", req.request_id,
+                  f"scheduled drafts {drafts} but its pending drafts were {req.spec_token_ids} "
+                  f"and {max(k, 0)} draft positions were scheduled")
+    req.spec_token_ids = []
+
+
+def check_admission_drafts(m: TraceModel, req: ReqShadow, computed: int, n: int, drafts: list[int]) -> None:
+    """SPEC-TOKENS for an admission: no drafts, except the -1 padding of a new
+    decode (num_speculative_tokens of them). Clears the pending drafts."""
+    if not drafts:
+        return
+    hit = computed
+    padded = (m.num_spec > 0 and n == 1 + m.num_spec and hit + 1 == req.num_tokens
+              and drafts == [-1] * m.num_spec)
+    if not padded:
+        m.violate("SPEC-TOKENS", req.request_id,
+                  f"admitted with drafts {drafts} ({n} tokens, hit {hit} of {req.num_tokens}); "
+                  f"only a new decode may be padded with {m.num_spec} x -1")
+    req.spec_token_ids = []
+
+
+def check_stored_drafts(m: TraceModel, rid: str, req: ReqShadow | None, drafts: list[int]) -> bool:
+    """SPEC-TOKENS at a ``draft`` row: for a live decoding request, exactly
+    num_speculative_tokens of them. False for an unknown request."""
+    if req is None:
+        m.violate("SPEC-TOKENS", rid, "drafts stored for an unknown or finished request")
+        return False
+    if req.prefill_chunk or len(drafts) != m.num_spec:
+        m.violate("SPEC-TOKENS", rid,
+                  f"stored {len(drafts)} drafts (num_speculative_tokens {m.num_spec}) "
+                  f"while {'prefilling' if req.prefill_chunk else 'decoding'}")
+    return True
+
+
+def check_acceptance(m: TraceModel, rid: str, tokens: list[int], drafts: list[int]) -> None:
+    """SPEC-ACCEPTANCE at an ``output`` row: the sampled tokens start with the
+    accepted drafts (all but the last token)."""
+    accepted = len(tokens) - 1
+    if tokens[:accepted] != drafts[:accepted]:
+        m.violate("SPEC-ACCEPTANCE", rid, f"sampled {tokens} does not start with the accepted drafts {drafts[:accepted]}")

@@ -1,0 +1,41 @@
+"""The catalogue: every invariant is shown to fire, and each id has one home.
+
+Scheduler bugs are shown by the mutants (harness mutants). ARRIVAL-ADMISSIBLE,
+SPEC-ACCEPTANCE and DP-ROUTING guard the engine around the scheduler (input
+processor, model runner, DP coordinator), so they are shown on doctored
+traces (tests/check/test_queues.py, test_spec_decode.py, test_data_parallel.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.check import invariants
+from harness.check.invariants import FAMILIES, INVARIANTS, family_of
+from harness.mutation import kill_matrix
+
+CHECK = Path(invariants.__file__).parent
+
+
+def test_every_invariant_is_shown_to_fire() -> None:
+    fired = {"ARRIVAL-ADMISSIBLE", "SPEC-ACCEPTANCE", "DP-ROUTING"}  # doctored-trace tests here
+    for row in kill_matrix():
+        for cell in row.cells.values():
+            fired |= set(cell.result.by_invariant)
+    assert sorted(set(INVARIANTS) - fired) == []
+
+
+def test_each_id_lives_in_the_one_family_module_that_checks_it() -> None:
+    """From an id, one file: its family module holds the entry and every check
+    naming it; no other module of harness/check names it in a check."""
+    assert sum(len(f.INVARIANTS) for f in FAMILIES) == len(INVARIANTS) == 43
+    for inv_id in INVARIANTS:
+        home = family_of(inv_id).rsplit(".", 1)[1] + ".py"
+        naming = sorted(p.name for p in CHECK.glob("*.py") if f'"{inv_id}"' in p.read_text())
+        assert [n for n in naming if n != "invariants.py"] == [home], (inv_id, naming)
+
+
+def test_family_of_names_the_module() -> None:
+    assert family_of("PRIORITY-GIVE-BACK") == "harness.check.preemption"
+    assert family_of("ALLOC-FROM-HEAD") == "harness.check.blocks"
+    assert family_of("ENCODER-CACHE") == "harness.check.encoder"

@@ -1,0 +1,53 @@
+"""Doctored-trace tests of the queues/admission family (harness/check/queues.py).
+
+ARRIVAL-ADMISSIBLE guards the engine's input processor, not the scheduler,
+so it is shown on hand-made traces; the other ids of the family fire on the
+mutants (tests/check/test_catalogue.py).
+"""
+
+from __future__ import annotations
+
+from harness.check import TraceChecker
+from reference.config import EngineConfig
+
+CONFIG = EngineConfig(num_gpu_blocks=30, block_size=4, max_model_len=96, max_num_seqs=4,
+                      max_num_batched_tokens=64).to_dict()
+
+
+def _arrival(rid: str, n: int) -> dict:
+    return {"kind": "arrival", "request_id": rid, "prompt_token_ids": list(range(10, 10 + n)),
+            "priority": 0, "arrival_time_s": 0.0, "max_tokens": 4, "min_tokens": 0,
+            "ignore_eos": True, "eos_token_id": 2, "stop_token_ids": []}
+
+
+def _arrival_mm(rid: str, n: int, positions, kind: str = "arrival") -> dict:
+    return {"kind": kind, "request_id": rid, "prompt_token_ids": list(range(10, 10 + n)), "priority": 0,
+            "arrival_time_s": 0.0, "max_tokens": 4, "min_tokens": 0, "ignore_eos": True,
+            "eos_token_id": 2, "stop_token_ids": [], "mm_positions": [list(p) for p in positions]}
+
+
+def test_arrival_admissible_fires_on_an_overlong_accepted_prompt() -> None:
+    checker = TraceChecker(CONFIG)
+    checker.check_step(0, [_arrival("r0", 96)])
+    (v,) = checker.result.violations
+    assert (v.invariant, v.step, v.request) == ("ARRIVAL-ADMISSIBLE", 0, "r0")
+    assert v.message == "accepted a prompt of 96 tokens with max_model_len 96"
+
+
+def test_arrival_admissible_fires_on_a_needless_rejection() -> None:
+    checker = TraceChecker(CONFIG)
+    checker.check_step(0, [{**_arrival("r0", 95), "kind": "reject"}])
+    (v,) = checker.result.violations
+    assert v.message == "rejected a 95-token prompt that fits max_model_len 96"
+
+
+def test_arrival_admissible_covers_encoder_inputs() -> None:
+    config = EngineConfig(num_gpu_blocks=30, block_size=4, max_model_len=96, max_num_seqs=4,
+                          max_num_batched_tokens=64, encoder_cache_size=16).to_dict()
+    checker = TraceChecker(config)
+    checker.check_step(0, [_arrival_mm("r0", 40, [(0, 8), (10, 17)]), _arrival_mm("r1", 40, [(0, 17)], "reject"),
+                           _arrival_mm("r2", 40, [(0, 16)], "reject")])
+    assert [(v.invariant, v.request, v.message) for v in checker.result.violations] == [
+        ("ARRIVAL-ADMISSIBLE", "r0", "accepted a request whose encoder input 1 of 17 embeds > encoder cache "
+                                     "size 16"),
+        ("ARRIVAL-ADMISSIBLE", "r2", "rejected a 40-token prompt that fits max_model_len 96")]
