@@ -39,8 +39,8 @@ from harness.replay import Divergence, replay as replay_trace
 from harness.report import render_report as render_check_report, report_dict
 from harness.trace import Trace, TraceError, open_trace
 
-console = Console(stderr=False, highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+console = Console(stderr=False, highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE = 0, 1, 2
 

@@ -43,7 +43,8 @@ def golden_results(harness_candidate, harness_golden_dir, harness_update_golden)
             print(f"golden {change.scenario}: {change.status} {'; '.join(change.details)}")
         return {}
     if not harness_golden_dir.exists():
-        pytest.skip(f"no golden folder at {harness_golden_dir}")
+        # A missing folder fails: skipping would pass a candidate that was never compared.
+        pytest.fail(f"no golden folder at {harness_golden_dir} (pass --harness-golden-dir)", pytrace=False)
     return {r.scenario: r for r in check_goldens(harness_golden_dir, harness_candidate)}
 
 

@@ -52,8 +52,13 @@ ENTRY_KEYS = frozenset({"file", "description", "config_fingerprint", "engine", "
                         "sha256", *STATS})
 
 
-#: The repository's golden folder (the default wherever the command runs).
-DEFAULT_DIR = Path(__file__).resolve().parents[1] / "golden"
+#: The checkout's golden folder (``golden/`` beside the ``harness`` package).
+CHECKOUT_DIR = Path(__file__).resolve().parents[1] / "golden"
+#: Where a non-editable install puts the same files (package data ``harness.goldens``,
+#: mapped from ``golden/`` in pyproject.toml): read-only by convention.
+PACKAGED_DIR = Path(__file__).resolve().parent / "goldens"
+#: The default wherever the command runs: the checkout's folder, else the installed copy.
+DEFAULT_DIR = CHECKOUT_DIR if CHECKOUT_DIR.is_dir() else PACKAGED_DIR
 
 
 class GoldenError(Exception):
@@ -322,6 +327,9 @@ def update_goldens(directory: str | os.PathLike[str], names: Iterable[str] | Non
     manifest when only some scenarios are updated.
     """
     directory = Path(directory)
+    if directory.resolve() == PACKAGED_DIR and not CHECKOUT_DIR.is_dir():
+        raise GoldenError(f"{directory}: the installed package's copy of the goldens; "
+                          f"re-record into a checkout's golden/ or pass --dir")
     selected = list(SCENARIOS) if names is None else list(dict.fromkeys(names))
     unknown = [n for n in selected if n not in SCENARIOS]
     if unknown:

@@ -67,6 +67,8 @@ def user_module(tmp_path: Path, monkeypatch):
 
         def make(config):
             return Scheduler(config)
+
+        boom = Exploding  # a factory whose SPEC reads "usercand:boom"
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "usercand"
@@ -95,3 +97,12 @@ def test_candidate_that_raises(tmp_path: Path, user_module: str) -> None:
     d = json.loads(out)["divergence"]
     assert (d["step"], d["field"]) == (9, "exception")
     assert d["actual"] == "candidate raised ZeroDivisionError at step 9: boom"
+
+
+def test_a_spec_is_printed_as_written_not_as_an_emoji(tmp_path: Path, user_module: str) -> None:
+    """Regression: rich turned ``usercand:boom`` into ``usercand💥`` in the error line."""
+    path = tmp_path / "t.parquet"
+    code, out = run("record", "synthetic:20", *SMALL, "--engine", f"{user_module}:boom", "-o", path)
+    assert code == 1
+    assert out.strip() == ("error: usercand:boom: candidate raised ZeroDivisionError at step 9: boom "
+                           "(no trace written)")

@@ -119,3 +119,40 @@ def test_without_torch_the_torch_commands_say_how_to_install_it(tmp_path: Path) 
     ok = _harness_without_torch("record", "synthetic:2", "-o", str(tmp_path / "s.parquet"))
     assert ok.returncode == 0, ok.stderr
     assert (tmp_path / "s.parquet").exists()
+
+
+def test_the_wheel_ships_every_golden_byte_for_byte(tmp_path: Path) -> None:
+    """Regression: after ``pip install .`` (not -e), ``harness golden check`` and
+    ``pytest --pyargs harness.conformance`` looked for site-packages/golden and
+    found nothing (the plugin then skipped every golden replay). The wheel now
+    carries golden/ as the package data ``harness/goldens/``."""
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("sched_harness-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = {Path(n).name: zf.read(n) for n in zf.namelist() if n.startswith("harness/goldens/")}
+    expected = {p.name: p.read_bytes() for p in (ROOT / "golden").iterdir()
+                if p.suffix == ".parquet" or p.name == "MANIFEST.json"}
+    assert sorted(shipped) == sorted(expected) and len(expected) == 20
+    assert shipped == expected
+
+
+def test_golden_update_refuses_the_installed_copy(tmp_path: Path, monkeypatch) -> None:
+    """Regression: with no checkout, ``harness golden update`` wrote new goldens into
+    site-packages and left the installed copy inconsistent."""
+    from harness import golden
+
+    packaged = tmp_path / "goldens"
+    packaged.mkdir()
+    monkeypatch.setattr(golden, "CHECKOUT_DIR", tmp_path / "no-checkout")
+    monkeypatch.setattr(golden, "PACKAGED_DIR", packaged)
+    try:
+        golden.update_goldens(packaged, ["fcfs-tight"])
+    except golden.GoldenError as exc:
+        assert str(exc) == (f"{packaged}: the installed package's copy of the goldens; "
+                            f"re-record into a checkout's golden/ or pass --dir")
+    else:
+        raise AssertionError("update_goldens wrote into the installed copy")
+    assert list(packaged.iterdir()) == []

@@ -47,3 +47,13 @@ def test_update_golden_rerecords_into_a_folder(pytester: pytest.Pytester, tmp_pa
     result.assert_outcomes(passed=N + 1, deselected=N)
     assert len(list((tmp_path / "g").glob("*.parquet"))) == N
     result.stdout.fnmatch_lines(["*golden fcfs-tight: new*"])
+
+
+def test_missing_golden_folder_fails_instead_of_skipping(pytester: pytest.Pytester, tmp_path) -> None:
+    """Regression: a missing golden folder skipped every golden replay, so a
+    candidate passed the suite without being compared with any golden."""
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "-k", "golden",
+                                           "--harness-golden-dir", str(tmp_path / "none"))
+    result.assert_outcomes(errors=N + 1, deselected=N)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([f"*no golden folder at {tmp_path / 'none'}*"])
