@@ -430,7 +430,8 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
 @click.argument("version")
 @click.option("--force", is_flag=True, help="Rebuild even if the env is ready.")
 def vllm_env(version: str, force: bool) -> None:
-    """Build (or find) the CPU-only virtual environment of vLLM VERSION under .vllm-envs/,
+    """Build (or find) the CPU-only virtual environment of vLLM VERSION under .vllm-envs/
+    (a checkout's; installed: ~/.cache/sched-harness/vllm-envs; HARNESS_VLLM_ENVS overrides),
     needed by the candidate `vllm@VERSION`. Idempotent; prints progress and the env's Python.
     Exit 2 with a one-line message on failure."""
     from rich.markup import escape

@@ -156,3 +156,17 @@ def test_golden_update_refuses_the_installed_copy(tmp_path: Path, monkeypatch) -
     else:
         raise AssertionError("update_goldens wrote into the installed copy")
     assert list(packaged.iterdir()) == []
+
+
+def test_vllm_envs_live_in_the_user_cache_when_installed(tmp_path: Path, monkeypatch) -> None:
+    """Regression: a non-editable install looked for vLLM environments under
+    site-packages/.vllm-envs (the "repository root" of an installed package)."""
+    from harness.candidates.vllm import env
+
+    monkeypatch.delenv("HARNESS_VLLM_ENVS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert env.envs_root() == ROOT / ".vllm-envs"  # a checkout keeps its own
+    monkeypatch.setattr(env, "REPO_ROOT", tmp_path / "site-packages")
+    assert env.envs_root() == tmp_path / "cache" / "sched-harness" / "vllm-envs"
+    monkeypatch.setenv("HARNESS_VLLM_ENVS", str(tmp_path / "mine"))
+    assert env.envs_root() == tmp_path / "mine"

@@ -54,9 +54,17 @@ def check_version(version: str) -> str:
 
 
 def envs_root() -> Path:
-    """Folder holding one venv per version (``HARNESS_VLLM_ENVS`` or ``<repo>/.vllm-envs``)."""
+    """Folder holding one venv per version: ``HARNESS_VLLM_ENVS`` if set; else, in a
+    checkout, ``<repo>/.vllm-envs``; else (a non-editable install, where the "repo"
+    would be site-packages) ``$XDG_CACHE_HOME/sched-harness/vllm-envs`` (default
+    ``~/.cache``)."""
     override = os.environ.get("HARNESS_VLLM_ENVS")
-    return Path(override).expanduser().resolve() if override else REPO_ROOT / ".vllm-envs"
+    if override:
+        return Path(override).expanduser().resolve()
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT / ".vllm-envs"
+    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(cache).expanduser().resolve() / "sched-harness" / "vllm-envs"
 
 
 def env_dir(version: str) -> Path:
