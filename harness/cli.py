@@ -30,6 +30,7 @@ from rich.table import Table
 from reference.config import ConfigError
 from reference.candidate import CandidateError, CandidateFactory
 from reference.workload import WorkloadError
+from workloads.scenario import is_scenario_path, load_scenario
 
 from harness.candidates.resolve import CandidateSpecError, resolve_candidate
 from harness.check import CheckResult, check_steps
@@ -85,8 +86,9 @@ def main() -> None:
 @click.option("--limit", type=click.IntRange(min=1), help="Use the first N requests of the workload.")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Divide arrival times by X (X=10: ten times the load).")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed for synthesized prompt tokens and the scripted model.")
+@click.option("--seed", type=int, default=None,
+              help="Seed for synthesized prompt tokens and the scripted model [default: 0, or a "
+                   "scenario file's seed].")
 @click.option("--priority-levels", type=click.IntRange(min=1), default=1, show_default=True,
               help="Give requests seeded random priorities in [0, N) (for --set policy=priority).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
@@ -113,13 +115,14 @@ def main() -> None:
 @click.option("--verify-outputs", is_flag=True,
               help="Torch model: after recording, compare every request's tokens with a dense, "
                    "unbatched greedy forward (exit 1 on a mismatch).")
-def record(workload: str, output: str, limit: int | None, time_scale: float, seed: int,
+def record(workload: str, output: str, limit: int | None, time_scale: float, seed: int | None,
            priority_levels: int, sets: tuple[str, ...], stop_on_eos: bool, engine: str,
            model: str, device: str | None, kv_integrity: bool, verify_outputs: bool) -> None:
     """Run WORKLOAD on the engine and write its step trace.
 
-    WORKLOAD is an Azure LLM inference CSV, a Mooncake JSONL, or
-    'synthetic[:N]'.
+    WORKLOAD is an Azure LLM inference CSV, a Mooncake JSONL,
+    'synthetic[:N]', or a scenario file (.toml or .json,
+    docs/scenario-format.md: it carries its config; --set still overrides).
     """
     factory = _candidate(engine)
     runner_factory = None
@@ -136,8 +139,21 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
         except OutputsError as exc:
             _fail(str(exc))
     try:
-        config, wl = record_inputs(workload, _parse_sets(sets), limit=limit, time_scale=time_scale,
-                                   seed=seed, priority_levels=priority_levels, stop_on_eos=stop_on_eos)
+        if is_scenario_path(workload):
+            loader_flags = [flag for flag, on in (("--limit", limit is not None), ("--time-scale", time_scale != 1.0),
+                                                  ("--priority-levels", priority_levels != 1),
+                                                  ("--stop-on-eos", stop_on_eos)) if on]
+            if loader_flags:
+                _fail(f"{workload}: {', '.join(loader_flags)} do(es) not apply to a scenario file "
+                      f"(write it in the file)")
+            scenario = load_scenario(workload)
+            wl = scenario.workload
+            seed = scenario.seed if seed is None else seed
+            config = scenario.engine_config(_parse_sets(sets))
+        else:
+            seed = 0 if seed is None else seed
+            config, wl = record_inputs(workload, _parse_sets(sets), limit=limit, time_scale=time_scale,
+                                       seed=seed, priority_levels=priority_levels, stop_on_eos=stop_on_eos)
     except ConfigError as exc:
         _fail(f"bad config: {exc}")
     except (WorkloadError, OSError) as exc:

@@ -58,13 +58,25 @@ class _Diverged(Exception):
 
 
 def workload_from_trace(trace: Trace) -> Workload:
-    """Rebuild the recorded workload (arrivals and rejections, in order)."""
+    """Rebuild the recorded workload (arrivals and rejections, in order).
+
+    A scenario's workload keeps its file order in the metadata
+    (``workload.params.request_order``): step and ``after`` arrivals of one
+    step are added in that order, which the rows alone lose under data
+    parallelism (each rank's rows are grouped)."""
     try:
         table = pq.read_table(trace.path, filters=[("kind", "in", ["arrival", "reject"])])
     except Exception as exc:  # pyarrow raises several types for bad files
         raise TraceError(f"{trace.path}: cannot read arrivals ({' '.join(str(exc).split())[:200]})") from None
-    specs = tuple(spec_from_row(r) for r in table.to_pylist())
+    try:
+        specs = tuple(spec_from_row(r) for r in table.to_pylist())
+    except (ValueError, TypeError, KeyError) as exc:
+        raise TraceError(f"{trace.path}: bad arrival row ({exc})") from None
     w = trace.meta["workload"]
+    order = (w.get("params") or {}).get("request_order")
+    if isinstance(order, list):
+        position = {rid: i for i, rid in enumerate(order)}
+        specs = tuple(sorted(specs, key=lambda s: position.get(s.request_id, len(position))))
     return Workload(source=w["source"], sha256=w["sha256"], params=w.get("params", {}), requests=specs)
 
 

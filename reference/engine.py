@@ -3,14 +3,30 @@
 Plays vLLM's ``EngineCore.step`` (``vllm/v1/engine/core.py``) in synchronous
 mode, with the scripted model runner and a virtual clock instead of a GPU:
 
-* a request arrives when the clock passes its ``arrival_time``; the input
+* a request arrives when the clock passes its ``arrival_time``, or just
+  before the ``schedule()`` of step ``arrival_step``, or (``after``) just
+  before the ``schedule()`` of the step after the one in which another
+  request ended (its update finished it, it was aborted or rejected); a
+  step's arrivals are added timed first (by ``(arrival_time, request_id)``),
+  then step and ``after`` arrivals in workload (file) order; the input
   processor's checks run first (``vllm/v1/engine/input_processor.py``): an
   empty prompt or one of ``max_model_len`` tokens or more is rejected and
   recorded, never clipped or dropped;
-* a request is aborted when the clock passes its ``abort_time``;
+* a request is aborted when the clock passes its ``abort_time``, or just
+  before the ``schedule()`` of step ``abort_step`` (after that step's
+  arrivals; at arrival if it arrives later);
+* steps are numbered 0, 1, ...: one per ``schedule()`` call. A step with
+  requests but nothing to schedule still counts, as vLLM 0.33.0's
+  ``EngineCore.step`` calls ``schedule()`` whenever
+  ``scheduler.has_requests()``; an idle engine (no request, nothing in
+  flight) makes no call (``step`` returns early), so while idle the step
+  counter jumps straight to the next step arrival (the clock by
+  ``step_fixed_s`` per skipped step), as the clock jumps to the next timed
+  arrival; an engine stuck with nothing schedulable jumps the same way to
+  the next arrival or abort (the skipped steps would schedule nothing).
+  Trace step numbers therefore skip idle stretches;
 * a step lasts ``step_fixed_s + step_per_token_s * total_num_scheduled_tokens``
-  seconds of virtual time;
-* when nothing is unfinished the clock jumps to the next arrival.
+  seconds of virtual time.
 
 Every step is handed to ``on_step`` as a ``StepRecord`` (the recorder writes
 it to the trace).
@@ -162,6 +178,126 @@ def reject_reason(spec: RequestSpec, config: EngineConfig) -> str | None:
     return None
 
 
+class _Arrivals:
+    """When each request of a workload arrives and is aborted (the engine's inputs).
+
+    Three arrival modes (``RequestSpec``): by ``arrival_time`` (the clock
+    passes it), by ``arrival_step`` (just before that step's ``schedule()``)
+    and ``after`` another request (just before the ``schedule()`` of the step
+    after the one in which that request ended: finished by an update, aborted
+    or rejected). A step's arrivals are taken in this order: timed ones by
+    ``(arrival_time, request_id)`` (every loader's order), then step and
+    ``after`` ones in workload order (a scenario's file order). Aborts: timed
+    ones by ``(abort_time, request_id)``, stopping at the first whose request
+    has not arrived yet (as before step arrivals existed); then step ones
+    (``abort_step`` <= step, workload order) of requests that have arrived.
+    ``step_fixed_s`` (seconds) is what a skipped empty step would have lasted.
+    """
+
+    def __init__(self, workload: Workload, step_fixed_s: float) -> None:
+        self.step_fixed_s = step_fixed_s
+        order = {spec.request_id: i for i, spec in enumerate(workload.requests)}
+        self.timed = sorted((r for r in workload.requests if r.by_time),
+                            key=lambda r: (r.arrival_time, r.request_id))
+        self.next_timed = 0
+        # (arrival_step, workload index, spec), sorted.
+        self.stepped = sorted(((r.arrival_step, order[r.request_id], r) for r in workload.requests
+                               if r.arrival_step is not None), key=lambda e: e[:2])
+        self.next_stepped = 0
+        self.after: dict[str, list[RequestSpec]] = {}  # request id -> requests waiting for it to end
+        for r in workload.requests:
+            if r.after is not None:
+                self.after.setdefault(r.after, []).append(r)
+        self.released: list[tuple[int, int, RequestSpec]] = []  # (due step, index, spec)
+        self.order = order
+        self.timed_aborts = sorted((r.abort_time, r.request_id) for r in workload.requests
+                                   if r.abort_time is not None)
+        self.next_timed_abort = 0
+        self.step_aborts = sorted((r.abort_step, order[r.request_id], r.request_id)
+                                  for r in workload.requests if r.abort_step is not None)
+        self.arrived: set[str] = set()
+
+    def pending(self) -> bool:
+        """Some request has not arrived yet."""
+        return (self.next_timed < len(self.timed) or self.next_stepped < len(self.stepped)
+                or bool(self.released) or any(self.after.values()))
+
+    def due_now(self, step: int, clock: float) -> bool:
+        """Some request arrives at ``step``."""
+        return ((self.next_timed < len(self.timed) and self.timed[self.next_timed].arrival_time <= clock)
+                or (self.next_stepped < len(self.stepped) and self.stepped[self.next_stepped][0] <= step)
+                or any(due <= step for due, _, _ in self.released))
+
+    def take_due(self, step: int, clock: float) -> list[RequestSpec]:
+        """The requests arriving at ``step`` (at ``clock`` seconds), in order."""
+        due: list[RequestSpec] = []
+        while self.next_timed < len(self.timed) and self.timed[self.next_timed].arrival_time <= clock:
+            due.append(self.timed[self.next_timed])
+            self.next_timed += 1
+        by_order: list[tuple[int, RequestSpec]] = []
+        while self.next_stepped < len(self.stepped) and self.stepped[self.next_stepped][0] <= step:
+            by_order.append(self.stepped[self.next_stepped][1:])
+            self.next_stepped += 1
+        by_order += [(i, spec) for d, i, spec in self.released if d <= step]
+        self.released = [e for e in self.released if e[0] > step]
+        due += [spec for _, spec in sorted(by_order, key=lambda e: e[0])]
+        self.arrived.update(spec.request_id for spec in due)
+        return due
+
+    def ended(self, request_id: str, step: int) -> None:
+        """``request_id`` ended in ``step``: its dependents arrive at ``step + 1``."""
+        for spec in self.after.pop(request_id, ()):
+            self.released.append((step + 1, self.order[spec.request_id], spec))
+
+    def take_aborts(self, step: int, clock: float) -> list[str]:
+        """The request ids aborted at ``step`` (after its arrivals), in order."""
+        out: list[str] = []
+        while self.next_timed_abort < len(self.timed_aborts):
+            abort_time, req_id = self.timed_aborts[self.next_timed_abort]
+            if abort_time > clock or req_id not in self.arrived:
+                break  # aborts apply once the request has arrived
+            self.next_timed_abort += 1
+            out.append(req_id)
+        ready = [e for e in self.step_aborts if e[0] <= step and e[2] in self.arrived]
+        self.step_aborts = [e for e in self.step_aborts if e not in ready]
+        return out + [req_id for _, _, req_id in ready]
+
+    def upcoming(self) -> bool:
+        """An arrival or abort is still ahead (something that may unblock a stuck engine)."""
+        return self.pending() or self.next_timed_abort < len(self.timed_aborts) or bool(self.step_aborts)
+
+    def waiting_on(self) -> list[str]:
+        """Requests still waiting for a request to end (at the end of a run)."""
+        return [spec.request_id for specs in self.after.values() for spec in specs]
+
+    def next_event(self, step: int, clock: float, *, stuck: bool) -> tuple[int, float]:
+        """The (step, clock) to jump to when nothing arrives now and the engine
+        is idle (no request: vLLM's EngineCore makes no ``schedule()`` call)
+        or ``stuck`` (requests, but nothing scheduled and nothing changed:
+        the skipped steps would schedule nothing). The next timed arrival
+        (and, when stuck, timed abort) moves only the clock, as before step
+        arrivals existed; the next step arrival (and, when stuck, step abort
+        of an arrived request) moves the step counter there and the clock by
+        ``step_fixed_s`` per skipped step, whichever comes first in time.
+        Raises EngineStalled when there is neither."""
+        times = [self.timed[self.next_timed].arrival_time] if self.next_timed < len(self.timed) else []
+        if stuck and self.next_timed_abort < len(self.timed_aborts):
+            times.append(self.timed_aborts[self.next_timed_abort][0])
+        steps = [self.stepped[self.next_stepped][0]] if self.next_stepped < len(self.stepped) else []
+        steps += [d for d, _, _ in self.released]
+        if stuck:
+            steps += [s for s, _, req_id in self.step_aborts if req_id in self.arrived]
+        if steps:
+            target = max(step, min(steps))
+            at = clock + self.step_fixed_s * (target - step)
+            if not times or min(times) > at:
+                return target, at
+        if times:
+            return step, max(clock, min(times))
+        raise EngineStalled(f"step {step}: requests {', '.join(self.waiting_on())} wait on requests "
+                            f"that never ended")
+
+
 class Engine:
     """One candidate scheduler + a model runner, driven by a workload.
 
@@ -217,13 +353,9 @@ class Engine:
                        SimulatedKVWorker(config, self.seed) if config.kv_connector else None)
                  for i, s in enumerate(self.schedulers)]
         dp_interval = config.prefill_schedule_interval if len(ranks) > 1 else 1
-        pending = sorted(workload.requests, key=lambda r: (r.arrival_time, r.request_id))
-        aborts = sorted((r.abort_time, r.request_id) for r in workload.requests
-                        if r.abort_time is not None)
+        arrivals = _Arrivals(workload, config.step_fixed_s)
         summary = self.summary = EngineSummary()
         clock = 0.0
-        next_arrival = 0
-        next_abort = 0
         step = 0
         owner: dict[str, _Rank] = {}  # request id -> the rank it was routed to
         last_progress = 0
@@ -234,34 +366,34 @@ class Engine:
         def busy() -> bool:
             return bool(unfinished() or any(r.in_flight or r.loading for r in ranks))
 
-        while next_arrival < len(pending) or busy():
-            if not busy() and pending[next_arrival].arrival_time > clock:
-                clock = pending[next_arrival].arrival_time
+        while arrivals.pending() or busy():
+            if not busy() and not arrivals.due_now(step, clock):
+                # Idle (vLLM's EngineCore makes no schedule() call without
+                # requests): jump to the next step arrival, else the next timed one.
+                jumped, clock = arrivals.next_event(step, clock, stuck=False)
+                if jumped != step:
+                    step = last_progress = jumped
             summary.clock = clock
             if step >= self.max_steps:
                 raise EngineStalled(f"no completion within {self.max_steps} steps")
             records = [StepRecord(step=step, clock=clock, rank=r.index) for r in ranks]
             self.current_step = step
-            while next_arrival < len(pending) and pending[next_arrival].arrival_time <= clock:
-                spec = pending[next_arrival]
-                next_arrival += 1
+            for spec in arrivals.take_due(step, clock):
                 summary.requests += 1
                 reason = reject_reason(spec, config)
                 if reason is not None:
                     records[0].rejections.append(Rejection(spec, reason))
                     summary.rejected += 1
+                    arrivals.ended(spec.request_id, step)
                     continue
                 rank = min(ranks, key=lambda r: (r.sched.get_num_unfinished_requests(), r.index))
                 owner[spec.request_id] = rank
                 records[rank.index].arrivals.append(spec)
-                rank.sched.add_request(self._make_request(spec))
+                rank.sched.add_request(self._make_request(spec, clock))
                 self.runners[rank.index].add_request(spec, RequestScript(
-                    len(spec.prompt_token_ids), spec.scripted_output_len, spec.eos_token_id))
-            while next_abort < len(aborts) and aborts[next_abort][0] <= clock:
-                abort_time, req_id = aborts[next_abort]
-                if req_id not in owner and any(p.request_id == req_id for p in pending[next_arrival:]):
-                    break  # aborts apply once the request has arrived
-                next_abort += 1
+                    len(spec.prompt_token_ids), spec.scripted_output_len, spec.eos_token_id,
+                    spec.output_token_ids, spec.draft_acceptance_pattern))
+            for req_id in arrivals.take_aborts(step, clock):
                 rank = owner.get(req_id)
                 if rank is None:
                     continue  # rejected at arrival
@@ -269,6 +401,7 @@ class Engine:
                     records[rank.index].aborts.append(fin)
                     self.runners[rank.index].finish(req_id)
                     summary.aborted += 1
+                    arrivals.ended(req_id, step)
 
             throttle = dp_interval > 1 and step % dp_interval != 0
             # A batch that ran tokens and is processed this step makes its
@@ -286,6 +419,10 @@ class Engine:
                     f"step {step}: no token sampled and nothing finished for "
                     f"{self.progress_window} steps (livelock)")
             summary.steps += 1
+            # Requests waiting on one that ended here arrive at the next step.
+            for rec in records:
+                for fin in rec.update.finished if rec.update is not None else ():
+                    arrivals.ended(fin.request_id, step)
             if on_step is not None:
                 records[0].peers = records[1:]
                 on_step(records[0])
@@ -308,14 +445,19 @@ class Engine:
             working = any(batch[1].total_num_scheduled_tokens or batch[3]
                           for r in ranks for batch in r.in_flight)
             working |= ran_in_flight
-            if not any(totals) and not working and not progressed and unfinished() and not changed:
-                upcoming = [pending[next_arrival].arrival_time] if next_arrival < len(pending) else []
-                upcoming += [aborts[next_abort][0]] if next_abort < len(aborts) else []
-                if not upcoming:
+            if not any(totals) and not working and not progressed and unfinished() and not changed \
+                    and not arrivals.due_now(step, clock):
+                if not arrivals.upcoming():
                     raise EngineStalled(
                         f"step {step - 1}: {unfinished()} unfinished "
                         f"requests but nothing scheduled and no arrival or abort ahead")
-                clock = max(clock, min(upcoming))
+                # The steps skipped would schedule nothing and change nothing.
+                jumped, clock = arrivals.next_event(step, clock, stuck=True)
+                if jumped != step:
+                    step = last_progress = jumped
+        if arrivals.waiting_on():
+            raise EngineStalled(f"requests {', '.join(arrivals.waiting_on())} wait on requests "
+                                f"that never ended")
         summary.clock = clock
         return summary
 
@@ -380,7 +522,10 @@ class Engine:
             summary.rejected_draft_tokens += rec.update.num_rejected_draft_tokens
         return total
 
-    def _make_request(self, spec: RequestSpec) -> Request:
+    def _make_request(self, spec: RequestSpec, clock: float) -> Request:
+        """The scheduler's Request; a step or ``after`` arrival's
+        ``arrival_time`` is the clock when it arrived (vLLM stamps it on
+        receipt), a timed one's its spec's."""
         params = SamplingParams(
             max_tokens=spec.max_tokens,
             min_tokens=spec.min_tokens,
@@ -392,7 +537,7 @@ class Engine:
             request_id=spec.request_id,
             prompt_token_ids=list(spec.prompt_token_ids),
             sampling_params=params,
-            arrival_time=spec.arrival_time,
+            arrival_time=spec.arrival_time if spec.by_time else clock,
             priority=spec.priority,
             block_size=self.config.block_size,
             mm_positions=spec.mm_positions,

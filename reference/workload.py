@@ -9,12 +9,19 @@ reverse): the engine needs only the types.
 Module constants
 ----------------
 ``VOCAB_SIZE``
-    Token ids are in ``[0, VOCAB_SIZE)``.
+    The scripted model's vocabulary: synthesised prompt tokens and sampled
+    tokens are in ``[0, VOCAB_SIZE)``. It is not a limit on workload token
+    ids (vocabulary size is a model matter: GPT-2's EOS is 50256).
+``MAX_TOKEN_ID``
+    The largest token id a workload may carry, ``2**31 - 1``: traces store
+    token ids as int32 (``harness/trace/schema.py``).
 ``EOS_TOKEN_ID``
     The end-of-sequence token id.
 
 Time units: all times (``arrival_time``, ``abort_time``) are in seconds on
-the engine's clock, which starts at 0 at the first request of the workload.
+the engine's clock, which starts at 0 at the first request of the workload;
+``arrival_step`` and ``abort_step`` are engine step numbers (0-based
+``schedule()`` calls, see ``reference.engine``).
 """
 
 from __future__ import annotations
@@ -23,9 +30,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["VOCAB_SIZE", "EOS_TOKEN_ID", "WorkloadError", "RequestSpec", "Workload"]
+from reference.runners.scripted import parse_draft_acceptance_pattern
 
-VOCAB_SIZE = 32000  # token ids are in [0, VOCAB_SIZE)
+__all__ = ["VOCAB_SIZE", "MAX_TOKEN_ID", "EOS_TOKEN_ID", "WorkloadError", "RequestSpec", "Workload"]
+
+VOCAB_SIZE = 32000  # the scripted model's vocabulary (not a workload limit)
+# Traces store token ids as int32: a larger id could not be recorded.
+MAX_TOKEN_ID = 2**31 - 1
 EOS_TOKEN_ID = 2
 
 
@@ -57,7 +68,7 @@ class RequestSpec:
             already divided by the loader's ``time_scale``; finite and >= 0
             (an int is accepted and stored as float).
         prompt_token_ids: the prompt, a non-empty tuple of ints in
-            ``[0, VOCAB_SIZE)`` (a list is accepted and converted).
+            ``[0, MAX_TOKEN_ID]`` (a list is accepted and converted).
         max_tokens: maximum number of output tokens, >= 1.
         min_tokens: minimum number of output tokens before EOS/stop tokens
             are honoured, in ``[0, max_tokens]``.
@@ -79,6 +90,21 @@ class RequestSpec:
             ``mm_hash``) is a hash of the prompt tokens it covers, so equal
             items of different requests share encoder-cache entries. Empty =
             a text-only request.
+        arrival_step: arrive just before the engine's ``arrival_step``-th
+            ``schedule()`` (0-based engine step) instead of at
+            ``arrival_time`` (then ignored; keep it 0.0). None = by time.
+        after: arrive just before the first ``schedule()`` after the step in
+            which request ``after`` ended (finished, aborted or rejected).
+            None = by time or step. At most one of ``arrival_step``/``after``.
+        abort_step: abort just before the ``abort_step``-th ``schedule()``
+            (or at arrival if it arrives later: ``after`` requests); >=
+            ``arrival_step`` when that is set. None = never by step.
+        output_token_ids: what the model samples for this request, output
+            position i -> ``output_token_ids[i]`` (beyond it, the scripted
+            model's tokens); None = the scripted model's.
+        draft_acceptance_pattern: this request's scripted draft acceptance
+            (``EngineConfig.draft_acceptance_pattern`` syntax) instead of the
+            config's; None = the config's.
 
     Raises:
         WorkloadError: (from construction) if any field violates the
@@ -98,6 +124,11 @@ class RequestSpec:
     scripted_output_len: int | None = None
     abort_time: float | None = None
     mm_positions: tuple[tuple[int, int], ...] = ()
+    arrival_step: int | None = None
+    after: str | None = None
+    abort_step: int | None = None
+    output_token_ids: tuple[int, ...] | None = None
+    draft_acceptance_pattern: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_token_ids, tuple):
@@ -111,6 +142,8 @@ class RequestSpec:
                                     f"of (offset, length) pairs, got {self.mm_positions!r}") from None
         if not isinstance(self.stop_token_ids, tuple):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.output_token_ids is not None and not isinstance(self.output_token_ids, tuple):
+            object.__setattr__(self, "output_token_ids", tuple(self.output_token_ids))
         rid = self.request_id
         if not isinstance(rid, str) or not rid:
             raise WorkloadError(f"RequestSpec: request_id must be a non-empty str, got {rid!r}")
@@ -120,8 +153,8 @@ class RequestSpec:
         toks = self.prompt_token_ids
         if not toks:
             raise WorkloadError(f"{where}: prompt_token_ids must be non-empty")
-        if min(toks) < 0 or max(toks) >= VOCAB_SIZE:
-            raise WorkloadError(f"{where}: prompt_token_ids must lie in [0, {VOCAB_SIZE})")
+        if min(toks) < 0 or max(toks) > MAX_TOKEN_ID:
+            raise WorkloadError(f"{where}: prompt_token_ids must lie in [0, 2**31) (traces store int32)")
         if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise WorkloadError(f"{where}: max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
@@ -131,12 +164,13 @@ class RequestSpec:
         if not isinstance(self.ignore_eos, bool):
             raise WorkloadError(f"{where}: ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.eos_token_id is not None and (
-            not is_int(self.eos_token_id) or not 0 <= self.eos_token_id < VOCAB_SIZE
+            not is_int(self.eos_token_id) or not 0 <= self.eos_token_id <= MAX_TOKEN_ID
         ):
-            raise WorkloadError(f"{where}: eos_token_id must be None or an int in [0, {VOCAB_SIZE})")
-        for t in self.stop_token_ids:
-            if not is_int(t) or not 0 <= t < VOCAB_SIZE:
-                raise WorkloadError(f"{where}: stop_token_ids must be ints in [0, {VOCAB_SIZE}), got {t!r}")
+            raise WorkloadError(f"{where}: eos_token_id must be None or an int in [0, 2**31)")
+        for name in ("stop_token_ids", "output_token_ids"):
+            for t in getattr(self, name) or ():
+                if not is_int(t) or not 0 <= t <= MAX_TOKEN_ID:
+                    raise WorkloadError(f"{where}: {name} must be ints in [0, 2**31), got {t!r}")
         if not is_int(self.priority):
             raise WorkloadError(f"{where}: priority must be an int, got {self.priority!r}")
         if self.scripted_output_len is not None and (
@@ -152,10 +186,40 @@ class RequestSpec:
                 f"{where}: abort_time must be None or a finite number >= arrival_time={self.arrival_time}"
             )
         _check_mm_positions(where, self.mm_positions, len(toks))
+        self._check_steps(where)
         # Normalise ints to floats so equal specs compare and serialise identically.
         object.__setattr__(self, "arrival_time", float(self.arrival_time))
         if self.abort_time is not None:
             object.__setattr__(self, "abort_time", float(self.abort_time))
+
+
+    def _check_steps(self, where: str) -> None:
+        """Validate the step-indexed fields (arrival_step, after, abort_step,
+        draft_acceptance_pattern)."""
+        for name in ("arrival_step", "abort_step"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value < 0):
+                raise WorkloadError(f"{where}: {name} must be None or an int >= 0, got {value!r}")
+        if self.after is not None and (not isinstance(self.after, str) or not self.after):
+            raise WorkloadError(f"{where}: after must be None or a request id, got {self.after!r}")
+        if self.arrival_step is not None and self.after is not None:
+            raise WorkloadError(f"{where}: give at most one of arrival_step and after")
+        if self.after == self.request_id:
+            raise WorkloadError(f"{where}: after names the request itself")
+        if self.abort_step is not None and self.arrival_step is not None \
+                and self.abort_step < self.arrival_step:
+            raise WorkloadError(f"{where}: abort_step {self.abort_step} is before arrival_step "
+                                f"{self.arrival_step}")
+        if self.draft_acceptance_pattern is not None:
+            try:
+                parse_draft_acceptance_pattern(self.draft_acceptance_pattern)
+            except ValueError as exc:
+                raise WorkloadError(f"{where}: {exc}") from None
+
+    @property
+    def by_time(self) -> bool:
+        """True when the request arrives by ``arrival_time`` (no step, no after)."""
+        return self.arrival_step is None and self.after is None
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def test_request_spec_defaults_and_frozen():
     [
         dict(max_tokens=0),
         dict(prompt_token_ids=()),
-        dict(prompt_token_ids=(VOCAB_SIZE,)),
+        dict(prompt_token_ids=(2**31,)),  # traces store int32 (VOCAB_SIZE is no limit)
         dict(prompt_token_ids=(-1,)),
         dict(arrival_time=-0.5),
         dict(arrival_time=math.nan),
@@ -118,7 +118,12 @@ def test_request_spec_defaults_and_frozen():
         dict(min_tokens=-1),
         dict(scripted_output_len=0),
         dict(abort_time=-1.0),
-        dict(stop_token_ids=(VOCAB_SIZE,)),
+        dict(stop_token_ids=(2**31,)),
+        dict(output_token_ids=(-1,)),
+        dict(arrival_step=-1),
+        dict(arrival_step=2, after="r000001"),
+        dict(arrival_step=3, abort_step=2),
+        dict(draft_acceptance_pattern="most"),
         dict(eos_token_id=-3),
         dict(request_id=""),
     ],

@@ -12,9 +12,10 @@ re-exported here (``from harness.trace import open_trace``).
 """
 
 from harness.trace.reader import Trace, TraceError, open_trace
-from harness.trace.schema import (COLUMNS, EVENT_KINDS, METADATA_KEY, READABLE_VERSIONS, SCHEMA,
-                                  SCHEMA_VERSION, SUMMARY_KEY)
+from harness.trace.schema import (COLUMNS, EVENT_KINDS, METADATA_KEY, READABLE_VERSIONS, SCENARIO_COLUMNS,
+                                  SCENARIO_SCHEMA_VERSION, SCHEMA, SCHEMA_VERSION, SUMMARY_KEY)
 from harness.trace.writer import TraceWriter
 
-__all__ = ["COLUMNS", "EVENT_KINDS", "METADATA_KEY", "READABLE_VERSIONS", "SCHEMA", "SCHEMA_VERSION",
+__all__ = ["COLUMNS", "EVENT_KINDS", "METADATA_KEY", "READABLE_VERSIONS", "SCENARIO_COLUMNS",
+           "SCENARIO_SCHEMA_VERSION", "SCHEMA", "SCHEMA_VERSION",
            "SUMMARY_KEY", "Trace", "TraceError", "TraceWriter", "open_trace"]

@@ -18,7 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.trace.schema import COLUMNS, METADATA_KEY, READABLE_VERSIONS, SCHEMA_VERSION, SUMMARY_KEY
+from harness.trace.schema import (COLUMNS, METADATA_KEY, READABLE_VERSIONS, SCENARIO_SCHEMA_VERSION,
+                                  SCHEMA_VERSION, SUMMARY_KEY, absent_columns)
 from reference.config import ConfigError, EngineConfig
 
 
@@ -102,12 +103,13 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
     if not isinstance(meta, dict):
         raise TraceError(f"{p}: sched-harness metadata is not a JSON object")
     version = meta.get("schema_version")
-    if version != SCHEMA_VERSION and version not in READABLE_VERSIONS:
+    known = (SCHEMA_VERSION, SCENARIO_SCHEMA_VERSION, *READABLE_VERSIONS)
+    if version not in known or isinstance(version, bool):
         hint = "; re-record it with this harness" if isinstance(version, int) and version < SCHEMA_VERSION else ""
         raise TraceError(f"{p}: unknown trace schema version {version!r} "
-                         f"(this harness reads version {SCHEMA_VERSION}{hint})")
+                         f"(this harness reads versions {', '.join(map(str, sorted(known)))}{hint})")
     names = set(pf.schema_arrow.names)
-    absent = READABLE_VERSIONS.get(version, ())
+    absent = absent_columns(version)
     missing = [c for c in COLUMNS if c not in names and c not in absent]
     if missing:
         raise TraceError(f"{p}: missing column(s) {', '.join(missing)}")

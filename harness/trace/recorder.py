@@ -46,6 +46,11 @@ def _request_fields(spec: RequestSpec) -> Row:
         "stop_token_ids": list(spec.stop_token_ids),
         "scripted_output_len": spec.scripted_output_len,
         "mm_positions": [list(p) for p in spec.mm_positions] or None,
+        "arrival_step": spec.arrival_step,
+        "after": spec.after,
+        "abort_step": spec.abort_step,
+        "output_token_ids": None if spec.output_token_ids is None else list(spec.output_token_ids),
+        "draft_acceptance_pattern": spec.draft_acceptance_pattern,
     }
 
 
@@ -64,7 +69,19 @@ def spec_from_row(row: Row) -> RequestSpec:
         scripted_output_len=row["scripted_output_len"],
         abort_time=row["abort_time_s"],
         mm_positions=tuple(tuple(p) for p in row.get("mm_positions") or ()),
+        arrival_step=row.get("arrival_step"),
+        after=row.get("after"),
+        abort_step=row.get("abort_step"),
+        output_token_ids=None if row.get("output_token_ids") is None else tuple(row["output_token_ids"]),
+        draft_acceptance_pattern=row.get("draft_acceptance_pattern"),
     )
+
+
+def uses_scenario_inputs(workload: Workload) -> bool:
+    """Whether a request of ``workload`` uses an input only schema 5 records
+    (``harness.trace.schema.SCENARIO_COLUMNS``)."""
+    return any(not r.by_time or r.abort_step is not None or r.output_token_ids is not None
+               or r.draft_acceptance_pattern is not None for r in workload.requests)
 
 
 def _finish_row(kind: str, fin: FinishedRequest) -> Row:
@@ -235,7 +252,7 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
     meta = trace_metadata(workload, config, seed, engine, model)
     engine_obj = Engine(config, seed=seed, candidate_factory=candidate_factory,
                         runner_factory=runner_factory)
-    with TraceWriter(out_path, meta) as writer:
+    with TraceWriter(out_path, meta, scenario_columns=uses_scenario_inputs(workload)) as writer:
         def on_step(rec: StepRecord) -> None:
             writer.add_step(step_rows(rec))
             if on_progress is not None:

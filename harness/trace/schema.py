@@ -10,10 +10,25 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+#: The version of a trace whose requests use no scenario input (every golden).
 SCHEMA_VERSION = 4
-#: Older versions this harness still reads: their missing columns read as null.
+#: The version of a trace whose requests use a scenario input: schema 4 plus
+#: SCENARIO_COLUMNS. The writer picks the lowest version that holds the run
+#: (``TraceWriter(..., scenario_columns=...)``), so a recording without
+#: scenario inputs keeps schema 4's bytes: goldens need no re-recording for it.
+SCENARIO_SCHEMA_VERSION = 5
+# A scenario request's step-indexed inputs (docs/scenario-format.md).
+SCENARIO_COLUMNS = ("arrival_step", "after", "abort_step", "output_token_ids", "draft_acceptance_pattern")
+#: Older versions this harness still reads, with the schema-4 columns each
+#: lacks (read as null); every version below 5 also lacks SCENARIO_COLUMNS.
 READABLE_VERSIONS = {3: ("num_external_tokens", "reserved_blocks", "mm_positions", "encoder_input_ids",
                          "free_encoder_mm_hashes")}
+
+
+def absent_columns(version: int) -> tuple[str, ...]:
+    """The columns a trace of ``version`` (a readable one) lacks: they read as null."""
+    return READABLE_VERSIONS.get(version, ()) + (() if version == SCENARIO_SCHEMA_VERSION
+                                                 else SCENARIO_COLUMNS)
 METADATA_KEY = b"sched_harness"
 # Written in the footer when the run ends: {"steps", "events", "stalled"}.
 SUMMARY_KEY = b"sched_harness_summary"
@@ -84,8 +99,18 @@ SCHEMA = pa.schema([
     pa.field("mm_positions", pa.list_(_ids)),
     pa.field("encoder_input_ids", _ids),
     pa.field("free_encoder_mm_hashes", _strs),
+    # Scenario inputs (schema 5 only; arrival / reject rows, null when unused):
+    # arrive at a step or after another request ended, abort at a step, the
+    # tokens fixed for the model to sample, the request's draft acceptance.
+    pa.field("arrival_step", _i32),
+    pa.field("after", pa.string()),
+    pa.field("abort_step", _i32),
+    pa.field("output_token_ids", _ids),
+    pa.field("draft_acceptance_pattern", pa.string()),
 ])
 COLUMNS = tuple(SCHEMA.names)
+#: Schema 4: the columns of a trace without scenario inputs.
+BASE_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in SCENARIO_COLUMNS])
 
 EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "encoder_plan", "schedule", "withdraw",
                "preempt", "skip", "kv_load", "kv_promote", "schedule_end", "update_begin", "free_drain",

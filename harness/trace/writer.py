@@ -19,7 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.trace.schema import COLUMNS, METADATA_KEY, SCHEMA, SCHEMA_VERSION, SUMMARY_KEY
+from harness.trace.schema import (BASE_SCHEMA, METADATA_KEY, SCENARIO_SCHEMA_VERSION, SCHEMA, SCHEMA_VERSION,
+                                  SUMMARY_KEY)
 
 
 class TraceWriter:
@@ -28,21 +29,25 @@ class TraceWriter:
     Use as a context manager; an exception inside discards the temporary
     file and leaves any existing ``path`` untouched. ``add_step(rows)`` takes
     one step's rows (dicts keyed by column name; missing keys are null).
+    ``scenario_columns``: write schema 5 (with the scenario columns) instead
+    of schema 4; a row's scenario keys are dropped in schema 4, so pass True
+    whenever a request uses one (``recorder.uses_scenario_inputs``).
     """
 
     def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any],
-                 rows_per_group: int = 50_000) -> None:
+                 rows_per_group: int = 50_000, *, scenario_columns: bool = False) -> None:
         self.path = Path(path)
         self.rows_per_group = rows_per_group
-        meta = {"schema_version": SCHEMA_VERSION, **meta}
-        schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
+        meta = {"schema_version": SCENARIO_SCHEMA_VERSION if scenario_columns else SCHEMA_VERSION, **meta}
+        schema = (SCHEMA if scenario_columns else BASE_SCHEMA).with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         os.close(fd)
         self._tmp = Path(tmp)
         self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
         self._schema = schema
-        self._buffer: dict[str, list[Any]] = {c: [] for c in COLUMNS}
+        self._columns = tuple(schema.names)
+        self._buffer: dict[str, list[Any]] = {c: [] for c in self._columns}
         self._buffered = 0
         self.num_rows = 0
         self._num_steps = 0
@@ -51,7 +56,7 @@ class TraceWriter:
     def add_step(self, rows: list[dict[str, Any]]) -> None:
         self._num_steps += 1
         for row in rows:
-            for column in COLUMNS:
+            for column in self._columns:
                 self._buffer[column].append(row.get(column))
         self._buffered += len(rows)
         if self._buffered >= self.rows_per_group:
@@ -62,7 +67,7 @@ class TraceWriter:
             table = pa.Table.from_pydict(self._buffer, schema=self._schema)
             self._writer.write_table(table)
             self.num_rows += self._buffered
-            self._buffer = {c: [] for c in COLUMNS}
+            self._buffer = {c: [] for c in self._columns}
             self._buffered = 0
 
     def close(self) -> None:

@@ -25,16 +25,24 @@ class RequestScript:
     """What the scripted model does for one request.
 
     ``num_prompt_tokens`` in tokens; ``eos_at``: 1-based output position at
-    which it emits ``eos_token_id`` (None: never).
+    which it emits ``eos_token_id`` (None: never). ``output_token_ids``: the
+    tokens fixed for the first output positions (a scenario's
+    ``output_token_ids``; they win over ``eos_at``); ``draft_acceptance_pattern``:
+    this request's proposer pattern instead of the config's (None: the config's).
     """
 
     num_prompt_tokens: int
     eos_at: int | None = None
     eos_token_id: int | None = None
+    output_token_ids: tuple[int, ...] | None = None
+    draft_acceptance_pattern: str | None = None
 
 
 def scripted_token(seed: int, request_id: str, output_index: int, script: RequestScript) -> int:
     """Token sampled at 0-based ``output_index`` of ``request_id``."""
+    fixed = script.output_token_ids
+    if fixed is not None and output_index < len(fixed):
+        return fixed[output_index]
     if script.eos_at is not None and output_index + 1 == script.eos_at and script.eos_token_id is not None:
         return script.eos_token_id
     digest = hashlib.blake2b(f"{seed}:{request_id}:{output_index}".encode(), digest_size=8).digest()
@@ -137,14 +145,18 @@ class ScriptedModelRunner:
           by this runner) has its first ``i mod (K + 1)`` drafts matching, so a
           request in turn rejects at draft 0, 1, ..., K-1 and accepts all K.
 
+        A request whose script has its own ``draft_acceptance_pattern``
+        uses it instead of ``pattern``.
         ``acceptance_rate`` (in [0, 1]) matters only for ``random``. Raises
         ValueError for a pattern ``parse_draft_acceptance_pattern`` refuses.
         """
-        kind, prefix = parse_draft_acceptance_pattern(pattern)
         drafts: dict[str, list[int]] = {}
         for req_id in request_ids:
             if req_id not in self._scripts:
                 continue
+            # A request's own pattern (a scenario's draft_acceptance_pattern) wins.
+            kind, prefix = parse_draft_acceptance_pattern(
+                self._scripts[req_id].draft_acceptance_pattern or pattern)
             index = self._num_outputs[req_id]
             if kind == "cycle":
                 count = self._num_proposals.get(req_id, 0)

@@ -1,0 +1,259 @@
+"""Scenario files (workloads/scenario.py, docs/scenario-format.md): every file in
+traces/scenarios/ records clean on the reference with its exact figures and
+replays identically (on vllm@0.33.0 too, marked ``vllm``); arrivals land on
+the exact step; every bad input exits 2 with ``file:line: problem``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.replay import replay
+from harness.trace import SCENARIO_SCHEMA_VERSION, open_trace
+from reference.scheduler import Scheduler
+from workloads.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "traces" / "scenarios"
+
+# name: (steps, {request: arrival step}, {request: prefix-hit tokens}, {request: (end step, kind,
+#        finish_reason, num_output_tokens)}, [(step, preempted request)])
+EXPECTED = {
+    "abort-running-at-step": (6, {"A": 0, "B": 4}, {}, {"A": (3, "abort", "abort", 3),
+                                                       "B": (5, "finish", "length", 2)}, []),
+    "chunked-long-prefill-threshold": (5, {"L": 0, "S": 0}, {}, {"L": (4, "finish", "length", 2),
+                                                                "S": (3, "finish", "length", 4)}, []),
+    "min-tokens-eos": (1, {"A": 0}, {}, {"A": (0, "finish", "stop", 1)}, []),
+    "preempt-and-recompute": (11, {"A": 0, "B": 0}, {"B": 12}, {"A": (9, "finish", "length", 10),
+                                                               "B": (10, "finish", "length", 10)}, [(9, "B")]),
+    "prefix-reuse-after-finish": (2, {"A": 0, "B": 1}, {"B": 48}, {"A": (0, "finish", "length", 1),
+                                                                  "B": (1, "finish", "length", 1)}, []),
+    "priority-preemption": (15, {"L": 0, "H": 2}, {"L": 16}, {"H": (5, "finish", "length", 4),
+                                                             "L": (14, "finish", "length", 12)}, [(3, "L")]),
+    "running-cap-across-steps": (5, {"A": 0, "B": 0, "C": 0, "D": 0}, {},
+                                 {"A": (1, "finish", "length", 2), "B": (2, "finish", "length", 3),
+                                  "C": (3, "finish", "length", 2), "D": (4, "finish", "length", 2)}, []),
+    "single-block-prompt-no-hit": (2, {"A": 0, "B": 1}, {}, {"A": (0, "finish", "length", 1),
+                                                            "B": (1, "finish", "length", 1)}, []),
+    "spec-decode-fixed-acceptance": (6, {"A": 0, "B": 0}, {}, {"A": (3, "finish", "length", 12),
+                                                              "B": (5, "finish", "length", 6)}, []),
+    "stop-token": (2, {"A": 0}, {}, {"A": (1, "finish", "stop", 2)}, []),
+    "too-long-at-queue-head": (2, {"Y": 0, "X": 0}, {}, {"Y": (1, "finish", "length", 2)}, []),
+}
+
+
+def record(path: Path, out: Path, *extra: str) -> Path:
+    r = CliRunner().invoke(main, ["record", str(path), "-o", str(out), *extra])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def figures(trace: Path):
+    rows = pq.read_table(trace).to_pylist()
+    return (len({r["step"] for r in rows}),
+            {r["request_id"]: r["step"] for r in rows if r["kind"] in ("arrival", "reject")},
+            {r["request_id"]: r["num_prefix_hit_tokens"] for r in rows
+             if r["kind"] == "schedule" and r["num_prefix_hit_tokens"]},
+            {r["request_id"]: (r["step"], r["kind"], r["finish_reason"], r["num_output_tokens"])
+             for r in rows if r["kind"] in ("finish", "abort")},
+            [(r["step"], r["request_id"]) for r in rows if r["kind"] == "preempt"])
+
+
+def test_every_scenario_file_is_listed_and_cites_a_source() -> None:
+    assert sorted(p.stem for p in SCENARIOS.glob("*.toml")) == sorted(EXPECTED)
+    for p in SCENARIOS.glob("*.toml"):
+        assert "# Source" in p.read_text(), p.name
+        assert load_scenario(p).description
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_scenario_records_clean_with_exact_figures_and_replays(name: str, tmp_path: Path) -> None:
+    out = record(SCENARIOS / f"{name}.toml", tmp_path / "t.parquet")
+    assert figures(out) == EXPECTED[name]
+    r = CliRunner().invoke(main, ["check", str(out)])
+    assert r.exit_code == 0 and r.output.rstrip().endswith("conformant"), r.output
+    trace = open_trace(out)
+    assert trace.meta["schema_version"] == SCENARIO_SCHEMA_VERSION
+    assert replay(trace, Scheduler) == (None, EXPECTED[name][0])
+    # Recording is deterministic: the same file gives the same bytes.
+    assert record(SCENARIOS / f"{name}.toml", tmp_path / "u.parquet").read_bytes() == out.read_bytes()
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(os.environ.get("HARNESS_SKIP_VLLM") == "1", reason="HARNESS_SKIP_VLLM=1")
+def test_scenarios_replay_identically_on_vllm(tmp_path: Path) -> None:
+    for name in sorted(EXPECTED):
+        out = record(SCENARIOS / f"{name}.toml", tmp_path / f"{name}.parquet")
+        r = CliRunner().invoke(main, ["replay", str(out), "--candidate", "vllm@0.33.0"])
+        assert r.exit_code == 0, (name, r.output)
+        assert f"conformant: {EXPECTED[name][0]} steps replayed, identical decisions" in r.output, name
+
+
+IDLE = """format_version = 1
+[config]
+num_gpu_blocks = 16
+block_size = 16
+max_model_len = 128
+[[requests]]
+request_id = "A"
+prompt_len = 8
+max_tokens = 2
+arrival_step = 0
+[[requests]]
+request_id = "B"
+prompt_len = 8
+max_tokens = 2
+arrival_step = 10
+[[requests]]
+request_id = "C"
+prompt_len = 8
+max_tokens = 1
+arrival_step = 10
+[[requests]]
+request_id = "D"
+prompt_len = 8
+max_tokens = 1
+after = "C finishes"
+"""
+
+
+def idle_figures(tmp_path: Path) -> tuple[Path, tuple]:
+    src = tmp_path / "idle.toml"
+    src.write_text(IDLE)
+    out = record(src, tmp_path / "idle.parquet")
+    rows = pq.read_table(out).to_pylist()
+    arrivals = [(r["step"], r["event_index"], r["request_id"]) for r in rows if r["kind"] == "arrival"]
+    return out, (arrivals, sorted({r["step"] for r in rows}))
+
+
+def test_step_arrivals_land_on_the_exact_step_and_idle_steps_are_skipped(tmp_path: Path) -> None:
+    out, found = idle_figures(tmp_path)
+    # A runs steps 0-1; the idle engine jumps to step 10, where B and C arrive in
+    # file order; C ends at step 10, so D arrives at step 11 (B and D end there).
+    assert found == ([(0, 0, "A"), (10, 0, "B"), (10, 1, "C"), (11, 0, "D")], [0, 1, 10, 11])
+    assert replay(open_trace(out), Scheduler)[0] is None
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(os.environ.get("HARNESS_SKIP_VLLM") == "1", reason="HARNESS_SKIP_VLLM=1")
+def test_step_arrivals_on_vllm(tmp_path: Path) -> None:
+    src = tmp_path / "idle.toml"
+    src.write_text(IDLE)
+    out = record(src, tmp_path / "v.parquet", "--engine", "vllm@0.33.0")
+    rows = pq.read_table(out).to_pylist()
+    assert [(r["step"], r["request_id"]) for r in rows if r["kind"] == "arrival"] == \
+        [(0, "A"), (10, "B"), (10, "C"), (11, "D")]
+    r = CliRunner().invoke(main, ["replay", str(out)])
+    assert r.exit_code == 0 and "identical decisions" in r.output, r.output
+
+
+def test_every_key_round_trips(tmp_path: Path) -> None:
+    src = tmp_path / "keys.toml"
+    src.write_text("""format_version = 1
+description = "every request key"
+seed = 3
+[config]
+num_gpu_blocks = 32
+block_size = 4
+max_model_len = 64
+num_speculative_tokens = 2
+[[requests]]
+request_id = "A"
+prompt_token_ids = [5, 50256, 2147483647, 7, 8, 9, 10, 11]
+max_tokens = 6
+min_tokens = 1
+ignore_eos = false
+eos_token_id = 50256
+stop_token_ids = [999]
+priority = 1
+arrival_time = 0.0
+output_token_ids = [40, 41, 42]
+mm_positions = [[1, 2]]
+draft_acceptance_pattern = "prefix-1"
+[[requests]]
+request_id = "B"
+prompt_len = 12
+prefix_group = "g"
+prefix_len = 4
+max_tokens = 20
+ignore_eos = true
+arrival_step = 1
+abort_step = 3
+[[requests]]
+request_id = "C"
+prompt_len = 6
+prefix_group = "g"
+after = "B finishes"
+abort_time = 5.0
+""")
+    scenario = load_scenario(src)
+    out = record(src, tmp_path / "k.parquet")
+    trace = open_trace(out)
+    assert trace.meta["seed"] == 3
+    from harness.replay import workload_from_trace
+    assert workload_from_trace(trace).requests == scenario.workload.requests
+    assert replay(trace, Scheduler)[0] is None
+    b, c = scenario.workload.requests[1:]
+    assert b.prompt_token_ids[:4] == c.prompt_token_ids[:4] and b.prompt_token_ids[4:6] != c.prompt_token_ids[4:]
+
+
+BASE = 'format_version = 1\n[config]\nnum_gpu_blocks = 16\nmax_model_len = 128\n'
+REQ = '[[requests]]\nrequest_id = "{rid}"\nprompt_len = 8\n{extra}\n'
+
+
+@pytest.mark.parametrize("body, line, problem", [
+    (BASE + REQ.format(rid="A", extra="arrival_step = 0\ncolour = 1"), 9, "unknown key 'colour'"),
+    ("bogus = 1\n" + BASE + REQ.format(rid="A", extra="arrival_step = 0"), 1, "unknown key 'bogus'"),
+    (BASE + "bogus = 1\n" + REQ.format(rid="A", extra="arrival_step = 0"), 5, "unknown config key(s): bogus"),
+    (BASE + REQ.format(rid="A", extra="arrival_step = 0") + REQ.format(rid="A", extra="arrival_step = 0"),
+     10, "duplicate request_id 'A'"),
+    (BASE + REQ.format(rid="A", extra='after = "Z finishes"'), 8, "unknown request 'Z'"),
+    (BASE + REQ.format(rid="A", extra='after = "B finishes"') + REQ.format(rid="B", extra="arrival_step = 0"),
+     8, "comes later"),
+    (BASE + REQ.format(rid="A", extra='after = "B finishes"') + REQ.format(rid="B", extra='after = "A finishes"'),
+     8, "cycle A -> B -> A"),
+    (BASE + '[[requests]]\nrequest_id = "A"\nprompt_token_ids = [1, -2]\narrival_step = 0\n', 7,
+     "-2 is less than the minimum of 0"),
+    (BASE + '[[requests]]\nrequest_id = "A"\nprompt_token_ids = [1, 2.5]\narrival_step = 0\n', 7,
+     "2.5 is not of type 'integer'"),
+    (BASE + '[[requests]]\nrequest_id = "A"\nprompt_token_ids = [2147483648]\narrival_step = 0\n', 7,
+     "traces store int32"),
+    (BASE + REQ.format(rid="A", extra="arrival_step = 4\nabort_step = 2"), 9, "abort_step 2 is in the past"),
+    (BASE + REQ.format(rid="A", extra="arrival_step = 4\narrival_time = 1.0"), 8, "exactly one of"),
+    (BASE + "max_num_seqs = 0\n" + REQ.format(rid="A", extra="arrival_step = 0"), 5, "bad config: max_num_seqs"),
+    (BASE + "[[requests]\n", 5, "TOML syntax error"),
+])
+def test_bad_input_exits_2_with_file_line_problem(tmp_path: Path, body: str, line: int, problem: str) -> None:
+    src = tmp_path / "bad.toml"
+    src.write_text(body)
+    out = tmp_path / "t.parquet"
+    r = CliRunner().invoke(main, ["record", str(src), "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.output.count("\n") == 1 and f"{src}:{line}: " in r.output and problem in r.output, r.output
+    assert list(tmp_path.iterdir()) == [src]  # nothing written
+
+
+def test_json_scenario_gives_the_same_workload_and_line_numbers(tmp_path: Path) -> None:
+    import json
+    import tomllib
+    doc = tomllib.loads((SCENARIOS / "prefix-reuse-after-finish.toml").read_text())
+    src = tmp_path / "s.json"
+    src.write_text(json.dumps(doc, indent=2))
+    assert load_scenario(src).workload.requests == \
+        load_scenario(SCENARIOS / "prefix-reuse-after-finish.toml").workload.requests
+    doc["requests"][1]["max_tokens"] = 0
+    src.write_text(json.dumps(doc, indent=2))
+    r = CliRunner().invoke(main, ["record", str(src), "-o", str(tmp_path / "t.parquet")])
+    line = next(i + 1 for i, text in enumerate(src.read_text().splitlines()) if '"max_tokens": 0' in text)
+    assert r.exit_code == 2 and f"{src}:{line}: requests[1].max_tokens: 0 is less than the minimum of 1" \
+        in r.output, r.output
+
+
+def test_set_overrides_the_file_config(tmp_path: Path) -> None:
+    out = record(SCENARIOS / "prefix-reuse-after-finish.toml", tmp_path / "t.parquet",
+                 "--set", "enable_prefix_caching=false")
+    assert figures(out)[2] == {}
