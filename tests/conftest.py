@@ -3,14 +3,19 @@
 Under pytest-xdist each worker is its own process, with its own pool of idle
 vLLM driver processes (``harness/candidates/vllm/candidate.py``: importing
 vLLM costs 5-17 s per driver) and its own copy of every module-scoped
-fixture. ``pytest_collection_modifyitems`` below therefore puts every test
-that drives real vLLM through the pool (marked ``vllm``, outside
-``tests/test_encoder.py``'s and ``tests/test_vllm_recording.py``'s own
-subprocesses) in one ``xdist_group``, so one worker pays those imports, and
-keeps each module whose module-scoped fixture is costly (the vLLM recording
-drive) on one worker. Other module-scoped fixtures cost under half a second
-or serve one test, so those modules' tests spread over the workers one by
-one. Without xdist the marks do nothing.
+fixture. So the modules that drive real vLLM through that pool
+(``tests/test_vllm.py``, the give-back finding's replay) run on one worker,
+which pays those imports once, and so does ``tests/test_vllm_recording.py``,
+whose module fixture is one vLLM drive (~7 s on an idle 2-core machine).
+Every other test is scheduled on its own: their module-scoped fixtures cost
+under half a second or serve one test, and ``tests/test_encoder.py``'s vLLM
+comparison runs a vLLM process of its own.
+
+The grouping is by module path, in ``pytest_xdist_make_scheduler``, rather
+than by ``xdist_group`` marks: pytest-xdist 3.8's loadgroup renames node ids
+to carry the mark, which pytest 9.2's structured node ids ignore, so the
+marks silently group nothing (pytest-xdist issue 1386). Without xdist, or
+with another ``--dist``, nothing here applies.
 """
 import json
 from pathlib import Path
@@ -22,24 +27,30 @@ from harness.trace import METADATA_KEY, READABLE_VERSIONS, SCHEMA_VERSION, SUMMA
 
 pytest_plugins = ["pytester"]
 
-#: Modules whose tests share a costly module-scoped fixture, each kept on one
-#: xdist worker: the vLLM recording drive (~7 s on an idle 2-core machine,
-#: one vLLM import of its own).
-_ONE_WORKER_MODULES = {"test_vllm_recording.py": "vllm-recording"}
-#: Modules whose ``vllm``-marked tests run their own vLLM process rather than
-#: the pool: free to run on any worker.
-_OWN_VLLM_PROCESS = {"test_encoder.py"}
+#: Test modules kept on one xdist worker, by group (see the module docstring).
+ONE_WORKER_MODULES = {
+    "tests/test_vllm.py": "vllm-pool",
+    "tests/test_finding_give_back_uncomputed_hit.py": "vllm-pool",
+    "tests/test_vllm_recording.py": "vllm-recording",
+}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Add ``xdist_group`` marks (read by ``--dist loadgroup``; see the module docstring)."""
-    for item in items:
-        module = item.path.name
-        if module in _ONE_WORKER_MODULES:
-            item.add_marker(pytest.mark.xdist_group(_ONE_WORKER_MODULES[module]))
-        elif item.get_closest_marker("vllm") and module not in _OWN_VLLM_PROCESS:
-            item.add_marker(pytest.mark.xdist_group("vllm-pool"))
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with ``ONE_WORKER_MODULES`` as the groups; None otherwise."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleGroupScheduling(LoadGroupScheduling):
+        """Each ``ONE_WORKER_MODULES`` group is one work unit (xdist sends
+        the largest units first); any other test is a unit of its own."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            group = ONE_WORKER_MODULES.get(nodeid.split("::", 1)[0])
+            return group if group is not None else super()._split_scope(nodeid)
+
+    return ModuleGroupScheduling(config, log)
 
 
 @pytest.fixture
