@@ -37,9 +37,10 @@ request. Reasons, found statically:
 
 and one found by running: the scenario is run on the reference (in memory,
 or on ``verify_factory``) and the chosen requests' decisions are compared with
-the trace's (``decisions``): the first difference is a warning. Block ids are
-compared only for a cut of every request (block numbering depends on every
-allocation before).
+the trace's (``decisions``): the first difference is a warning. A cut of every
+request is compared exactly (steps and block ids); a strict subset with steps
+counted from each request's arrival and without block ids (block numbering
+and, for timed arrivals, step numbering depend on the requests left out).
 """
 
 from __future__ import annotations
@@ -108,17 +109,26 @@ def parse_steps(value: str) -> tuple[int, int]:
 
 
 def decisions(rows_by_step: Sequence[tuple[int, list[dict[str, Any]]]], request_ids: set[str], *,
-              block_ids: bool) -> list[tuple[Any, ...]]:
-    """The decision rows of ``request_ids`` (kinds ``_DECISION_KINDS``), as
-    tuples (step, kind, request_id, fields...) in trace order; with
-    ``block_ids``, the row's block ids too."""
-    out = []
+              block_ids: bool, relative: bool) -> dict[str, list[tuple[Any, ...]]]:
+    """Per request of ``request_ids``: its decision rows (kinds
+    ``_DECISION_KINDS``) as tuples (step, kind, fields...) in trace order;
+    with ``block_ids``, the row's block ids too. With ``relative``, steps count
+    from the request's arrival step: a cut of timed arrivals runs fewer steps
+    before a request arrives (an idle engine jumps its clock, not its step
+    counter), so only the steps since arrival can be the same."""
+    arrived: dict[str, int] = {}
+    out: dict[str, list[tuple[Any, ...]]] = {r: [] for r in request_ids}
     for step, rows in rows_by_step:
         for row in rows:
-            if row["kind"] in _DECISION_KINDS and row.get("request_id") in request_ids:
-                key = (step, row["kind"], row["request_id"]) + tuple(
+            rid = row.get("request_id")
+            if rid not in out:
+                continue
+            if row["kind"] in ("arrival", "reject"):
+                arrived.setdefault(rid, step)
+            if row["kind"] in _DECISION_KINDS:
+                key = (step - arrived.get(rid, 0) if relative else step, row["kind"]) + tuple(
                     _norm(row.get(f)) for f in _DECISION_FIELDS)
-                out.append(key + ((_norm(row.get("block_ids")),) if block_ids else ()))
+                out[rid].append(key + ((_norm(row.get("block_ids")),) if block_ids else ()))
     return out
 
 
@@ -138,11 +148,14 @@ class _Life:
 
 
 def extract(trace: Trace, *, requests: Sequence[str] | None = None, steps: tuple[int, int] | None = None,
-            verify: bool = True, verify_factory: CandidateFactory = Scheduler) -> Extraction:
+            verify: bool = True, verify_factory: CandidateFactory = Scheduler,
+            description: str | None = None, comments: Sequence[str] = ()) -> Extraction:
     """Cut ``trace`` down to a scenario (module docstring: what is kept, the
     faithfulness policy). ``requests``: the ids to keep (default all);
     ``steps``: keep only requests live in the half-open window [A, B). With
     ``verify``, run the scenario on ``verify_factory`` and compare decisions.
+    ``description`` replaces the file's default one ("N of M requests of
+    TRACE"); ``comments`` are added after the provenance comment.
 
     Raises ExtractError for an unknown request id or an empty cut; TraceError
     from reading the trace."""
@@ -219,21 +232,21 @@ def extract(trace: Trace, *, requests: Sequence[str] | None = None, steps: tuple
                     if k not in defaults or (type(defaults[k]), defaults[k]) != (type(v), v)}
     window = f", steps {steps[0]}:{steps[1]}" if steps is not None else ""
     wl = meta.get("workload", {})
-    comments = [f"Extracted by `harness scenario extract` from {trace.path.name}: engine {meta['engine']}, "
-                f"workload {wl.get('source')} (sha256 {str(wl.get('sha256'))[:12]}), seed {meta['seed']}.",
-                f"{len(chosen)} of {len(lives)} requests{window}."]
-    comments += [f"warning: {w}" for w in warnings]
-    try:
-        text = dump_scenario(specs, config_table, seed=meta["seed"],
-                             description=f"{len(chosen)} of {len(lives)} requests of {trace.path.name}"
-                                         f"{window}", comments=comments)
-    except WorkloadError as exc:  # every unexpressible field is replaced above
-        raise ExtractError(f"{trace.path}: {exc}") from None
     if verify:
         mismatch = _verify(specs, config, meta["seed"], rows_by_step, chosen_set,
                            block_ids=len(chosen) == len(lives), factory=verify_factory)
         if mismatch:
             warnings.append(mismatch)
+    head = [f"Extracted by `harness scenario extract` from {trace.path.name}: engine {meta['engine']}, "
+            f"workload {wl.get('source')} (sha256 {str(wl.get('sha256'))[:12]}), seed {meta['seed']}.",
+            f"{len(chosen)} of {len(lives)} requests{window}.", *comments]
+    head += [f"warning: {w}" for w in warnings]
+    if description is None:
+        description = f"{len(chosen)} of {len(lives)} requests of {trace.path.name}{window}"
+    try:
+        text = dump_scenario(specs, config_table, seed=meta["seed"], description=description, comments=head)
+    except WorkloadError as exc:  # every unexpressible field is replaced above
+        raise ExtractError(f"{trace.path}: {exc}") from None
     return Extraction(text, tuple(chosen), tuple(warnings))
 
 
@@ -272,20 +285,26 @@ def _verify(specs: list[RequestSpec], config: EngineConfig, seed: int,
                     on_step_rows=lambda step, rows: got.append((step, rows)))
     except EngineStalled as exc:
         stalled = f" (the re-run stalled: {exc})"
-    want = decisions(rows_by_step, chosen, block_ids=block_ids)
-    have = decisions(got, chosen, block_ids=block_ids)
-    if want == have:
-        return None
-    i = next((i for i, (w, h) in enumerate(zip(want, have)) if w != h), min(len(want), len(have)))
-    w = want[i] if i < len(want) else "nothing"
-    h = have[i] if i < len(have) else "nothing"
-    return (f"re-running the scenario gives other decisions{stalled}: decision {i} is {_show(h)}, "
-            f"the trace has {_show(w)}")
+    full = block_ids  # a cut of every request: absolute steps and block ids
+    want = decisions(rows_by_step, chosen, block_ids=block_ids, relative=not full)
+    have = decisions(got, chosen, block_ids=block_ids, relative=not full)
+    for rid in sorted(chosen, key=lambda r: (want[r][:1], r)):
+        w_list, h_list = want[rid], have[rid]
+        if w_list == h_list:
+            continue
+        i = next((i for i, (w, h) in enumerate(zip(w_list, h_list)) if w != h),
+                 min(len(w_list), len(h_list)))
+        w = w_list[i] if i < len(w_list) else "nothing"
+        h = h_list[i] if i < len(h_list) else "nothing"
+        where = "since arrival " if not full else ""
+        return (f"re-running the scenario gives {rid} other decisions{stalled}: its decision {i} is "
+                f"{_show(h, where)}, the trace has {_show(w, where)}")
+    return None
 
 
-def _show(d: Any) -> str:
+def _show(d: Any, where: str) -> str:
     if not isinstance(d, tuple):
         return str(d)
-    step, kind, rid = d[:3]
-    fields = {k: v for k, v in zip(_DECISION_FIELDS, d[3:]) if v is not None}
-    return f"step {step} {kind} {rid} {fields}"
+    step, kind = d[:2]
+    fields = {k: v for k, v in zip(_DECISION_FIELDS, d[2:]) if v is not None}
+    return f"{kind} at step {where}{step} {fields}"
