@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import tomli_w
 
 from reference.config import ConfigError, EngineConfig
 from reference.workload import EOS_TOKEN_ID, MAX_TOKEN_ID, VOCAB_SIZE, RequestSpec, Workload, WorkloadError
@@ -371,3 +372,87 @@ def _requests(reqs: list[dict[str, Any]], fail) -> list[RequestSpec]:
             key = next((k for k in req if problem.startswith(k)), None)
             raise fail(["requests", i] + ([key] if key else []), f"requests[{i}]: {problem}") from None
     return specs
+
+
+# --- Writing scenario files -------------------------------------------------------------------------
+__all__ += ["dump_scenario", "request_table", "write_scenario"]
+# The order keys are written in: the loader's table order (docs/scenario-format.md), so a written file
+# reads like a hand-written one and the same inputs always give the same bytes.
+_WRITE_ORDER = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "ignore_eos", "eos_token_id",
+                "stop_token_ids", "priority", "arrival_time", "arrival_step", "after", "abort_step",
+                "abort_time", "output_token_ids", "mm_positions", "draft_acceptance_pattern")
+
+
+def request_table(spec: RequestSpec) -> dict[str, Any]:
+    """The ``[[requests]]`` table that loads back to ``spec`` (``load_scenario``).
+
+    Keys at the loader's default are left out (``min_tokens = 0``, ``ignore_eos
+    = false``, ``eos_token_id = 2``, ``priority = 0``, no stops); ``max_tokens``
+    is always written. Arrival is exactly one of ``arrival_step``, ``after =
+    "<id> finishes"`` or ``arrival_time`` (a step or ``after`` request's
+    ``arrival_time`` is the clock the engine gave it: not an input, dropped).
+
+    Raises WorkloadError for a field the format cannot express:
+    ``scripted_output_len`` (fix ``output_token_ids`` instead) and
+    ``eos_token_id = None``.
+    """
+    if spec.scripted_output_len is not None:
+        raise WorkloadError(f"{spec.request_id}: scripted_output_len has no scenario key "
+                            f"(fix output_token_ids instead)")
+    if spec.eos_token_id is None:
+        raise WorkloadError(f"{spec.request_id}: eos_token_id None has no scenario key")
+    table: dict[str, Any] = {"request_id": spec.request_id, "prompt_token_ids": list(spec.prompt_token_ids),
+                             "max_tokens": spec.max_tokens}
+    optional = {"min_tokens": (spec.min_tokens, 0), "ignore_eos": (spec.ignore_eos, False),
+                "eos_token_id": (spec.eos_token_id, EOS_TOKEN_ID),
+                "stop_token_ids": (list(spec.stop_token_ids), []), "priority": (spec.priority, 0),
+                "abort_step": (spec.abort_step, None), "abort_time": (spec.abort_time, None),
+                "output_token_ids": (None if spec.output_token_ids is None else list(spec.output_token_ids),
+                                     None),
+                "mm_positions": ([list(p) for p in spec.mm_positions], []),
+                "draft_acceptance_pattern": (spec.draft_acceptance_pattern, None)}
+    table.update({k: v for k, (v, default) in optional.items() if v != default})
+    if spec.arrival_step is not None:
+        table["arrival_step"] = spec.arrival_step
+    elif spec.after is not None:
+        table["after"] = f"{spec.after} finishes"
+    else:
+        table["arrival_time"] = float(spec.arrival_time)
+    return {k: table[k] for k in _WRITE_ORDER if k in table}
+
+
+def dump_scenario(requests: list[RequestSpec] | tuple[RequestSpec, ...], config: dict[str, Any], *,
+                  seed: int = 0, description: str = "", comments: list[str] | tuple[str, ...] = ()) -> str:
+    """A scenario file's text (TOML, written with ``tomli_w``): ``comments``
+    as ``# `` lines at the top (provenance), then ``format_version``,
+    ``description``, ``seed``, ``[config]`` (keys sorted) and one
+    ``[[requests]]`` table per request in the given order (``request_table``).
+
+    Deterministic: the same arguments give the same bytes. ``load_scenario``
+    of the text gives back ``requests`` (for a step or ``after`` request, with
+    ``arrival_time`` 0.0), ``config`` and ``seed``. Raises WorkloadError as
+    ``request_table`` does, or if ``requests`` is empty.
+    """
+    if not requests:
+        raise WorkloadError("a scenario needs at least one request")
+    doc: dict[str, Any] = {"format_version": FORMAT_VERSION}
+    if description:
+        doc["description"] = description
+    doc["seed"] = seed
+    if config:
+        doc["config"] = {k: config[k] for k in sorted(config)}
+    doc["requests"] = [request_table(s) for s in requests]
+    head = "".join(f"# {line}".rstrip() + "\n" for c in comments for line in c.splitlines())
+    return head + tomli_w.dumps(doc)
+
+
+def write_scenario(path: str | Path, requests: list[RequestSpec] | tuple[RequestSpec, ...],
+                   config: dict[str, Any], **kwargs: Any) -> Path:
+    """Write ``dump_scenario(requests, config, **kwargs)`` to ``path`` (via a
+    temp file renamed into place: a failed write leaves nothing). Returns the path."""
+    p = Path(path)
+    text = dump_scenario(requests, config, **kwargs)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(p)
+    return p
