@@ -230,6 +230,11 @@ def extract(trace: Trace, *, requests: Sequence[str] | None = None, steps: tuple
     # unlike the default 0.0, so it is written back as the trace had it.
     config_table = {k: v for k, v in config.to_dict().items()
                     if k not in defaults or (type(defaults[k]), defaults[k]) != (type(v), v)}
+    # A scenario says what a user sets, in vLLM's keys: batches in flight are derived from
+    # async_scheduling and pipeline_parallel_size, never written themselves.
+    config_table.pop("max_concurrent_batches", None)
+    if config.pipeline_parallel_size != 1:
+        config_table["pipeline_parallel_size"] = config.pipeline_parallel_size
     window = f", steps {steps[0]}:{steps[1]}" if steps is not None else ""
     wl = meta.get("workload", {})
     if verify:

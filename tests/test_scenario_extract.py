@@ -358,3 +358,23 @@ def test_fuzz_witness_scenario_rerecords_the_same_invariant(tmp_path):
     # The clean reference on the same file: no violation (the bug is the mutant's).
     _record(toml, tmp_path / "ref.parquet")
     assert _run("check", str(tmp_path / "ref.parquet"))[0] == 0
+
+
+def test_extracted_config_uses_vllm_keys_and_prompts_stay_readable(tmp_path):
+    """An extracted scenario sets what a vLLM user sets: pipeline_parallel_size (or
+    async_scheduling), never the derived max_concurrent_batches; token-id arrays
+    are folded 16 ids a line instead of tomli_w's one id a line."""
+    for name, expected in (("pipeline-3", {"pipeline_parallel_size": 3}),
+                           ("async-tight", {"async_scheduling": True})):
+        out = tmp_path / f"{name}.toml"
+        _extract(GOLDEN / f"{name}.parquet", out)
+        text = out.read_text()
+        config = tomllib.loads(text)["config"]
+        assert "max_concurrent_batches" not in config
+        assert {k: config[k] for k in expected} == expected
+        assert "pipeline_parallel_size" not in config or name == "pipeline-3"
+        prompt = text.split("prompt_token_ids = [\n", 1)[1].split("]", 1)[0].splitlines()
+        assert [len(line.split(",")) - 1 for line in prompt[:-1]] == [16] * (len(prompt) - 1)
+        prompts = {r["request_id"]: list(r["prompt_token_ids"])
+                   for r in pq.read_table(GOLDEN / f"{name}.parquet").to_pylist() if r["kind"] == "arrival"}
+        assert {r.request_id: list(r.prompt_token_ids) for r in load_scenario(out).workload.requests} == prompts

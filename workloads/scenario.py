@@ -443,7 +443,22 @@ def dump_scenario(requests: list[RequestSpec] | tuple[RequestSpec, ...], config:
         doc["config"] = {k: config[k] for k in sorted(config)}
     doc["requests"] = [request_table(s) for s in requests]
     head = "".join(f"# {line}".rstrip() + "\n" for c in comments for line in c.splitlines())
-    return head + tomli_w.dumps(doc)
+    return head + _fold_int_arrays(tomli_w.dumps(doc))
+
+
+#: A multi-line array of plain ints as tomli_w writes it (one item a line, past 100 characters).
+_INT_ARRAY = re.compile(r"= \[\n((?:    -?\d+,\n)+)\]")
+_INTS_PER_LINE = 16
+
+
+def _fold_int_arrays(text: str) -> str:
+    """Reflow tomli_w's one-id-a-line arrays (prompts, outputs) to 16 ids a line, so a
+    scenario stays readable; the TOML value is unchanged."""
+    def fold(m: re.Match[str]) -> str:
+        ids = [line.strip().rstrip(",") for line in m.group(1).splitlines()]
+        rows = [", ".join(ids[i:i + _INTS_PER_LINE]) + "," for i in range(0, len(ids), _INTS_PER_LINE)]
+        return "= [\n" + "".join(f"    {row}\n" for row in rows) + "]"
+    return _INT_ARRAY.sub(fold, text)
 
 
 def write_scenario(path: str | Path, requests: list[RequestSpec] | tuple[RequestSpec, ...],
