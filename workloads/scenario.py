@@ -17,8 +17,8 @@ unknown, later or cyclic request, a step before the request can arrive) and
 ``EngineConfig`` for ``[config]``. Every error is a :class:`ScenarioError`
 whose ``str()`` is one line ``file:line: problem``: TOML syntax errors carry
 tomllib's line; for the others the line is that of the offending key, found
-by scanning the text for its table (``[config]``, the i-th ``[[requests]]``)
-and then the key (JSON: the i-th object of ``"requests"``).
+by scanning the text for its table (``[config]``, ``[synthetic]``, the i-th
+``[[requests]]``) and then the key (JSON: the i-th object of ``"requests"``).
 """
 
 from __future__ import annotations
@@ -251,7 +251,9 @@ def load_scenario(path: str | Path) -> Scenario:
     ``file:line: problem``) for an unreadable file, a syntax error, an
     unknown key, a wrong type or range, a duplicate request id, ``after``
     naming an unknown, later or cyclic request, a step before the request
-    can arrive, or a ``[config]`` EngineConfig refuses.
+    can arrive, a ``[config]`` EngineConfig refuses, both or neither of
+    ``[[requests]]`` and ``[synthetic]``, or a ``[synthetic]`` value
+    ``workloads.synthetic`` refuses.
     """
     p = Path(path)
     try:
