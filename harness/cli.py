@@ -376,7 +376,7 @@ def scenario_extract(trace_path: str, request_ids: str | None, steps: str | None
 
 @main.group()
 def golden() -> None:
-    """Golden traces: one reference recording per canonical scenario (harness/scenarios.py),
+    """Golden traces: one reference recording per canonical scenario (harness/scenarios/*.toml),
     pinned by MANIFEST.json."""
 
 
@@ -450,7 +450,7 @@ def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool) -> None:
 @click.option("--list", "list_only", is_flag=True, help="Print the mutant names, one per line, and exit.")
 @click.option("--mutant", "mutant_names", multiple=True, metavar="NAME", help="Run only these mutants.")
 @click.option("--scenario", "scenario_names", multiple=True, metavar="NAME",
-              help="Run only these scenarios (default: all of harness/scenarios.py).")
+              help="Run only these scenarios (default: all of harness/scenarios/).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the matrix.")
 def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tuple[str, ...],
             as_json: bool) -> None:

@@ -3,7 +3,9 @@
 A scenario is a TOML file (or JSON with the same structure) carrying its own
 engine config and every request's inputs: prompt, sampling parameters,
 priority, arrival by time, by step or after another request, abort by step,
-the tokens the model samples, encoder items, per-request draft acceptance.
+the tokens the model samples, encoder items, per-request draft acceptance;
+or, instead of the requests, a ``[synthetic]`` table of the seeded
+generator's arguments (the canonical scenarios of ``harness/scenarios/``).
 ``load_scenario(path)`` validates it strictly and returns a :class:`Scenario`
 (config dict, seed, :class:`~reference.workload.Workload` in file order).
 
@@ -15,8 +17,8 @@ unknown, later or cyclic request, a step before the request can arrive) and
 ``EngineConfig`` for ``[config]``. Every error is a :class:`ScenarioError`
 whose ``str()`` is one line ``file:line: problem``: TOML syntax errors carry
 tomllib's line; for the others the line is that of the offending key, found
-by scanning the text for its table (``[config]``, the i-th ``[[requests]]``)
-and then the key (JSON: the i-th object of ``"requests"``).
+by scanning the text for its table (``[config]``, ``[synthetic]``, the i-th
+``[[requests]]``) and then the key (JSON: the i-th object of ``"requests"``).
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ import tomli_w
 
 from reference.config import ConfigError, EngineConfig
 from reference.workload import EOS_TOKEN_ID, MAX_TOKEN_ID, VOCAB_SIZE, RequestSpec, Workload, WorkloadError
+from workloads.synthetic import synthetic
 
 __all__ = ["FORMAT_VERSION", "SCENARIO_SCHEMA", "Scenario", "ScenarioError", "load_scenario",
-           "is_scenario_path"]
+           "is_scenario_path", "synthetic_workload"]
 
 #: The format version this harness reads and writes (``format_version``).
 FORMAT_VERSION = 1
@@ -74,21 +77,51 @@ _REQUEST = {
         "draft_acceptance_pattern": {"type": "string"},
     },
 }
+_range = {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 2, "maxItems": 2}
+_fraction = {"type": "number", "minimum": 0, "maximum": 1}
+#: ``[synthetic]``: exactly the arguments of ``workloads.synthetic`` (its
+#: docstring gives each one's meaning); ranges are ``[low, high]``, inclusive.
+_SYNTHETIC = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["num_requests"],
+    "properties": {
+        "num_requests": {"type": "integer", "minimum": 1},
+        "seed": {"type": "integer"},
+        "prompt_len": _range,
+        "output_len": _range,
+        # TOML's ``inf`` is allowed (every arrival at 0.0); NaN is refused by synthetic().
+        "arrival_rate": {"type": "number", "exclusiveMinimum": 0},
+        "shared_prefix_len": {"type": "integer", "minimum": 0},
+        "shared_prefix_fraction": _fraction,
+        "priority_levels": {"type": "integer", "minimum": 1},
+        "eos_fraction": _fraction,
+        "abort_fraction": _fraction,
+        "mm_fraction": _fraction,
+        "mm_item_len": {"type": "integer", "minimum": 1},
+        "mm_items_per_request": {"type": "integer", "minimum": 1},
+        "mm_distinct_items": {"type": "integer", "minimum": 0},
+    },
+}
 #: The JSON Schema of a scenario document (TOML parsed to the same structure).
 SCENARIO_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "additionalProperties": False,
-    "required": ["format_version", "requests"],
+    "required": ["format_version"],
+    # The workload: listed requests, or a generator's arguments (_check_workload_tables).
+    "oneOf": [{"required": ["requests"]}, {"required": ["synthetic"]}],
     "properties": {
         "format_version": {"const": FORMAT_VERSION},
         "description": {"type": "string"},
         "seed": {"type": "integer"},
         "config": {"type": "object"},
+        "synthetic": _SYNTHETIC,
         "requests": {"type": "array", "items": _REQUEST, "minItems": 1},
     },
 }
 _ARRIVALS = ("arrival_time", "arrival_step", "after")
+_TABLES = ("config", "synthetic")  # the top-level tables whose keys _Lines.find locates
 
 
 class ScenarioError(WorkloadError):
@@ -101,13 +134,18 @@ class Scenario:
     validated by EngineConfig), ``seed`` (the scripted model's, default 0)
     and ``workload`` (requests in file order; source ``scenario:<name>``,
     sha256 of the file's bytes, params ``format_version`` and
-    ``request_order``)."""
+    ``request_order``; for a ``[synthetic]`` file, ``workloads.synthetic``'s
+    workload: source ``synthetic``, its params and their sha256)."""
 
     path: Path
     description: str
     config: dict[str, Any]
     seed: int
     workload: Workload
+    #: The ``[synthetic]`` table as written (None for ``[[requests]]``); the
+    #: workload is then ``workloads.synthetic(**synthetic)`` (``seed``
+    #: defaulting to the scenario's), with synthetic's provenance.
+    synthetic: dict[str, Any] | None = None
 
     def engine_config(self, overrides: dict[str, str] | None = None) -> EngineConfig:
         """The config, with ``--set`` overrides applied. Raises ConfigError."""
@@ -193,13 +231,15 @@ class _Lines:
             if len(path) >= 3:
                 return self._key_in(first, end, str(path[2])) or first + 1
             return first + 1
-        if path[0] == "config" and not self.is_json:
+        if path[0] in _TABLES and not self.is_json:
             for n, (i, name) in enumerate(tables := self._tables()):
-                if name == "config":
+                if name == path[0]:
                     end = tables[n + 1][0] if n + 1 < len(tables) else len(self.lines)
                     return (self._key_in(i, end, str(path[1])) if len(path) > 1 else None) or i + 1
-        if path[0] == "config" and len(path) > 1:
-            return self._key_in(0, len(self.lines), str(path[1])) or 1
+        if path[0] in _TABLES and len(path) > 1:
+            # JSON: the key's first occurrence after the object's own key.
+            start = (self._key_in(0, len(self.lines), str(path[0])) or 1) - 1
+            return self._key_in(start, len(self.lines), str(path[1])) or start + 1
         first_table = next((i for i, _ in self._tables()), len(self.lines)) if not self.is_json \
             else len(self.lines)
         return self._key_in(0, first_table, str(path[0])) or 1
@@ -212,7 +252,9 @@ def load_scenario(path: str | Path) -> Scenario:
     ``file:line: problem``) for an unreadable file, a syntax error, an
     unknown key, a wrong type or range, a duplicate request id, ``after``
     naming an unknown, later or cyclic request, a step before the request
-    can arrive, or a ``[config]`` EngineConfig refuses.
+    can arrive, a ``[config]`` EngineConfig refuses, both or neither of
+    ``[[requests]]`` and ``[synthetic]``, or a ``[synthetic]`` value
+    ``workloads.synthetic`` refuses.
     """
     p = Path(path)
     try:
@@ -235,6 +277,7 @@ def load_scenario(path: str | Path) -> Scenario:
         raise fail(int(m.group(1)) if m else 1, f"TOML syntax error: {problem}") from None
     except json.JSONDecodeError as exc:
         raise fail(exc.lineno, f"JSON syntax error: {exc.msg}") from None
+    _check_workload_tables(doc, fail)
     _validate_schema(doc, fail)
     config = doc.get("config", {})
     try:
@@ -242,6 +285,8 @@ def load_scenario(path: str | Path) -> Scenario:
     except ConfigError as exc:
         key = next((k for k in config if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
         raise fail(["config"] + ([key] if key else []), f"bad config: {exc}") from None
+    if "synthetic" in doc:
+        return _synthetic_scenario(p, doc, fail)
     specs = _requests(doc["requests"], fail)
     workload = Workload(source=f"scenario:{p.name}", sha256=hashlib.sha256(raw).hexdigest(),
                         params={"format_version": FORMAT_VERSION,
@@ -276,6 +321,45 @@ def _validate_schema(doc: Any, fail) -> None:
         message = f"after must read \"<request id> finishes\", got {error.instance!r}"
     key_path = [k for k in where if not isinstance(k, int)] if where[:1] != ["requests"] else where[:3]
     raise fail(key_path, f"{name}: {message}")
+
+
+def _check_workload_tables(doc: Any, fail) -> None:
+    """Exactly one of ``[[requests]]`` and ``[synthetic]``, and no unknown
+    ``[synthetic]`` key: checked before the schema, whose messages for these
+    (``oneOf``, ``additionalProperties``) name neither the table nor the key."""
+    if not isinstance(doc, dict):
+        return
+    if ("requests" in doc) == ("synthetic" in doc):
+        raise fail(["synthetic" if "synthetic" in doc else "format_version"],
+                   "give exactly one of [[requests]] and [synthetic], got "
+                   + ("both" if "requests" in doc else "neither"))
+    table = doc.get("synthetic")
+    for key in table if isinstance(table, dict) else ():
+        if key not in _SYNTHETIC["properties"]:
+            raise fail(["synthetic", key], f"synthetic: unknown key {key!r} (known: "
+                                           f"{', '.join(_SYNTHETIC['properties'])})")
+
+
+def synthetic_workload(table: dict[str, Any], seed: int = 0) -> Workload:
+    """The workload of a ``[synthetic]`` table: ``workloads.synthetic(**table)``
+    with ``seed`` (the scenario's) unless the table gives its own. So a
+    canonical scenario's file builds exactly the workload (requests,
+    ``source="synthetic"``, params, sha256) its golden was recorded from.
+    Raises WorkloadError (synthetic's) for a value out of range."""
+    return synthetic(**{"seed": seed, **table})
+
+
+def _synthetic_scenario(p: Path, doc: dict[str, Any], fail) -> Scenario:
+    """The :class:`Scenario` of a schema-valid ``[synthetic]`` document;
+    a value synthetic() refuses (e.g. a range with low > high) fails at its key."""
+    table, seed = dict(doc["synthetic"]), doc.get("seed", 0)
+    try:
+        workload = synthetic_workload(table, seed)
+    except WorkloadError as exc:
+        key = next((k for k in table if str(exc).startswith(k)), None)
+        raise fail(["synthetic"] + ([key] if key else []), f"synthetic: {exc}") from None
+    return Scenario(p, doc.get("description", ""), dict(doc.get("config", {})), seed, workload,
+                    synthetic=table)
 
 
 def _prompt(req: dict[str, Any]) -> tuple[int, ...]:
