@@ -7,11 +7,11 @@ A scenario is fully determined by its name: same name, same bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reference.config import EngineConfig
-from reference.workload import Workload
+from reference.workload import Action, Workload
 from workloads import synthetic
 
 # Block size 4 keeps the tables short enough to read in a diff.
@@ -20,7 +20,9 @@ _SMALL = dict(block_size=4, max_model_len=96, max_num_seqs=4, max_num_batched_to
 
 @dataclass(frozen=True)
 class Scenario:
-    """A named, deterministic (workload, config, seed) triple."""
+    """A named, deterministic (workload, config, seed) triple; ``actions``:
+    engine-level events at steps (``reference.workload.Action``), also listed
+    in the workload's ``params["actions"]`` so a recording replays them."""
 
     name: str
     description: str
@@ -28,12 +30,17 @@ class Scenario:
     workload: dict[str, Any]
     seed: int = 0
     tags: tuple[str, ...] = field(default_factory=tuple)
+    actions: tuple[Action, ...] = ()
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(**self.config)
 
     def make_workload(self) -> Workload:
-        return synthetic(**self.workload, seed=self.seed)
+        wl = synthetic(**self.workload, seed=self.seed)
+        if not self.actions:
+            return wl
+        return replace(wl, actions=self.actions,
+                       params={**wl.params, "actions": [a.to_dict() for a in self.actions]})
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
@@ -110,4 +117,21 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              {"num_requests": 60, "priority_levels": 3, "arrival_rate": 80.0, "prompt_len": (1, 32),
               "output_len": (1, 24), "mm_fraction": 1.0, "mm_item_len": 4, "mm_items_per_request": 6,
               "mm_distinct_items": 16}),
+]}
+
+
+#: Scenarios with ``[[actions]]`` (prefix-cache resets, abort sets): run by the
+#: mutation self-test beside ``SCENARIOS``, without goldens (the goldens stay the
+#: recordings of ``SCENARIOS``). Their hand-written counterparts with exact
+#: figures are traces/scenarios/reset-prefix-cache-*.toml.
+ACTION_SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
+    Scenario("prefix-reset", "prefix sharing with prefix-cache resets: refused while blocks are held "
+             "(step 5), forced (reset_running_requests: every running request preempted, tail first) "
+             "at steps 12 and 25, and an abort action at step 8",
+             {**_SMALL, "num_gpu_blocks": 60},
+             {"num_requests": 40, "shared_prefix_len": 32, "shared_prefix_fraction": 0.5},
+             actions=(Action(5, "reset_prefix_cache"),
+                      Action(8, "abort", request_ids=("r000003", "r000010")),
+                      Action(12, "reset_prefix_cache", reset_running_requests=True),
+                      Action(25, "reset_prefix_cache", reset_running_requests=True))),
 ]}
