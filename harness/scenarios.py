@@ -131,7 +131,7 @@ ACTION_SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              {**_SMALL, "num_gpu_blocks": 60},
              {"num_requests": 40, "shared_prefix_len": 32, "shared_prefix_fraction": 0.5},
              actions=(Action(5, "reset_prefix_cache"),
-                      Action(8, "abort", request_ids=("r000003", "r000010")),
+                      Action(8, "abort", request_ids=("r000001", "r000002")),
                       Action(12, "reset_prefix_cache", reset_running_requests=True),
                       Action(25, "reset_prefix_cache", reset_running_requests=True))),
 ]}

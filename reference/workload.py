@@ -237,7 +237,7 @@ class Action:
     the next step it runs. Kinds: ``reset_prefix_cache`` (vLLM
     ``Scheduler.reset_prefix_cache(reset_running_requests)``, on every
     data-parallel rank) and ``abort`` (vLLM ``finish_requests(request_ids,
-    FINISHED_ABORTED)``; ids already ended are ignored).
+    FINISHED_ABORTED)``; ids already ended or not yet arrived are ignored).
 
     Raises WorkloadError for an unknown kind, a negative step, or keys of
     the other kind.
