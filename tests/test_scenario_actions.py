@@ -262,3 +262,19 @@ def test_actions_replay_identically_on_vllm(tmp_path: Path) -> None:
         r = CliRunner().invoke(main, ["replay", str(out), "--candidate", "vllm@0.33.0"])
         assert r.exit_code == 0, (path.name, r.output)
         assert f"conformant: {steps} steps replayed, identical decisions" in r.output, path.name
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(os.environ.get("HARNESS_SKIP_VLLM") == "1", reason="HARNESS_SKIP_VLLM=1")
+def test_the_action_scenario_replays_identically_on_vllm(tmp_path: Path) -> None:
+    """40 synthetic requests, a refused reset, an abort action (one running, one
+    waiting) and two forced resets: vLLM 0.33.0 takes the same decisions."""
+    from harness.trace.recorder import record as record_workload
+    sc = ACTION_SCENARIOS["prefix-reset"]
+    out = tmp_path / "t.parquet"
+    summary = record_workload(sc.make_workload(), sc.engine_config(), out, seed=sc.seed)
+    assert (summary.steps, summary.aborted, summary.preemptions) == (230, 2, 3)
+    assert [(s, status) for s, _, _, status, *_ in rows_of(out, "reset_prefix_cache")] == [
+        (5, "refused"), (12, "succeeded"), (25, "succeeded")]
+    r = CliRunner().invoke(main, ["replay", str(out), "--candidate", "vllm@0.33.0"])
+    assert r.exit_code == 0 and "conformant: 230 steps replayed, identical decisions" in r.output, r.output

@@ -141,7 +141,7 @@ class TraceChecker(TraceModel):
         ``preempt`` rows follow (tail of running first), and the result is
         judged once they are applied (vLLM preempts, then resets)."""
         running = list(ev["running"] or [])
-        preemption.check_reset_running(self, running, [r for r in self.prev_running if r not in st.aborted])
+        queues.check_reset_running(self, running, [r for r in self.prev_running if r not in st.aborted])
         forced = ev.get("message") == "reset_running_requests"
         st.reset = (ev["status"] == "succeeded", forced)
         st.reset_victims = running[::-1] if forced else []

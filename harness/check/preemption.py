@@ -125,13 +125,6 @@ def check_priority_waiting_order(m: TraceModel, waiting: list[str], num_kv: int)
             m.violate("PREEMPT-WAITING-HEAD", None, f"waiting not in priority order: {waiting[:8]}...")
 
 
-def check_reset_running(m: TraceModel, running: list[str], expected: list[str]) -> None:
-    """STATE-CONTINUITY on a ``reset_prefix_cache`` row: its running queue is
-    the previous step's end less this step's aborts."""
-    if running != expected:
-        m.violate("STATE-CONTINUITY", None, f"running at prefix-cache reset {running} != expected {expected}")
-
-
 def check_reset_victim(m: TraceModel, rid: str, expected: str | None, req: ReqShadow | None) -> bool:
     """RESET-PREEMPTS-RUNNING (the next victim is the tail of what still
     runs) and PREEMPT-ONLY-RUNNING. False when the request is unknown."""
