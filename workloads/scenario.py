@@ -33,8 +33,8 @@ from typing import Any
 import jsonschema
 
 from reference.config import ConfigError, EngineConfig
-from reference.workload import (ACTION_KINDS, EOS_TOKEN_ID, MAX_TOKEN_ID, VOCAB_SIZE, Action, RequestSpec,
-                                Workload, WorkloadError)
+from reference.workload import EOS_TOKEN_ID, MAX_TOKEN_ID, VOCAB_SIZE, RequestSpec, Workload, WorkloadError
+from reference.workload import ACTION_KINDS, Action
 
 __all__ = ["FORMAT_VERSION", "SCENARIO_SCHEMA", "Scenario", "ScenarioError", "load_scenario",
            "is_scenario_path"]
@@ -298,6 +298,69 @@ def _validate_schema(doc: Any, fail) -> None:
     raise fail(key_path, f"{name}: {message}")
 
 
+# -- [[actions]] -------------------------------------------------------------------
+def _check_action_keys(actions: Any, fail) -> None:
+    """Unknown keys of ``[[actions]]`` tables, and keys of the other kind,
+    before the schema (whose messages for them are hard to read)."""
+    for i, action in enumerate(actions if isinstance(actions, list) else ()):
+        if not isinstance(action, dict):
+            continue
+        for key in action:
+            if key not in _ACTION["properties"]:
+                raise fail(["actions", i, key], f"actions[{i}]: unknown key {key!r}")
+        kind = action.get("kind")
+        if kind not in _ACTION_KEYS:
+            raise fail(["actions", i, "kind"], f"actions[{i}]: kind must be one of "
+                                               f"{', '.join(ACTION_KINDS)}, got {kind!r}")
+        for key in action:
+            if key not in ("step", "kind") and key not in _ACTION_KEYS[kind]:
+                raise fail(["actions", i, key], f"actions[{i}]: key {key!r} does not apply to kind "
+                                                f"{kind!r} (it takes {', '.join(_ACTION_KEYS[kind])})")
+
+
+def _actions(actions: list[dict[str, Any]], reqs: list[dict[str, Any]], config: dict[str, Any],
+             fail) -> list[Action]:
+    """The ``[[actions]]`` tables as :class:`Action`, in file order.
+
+    Cross-table rules: an abort names known request ids, each at a step at
+    or after the earliest the request can arrive (``arrival_step``, or one
+    step per ``after`` link; a timed arrival may come at any step); an abort
+    requires ``request_ids``. ``reset_running_requests`` needs a
+    synchronous engine without a KV connector: the reference does not model
+    dropping in-flight output (vLLM's ``drop_stale_output``), and vLLM
+    raises when a remote KV load keeps blocks through a forced reset.
+    """
+    earliest: dict[str, int] = {}
+    for req in reqs:
+        rid = req["request_id"]
+        dep = req["after"].rsplit(" ", 1)[0] if "after" in req else None
+        earliest[rid] = (req["arrival_step"] if "arrival_step" in req
+                         else earliest[dep] + 1 if dep is not None else 0)
+    cfg = EngineConfig.from_dict(config)
+    out = []
+    for i, action in enumerate(actions):
+        where = ["actions", i]
+        if action["kind"] == "abort":
+            if "request_ids" not in action:
+                raise fail(where, f"actions[{i}]: an abort action needs request_ids")
+            for rid in action["request_ids"]:
+                if rid not in earliest:
+                    raise fail(where + ["request_ids"], f"actions[{i}]: request_ids names unknown "
+                                                        f"request {rid!r}")
+                if action["step"] < earliest[rid]:
+                    raise fail(where + ["step"], f"actions[{i}]: step {action['step']} is in the past for "
+                                                 f"{rid!r}: it arrives at step {earliest[rid]} at the earliest")
+        elif action.get("reset_running_requests") and (cfg.async_scheduling or cfg.max_concurrent_batches > 1
+                                                        or cfg.kv_connector):
+            raise fail(where + ["reset_running_requests"],
+                       f"actions[{i}]: reset_running_requests needs a synchronous engine without a KV "
+                       f"connector (async_scheduling, batches in flight or kv_connector are not supported)")
+        out.append(Action(step=action["step"], kind=action["kind"],
+                          reset_running_requests=action.get("reset_running_requests", False),
+                          request_ids=tuple(action.get("request_ids", ()))))
+    return out
+
+
 def _prompt(req: dict[str, Any]) -> tuple[int, ...]:
     """``prompt_token_ids``, or ``prompt_len`` tokens: the first ``prefix_len``
     (default: all) from the ``prefix_group``'s stream, the rest from the
@@ -392,66 +455,3 @@ def _requests(reqs: list[dict[str, Any]], fail) -> list[RequestSpec]:
             key = next((k for k in req if problem.startswith(k)), None)
             raise fail(["requests", i] + ([key] if key else []), f"requests[{i}]: {problem}") from None
     return specs
-
-
-# -- [[actions]] -------------------------------------------------------------------
-def _check_action_keys(actions: Any, fail) -> None:
-    """Unknown keys of ``[[actions]]`` tables, and keys of the other kind,
-    before the schema (whose messages for them are hard to read)."""
-    for i, action in enumerate(actions if isinstance(actions, list) else ()):
-        if not isinstance(action, dict):
-            continue
-        for key in action:
-            if key not in _ACTION["properties"]:
-                raise fail(["actions", i, key], f"actions[{i}]: unknown key {key!r}")
-        kind = action.get("kind")
-        if kind not in _ACTION_KEYS:
-            raise fail(["actions", i, "kind"], f"actions[{i}]: kind must be one of "
-                                               f"{', '.join(ACTION_KINDS)}, got {kind!r}")
-        for key in action:
-            if key not in ("step", "kind") and key not in _ACTION_KEYS[kind]:
-                raise fail(["actions", i, key], f"actions[{i}]: key {key!r} does not apply to kind "
-                                                f"{kind!r} (it takes {', '.join(_ACTION_KEYS[kind])})")
-
-
-def _actions(actions: list[dict[str, Any]], reqs: list[dict[str, Any]], config: dict[str, Any],
-             fail) -> list[Action]:
-    """The ``[[actions]]`` tables as :class:`Action`, in file order.
-
-    Cross-table rules: an abort names known request ids, each at a step at
-    or after the earliest the request can arrive (``arrival_step``, or one
-    step per ``after`` link; a timed arrival may come at any step); an abort
-    requires ``request_ids``. ``reset_running_requests`` needs a
-    synchronous engine without a KV connector: the reference does not model
-    dropping in-flight output (vLLM's ``drop_stale_output``), and vLLM
-    raises when a remote KV load keeps blocks through a forced reset.
-    """
-    earliest: dict[str, int] = {}
-    for req in reqs:
-        rid = req["request_id"]
-        dep = req["after"].rsplit(" ", 1)[0] if "after" in req else None
-        earliest[rid] = (req["arrival_step"] if "arrival_step" in req
-                         else earliest[dep] + 1 if dep is not None else 0)
-    cfg = EngineConfig.from_dict(config)
-    out = []
-    for i, action in enumerate(actions):
-        where = ["actions", i]
-        if action["kind"] == "abort":
-            if "request_ids" not in action:
-                raise fail(where, f"actions[{i}]: an abort action needs request_ids")
-            for rid in action["request_ids"]:
-                if rid not in earliest:
-                    raise fail(where + ["request_ids"], f"actions[{i}]: request_ids names unknown "
-                                                        f"request {rid!r}")
-                if action["step"] < earliest[rid]:
-                    raise fail(where + ["step"], f"actions[{i}]: step {action['step']} is in the past for "
-                                                 f"{rid!r}: it arrives at step {earliest[rid]} at the earliest")
-        elif action.get("reset_running_requests") and (cfg.async_scheduling or cfg.max_concurrent_batches > 1
-                                                        or cfg.kv_connector):
-            raise fail(where + ["reset_running_requests"],
-                       f"actions[{i}]: reset_running_requests needs a synchronous engine without a KV "
-                       f"connector (async_scheduling, batches in flight or kv_connector are not supported)")
-        out.append(Action(step=action["step"], kind=action["kind"],
-                          reset_running_requests=action.get("reset_running_requests", False),
-                          request_ids=tuple(action.get("request_ids", ()))))
-    return out
