@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Two stamps: `make demo` needs only the runtime dependencies (`pip install .`: the scripted model,
-# no torch), as do the benchmarks; `make test` adds the test extra (pytest, and torch for the torch tests).
+# no torch), as do the benchmarks; `make test` adds the test extra (pytest, pytest-xdist, and torch
+# for the torch tests).
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
@@ -30,8 +31,12 @@ demo: $(STAMP)
 		--set max_model_len=8192 -o $(DEMO_TRACE)
 	$(BIN)/harness replay $(DEMO_TRACE)
 
+# pytest-xdist workers for `make test` (`make test TEST_WORKERS=0` runs in one process); which
+# modules share a worker (the vLLM ones) is decided in tests/conftest.py.
+TEST_WORKERS ?= auto
+
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (exit 5), treated as success"; exit 0; fi; exit $$rc
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (exit 5), treated as success"; exit 0; fi; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_reference.py

@@ -18,7 +18,9 @@ The repository in layers, each importing only the layers above it in this list:
 - The tools, one module each, over all of the above: ``replay``, ``diff``,
   ``golden``, ``mutation``, ``fuzz``, ``outputs`` (the torch output oracle),
   ``conformance`` and ``pytest_plugin``; ``scenarios`` (the canonical scenarios
-  they share); ``cli`` (the ``harness`` command: parse, call, print).
+  they share: a package that loads one scenario file each,
+  ``harness/scenarios/*.toml``); ``cli`` (the ``harness`` command: parse, call,
+  print).
 
 The import rule, enforced by ``tests/test_layout.py``: imports only go downward.
 ``reference`` never imports ``harness`` or ``workloads``; ``workloads`` never

@@ -334,8 +334,49 @@ def diff(trace_a: str, trace_b: str, as_json: bool) -> None:
 # ---------------------------------------------------------------- golden traces
 
 @main.group()
+def scenario() -> None:
+    """Scenario files (docs/scenario-format.md): cut one out of a trace."""
+
+
+@scenario.command("extract")
+@click.argument("trace_path", metavar="TRACE")
+@click.option("--requests", "request_ids", metavar="ID,...",
+              help="Keep only these requests (comma-separated ids); default: all.")
+@click.option("--steps", metavar="A:B",
+              help="Keep only requests live in steps A..B-1 (half-open, as a Python slice).")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
+              help="Scenario file to write (TOML).")
+def scenario_extract(trace_path: str, request_ids: str | None, steps: str | None, output: str) -> None:
+    """Cut TRACE down to a scenario file that reproduces its decisions for the chosen requests.
+
+    A cut that cannot be faithful (requests outside it held blocks, a window
+    starting after a chosen request arrived, a config key the format cannot
+    carry, a re-run on the reference that decides otherwise) is written
+    anyway: one warning line each on stderr, exit 0. An unknown id or an
+    empty cut: exit 2, nothing written.
+    """
+    from harness.scenario_extract import ExtractError, extract, parse_steps
+
+    trace = _open(trace_path)
+    try:
+        window = parse_steps(steps) if steps is not None else None
+        ids = [r.strip() for r in request_ids.split(",") if r.strip()] if request_ids is not None else None
+        result = extract(trace, requests=ids, steps=window)
+    except ExtractError as exc:
+        _fail(str(exc))
+    except TraceError as exc:
+        _fail(str(exc))
+    result.write(output)
+    for warning in result.warnings:
+        err.print(f"[bold yellow]warning:[/] {escape(warning)}")
+    console.print(f"wrote [bold]{output}[/]: {len(result.request_ids)} requests"
+                  + (", faithful (same decisions on a re-run)" if not result.warnings
+                     else f", {len(result.warnings)} warning(s)"))
+
+
+@main.group()
 def golden() -> None:
-    """Golden traces: one reference recording per canonical scenario (harness/scenarios.py),
+    """Golden traces: one reference recording per canonical scenario (harness/scenarios/*.toml),
     pinned by MANIFEST.json."""
 
 
@@ -409,7 +450,7 @@ def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool) -> None:
 @click.option("--list", "list_only", is_flag=True, help="Print the mutant names, one per line, and exit.")
 @click.option("--mutant", "mutant_names", multiple=True, metavar="NAME", help="Run only these mutants.")
 @click.option("--scenario", "scenario_names", multiple=True, metavar="NAME",
-              help="Run only these scenarios (default: all of harness/scenarios.py).")
+              help="Run only these scenarios (default: all of harness/scenarios/).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the matrix.")
 def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tuple[str, ...],
             as_json: bool) -> None:

@@ -3,7 +3,7 @@ plugin (harness/pytest_plugin.py)::
 
     pytest --pyargs harness.conformance --harness-candidate mymod:make_scheduler
 
-For every canonical scenario (harness/scenarios.py): the candidate must
+For every canonical scenario (harness/scenarios/*.toml): the candidate must
 violate no invariant and must not stall or raise; and it must make exactly
 the decisions recorded in the golden trace of that scenario.
 """

@@ -1,7 +1,8 @@
 """Golden traces: one reference recording per canonical scenario, pinned by a manifest.
 
 ``golden/<scenario>.parquet`` is the reference engine's trace of
-``harness.scenarios.SCENARIOS[<scenario>]``; ``golden/MANIFEST.json`` pins each
+``harness.scenarios.SCENARIOS[<scenario>]`` (the file
+``harness/scenarios/<scenario>.toml``); ``golden/MANIFEST.json`` pins each
 file (sha256) and what it was recorded from and says (config fingerprint,
 engine, step and request counts). Recording is byte-deterministic, so a golden
 changes only when the reference's decisions, the scenario, or the Parquet

@@ -407,4 +407,5 @@ def _parse_value(key: str, type_name: str, raw: str) -> Any:
             return float(text)
         return text
     except ValueError:
-        raise ConfigError(f"bad value for {key}: {raw!r} is not a {type_name}") from None
+        words = {"int": "an integer", "int | None": "an integer or none", "float": "a number", "bool": "a boolean"}
+        raise ConfigError(f"bad value for {key}: {raw!r} is not {words.get(type_name, type_name)}") from None

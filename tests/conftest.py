@@ -1,3 +1,22 @@
+"""Shared fixtures, and how ``pytest -n N --dist loadgroup`` (``make test``) splits the suite.
+
+Under pytest-xdist each worker is its own process, with its own pool of idle
+vLLM driver processes (``harness/candidates/vllm/candidate.py``: importing
+vLLM costs 5-17 s per driver) and its own copy of every module-scoped
+fixture. So the modules that drive real vLLM through that pool
+(``tests/test_vllm.py``, the give-back finding's replay) run on one worker,
+which pays those imports once, and so does ``tests/test_vllm_recording.py``,
+whose module fixture is one vLLM drive (~7 s on an idle 2-core machine).
+Every other test is scheduled on its own: their module-scoped fixtures cost
+under half a second or serve one test, and ``tests/test_encoder.py``'s vLLM
+comparison runs a vLLM process of its own.
+
+The grouping is by module path, in ``pytest_xdist_make_scheduler``, rather
+than by ``xdist_group`` marks: pytest-xdist 3.8's loadgroup renames node ids
+to carry the mark, which pytest 9.2's structured node ids ignore, so the
+marks silently group nothing (pytest-xdist issue 1386). Without xdist, or
+with another ``--dist``, nothing here applies.
+"""
 import json
 from pathlib import Path
 
@@ -7,6 +26,31 @@ import pytest
 from harness.trace import METADATA_KEY, READABLE_VERSIONS, SCHEMA_VERSION, SUMMARY_KEY
 
 pytest_plugins = ["pytester"]
+
+#: Test modules kept on one xdist worker, by group (see the module docstring).
+ONE_WORKER_MODULES = {
+    "tests/test_vllm.py": "vllm-pool",
+    "tests/test_finding_give_back_uncomputed_hit.py": "vllm-pool",
+    "tests/test_vllm_recording.py": "vllm-recording",
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with ``ONE_WORKER_MODULES`` as the groups; None otherwise."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleGroupScheduling(LoadGroupScheduling):
+        """Each ``ONE_WORKER_MODULES`` group is one work unit (xdist sends
+        the largest units first); any other test is a unit of its own."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            group = ONE_WORKER_MODULES.get(nodeid.split("::", 1)[0])
+            return group if group is not None else super()._split_scope(nodeid)
+
+    return ModuleGroupScheduling(config, log)
 
 
 @pytest.fixture
@@ -27,3 +71,18 @@ def schema3_copy():
             writer.add_key_value_metadata({SUMMARY_KEY: source.metadata.metadata[SUMMARY_KEY]})
         return out
     return copy
+
+
+@pytest.fixture(autouse=True)
+def _vllm_env_built(request: pytest.FixtureRequest) -> None:
+    """Every ``vllm``-marked test may drive vLLM 0.33.0: its environment is built
+    first (once; ``ensure_env`` holds a file lock, so xdist workers never build it
+    twice). Regression: under ``-n 2`` the give-back finding's vLLM replay ran on
+    a fresh clone before any test of its worker had built the environment, and
+    failed with "the vLLM 0.33.0 env is not built". A skipped test (HARNESS_SKIP_VLLM=1)
+    never reaches this fixture."""
+    if request.node.get_closest_marker("vllm") is None:
+        return
+    from harness.candidates.vllm.env import ensure_env
+
+    ensure_env("0.33.0")

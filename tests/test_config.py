@@ -195,3 +195,14 @@ def test_old_fuzz_regression_reads_with_the_vllm_keys() -> None:
     assert (case.config["pipeline_parallel_size"], case.config["async_scheduling"]) == (2, False)
     assert case.engine_config().max_concurrent_batches == 2
     assert FuzzCase.from_dict(json.loads(json.dumps(case.to_dict()))) == case
+
+
+@pytest.mark.parametrize("key, raw, words", [("num_gpu_blocks", "abc", "an integer"),
+                                             ("watermark", "x", "a number"),
+                                             ("async_scheduling", "maybe", "a boolean"),
+                                             ("max_num_scheduled_tokens", "1.5", "an integer or none")])
+def test_bad_set_value_names_the_type_in_words(key: str, raw: str, words: str) -> None:
+    """Regression: the message read "'abc' is not a int"."""
+    with pytest.raises(ConfigError) as info:
+        EngineConfig().with_overrides({key: raw})
+    assert str(info.value) == f"bad value for {key}: {raw!r} is not {words}"

@@ -105,7 +105,7 @@ def test_record_is_deterministic(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_every_mutant_is_caught_by_its_invariant(name: str) -> None:
     """The mutation self-test: each mutant's target invariant fires on at
-    least one canonical scenario (harness/scenarios.py)."""
+    least one canonical scenario (harness/scenarios/*.toml)."""
     (row,) = kill_matrix([name])
     assert row.killed, {s: c.result.by_invariant for s, c in row.cells.items()}
     # Regression (mutants no-draft-rollback, no-stop-on-max-tokens): a mutant

@@ -64,6 +64,7 @@ def test_reference_hits_a_block_its_withdrawn_chunk_never_computed(trace_path: P
     assert any("withdrawn" in line for line in v.history)
 
 
+@pytest.mark.vllm
 @pytest.mark.skipif(os.environ.get("HARNESS_SKIP_VLLM") == "1", reason="HARNESS_SKIP_VLLM=1")
 def test_real_vllm_makes_the_same_decisions(trace_path: Path) -> None:
     from harness.candidates.resolve import resolve_candidate

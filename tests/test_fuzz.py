@@ -889,7 +889,7 @@ def test_cli_workers_2_finds_mutant_writes_each_witness_deterministically(tmp_pa
     assert "on 2 workers" in res.output and "FOUND by 2 of 2 workers, 2 distinct" in res.output
     names = sorted(p.name for p in out.iterdir())
     assert names == [f"fuzz-mutant-drafts-on-prefill-seed0-worker{i}of2.{ext}"
-                     for i in (0, 1) for ext in ("json", "parquet")]
+                     for i in (0, 1) for ext in ("json", "parquet", "toml")]
     infos = [json.loads((out / f"fuzz-mutant-drafts-on-prefill-seed0-worker{i}of2.json").read_text())
              for i in (0, 1)]
     assert [(i["worker"], i["workers"], i["worker_max_examples"], i["found_by_workers"]) for i in infos] \
@@ -897,6 +897,8 @@ def test_cli_workers_2_finds_mutant_writes_each_witness_deterministically(tmp_pa
     assert [i["worker_seed"] for i in infos] == [0, 2430097083777867444]
     assert [(i["examples_before_failure"], i["num_requests"]) for i in infos] == [(4, 1), (7, 1)]
     assert all(i["replay_command"] in res.output for i in infos)
+    assert [(Path(i["scenario_file"]).name, i["scenario_warnings"]) for i in infos] == \
+        [(f"fuzz-mutant-drafts-on-prefill-seed0-worker{i}of2.toml", []) for i in (0, 1)]
     assert "smallest: worker 0" in res.output  # 1 request each: the fewer prompt tokens, then the lower index
     # Same seed, same result: the API run, in new processes, finds the same cases.
     again = fuzz_parallel("mutant:drafts-on-prefill", workers=2, max_examples=40, seed=0, skip_known=True)

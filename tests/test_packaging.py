@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 from harness.outputs import TORCH_MISSING
 
@@ -121,22 +125,53 @@ def test_without_torch_the_torch_commands_say_how_to_install_it(tmp_path: Path) 
     assert (tmp_path / "s.parquet").exists()
 
 
-def test_the_wheel_ships_every_golden_byte_for_byte(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel ``pip install .`` would install, built once for this module
+    from a fresh copy of the sources: a checkout's build/ and *.egg-info keep
+    files from earlier builds, which would hide a file pyproject.toml no
+    longer ships."""
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("reference", "workloads", "harness", "golden"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(out), str(src)], check=True, capture_output=True)
+    (built,) = out.glob("sched_harness-*.whl")
+    return built
+
+
+def _shipped(wheel: Path, folder: str) -> dict[str, bytes]:
+    """``{file name: bytes}`` of the wheel's files directly in ``folder``."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        return {Path(n).name: zf.read(n) for n in zf.namelist() if str(Path(n).parent) == folder}
+
+
+def test_the_wheel_ships_every_golden_byte_for_byte(wheel: Path) -> None:
     """Regression: after ``pip install .`` (not -e), ``harness golden check`` and
     ``pytest --pyargs harness.conformance`` looked for site-packages/golden and
     found nothing (the plugin then skipped every golden replay). The wheel now
     carries golden/ as the package data ``harness/goldens/``."""
-    import zipfile
-
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
-    (wheel,) = tmp_path.glob("sched_harness-*.whl")
-    with zipfile.ZipFile(wheel) as zf:
-        shipped = {Path(n).name: zf.read(n) for n in zf.namelist() if n.startswith("harness/goldens/")}
+    shipped = _shipped(wheel, "harness/goldens")
     expected = {p.name: p.read_bytes() for p in (ROOT / "golden").iterdir()
                 if p.suffix == ".parquet" or p.name == "MANIFEST.json"}
     assert sorted(shipped) == sorted(expected) and len(expected) == 20
     assert shipped == expected
+
+
+def test_the_wheel_ships_every_canonical_scenario_file_byte_for_byte(wheel: Path) -> None:
+    """The goldens are recordings of harness/scenarios/*.toml, and an installed
+    harness builds ``SCENARIOS`` from those files at import: without them
+    ``golden check``, ``mutants`` and the conformance plugin cannot start."""
+    shipped = {name: data for name, data in _shipped(wheel, "harness/scenarios").items()
+               if name.endswith(".toml")}
+    expected = {p.name: p.read_bytes() for p in (ROOT / "harness" / "scenarios").glob("*.toml")}
+    assert sorted(shipped) == sorted(expected) and len(expected) == 19
+    assert shipped == expected
+    assert "__init__.py" in _shipped(wheel, "harness/scenarios")
 
 
 def test_golden_update_refuses_the_installed_copy(tmp_path: Path, monkeypatch) -> None:
@@ -170,3 +205,23 @@ def test_vllm_envs_live_in_the_user_cache_when_installed(tmp_path: Path, monkeyp
     assert env.envs_root() == tmp_path / "cache" / "sched-harness" / "vllm-envs"
     monkeypatch.setenv("HARNESS_VLLM_ENVS", str(tmp_path / "mine"))
     assert env.envs_root() == tmp_path / "mine"
+
+
+def test_an_installed_harness_builds_scenarios_from_its_files_and_checks_its_goldens(
+        wheel: Path, tmp_path: Path) -> None:
+    """From the wheel alone (no checkout on the path, run from another folder),
+    ``SCENARIOS`` comes from site-packages' harness/scenarios/*.toml and
+    ``harness golden check`` passes on the packaged goldens."""
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
+                    str(site), str(wheel)], check=True, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    code = ("import sys; from harness.scenarios import DIRECTORY, SCENARIOS; "
+            "print(DIRECTORY, len(SCENARIOS), next(iter(SCENARIOS)))")
+    where = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                           env=env, check=True)
+    assert where.stdout == f"{site / 'harness' / 'scenarios'} 19 fcfs-tight\n"
+    check = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "golden", "check"],
+                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.splitlines()[-1] == f"19 ok, 0 failed ({site / 'harness' / 'goldens'}, candidate reference)"

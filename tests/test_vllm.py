@@ -143,40 +143,6 @@ def _crash_workload() -> Workload:
 
 @vllm
 @needs_vllm
-def test_killed_driver_gives_a_clean_one_line_error(vllm_env):
-    from harness.candidates.vllm.candidate import VLLMCandidate, VLLMDriverError
-
-    config = EngineConfig(num_gpu_blocks=50, block_size=4, max_model_len=96, max_num_seqs=4,
-                          max_num_batched_tokens=64)
-    victims: list[VLLMCandidate] = []
-
-    def killing_factory(cfg: EngineConfig) -> VLLMCandidate:
-        candidate = VLLMCandidate(cfg, VERSION)
-        victims.append(candidate)
-        original = candidate.schedule
-
-        def schedule(throttle_prefills: bool = False):
-            output = original(throttle_prefills)
-            if output.total_num_scheduled_tokens:
-                os.kill(candidate.pid, signal.SIGKILL)  # dies before update_from_output
-            return output
-
-        candidate.schedule = schedule  # type: ignore[method-assign]
-        return candidate
-
-    with pytest.raises(CandidateError) as info:
-        Engine(config, candidate_factory=killing_factory).run(_crash_workload())
-    message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith("candidate raised VLLMDriverError at step 0:")
-    assert "exited with code -9" in message or "is gone" in message
-    # The broken candidate keeps failing the same way, without hanging.
-    with pytest.raises(VLLMDriverError):
-        victims[0].stats()
-
-
-@vllm
-@needs_vllm
 def test_driver_error_is_reported_with_the_failing_op(vllm_env):
     from harness.candidates.vllm.candidate import VLLMCandidate, VLLMDriverError
 
@@ -660,6 +626,42 @@ def test_known_finding_async_kv_load_wedges_vllm(vllm_env, tmp_path, name):
     gc.collect()
     assert divergence is None, divergence.to_dict()
     assert steps == summary.steps
+
+
+@vllm
+@needs_vllm
+def test_killed_driver_gives_a_clean_one_line_error(vllm_env):
+    # Last of the pool's users in this module: it kills a pooled driver, and
+    # every test after it would pay a fresh vLLM import (5-17 s) for it.
+    from harness.candidates.vllm.candidate import VLLMCandidate, VLLMDriverError
+
+    config = EngineConfig(num_gpu_blocks=50, block_size=4, max_model_len=96, max_num_seqs=4,
+                          max_num_batched_tokens=64)
+    victims: list[VLLMCandidate] = []
+
+    def killing_factory(cfg: EngineConfig) -> VLLMCandidate:
+        candidate = VLLMCandidate(cfg, VERSION)
+        victims.append(candidate)
+        original = candidate.schedule
+
+        def schedule(throttle_prefills: bool = False):
+            output = original(throttle_prefills)
+            if output.total_num_scheduled_tokens:
+                os.kill(candidate.pid, signal.SIGKILL)  # dies before update_from_output
+            return output
+
+        candidate.schedule = schedule  # type: ignore[method-assign]
+        return candidate
+
+    with pytest.raises(CandidateError) as info:
+        Engine(config, candidate_factory=killing_factory).run(_crash_workload())
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("candidate raised VLLMDriverError at step 0:")
+    assert "exited with code -9" in message or "is gone" in message
+    # The broken candidate keeps failing the same way, without hanging.
+    with pytest.raises(VLLMDriverError):
+        victims[0].stats()
 
 
 @vllm

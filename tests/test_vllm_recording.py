@@ -314,6 +314,41 @@ def test_recorded_run_converts_checks_and_replays_identically(recorded, tmp_path
 
 
 @pytest.mark.vllm
+@pytest.mark.parametrize("name", CASES)
+def test_vllm_recording_extracts_to_a_scenario_with_the_same_decisions(recorded, tmp_path, name):
+    """`harness scenario extract` of a converted vLLM recording: the tokens vLLM's run sampled are
+    fixed (output_token_ids from the output rows), the config is the recording's (vLLM names);
+    `harness record` of the file on the reference gives vLLM's decisions, block ids included. The
+    one warning: vLLM config keys the format cannot carry (the recording's unmapped_config)."""
+    import tomllib
+
+    from harness.cli import main as cli
+    from harness.scenario_extract import decisions
+    from harness.trace import open_trace
+    from harness.candidates.vllm.recording_scheduler import convert
+
+    jsonl, _, config, workload = recorded["runs"][name]
+    overrides = {k: v for k, v in config.to_dict().items() if k in HARNESS_ONLY}
+    trace = tmp_path / f"{name}.parquet"
+    convert(jsonl, trace, overrides=overrides)
+    res = CliRunner().invoke(cli, ["scenario", "extract", str(trace), "-o", str(tmp_path / "s.toml")])
+    assert res.exit_code == 0, res.output
+    warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "warning: vLLM config key(s) the scenario format cannot express: "), warnings
+    assert "cache_config.gpu_memory_utilization" in warnings[0]
+    doc = tomllib.loads((tmp_path / "s.toml").read_text())
+    outputs = [r for r in doc["requests"] if "output_token_ids" in r]
+    assert outputs and len(doc["requests"]) == len(workload.requests)
+    again = tmp_path / "again.parquet"
+    res = CliRunner().invoke(cli, ["record", str(tmp_path / "s.toml"), "-o", str(again)])
+    assert res.exit_code == 0, res.output
+    ids = {r.request_id for r in workload.requests}
+    assert decisions(list(open_trace(again).iter_steps()), ids, block_ids=True, relative=False) == \
+        decisions(list(open_trace(trace).iter_steps()), ids, block_ids=True, relative=False)
+
+
+@pytest.mark.vllm
 def test_a_killed_server_leaves_a_convertible_log(recorded, tmp_path):
     """Flushed per step: a log cut mid-line (no end record) still converts."""
     from harness.candidates.vllm.recording_scheduler import convert

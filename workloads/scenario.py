@@ -3,7 +3,9 @@
 A scenario is a TOML file (or JSON with the same structure) carrying its own
 engine config and every request's inputs: prompt, sampling parameters,
 priority, arrival by time, by step or after another request, abort by step,
-the tokens the model samples, encoder items, per-request draft acceptance.
+the tokens the model samples, encoder items, per-request draft acceptance;
+or, instead of the requests, a ``[synthetic]`` table of the seeded
+generator's arguments (the canonical scenarios of ``harness/scenarios/``).
 ``load_scenario(path)`` validates it strictly and returns a :class:`Scenario`
 (config dict, seed, :class:`~reference.workload.Workload` in file order).
 
@@ -15,8 +17,8 @@ unknown, later or cyclic request, a step before the request can arrive) and
 ``EngineConfig`` for ``[config]``. Every error is a :class:`ScenarioError`
 whose ``str()`` is one line ``file:line: problem``: TOML syntax errors carry
 tomllib's line; for the others the line is that of the offending key, found
-by scanning the text for its table (``[config]``, the i-th ``[[requests]]``)
-and then the key (JSON: the i-th object of ``"requests"``).
+by scanning the text for its table (``[config]``, ``[synthetic]``, the i-th
+``[[requests]]``) and then the key (JSON: the i-th object of ``"requests"``).
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import tomli_w
 
 from reference.config import ConfigError, EngineConfig
 from reference.workload import EOS_TOKEN_ID, MAX_TOKEN_ID, VOCAB_SIZE, RequestSpec, Workload, WorkloadError
 from reference.workload import ACTION_KINDS, Action
+from workloads.synthetic import synthetic
 
 __all__ = ["FORMAT_VERSION", "SCENARIO_SCHEMA", "Scenario", "ScenarioError", "load_scenario",
-           "is_scenario_path"]
+           "is_scenario_path", "synthetic_workload"]
 
 #: The format version this harness reads and writes (``format_version``).
 FORMAT_VERSION = 1
@@ -88,22 +92,52 @@ _ACTION = {
         "request_ids": {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
     },
 }
+_range = {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 2, "maxItems": 2}
+_fraction = {"type": "number", "minimum": 0, "maximum": 1}
+#: ``[synthetic]``: exactly the arguments of ``workloads.synthetic`` (its
+#: docstring gives each one's meaning); ranges are ``[low, high]``, inclusive.
+_SYNTHETIC = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["num_requests"],
+    "properties": {
+        "num_requests": {"type": "integer", "minimum": 1},
+        "seed": {"type": "integer"},
+        "prompt_len": _range,
+        "output_len": _range,
+        # TOML's ``inf`` is allowed (every arrival at 0.0); NaN is refused by synthetic().
+        "arrival_rate": {"type": "number", "exclusiveMinimum": 0},
+        "shared_prefix_len": {"type": "integer", "minimum": 0},
+        "shared_prefix_fraction": _fraction,
+        "priority_levels": {"type": "integer", "minimum": 1},
+        "eos_fraction": _fraction,
+        "abort_fraction": _fraction,
+        "mm_fraction": _fraction,
+        "mm_item_len": {"type": "integer", "minimum": 1},
+        "mm_items_per_request": {"type": "integer", "minimum": 1},
+        "mm_distinct_items": {"type": "integer", "minimum": 0},
+    },
+}
 #: The JSON Schema of a scenario document (TOML parsed to the same structure).
 SCENARIO_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "additionalProperties": False,
-    "required": ["format_version", "requests"],
+    "required": ["format_version"],
+    # The workload: listed requests, or a generator's arguments (_check_workload_tables).
+    "oneOf": [{"required": ["requests"]}, {"required": ["synthetic"]}],
     "properties": {
         "format_version": {"const": FORMAT_VERSION},
         "description": {"type": "string"},
         "seed": {"type": "integer"},
         "config": {"type": "object"},
+        "synthetic": _SYNTHETIC,
         "requests": {"type": "array", "items": _REQUEST, "minItems": 1},
         "actions": {"type": "array", "items": _ACTION},
     },
 }
 _ARRIVALS = ("arrival_time", "arrival_step", "after")
+_TABLES = ("config", "synthetic")  # the top-level tables whose keys _Lines.find locates
 
 
 class ScenarioError(WorkloadError):
@@ -116,13 +150,18 @@ class Scenario:
     validated by EngineConfig), ``seed`` (the scripted model's, default 0)
     and ``workload`` (requests in file order; source ``scenario:<name>``,
     sha256 of the file's bytes, params ``format_version`` and
-    ``request_order``)."""
+    ``request_order``; for a ``[synthetic]`` file, ``workloads.synthetic``'s
+    workload: source ``synthetic``, its params and their sha256)."""
 
     path: Path
     description: str
     config: dict[str, Any]
     seed: int
     workload: Workload
+    #: The ``[synthetic]`` table as written (None for ``[[requests]]``); the
+    #: workload is then ``workloads.synthetic(**synthetic)`` (``seed``
+    #: defaulting to the scenario's), with synthetic's provenance.
+    synthetic: dict[str, Any] | None = None
 
     def engine_config(self, overrides: dict[str, str] | None = None) -> EngineConfig:
         """The config, with ``--set`` overrides applied. Raises ConfigError."""
@@ -209,13 +248,15 @@ class _Lines:
             if len(path) >= 3:
                 return self._key_in(first, end, str(path[2])) or first + 1
             return first + 1
-        if path[0] == "config" and not self.is_json:
+        if path[0] in _TABLES and not self.is_json:
             for n, (i, name) in enumerate(tables := self._tables()):
-                if name == "config":
+                if name == path[0]:
                     end = tables[n + 1][0] if n + 1 < len(tables) else len(self.lines)
                     return (self._key_in(i, end, str(path[1])) if len(path) > 1 else None) or i + 1
-        if path[0] == "config" and len(path) > 1:
-            return self._key_in(0, len(self.lines), str(path[1])) or 1
+        if path[0] in _TABLES and len(path) > 1:
+            # JSON: the key's first occurrence after the object's own key.
+            start = (self._key_in(0, len(self.lines), str(path[0])) or 1) - 1
+            return self._key_in(start, len(self.lines), str(path[1])) or start + 1
         first_table = next((i for i, _ in self._tables()), len(self.lines)) if not self.is_json \
             else len(self.lines)
         return self._key_in(0, first_table, str(path[0])) or 1
@@ -228,7 +269,9 @@ def load_scenario(path: str | Path) -> Scenario:
     ``file:line: problem``) for an unreadable file, a syntax error, an
     unknown key, a wrong type or range, a duplicate request id, ``after``
     naming an unknown, later or cyclic request, a step before the request
-    can arrive, or a ``[config]`` EngineConfig refuses.
+    can arrive, a ``[config]`` EngineConfig refuses, both or neither of
+    ``[[requests]]`` and ``[synthetic]``, or a ``[synthetic]`` value
+    ``workloads.synthetic`` refuses.
     """
     p = Path(path)
     try:
@@ -251,6 +294,7 @@ def load_scenario(path: str | Path) -> Scenario:
         raise fail(int(m.group(1)) if m else 1, f"TOML syntax error: {problem}") from None
     except json.JSONDecodeError as exc:
         raise fail(exc.lineno, f"JSON syntax error: {exc.msg}") from None
+    _check_workload_tables(doc, fail)
     _validate_schema(doc, fail)
     config = doc.get("config", {})
     try:
@@ -258,6 +302,11 @@ def load_scenario(path: str | Path) -> Scenario:
     except ConfigError as exc:
         key = next((k for k in config if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
         raise fail(["config"] + ([key] if key else []), f"bad config: {exc}") from None
+    if "synthetic" in doc:
+        if doc.get("actions"):
+            raise fail(["actions", 0], "[[actions]] need [[requests]]: with [synthetic] their request ids "
+                                       "and steps cannot be checked when the file is read")
+        return _synthetic_scenario(p, doc, fail)
     specs = _requests(doc["requests"], fail)
     actions = _actions(doc.get("actions", []), doc["requests"], config, fail)
     params: dict[str, Any] = {"format_version": FORMAT_VERSION, "request_order": [s.request_id for s in specs]}
@@ -361,6 +410,45 @@ def _actions(actions: list[dict[str, Any]], reqs: list[dict[str, Any]], config: 
     return out
 
 
+def _check_workload_tables(doc: Any, fail) -> None:
+    """Exactly one of ``[[requests]]`` and ``[synthetic]``, and no unknown
+    ``[synthetic]`` key: checked before the schema, whose messages for these
+    (``oneOf``, ``additionalProperties``) name neither the table nor the key."""
+    if not isinstance(doc, dict):
+        return
+    if ("requests" in doc) == ("synthetic" in doc):
+        raise fail(["synthetic" if "synthetic" in doc else "format_version"],
+                   "give exactly one of [[requests]] and [synthetic], got "
+                   + ("both" if "requests" in doc else "neither"))
+    table = doc.get("synthetic")
+    for key in table if isinstance(table, dict) else ():
+        if key not in _SYNTHETIC["properties"]:
+            raise fail(["synthetic", key], f"synthetic: unknown key {key!r} (known: "
+                                           f"{', '.join(_SYNTHETIC['properties'])})")
+
+
+def synthetic_workload(table: dict[str, Any], seed: int = 0) -> Workload:
+    """The workload of a ``[synthetic]`` table: ``workloads.synthetic(**table)``
+    with ``seed`` (the scenario's) unless the table gives its own. So a
+    canonical scenario's file builds exactly the workload (requests,
+    ``source="synthetic"``, params, sha256) its golden was recorded from.
+    Raises WorkloadError (synthetic's) for a value out of range."""
+    return synthetic(**{"seed": seed, **table})
+
+
+def _synthetic_scenario(p: Path, doc: dict[str, Any], fail) -> Scenario:
+    """The :class:`Scenario` of a schema-valid ``[synthetic]`` document;
+    a value synthetic() refuses (e.g. a range with low > high) fails at its key."""
+    table, seed = dict(doc["synthetic"]), doc.get("seed", 0)
+    try:
+        workload = synthetic_workload(table, seed)
+    except WorkloadError as exc:
+        key = next((k for k in table if str(exc).startswith(k)), None)
+        raise fail(["synthetic"] + ([key] if key else []), f"synthetic: {exc}") from None
+    return Scenario(p, doc.get("description", ""), dict(doc.get("config", {})), seed, workload,
+                    synthetic=table)
+
+
 def _prompt(req: dict[str, Any]) -> tuple[int, ...]:
     """``prompt_token_ids``, or ``prompt_len`` tokens: the first ``prefix_len``
     (default: all) from the ``prefix_group``'s stream, the rest from the
@@ -455,3 +543,102 @@ def _requests(reqs: list[dict[str, Any]], fail) -> list[RequestSpec]:
             key = next((k for k in req if problem.startswith(k)), None)
             raise fail(["requests", i] + ([key] if key else []), f"requests[{i}]: {problem}") from None
     return specs
+
+
+# --- Writing scenario files -------------------------------------------------------------------------
+__all__ += ["dump_scenario", "request_table", "write_scenario"]
+# The order keys are written in: the loader's table order (docs/scenario-format.md), so a written file
+# reads like a hand-written one and the same inputs always give the same bytes.
+_WRITE_ORDER = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "ignore_eos", "eos_token_id",
+                "stop_token_ids", "priority", "arrival_time", "arrival_step", "after", "abort_step",
+                "abort_time", "output_token_ids", "mm_positions", "draft_acceptance_pattern")
+
+
+def request_table(spec: RequestSpec) -> dict[str, Any]:
+    """The ``[[requests]]`` table that loads back to ``spec`` (``load_scenario``).
+
+    Keys at the loader's default are left out (``min_tokens = 0``, ``ignore_eos
+    = false``, ``eos_token_id = 2``, ``priority = 0``, no stops); ``max_tokens``
+    is always written. Arrival is exactly one of ``arrival_step``, ``after =
+    "<id> finishes"`` or ``arrival_time`` (a step or ``after`` request's
+    ``arrival_time`` is the clock the engine gave it: not an input, dropped).
+
+    Raises WorkloadError for a field the format cannot express:
+    ``scripted_output_len`` (fix ``output_token_ids`` instead) and
+    ``eos_token_id = None``.
+    """
+    if spec.scripted_output_len is not None:
+        raise WorkloadError(f"{spec.request_id}: scripted_output_len has no scenario key "
+                            f"(fix output_token_ids instead)")
+    if spec.eos_token_id is None:
+        raise WorkloadError(f"{spec.request_id}: eos_token_id None has no scenario key")
+    table: dict[str, Any] = {"request_id": spec.request_id, "prompt_token_ids": list(spec.prompt_token_ids),
+                             "max_tokens": spec.max_tokens}
+    optional = {"min_tokens": (spec.min_tokens, 0), "ignore_eos": (spec.ignore_eos, False),
+                "eos_token_id": (spec.eos_token_id, EOS_TOKEN_ID),
+                "stop_token_ids": (list(spec.stop_token_ids), []), "priority": (spec.priority, 0),
+                "abort_step": (spec.abort_step, None), "abort_time": (spec.abort_time, None),
+                "output_token_ids": (None if spec.output_token_ids is None else list(spec.output_token_ids),
+                                     None),
+                "mm_positions": ([list(p) for p in spec.mm_positions], []),
+                "draft_acceptance_pattern": (spec.draft_acceptance_pattern, None)}
+    table.update({k: v for k, (v, default) in optional.items() if v != default})
+    if spec.arrival_step is not None:
+        table["arrival_step"] = spec.arrival_step
+    elif spec.after is not None:
+        table["after"] = f"{spec.after} finishes"
+    else:
+        table["arrival_time"] = float(spec.arrival_time)
+    return {k: table[k] for k in _WRITE_ORDER if k in table}
+
+
+def dump_scenario(requests: list[RequestSpec] | tuple[RequestSpec, ...], config: dict[str, Any], *,
+                  seed: int = 0, description: str = "", comments: list[str] | tuple[str, ...] = ()) -> str:
+    """A scenario file's text (TOML, written with ``tomli_w``): ``comments``
+    as ``# `` lines at the top (provenance), then ``format_version``,
+    ``description``, ``seed``, ``[config]`` (keys sorted) and one
+    ``[[requests]]`` table per request in the given order (``request_table``).
+
+    Deterministic: the same arguments give the same bytes. ``load_scenario``
+    of the text gives back ``requests`` (for a step or ``after`` request, with
+    ``arrival_time`` 0.0), ``config`` and ``seed``. Raises WorkloadError as
+    ``request_table`` does, or if ``requests`` is empty.
+    """
+    if not requests:
+        raise WorkloadError("a scenario needs at least one request")
+    doc: dict[str, Any] = {"format_version": FORMAT_VERSION}
+    if description:
+        doc["description"] = description
+    doc["seed"] = seed
+    if config:
+        doc["config"] = {k: config[k] for k in sorted(config)}
+    doc["requests"] = [request_table(s) for s in requests]
+    head = "".join(f"# {line}".rstrip() + "\n" for c in comments for line in c.splitlines())
+    return head + _fold_int_arrays(tomli_w.dumps(doc))
+
+
+#: A multi-line array of plain ints as tomli_w writes it (one item a line, past 100 characters).
+_INT_ARRAY = re.compile(r"= \[\n((?:    -?\d+,\n)+)\]")
+_INTS_PER_LINE = 16
+
+
+def _fold_int_arrays(text: str) -> str:
+    """Reflow tomli_w's one-id-a-line arrays (prompts, outputs) to 16 ids a line, so a
+    scenario stays readable; the TOML value is unchanged."""
+    def fold(m: re.Match[str]) -> str:
+        ids = [line.strip().rstrip(",") for line in m.group(1).splitlines()]
+        rows = [", ".join(ids[i:i + _INTS_PER_LINE]) + "," for i in range(0, len(ids), _INTS_PER_LINE)]
+        return "= [\n" + "".join(f"    {row}\n" for row in rows) + "]"
+    return _INT_ARRAY.sub(fold, text)
+
+
+def write_scenario(path: str | Path, requests: list[RequestSpec] | tuple[RequestSpec, ...],
+                   config: dict[str, Any], **kwargs: Any) -> Path:
+    """Write ``dump_scenario(requests, config, **kwargs)`` to ``path`` (via a
+    temp file renamed into place: a failed write leaves nothing). Returns the path."""
+    p = Path(path)
+    text = dump_scenario(requests, config, **kwargs)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(p)
+    return p

@@ -49,8 +49,9 @@ def render_witnesses(result: ParallelFuzzResult, witnesses: list[Witness], conso
         if failure.invariants:
             console.print("  invariants: " + ", ".join(f"{k}: {v}" for k, v in sorted(failure.invariants.items())))
         console.print(f"  shrunk to {escape(case.describe())} ({res.shrink_calls} shrink runs)")
-        console.print(f"  trace {wit.trace}, description {wit.json}")
+        console.print(f"  trace {wit.trace}, scenario {wit.scenario}, description {wit.json}")
         console.print(f"  replay: {wit.command}")
+        console.print(f"  re-record the scenario: {wit.record_command}")
     if len(witnesses) > 1:
         smallest = result.smallest()
         best = next(w for w in witnesses if smallest.worker in w.found_by)

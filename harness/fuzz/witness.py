@@ -1,7 +1,9 @@
 """Writing replayable witnesses: a found failure's minimal case as a Parquet
-trace plus a JSON description (``write_failure``), one pair per distinct
-shrunk case of a parallel run (``write_witnesses``), each with the
-``harness replay`` command that reproduces it.
+trace, a scenario file (TOML, docs/scenario-format.md: human-readable,
+editable, re-run with ``harness record``) and a JSON description
+(``write_failure``), one set per distinct shrunk case of a parallel run
+(``write_witnesses``), each with the ``harness replay`` command that
+reproduces it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 from reference.candidate import CandidateFactory
 from reference.scheduler import Scheduler
 
+from harness.scenario_extract import extract
+from harness.trace.reader import open_trace
 from harness.trace.recorder import record
 from harness.fuzz.parallel import ParallelFuzzResult, WorkerResult
 from harness.fuzz.run import FuzzResult
@@ -26,13 +30,18 @@ def _slug(spec: str) -> str:
 
 def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, result: FuzzResult,
                   seed: int, *, name: str | None = None,
-                  extra: dict[str, Any] | None = None) -> tuple[Path, Path, str]:
-    """Write the minimal case's trace and a JSON description; returns
-    (trace path, JSON path, the replay command).
+                  extra: dict[str, Any] | None = None) -> tuple[Path, Path, str, Path]:
+    """Write the minimal case's trace, its scenario file and a JSON
+    description; returns (trace path, JSON path, the replay command, scenario
+    path).
 
-    Files are ``DIR/NAME.parquet`` and ``DIR/NAME.json``, NAME defaulting to
-    ``fuzz-<candidate>-seed<seed>`` (an existing pair of that name is
-    replaced); ``extra`` adds keys to the JSON (e.g. the worker).
+    Files are ``DIR/NAME.parquet``, ``DIR/NAME.toml`` and ``DIR/NAME.json``,
+    NAME defaulting to ``fuzz-<candidate>-seed<seed>`` (an existing set of
+    that name is replaced); ``extra`` adds keys to the JSON (e.g. the worker).
+    The scenario is ``harness scenario extract`` of the trace (every request;
+    checked by re-running it on the trace's engine: any difference is listed
+    in the JSON's ``scenario_warnings``), so ``harness record NAME.toml
+    --engine <trace engine>`` records the same decisions.
 
     The trace is recorded with the candidate (engine=SPEC) when the candidate
     violates an invariant or stalls: replaying it checks it and fails. When
@@ -52,34 +61,49 @@ def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, res
     summary = record(case.workload(), case.engine_config(), trace_path, seed=case.seed,
                      engine=engine, candidate_factory=rec_factory)
     command = f"harness replay {trace_path} --candidate {spec}"
+    toml_path = out / f"{base}.toml"
+    extraction = extract(open_trace(trace_path), verify_factory=rec_factory,
+                         description=f"fuzz witness ({spec}, seed {seed}): {failure.kind}: {failure.message}",
+                         comments=[f"Re-run: harness record {base}.toml --engine {engine} -o T.parquet, then "
+                                   + (f"harness check T.parquet" if engine == spec
+                                      else f"harness replay T.parquet --candidate {spec}")])
+    extraction.write(toml_path)
+    record_command = f"harness record {toml_path} --engine {engine} -o {out / base}.rerecorded.parquet"
     info = {"candidate": spec, "fuzz_seed": seed, "trace": str(trace_path), "trace_engine": engine,
-            "replay_command": command, "failure": failure.to_dict(),
+            "replay_command": command, "scenario_file": str(toml_path), "record_command": record_command,
+            "scenario_warnings": list(extraction.warnings), "failure": failure.to_dict(),
             "examples_before_failure": result.examples, "shrink_calls": result.shrink_calls,
             "num_requests": len(case.requests), "num_steps": summary.steps,
             "summary": case.describe(), **(extra or {}), "scenario": case.to_dict()}
     json_path = out / f"{base}.json"
     json_path.write_text(json.dumps(info, indent=2, default=str) + "\n")
-    return trace_path, json_path, command
-
+    return trace_path, json_path, command, toml_path
 
 
 @dataclass
 class Witness:
     """A written failure: the worker that wrote it, every worker whose shrunk
-    case is the same, and the files and replay command ``write_failure`` gave."""
+    case is the same, and the files and replay command ``write_failure`` gave
+    (``scenario``: the scenario file, re-run by ``harness record``)."""
 
     worker: WorkerResult
     found_by: list[int]
     trace: Path
     json: Path
     command: str
+    scenario: Path
+
+    @property
+    def record_command(self) -> str:
+        """The ``harness record`` command that re-runs the scenario file (from the JSON)."""
+        return json.loads(self.json.read_text())["record_command"]
 
 
 def write_witnesses(out_dir: str | Path, spec: str, factory: CandidateFactory,
                     result: ParallelFuzzResult) -> list[Witness]:
     """Write each distinct shrunk case found by ``result``'s workers (see
     ``write_failure``), in worker order; workers that shrank to the same case
-    share one pair of files. One worker: ``fuzz-<candidate>-seed<S>.*``;
+    share one set of files. One worker: ``fuzz-<candidate>-seed<S>.*``;
     N > 1 workers: ``fuzz-<candidate>-seed<S>-worker<i>of<N>.*`` (no clashes
     within a run, nor with runs of another worker count). Returns [] if
     nothing was found."""
@@ -99,7 +123,7 @@ def write_witnesses(out_dir: str | Path, spec: str, factory: CandidateFactory,
             name = f"fuzz-{_slug(spec)}-seed{result.seed}-worker{w.worker}of{n}"
             extra = {"worker": w.worker, "workers": n, "worker_seed": w.seed,
                      "worker_max_examples": w.max_examples, "found_by_workers": found_by}
-        trace, json_path, command = write_failure(out_dir, spec, factory, w.result, result.seed,
-                                                  name=name, extra=extra)
-        out.append(Witness(w, found_by, trace, json_path, command))
+        trace, json_path, command, scenario = write_failure(out_dir, spec, factory, w.result, result.seed,
+                                                            name=name, extra=extra)
+        out.append(Witness(w, found_by, trace, json_path, command, scenario))
     return out
