@@ -593,7 +593,8 @@ def request_table(spec: RequestSpec) -> dict[str, Any]:
 
 
 def dump_scenario(requests: list[RequestSpec] | tuple[RequestSpec, ...], config: dict[str, Any], *,
-                  seed: int = 0, description: str = "", comments: list[str] | tuple[str, ...] = ()) -> str:
+                  seed: int = 0, description: str = "", comments: list[str] | tuple[str, ...] = (),
+                  actions: list[Action] | tuple[Action, ...] = ()) -> str:
     """A scenario file's text (TOML, written with ``tomli_w``): ``comments``
     as ``# `` lines at the top (provenance), then ``format_version``,
     ``description``, ``seed``, ``[config]`` (keys sorted) and one
@@ -613,6 +614,8 @@ def dump_scenario(requests: list[RequestSpec] | tuple[RequestSpec, ...], config:
     if config:
         doc["config"] = {k: config[k] for k in sorted(config)}
     doc["requests"] = [request_table(s) for s in requests]
+    if actions:  # [[actions]] after the requests they name (Action.to_dict: step, kind, its key)
+        doc["actions"] = [a.to_dict() for a in actions]
     head = "".join(f"# {line}".rstrip() + "\n" for c in comments for line in c.splitlines())
     return head + _fold_int_arrays(tomli_w.dumps(doc))
 
