@@ -461,8 +461,7 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
     the clean reference violates anything. With --scenario, mutants of
     features those scenarios never exercise are expected to survive.
     """
-    from harness.mutation import render_matrix, run_mutation
-    from harness.scenarios import SCENARIOS
+    from harness.mutation import MUTATION_SCENARIOS, render_matrix, run_mutation
     from harness.candidates.mutants import MUTANTS_AND_TARGETS
 
     if list_only:
@@ -473,7 +472,7 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
         if name not in MUTANTS_AND_TARGETS:
             raise click.BadParameter(f"unknown mutant {name!r}", param_hint="--mutant")
     for name in scenario_names:
-        if name not in SCENARIOS:
+        if name not in MUTATION_SCENARIOS:
             raise click.BadParameter(f"unknown scenario {name!r}", param_hint="--scenario")
     report = run_mutation(list(mutant_names) or None, list(scenario_names) or None)
     if as_json:

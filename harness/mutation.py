@@ -20,7 +20,11 @@ from harness.candidates.mutants import MUTANTS_AND_TARGETS
 
 from harness.check import CheckResult, check_steps
 from harness.trace.recorder import run_to_rows
-from harness.scenarios import SCENARIOS, Scenario
+from harness.scenarios import ACTION_SCENARIOS, SCENARIOS, Scenario
+
+#: Every scenario the self-test may run: the canonical ones, then those with
+#: actions (prefix-cache resets), which alone can kill the reset mutants.
+MUTATION_SCENARIOS: dict[str, Scenario] = {**SCENARIOS, **ACTION_SCENARIOS}
 
 
 @dataclass
@@ -61,7 +65,7 @@ def kill_matrix(mutants: list[str] | None = None,
                 scenarios: list[str] | None = None) -> list[MatrixRow]:
     """Rows in ``MUTANTS_AND_TARGETS`` order. KeyError for an unknown name."""
     names = mutants or list(MUTANTS_AND_TARGETS)
-    chosen = [SCENARIOS[s] for s in (scenarios or SCENARIOS)]
+    chosen = [MUTATION_SCENARIOS[s] for s in (scenarios or MUTATION_SCENARIOS)]
     rows = []
     for name in names:
         cls, target = MUTANTS_AND_TARGETS[name]
@@ -108,10 +112,10 @@ class MutationReport:
 
 def run_mutation(mutants: list[str] | None = None, scenarios: list[str] | None = None) -> MutationReport:
     """Run the clean reference and then every mutant (``kill_matrix``) on
-    every scenario (all of ``MUTANTS_AND_TARGETS`` / ``SCENARIOS`` when
-    None). KeyError for an unknown name."""
-    scenario_list = scenarios or list(SCENARIOS)
-    clean = {s: run_candidate(Scheduler, SCENARIOS[s]) for s in scenario_list}
+    every scenario (all of ``MUTANTS_AND_TARGETS`` / ``MUTATION_SCENARIOS``
+    when None). KeyError for an unknown name."""
+    scenario_list = scenarios or list(MUTATION_SCENARIOS)
+    clean = {s: run_candidate(Scheduler, MUTATION_SCENARIOS[s]) for s in scenario_list}
     return MutationReport(scenario_list, clean, kill_matrix(mutants or None, scenario_list))
 
 

@@ -21,7 +21,7 @@ from deepdiff import DeepDiff
 
 from reference.candidate import CandidateError, CandidateFactory
 from reference.engine import EngineStalled
-from reference.workload import Workload
+from reference.workload import Action, Workload
 
 from harness.trace.playback import playback_factory, trace_model
 from harness.trace.recorder import Row, run_to_rows, spec_from_row
@@ -63,7 +63,9 @@ def workload_from_trace(trace: Trace) -> Workload:
     A scenario's workload keeps its file order in the metadata
     (``workload.params.request_order``): step and ``after`` arrivals of one
     step are added in that order, which the rows alone lose under data
-    parallelism (each rank's rows are grouped)."""
+    parallelism (each rank's rows are grouped). Its actions come back from
+    ``workload.params.actions`` (``Action.from_dict``), re-driven at the
+    same steps."""
     try:
         table = pq.read_table(trace.path, filters=[("kind", "in", ["arrival", "reject"])])
     except Exception as exc:  # pyarrow raises several types for bad files
@@ -77,7 +79,12 @@ def workload_from_trace(trace: Trace) -> Workload:
     if isinstance(order, list):
         position = {rid: i for i, rid in enumerate(order)}
         specs = tuple(sorted(specs, key=lambda s: position.get(s.request_id, len(position))))
-    return Workload(source=w["source"], sha256=w["sha256"], params=w.get("params", {}), requests=specs)
+    try:
+        actions = tuple(Action.from_dict(a) for a in (w.get("params") or {}).get("actions", ()))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise TraceError(f"{trace.path}: bad workload.params.actions ({exc})") from None
+    return Workload(source=w["source"], sha256=w["sha256"], params=w.get("params", {}), requests=specs,
+                    actions=actions)
 
 
 def _normalise(row: Row) -> Row:

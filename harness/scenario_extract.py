@@ -54,7 +54,7 @@ from reference.candidate import CandidateFactory
 from reference.config import EngineConfig
 from reference.engine import EngineStalled
 from reference.scheduler import Scheduler
-from reference.workload import EOS_TOKEN_ID, RequestSpec, Workload, WorkloadError
+from reference.workload import EOS_TOKEN_ID, Action, RequestSpec, Workload, WorkloadError
 from workloads.scenario import dump_scenario
 
 from harness.trace.reader import Trace
@@ -206,6 +206,7 @@ def extract(trace: Trace, *, requests: Sequence[str] | None = None, steps: tuple
             warnings.append(f"vLLM config key(s) the scenario format cannot express: "
                             f"{', '.join(sorted(map(str, recording['unmapped_config'])))}")
         warnings += [f"vLLM recording: {w}" for w in recording.get("warnings") or ()]
+    actions = _cut_actions(meta, chosen_set, len(chosen) == len(lives), warnings)
     specs = []
     for rid in chosen:
         life = lives[rid]
@@ -239,7 +240,7 @@ def extract(trace: Trace, *, requests: Sequence[str] | None = None, steps: tuple
     wl = meta.get("workload", {})
     if verify:
         mismatch = _verify(specs, config, meta["seed"], rows_by_step, chosen_set,
-                           block_ids=len(chosen) == len(lives), factory=verify_factory)
+                           block_ids=len(chosen) == len(lives), factory=verify_factory, actions=actions)
         if mismatch:
             warnings.append(mismatch)
     head = [f"Extracted by `harness scenario extract` from {trace.path.name}: engine {meta['engine']}, "
@@ -249,10 +250,31 @@ def extract(trace: Trace, *, requests: Sequence[str] | None = None, steps: tuple
     if description is None:
         description = f"{len(chosen)} of {len(lives)} requests of {trace.path.name}{window}"
     try:
-        text = dump_scenario(specs, config_table, seed=meta["seed"], description=description, comments=head)
+        text = dump_scenario(specs, config_table, seed=meta["seed"], description=description, comments=head,
+                             actions=actions)
     except WorkloadError as exc:  # every unexpressible field is replaced above
         raise ExtractError(f"{trace.path}: {exc}") from None
     return Extraction(text, tuple(chosen), tuple(warnings))
+
+
+def _cut_actions(meta: dict[str, Any], chosen: set[str], whole: bool, warnings: list[str]) -> list[Action]:
+    """The recorded workload's actions (``workload.params.actions``) for the cut:
+    all of them for a cut of every request; otherwise abort actions keep only
+    chosen ids (dropped when none is left), and a prefix-cache reset is kept
+    with a warning (whether it succeeds depends on every request's blocks)."""
+    out: list[Action] = []
+    for d in meta.get("workload", {}).get("params", {}).get("actions") or ():
+        action = Action.from_dict(d)
+        if not whole and action.kind == "abort":
+            ids = tuple(r for r in action.request_ids if r in chosen)
+            if not ids:
+                continue
+            action = replace(action, request_ids=ids)
+        elif not whole:
+            warnings.append(f"the reset_prefix_cache action at step {action.step} is kept: its result "
+                            f"depends on requests outside the cut too")
+        out.append(action)
+    return out
 
 
 def _ids(ids: Sequence[str], limit: int = 5) -> str:
@@ -279,11 +301,12 @@ def _interactions(lives: dict[str, _Life], chosen: set[str]) -> list[str]:
 
 def _verify(specs: list[RequestSpec], config: EngineConfig, seed: int,
             rows_by_step: list[tuple[int, list[dict[str, Any]]]], chosen: set[str], *,
-            block_ids: bool, factory: CandidateFactory) -> str | None:
+            block_ids: bool, factory: CandidateFactory, actions: Sequence[Action] = ()) -> str | None:
     """Run the scenario; None if the chosen requests' decisions equal the trace's,
     else a one-line description of the first difference."""
     got: list[tuple[int, list[dict[str, Any]]]] = []
-    workload = Workload(source="scenario:extract", sha256="", params={}, requests=tuple(specs))
+    workload = Workload(source="scenario:extract", sha256="", params={}, requests=tuple(specs),
+                        actions=tuple(actions))
     stalled = ""
     try:
         run_to_rows(workload, config, seed=seed, candidate_factory=factory,

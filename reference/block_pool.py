@@ -78,6 +78,25 @@ class BlockPool:
                 del self.cached_block_hash_to_block[block.block_hash]
         block.block_hash = None
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block hash, only when no block is held.
+
+        Mirrors vLLM 0.33.0 ``BlockPool.reset_prefix_cache``: with any block
+        other than the null block out of the free queue (held by a request or
+        by a deferred free) it refuses and returns False, changing nothing;
+        otherwise it empties ``cached_block_hash_to_block``, clears each
+        block's hash and returns True. The free queue keeps its order: blocks
+        that were cached stay where their free put them (tail, LRU), they
+        just hold nothing reusable any more, so the next allocations still
+        pop the head first.
+        """
+        if self.get_num_free_blocks() != self.num_gpu_blocks - 1:
+            return False
+        self.cached_block_hash_to_block = {}
+        for block in self.blocks:
+            block.block_hash = None
+        return True
+
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks; free ones leave the free queue."""
         for block in blocks:

@@ -6,7 +6,9 @@ real vLLM behind a subprocess. It is built by a *factory*
 ``factory(config: EngineConfig) -> Candidate`` and must be deterministic.
 
 Per engine step the loop calls, in order: ``add_request`` for each arrival,
-``finish_requests`` for each abort, ``snapshot()``, ``schedule()``,
+``finish_requests`` for each abort, the workload's actions due
+(``finish_requests`` for an abort action, ``reset_prefix_cache`` for a
+reset), ``snapshot()``, ``schedule()``,
 ``snapshot()``, then ``update_from_output`` with the scripted model's tokens
 (and, with the KV connector on, the simulated worker's KV-connector output),
 then ``snapshot()``, and with speculative decoding ``update_draft_token_ids``. Decisions come back in the reference's normalised types
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from reference.config import EngineConfig
-from reference.output import FinishedRequest, SchedulerOutput, SchedulerSnapshot, UpdateResult
+from reference.output import FinishedRequest, PrefixCacheReset, SchedulerOutput, SchedulerSnapshot, UpdateResult
 from reference.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -38,6 +40,12 @@ class Candidate(Protocol):
     def finish_requests(self, request_ids: list[str],
                         finished_status: RequestStatus) -> list[FinishedRequest]:
         """Finish requests from outside (abort); ignore unknown/finished ids."""
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> PrefixCacheReset:
+        """vLLM ``Scheduler.reset_prefix_cache``: with ``reset_running_requests``
+        preempt every running request (from the tail of running) first; the
+        reset succeeds only when no block is held. Only called for a
+        workload with a ``reset_prefix_cache`` action."""
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         """Decide one step."""

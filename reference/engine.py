@@ -15,6 +15,15 @@ mode, with the scripted model runner and a virtual clock instead of a GPU:
 * a request is aborted when the clock passes its ``abort_time``, or just
   before the ``schedule()`` of step ``abort_step`` (after that step's
   arrivals; at arrival if it arrives later);
+* a workload's actions (``Action``: a scenario's ``[[actions]]``) apply
+  just before the ``schedule()`` of their step, after that step's arrivals
+  and request aborts, in workload order: ``abort`` finishes its ids
+  (FINISHED_ABORTED, ids already ended ignored), ``reset_prefix_cache``
+  calls the candidate's ``reset_prefix_cache`` on every rank. One whose step
+  falls in an idle stretch applies at the next step the engine runs (an
+  idle engine holds no block and no request: the effect is the same); a
+  stuck engine jumps to it like to a step abort. Actions still ahead when
+  the last request has ended are not applied;
 * steps are numbered 0, 1, ...: one per ``schedule()`` call. A step with
   requests but nothing to schedule still counts, as vLLM 0.33.0's
   ``EngineCore.step`` calls ``schedule()`` whenever
@@ -44,9 +53,9 @@ from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.runners.base import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
 from reference.candidate import Candidate, CandidateError, CandidateFactory
-from reference.output import FinishedRequest, SchedulerOutput, UpdateResult
+from reference.output import FinishedRequest, PrefixCacheReset, SchedulerOutput, UpdateResult
 from reference.scheduler import Scheduler
-from reference.workload import RequestSpec, Workload
+from reference.workload import Action, RequestSpec, Workload
 
 
 class EngineStalled(RuntimeError):
@@ -68,7 +77,9 @@ class StepRecord:
     """Everything one engine step saw and decided, in order.
 
     Inputs: ``arrivals`` (admitted to the scheduler), ``rejections``,
-    ``aborts`` (finished by the client before scheduling). State before
+    ``aborts`` (finished by the client before scheduling), ``actions``
+    (the workload actions applied before scheduling, in order: an abort
+    action's FinishedRequests, a reset's PrefixCacheReset). State before
     scheduling: ``waiting_before``, ``running_before`` (ids, queue order),
     ``num_free_blocks_before``. Decisions: ``output``; then ``waiting_after``,
     ``running_after``, ``num_free_blocks_after_schedule`` (``output`` is None
@@ -85,6 +96,7 @@ class StepRecord:
     arrivals: list[RequestSpec] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     aborts: list[FinishedRequest] = field(default_factory=list)
+    actions: list[FinishedRequest | PrefixCacheReset] = field(default_factory=list)
     waiting_before: list[str] = field(default_factory=list)
     running_before: list[str] = field(default_factory=list)
     num_free_blocks_before: int = 0
@@ -216,6 +228,13 @@ class _Arrivals:
         self.step_aborts = sorted((r.abort_step, order[r.request_id], r.request_id)
                                   for r in workload.requests if r.abort_step is not None)
         self.arrived: set[str] = set()
+        self.actions: list[Action] = list(workload.actions)  # not yet applied, file order
+
+    def take_actions(self, step: int) -> list[Action]:
+        """The actions due at ``step`` (their step <= it), in workload order."""
+        due = [a for a in self.actions if a.step <= step]
+        self.actions = [a for a in self.actions if a.step > step]
+        return due
 
     def pending(self) -> bool:
         """Some request has not arrived yet."""
@@ -264,7 +283,8 @@ class _Arrivals:
 
     def upcoming(self) -> bool:
         """An arrival or abort is still ahead (something that may unblock a stuck engine)."""
-        return self.pending() or self.next_timed_abort < len(self.timed_aborts) or bool(self.step_aborts)
+        return (self.pending() or self.next_timed_abort < len(self.timed_aborts) or bool(self.step_aborts)
+                or bool(self.actions))
 
     def waiting_on(self) -> list[str]:
         """Requests still waiting for a request to end (at the end of a run)."""
@@ -287,6 +307,7 @@ class _Arrivals:
         steps += [d for d, _, _ in self.released]
         if stuck:
             steps += [s for s, _, req_id in self.step_aborts if req_id in self.arrived]
+            steps += [a.step for a in self.actions]
         if steps:
             target = max(step, min(steps))
             at = clock + self.step_fixed_s * (target - step)
@@ -402,6 +423,8 @@ class Engine:
                     self.runners[rank.index].finish(req_id)
                     summary.aborted += 1
                     arrivals.ended(req_id, step)
+            for action in arrivals.take_actions(step):
+                self._apply_action(action, ranks, records, owner, arrivals, summary)
 
             throttle = dp_interval > 1 and step % dp_interval != 0
             # A batch that ran tokens and is processed this step makes its
@@ -411,7 +434,7 @@ class Engine:
             ran_in_flight = any(batch[1].total_num_scheduled_tokens for r in ranks for batch in r.in_flight)
             totals = [self._rank_step(rank, records[rank.index], throttle, summary) for rank in ranks]
             progressed = any((rec.update is not None and (rec.update.new_token_ids or rec.update.finished))
-                             or rec.aborts for rec in records)
+                             or rec.aborts or rec.actions for rec in records)
             if progressed:
                 last_progress = step
             elif step - last_progress > self.progress_window:
@@ -460,6 +483,28 @@ class Engine:
                                 f"that never ended")
         summary.clock = clock
         return summary
+
+    def _apply_action(self, action: Action, ranks: list[_Rank], records: list[StepRecord],
+                      owner: dict[str, _Rank], arrivals: _Arrivals, summary: EngineSummary) -> None:
+        """Apply one workload action before this step's ``schedule()``; its
+        outcome goes to the records' ``actions``."""
+        if action.kind == "abort":
+            for req_id in action.request_ids:
+                rank = owner.get(req_id)
+                if rank is None or not rank.sched.has_request(req_id):
+                    continue  # rejected at arrival, or already ended
+                for fin in rank.sched.finish_requests([req_id], RequestStatus.FINISHED_ABORTED):
+                    records[rank.index].actions.append(fin)
+                    self.runners[rank.index].finish(req_id)
+                    summary.aborted += 1
+                    arrivals.ended(req_id, records[0].step)
+            return
+        # reset_prefix_cache: every rank resets its own pool (vLLM's DP
+        # engines each get the utility call).
+        for rank in ranks:
+            reset = rank.sched.reset_prefix_cache(action.reset_running_requests)
+            summary.preemptions += len(reset.preemptions)
+            records[rank.index].actions.append(reset)
 
     def _rank_step(self, rank: _Rank, rec: StepRecord, throttle: bool,
                    summary: EngineSummary) -> int:

@@ -156,6 +156,11 @@ class KVCacheManager:
         self.num_cached_block.pop(request.request_id, None)
         return self.req_to_blocks.pop(request.request_id, [])
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM ``KVCacheManager.reset_prefix_cache`` (one group, no stats):
+        the pool's reset; False, changing nothing, while any block is held."""
+        return self.block_pool.reset_prefix_cache()
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 

@@ -221,6 +221,22 @@ class UpdateResult:
 
 
 
+@dataclass
+class PrefixCacheReset:
+    """The outcome of ``reset_prefix_cache`` (a scenario ``[[actions]]`` kind).
+
+    ``reset_running_requests``: the caller asked to preempt every running
+    request first; ``running_before``: the running queue before (ids, queue
+    order); ``preemptions``: the victims, in the order taken (the running
+    queue from its tail, vLLM's reverse order); ``succeeded``: whether the
+    cache was reset (False while a block stayed held)."""
+
+    reset_running_requests: bool
+    running_before: list[str]
+    preemptions: list[Preemption]
+    succeeded: bool
+
+
 @dataclass(frozen=True)
 class SchedulerSnapshot:
     """Queue orders (request ids) and the free KV block count at one instant.

@@ -31,7 +31,7 @@ from reference.encoder_cache_manager import (EncoderCacheManager, mm_items_in_wi
                                              try_schedule_encoder_inputs)
 from reference.kv_cache_utils import KVCacheBlock
 from reference.kv_connector import KVConnectorOutput, SimulatedKVConnector
-from reference.output import (EncoderPlan, FinishedRequest, KVTransferFree, Preemption, Promotion,
+from reference.output import (EncoderPlan, FinishedRequest, KVTransferFree, Preemption, PrefixCacheReset, Promotion,
                               RemoteLoad, ScheduledRequest, SchedulerOutput, SchedulerSnapshot, Skip,
                               UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus, check_stop
@@ -140,6 +140,39 @@ class Scheduler:
             request.status = finished_status
             finished.append(self._free_request(request, delay_free_blocks))
         return finished
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> PrefixCacheReset:
+        """Reset the prefix cache (vLLM 0.33.0 ``Scheduler.reset_prefix_cache``,
+        ``vllm/v1/core/sched/scheduler.py``; no connector, so its
+        ``reset_connector`` has nothing to reset).
+
+        Without ``reset_running_requests`` the reset only succeeds when no
+        request holds a block (``BlockPool.reset_prefix_cache`` refuses
+        otherwise, changing nothing). With it, every running request is
+        preempted first, popping the running queue from its tail (so that,
+        prepended to waiting one by one, they come back in their old running
+        order) with their in-flight output marked to be dropped (vLLM's
+        ``drop_stale_output``, as its same-step resume would otherwise
+        deliver tokens out of order); then the reset must succeed. vLLM
+        raises RuntimeError when it still fails (a request waiting for a
+        remote KV load keeps its blocks); so does this.
+
+        vLLM also clears ``prev_step_scheduled_req_ids`` (the worker's
+        persistent batch): the reference has no such set, the victims come
+        back as resumed requests either way.
+        """
+        running_before = [r.request_id for r in self.running]
+        preemptions: list[Preemption] = []
+        if reset_running_requests:
+            while self.running:
+                victim = self.running.pop()
+                preemptions.append(self._preempt_request(victim))
+                victim.drop_stale_output = True
+        succeeded = self.kv_cache_manager.reset_prefix_cache()
+        if reset_running_requests and not succeeded:
+            raise RuntimeError("prefix-cache reset failed although every running request was preempted "
+                               "(a request waiting for a remote KV load still holds blocks)")
+        return PrefixCacheReset(reset_running_requests, running_before, preemptions, succeeded)
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> FinishedRequest:
         assert request.is_finished()

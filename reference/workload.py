@@ -32,7 +32,8 @@ from typing import Any
 
 from reference.runners.scripted import parse_draft_acceptance_pattern
 
-__all__ = ["VOCAB_SIZE", "MAX_TOKEN_ID", "EOS_TOKEN_ID", "WorkloadError", "RequestSpec", "Workload"]
+__all__ = ["VOCAB_SIZE", "MAX_TOKEN_ID", "EOS_TOKEN_ID", "WorkloadError", "RequestSpec", "Workload", "Action",
+           "ACTION_KINDS"]
 
 VOCAB_SIZE = 32000  # the scripted model's vocabulary (not a workload limit)
 # Traces store token ids as int32: a larger id could not be recorded.
@@ -222,6 +223,58 @@ class RequestSpec:
         return self.arrival_step is None and self.after is None
 
 
+#: The ``[[actions]]`` kinds (docs/scenario-format.md).
+ACTION_KINDS = ("reset_prefix_cache", "abort")
+
+
+@dataclass(frozen=True)
+class Action:
+    """An engine-level event at a step (a scenario's ``[[actions]]``).
+
+    Applied just before step ``step``'s ``schedule()``, after that step's
+    arrivals and request aborts, actions of one step in workload order; an
+    action whose step the engine skips (an idle or stuck stretch) applies at
+    the next step it runs. Kinds: ``reset_prefix_cache`` (vLLM
+    ``Scheduler.reset_prefix_cache(reset_running_requests)``, on every
+    data-parallel rank) and ``abort`` (vLLM ``finish_requests(request_ids,
+    FINISHED_ABORTED)``; ids already ended or not yet arrived are ignored).
+
+    Raises WorkloadError for an unknown kind, a negative step, or keys of
+    the other kind.
+    """
+
+    step: int
+    kind: str
+    reset_running_requests: bool = False
+    request_ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "request_ids", tuple(self.request_ids))
+        if self.kind not in ACTION_KINDS:
+            raise WorkloadError(f"action kind must be one of {', '.join(ACTION_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.step, int) or self.step < 0:
+            raise WorkloadError(f"action step must be an int >= 0, got {self.step!r}")
+        if self.kind == "abort" and (self.reset_running_requests or not self.request_ids):
+            raise WorkloadError("an abort action takes request_ids (non-empty) only")
+        if self.kind == "reset_prefix_cache" and self.request_ids:
+            raise WorkloadError("a reset_prefix_cache action takes no request_ids")
+
+    def to_dict(self) -> dict:
+        """The JSON form (trace metadata ``workload.params.actions``; the scenario keys)."""
+        out: dict = {"step": self.step, "kind": self.kind}
+        if self.kind == "abort":
+            out["request_ids"] = list(self.request_ids)
+        else:
+            out["reset_running_requests"] = self.reset_running_requests
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Action":
+        return cls(step=d["step"], kind=d["kind"],
+                   reset_running_requests=d.get("reset_running_requests", False),
+                   request_ids=tuple(d.get("request_ids", ())))
+
+
 @dataclass(frozen=True)
 class Workload:
     """An immutable request stream plus its provenance.
@@ -240,16 +293,23 @@ class Workload:
             ``==``.
         requests: the requests sorted by ``(arrival_time, request_id)``;
             never empty when built by this module's loaders.
+        actions: engine-level events at steps (:class:`Action`, a
+            scenario's ``[[actions]]``), in file order; () for every loader
+            but scenarios. A scenario also lists them in
+            ``params["actions"]`` (``Action.to_dict``), so a trace's
+            metadata carries them for replay.
     """
 
     source: str
     sha256: str
     params: dict = field(hash=False)
     requests: tuple[RequestSpec, ...]
+    actions: tuple[Action, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.requests, tuple):
             object.__setattr__(self, "requests", tuple(self.requests))
+        object.__setattr__(self, "actions", tuple(self.actions))
 
 
 # --------------------------------------------------------------------------

@@ -134,7 +134,9 @@ def test_mutants_command_prints_kill_matrix() -> None:
                                    "ignore-prefill-cadence", "ignore-throttle", "free-while-loading",
                                    "cache-before-load", "no-load-reservation", "promote-early",
                                    "ignore-encoder-budget", "no-encoder-cache-check", "evict-newest-first",
-                                   "no-encoder-give-back"]
+                                   "no-encoder-give-back",
+                                   # Only scenarios with a reset_prefix_cache action kill these.
+                                   "reset-while-held", "reset-keeps-cache", "reset-preempts-head"]
     assert report["reference_violations"] == {}
     cell = report["matrix"]["preempt-head"]["cells"]["fcfs-tight"]
     assert (cell["target_hits"], cell["ended"]) == (1, "")

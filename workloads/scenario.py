@@ -37,6 +37,7 @@ import tomli_w
 
 from reference.config import ConfigError, EngineConfig
 from reference.workload import EOS_TOKEN_ID, MAX_TOKEN_ID, VOCAB_SIZE, RequestSpec, Workload, WorkloadError
+from reference.workload import ACTION_KINDS, Action
 from workloads.synthetic import synthetic
 
 __all__ = ["FORMAT_VERSION", "SCENARIO_SCHEMA", "Scenario", "ScenarioError", "load_scenario",
@@ -75,6 +76,20 @@ _REQUEST = {
         "mm_positions": {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2,
                                                     "items": {"type": "integer", "minimum": 0}}},
         "draft_acceptance_pattern": {"type": "string"},
+    },
+}
+# -- [[actions]] (engine-level events at a step) ---------------------------------
+#: Keys each action kind takes besides ``step`` and ``kind``.
+_ACTION_KEYS = {"reset_prefix_cache": ("reset_running_requests",), "abort": ("request_ids",)}
+_ACTION = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["step", "kind"],
+    "properties": {
+        "step": _step,
+        "kind": {"enum": list(ACTION_KINDS)},
+        "reset_running_requests": {"type": "boolean"},
+        "request_ids": {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
     },
 }
 _range = {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 2, "maxItems": 2}
@@ -118,6 +133,7 @@ SCENARIO_SCHEMA: dict[str, Any] = {
         "config": {"type": "object"},
         "synthetic": _SYNTHETIC,
         "requests": {"type": "array", "items": _REQUEST, "minItems": 1},
+        "actions": {"type": "array", "items": _ACTION},
     },
 }
 _ARRIVALS = ("arrival_time", "arrival_step", "after")
@@ -181,18 +197,19 @@ class _Lines:
                 out.append((i, m.group(2)))
         return out
 
-    def _request_spans(self) -> list[tuple[int, int]]:
-        """(first, end) line ranges (0-based, end exclusive) of each request."""
+    def _request_spans(self, array: str = "requests") -> list[tuple[int, int]]:
+        """(first, end) line ranges (0-based, end exclusive) of each element
+        of the array of tables ``array`` (``requests`` or ``actions``)."""
         if not self.is_json:
             tables = self._tables()
             spans = []
             for n, (i, name) in enumerate(tables):
-                if name == "requests":
+                if name == array:
                     end = tables[n + 1][0] if n + 1 < len(tables) else len(self.lines)
                     spans.append((i, end))
             return spans
-        # JSON: the objects at depth 2 of the "requests" array.
-        m = re.search(r'"requests"\s*:\s*\[', self.text)
+        # JSON: the objects at depth 2 of the array.
+        m = re.search(rf'"{array}"\s*:\s*\[', self.text)
         if m is None:
             return []
         spans, depth, in_str, esc, start = [], 1, False, False, None
@@ -223,10 +240,10 @@ class _Lines:
         nearest enclosing table/object found; 1 when nothing is."""
         if not path:
             return 1
-        if path[0] == "requests" and len(path) >= 2 and isinstance(path[1], int):
-            spans = self._request_spans()
+        if path[0] in ("requests", "actions") and len(path) >= 2 and isinstance(path[1], int):
+            spans = self._request_spans(path[0])
             if path[1] >= len(spans):
-                return self._key_in(0, len(self.lines), "requests") or 1
+                return self._key_in(0, len(self.lines), path[0]) or 1
             first, end = spans[path[1]]
             if len(path) >= 3:
                 return self._key_in(first, end, str(path[2])) or first + 1
@@ -286,12 +303,17 @@ def load_scenario(path: str | Path) -> Scenario:
         key = next((k for k in config if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
         raise fail(["config"] + ([key] if key else []), f"bad config: {exc}") from None
     if "synthetic" in doc:
+        if doc.get("actions"):
+            raise fail(["actions", 0], "[[actions]] need [[requests]]: with [synthetic] their request ids "
+                                       "and steps cannot be checked when the file is read")
         return _synthetic_scenario(p, doc, fail)
     specs = _requests(doc["requests"], fail)
+    actions = _actions(doc.get("actions", []), doc["requests"], config, fail)
+    params: dict[str, Any] = {"format_version": FORMAT_VERSION, "request_order": [s.request_id for s in specs]}
+    if actions:
+        params["actions"] = [a.to_dict() for a in actions]
     workload = Workload(source=f"scenario:{p.name}", sha256=hashlib.sha256(raw).hexdigest(),
-                        params={"format_version": FORMAT_VERSION,
-                                "request_order": [s.request_id for s in specs]},
-                        requests=tuple(specs))
+                        params=params, requests=tuple(specs), actions=tuple(actions))
     return Scenario(p, doc.get("description", ""), dict(config), doc.get("seed", 0), workload)
 
 
@@ -306,6 +328,7 @@ def _validate_schema(doc: Any, fail) -> None:
             for key in req if isinstance(req, dict) else ():
                 if key not in _REQUEST["properties"]:
                     raise fail(["requests", i, key], f"requests[{i}]: unknown key {key!r}")
+        _check_action_keys(doc.get("actions"), fail)
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(SCENARIO_SCHEMA).iter_errors(doc))
     if error is None:
         return
@@ -319,8 +342,72 @@ def _validate_schema(doc: Any, fail) -> None:
         message = f"format_version must be {FORMAT_VERSION} (this harness reads version {FORMAT_VERSION})"
     if error.validator == "pattern" and where[-1:] == ["after"]:
         message = f"after must read \"<request id> finishes\", got {error.instance!r}"
-    key_path = [k for k in where if not isinstance(k, int)] if where[:1] != ["requests"] else where[:3]
+    key_path = ([k for k in where if not isinstance(k, int)] if where[:1] not in (["requests"], ["actions"])
+                else where[:3])
     raise fail(key_path, f"{name}: {message}")
+
+
+# -- [[actions]] -------------------------------------------------------------------
+def _check_action_keys(actions: Any, fail) -> None:
+    """Unknown keys of ``[[actions]]`` tables, and keys of the other kind,
+    before the schema (whose messages for them are hard to read)."""
+    for i, action in enumerate(actions if isinstance(actions, list) else ()):
+        if not isinstance(action, dict):
+            continue
+        for key in action:
+            if key not in _ACTION["properties"]:
+                raise fail(["actions", i, key], f"actions[{i}]: unknown key {key!r}")
+        kind = action.get("kind")
+        if kind not in _ACTION_KEYS:
+            raise fail(["actions", i, "kind"], f"actions[{i}]: kind must be one of "
+                                               f"{', '.join(ACTION_KINDS)}, got {kind!r}")
+        for key in action:
+            if key not in ("step", "kind") and key not in _ACTION_KEYS[kind]:
+                raise fail(["actions", i, key], f"actions[{i}]: key {key!r} does not apply to kind "
+                                                f"{kind!r} (it takes {', '.join(_ACTION_KEYS[kind])})")
+
+
+def _actions(actions: list[dict[str, Any]], reqs: list[dict[str, Any]], config: dict[str, Any],
+             fail) -> list[Action]:
+    """The ``[[actions]]`` tables as :class:`Action`, in file order.
+
+    Cross-table rules: an abort names known request ids, each at a step at
+    or after the earliest the request can arrive (``arrival_step``, or one
+    step per ``after`` link; a timed arrival may come at any step); an abort
+    requires ``request_ids``. ``reset_running_requests`` needs a
+    synchronous engine without a KV connector: the reference does not model
+    dropping in-flight output (vLLM's ``drop_stale_output``), and vLLM
+    raises when a remote KV load keeps blocks through a forced reset.
+    """
+    earliest: dict[str, int] = {}
+    for req in reqs:
+        rid = req["request_id"]
+        dep = req["after"].rsplit(" ", 1)[0] if "after" in req else None
+        earliest[rid] = (req["arrival_step"] if "arrival_step" in req
+                         else earliest[dep] + 1 if dep is not None else 0)
+    cfg = EngineConfig.from_dict(config)
+    out = []
+    for i, action in enumerate(actions):
+        where = ["actions", i]
+        if action["kind"] == "abort":
+            if "request_ids" not in action:
+                raise fail(where, f"actions[{i}]: an abort action needs request_ids")
+            for rid in action["request_ids"]:
+                if rid not in earliest:
+                    raise fail(where + ["request_ids"], f"actions[{i}]: request_ids names unknown "
+                                                        f"request {rid!r}")
+                if action["step"] < earliest[rid]:
+                    raise fail(where + ["step"], f"actions[{i}]: step {action['step']} is in the past for "
+                                                 f"{rid!r}: it arrives at step {earliest[rid]} at the earliest")
+        elif action.get("reset_running_requests") and (cfg.async_scheduling or cfg.max_concurrent_batches > 1
+                                                        or cfg.kv_connector):
+            raise fail(where + ["reset_running_requests"],
+                       f"actions[{i}]: reset_running_requests needs a synchronous engine without a KV "
+                       f"connector (async_scheduling, batches in flight or kv_connector are not supported)")
+        out.append(Action(step=action["step"], kind=action["kind"],
+                          reset_running_requests=action.get("reset_running_requests", False),
+                          request_ids=tuple(action.get("request_ids", ()))))
+    return out
 
 
 def _check_workload_tables(doc: Any, fail) -> None:
@@ -506,7 +593,8 @@ def request_table(spec: RequestSpec) -> dict[str, Any]:
 
 
 def dump_scenario(requests: list[RequestSpec] | tuple[RequestSpec, ...], config: dict[str, Any], *,
-                  seed: int = 0, description: str = "", comments: list[str] | tuple[str, ...] = ()) -> str:
+                  seed: int = 0, description: str = "", comments: list[str] | tuple[str, ...] = (),
+                  actions: list[Action] | tuple[Action, ...] = ()) -> str:
     """A scenario file's text (TOML, written with ``tomli_w``): ``comments``
     as ``# `` lines at the top (provenance), then ``format_version``,
     ``description``, ``seed``, ``[config]`` (keys sorted) and one
@@ -526,6 +614,8 @@ def dump_scenario(requests: list[RequestSpec] | tuple[RequestSpec, ...], config:
     if config:
         doc["config"] = {k: config[k] for k in sorted(config)}
     doc["requests"] = [request_table(s) for s in requests]
+    if actions:  # [[actions]] after the requests they name (Action.to_dict: step, kind, its key)
+        doc["actions"] = [a.to_dict() for a in actions]
     head = "".join(f"# {line}".rstrip() + "\n" for c in comments for line in c.splitlines())
     return head + _fold_int_arrays(tomli_w.dumps(doc))
 

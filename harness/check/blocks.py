@@ -19,6 +19,8 @@ INVARIANTS = [
     Invariant("ALLOC-FROM-HEAD", "New blocks are taken from the head of the free queue, whose order follows from the frees: unhashed (or caching off) blocks to the head, hashed ones to the tail, tail block first.", "5.2, 8 #27-28, 10.7"),
     Invariant("BLOCK-CONSERVATION", "free blocks + distinct held blocks = num_gpu_blocks - 1 (null block excluded).", "5.1, 8 #24"),
     Invariant("FREE-ORDER", "A finished, aborted or preempted request frees exactly its table, tail block first.", "5.2, 5.8"),
+    Invariant("RESET-ONLY-WHEN-FREE", "A prefix-cache reset succeeds exactly when no block is held (by a request or a deferred free); a forced reset (reset_running_requests) always succeeds after its preemptions.", "vLLM BlockPool.reset_prefix_cache"),
+    Invariant("HIT-AFTER-RESET", "No prefix hit lands on a block whose content a successful prefix-cache reset forgot (until a fresh allocation recomputes it).", "vLLM BlockPool.reset_prefix_cache"),
 ]
 
 
@@ -77,7 +79,13 @@ def check_prefix_hit(m: TraceModel, req: ReqShadow, hit: int, block_ids: list[in
         return
     longest = m.longest_cached_prefix(req)
     uncomputed = [b for b in block_ids[:n_hit] if b in m.uncomputed]
-    if uncomputed:
+    forgotten = [b for b in block_ids[:n_hit] if b in m.reset_forgotten]
+    if forgotten:
+        block = forgotten[0]
+        m.violate("HIT-AFTER-RESET", rid,
+                  f"prefix hit on block {block}, whose cached content the prefix-cache reset at step "
+                  f"{m.reset_forgotten[block]} forgot: hits after a reset must be recomputed content")
+    elif uncomputed:
         block = uncomputed[0]
         m.violate("HIT-UNCOMPUTED-BLOCK", rid,
                   f"prefix hit on block {block}, whose KV was never computed: a chunk of "
@@ -86,7 +94,8 @@ def check_prefix_hit(m: TraceModel, req: ReqShadow, hit: int, block_ids: list[in
     elif hit != longest:
         m.violate("PREFIX-HIT-RULES", rid, f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
     for i, block in enumerate(block_ids[:n_hit]):
-        if i < len(req.chain) and block not in m.uncomputed and m.content.get(block) != req.chain[i]:
+        if i < len(req.chain) and block not in m.uncomputed and block not in m.reset_forgotten \
+                and m.content.get(block) != req.chain[i]:
             m.violate("PREFIX-HIT-RULES", rid, f"hit block {block} (#{i}) does not hold this request's prefix block")
             break
 
@@ -116,3 +125,19 @@ def check_load_cover(m: TraceModel, req: ReqShadow, loaded: int) -> None:
     """BLOCKS-COVER after an async KV load of ``loaded`` tokens (hit + external)."""
     if len(req.blocks) != cdiv(loaded, m.bs):
         m.violate("BLOCKS-COVER", req.request_id, f"table has {len(req.blocks)} blocks for {loaded} loaded tokens")
+
+
+def check_reset(m: TraceModel, succeeded: bool, forced: bool) -> None:
+    """RESET-ONLY-WHEN-FREE, once a reset's preemptions are applied: vLLM's
+    ``BlockPool.reset_prefix_cache`` succeeds iff every block but the null
+    block is free; a forced reset that still fails raises in vLLM."""
+    held = m.held()
+    if succeeded and held:
+        m.violate("RESET-ONLY-WHEN-FREE", None,
+                  f"prefix-cache reset succeeded while {held} blocks are held "
+                  f"(e.g. {sorted(m.owners)[:8]}): their cached content would be forgotten under live KV")
+    elif not succeeded and not held:
+        m.violate("RESET-ONLY-WHEN-FREE", None, "prefix-cache reset refused although no block is held")
+    elif not succeeded and forced:
+        m.violate("RESET-ONLY-WHEN-FREE", None,
+                  f"forced prefix-cache reset refused: {held} blocks still held after preempting every running request")

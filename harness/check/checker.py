@@ -108,6 +108,7 @@ class TraceChecker(TraceModel):
                 queues.check_unknown_kind(self, ev)
                 continue
             handler(ev, st)
+        self._resolve_reset(st)  # a reset in a step without schedule()
 
     def _on_arrival(self, ev: dict, st: StepState) -> None:
         rid = ev["request_id"]
@@ -134,7 +135,69 @@ class TraceChecker(TraceModel):
             self.result.aborted += 1
             st.aborted.add(ev["request_id"])
 
+    def _on_reset_prefix_cache(self, ev: dict, st: StepState) -> None:
+        """A scenario action before this step's schedule(): the row states
+        the result and the running queue before; a forced reset's
+        ``preempt`` rows follow (tail of running first), and the result is
+        judged once they are applied (vLLM preempts, then resets)."""
+        running = list(ev["running"] or [])
+        queues.check_reset_running(self, running, [r for r in self.prev_running if r not in st.aborted])
+        forced = ev.get("message") == "reset_running_requests"
+        st.reset = (ev["status"] == "succeeded", forced)
+        st.reset_victims = running[::-1] if forced else []
+        if not st.reset_victims:
+            self._resolve_reset(st)
+
+    def _resolve_reset(self, st: StepState) -> None:
+        if st.reset is None:
+            return
+        succeeded, forced = st.reset
+        st.reset = None
+        if forced:
+            preemption.check_reset_done(self, st.reset_victims)
+            st.reset_victims = []
+        blocks.check_reset(self, succeeded, forced)
+        if succeeded:
+            self.forget_cache()
+
+    def _on_reset_preempt(self, ev: dict, st: StepState) -> None:
+        """A forced reset's victim: preempted outside schedule(), so the
+        step's running-loop rules (victim choice, no admission after a
+        preemption) do not apply; it moves from running to the head of waiting."""
+        rid = ev["request_id"]
+        self.result.preemptions += 1
+        req = self.reqs.get(rid)
+        expected = st.reset_victims.pop(0)
+        if not preemption.check_reset_victim(self, rid, expected, req):
+            return
+        if rid != expected and rid in st.reset_victims:
+            st.reset_victims.remove(rid)
+            st.reset_victims.insert(0, expected)
+        self._preempt_effects(req, ev, st)
+        self.prev_running = [r for r in self.prev_running if r != rid]
+        self.prev_waiting = [rid] + [r for r in self.prev_waiting if r != rid]
+        st.reset_preempted.append(rid)
+        if not st.reset_victims:
+            self._resolve_reset(st)
+
+    def _preempt_effects(self, req: ReqShadow, ev: dict, st: StepState) -> None:
+        """What any preemption does to the request: its table given back,
+        progress reset, drafts and placeholders dropped, in-flight output stale."""
+        queues.check_computed(self, req, ev["num_computed_tokens"], "preempt")
+        self._release_all(req, list(ev["block_ids"] or []), "preempt", ev.get("fence"))
+        if req.items:
+            encoder.on_preempt(self, st, req)
+        req.status = "PREEMPTED"
+        req.num_preemptions += 1
+        self.inflight.pop(req.request_id, None)
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []  # drafts never survive a preemption
+        req.stale = req.in_flight  # output still in flight is stale
+        req.placeholders = 0
+        self.note(req, f"preempted with {ev['num_computed_tokens']} computed tokens")
+
     def _on_schedule_begin(self, ev: dict, st: StepState) -> None:
+        self._resolve_reset(st)  # a forced reset whose victims did not all come
         running, waiting = list(ev["running"]), list(ev["waiting"])
         st.running_before, st.waiting_before = running, waiting
         st.sim_running = list(running)
@@ -145,6 +208,9 @@ class TraceChecker(TraceModel):
         st.defer = budget.expected_defer(self, ev, running)
 
     def _on_preempt(self, ev: dict, st: StepState) -> None:
+        if st.reset is not None and st.reset_victims:
+            self._on_reset_preempt(ev, st)
+            return
         rid = ev["request_id"]
         self.result.preemptions += 1
         preemption.check_no_admission_before(self, st, rid)
@@ -154,24 +220,13 @@ class TraceChecker(TraceModel):
             return
         if preemption.check_scheduled_victim_withdrawn(self, st, rid):
             st.scheduled.remove(rid)
-        queues.check_computed(self, req, ev["num_computed_tokens"], "preempt")
-        self._release_all(req, list(ev["block_ids"] or []), "preempt", ev.get("fence"))
-        if req.items:
-            encoder.on_preempt(self, st, req)
+        self._preempt_effects(req, ev, st)
         if rid in st.sim_running:
             index = st.sim_running.index(rid)
             st.sim_running.remove(rid)
             if index < st.last_running_index:
                 st.last_running_index -= 1
-        req.status = "PREEMPTED"
-        req.num_preemptions += 1
-        self.inflight.pop(rid, None)
-        req.num_computed_tokens = 0
-        req.spec_token_ids = []  # drafts never survive a preemption
-        req.stale = req.in_flight  # output still in flight is stale
-        req.placeholders = 0
         st.preempted.append(rid)
-        self.note(req, f"preempted with {ev['num_computed_tokens']} computed tokens")
 
     def _on_withdraw(self, ev: dict, st: StepState) -> None:
         """PRIORITY give-back: undo this step's scheduling of a victim."""

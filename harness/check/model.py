@@ -8,7 +8,8 @@ that the event handlers (``harness.check.checker``) update:
   in flight, stale output, KV-load flags, encoder inputs, recent history;
 - blocks: owners (ref counts are the owner sets), the free queue in the order
   the frees imply (spec 5.2), what each full block caches, blocks cached but
-  never computed (PRIORITY give-back);
+  never computed (PRIORITY give-back), blocks whose content a prefix-cache
+  reset forgot;
 - batches in flight (``Batch``, FIFO), deferred-free fences and their FIFO;
 - prefill gating (capacity guard, cadence), KV-connector queues and loads;
 - the encoder cache (``harness.check.encoder_cache.ShadowEncoderCache``);
@@ -120,6 +121,12 @@ class StepState:
     kv_free_due: set[str] = field(default_factory=set)  # finished-while-loading, transfer now done
     running_scheduled: set[str] = field(default_factory=set)  # running-loop requests scheduled (kept)
     enc: EncoderStep = field(default_factory=EncoderStep)  # encoder inputs (harness.check.encoder)
+    # A reset_prefix_cache action of this step (before schedule_begin):
+    # (succeeded, forced) until resolved, the victims a forced reset still
+    # has to preempt (tail of running first), and those it preempted.
+    reset: tuple[bool, bool] | None = None
+    reset_victims: list[str] = field(default_factory=list)
+    reset_preempted: list[str] = field(default_factory=list)
 
 
 def chain_hash(parent: bytes | None, tokens: list[int], extra: tuple | None = None) -> bytes:
@@ -189,6 +196,9 @@ class TraceModel:
         # was never computed: cached by a chunk that a PRIORITY give-back
         # withdrew (block -> the withdrawn request).
         self.uncomputed: dict[int, str] = {}
+        # Blocks whose cached content a successful prefix-cache reset forgot
+        # (block -> the step of that reset), until a fresh allocation.
+        self.reset_forgotten: dict[int, int] = {}
         self.finished_since_schedule: set[str] = set()
         self.prev_running: list[str] = []
         self.prev_waiting: list[str] = []
@@ -236,6 +246,7 @@ class TraceModel:
         self.free_queue.pop(block, None)
         if not as_hit:
             self.uncomputed.pop(block, None)
+            self.reset_forgotten.pop(block, None)
             old = self.content.pop(block, None)
             if old is not None:
                 self.cached[old].discard(block)
@@ -274,6 +285,19 @@ class TraceModel:
             self.free_queue.move_to_end(block, last=False)
         for block in to_tail:
             self.free_queue[block] = None
+
+    def forget_cache(self) -> None:
+        """A successful prefix-cache reset (vLLM ``BlockPool.reset_prefix_cache``):
+        every block's hash is cleared, so nothing cached stays reusable.
+        The free queue keeps its order (vLLM leaves it untouched); a block
+        freed later, now unhashed, goes to the head. A request's registered
+        count stays (vLLM's ``num_cached_block`` does): only a faulty reset
+        leaves a request holding blocks, whose full blocks stay unhashed."""
+        for block in list(self.content) + list(self.uncomputed):
+            self.reset_forgotten[block] = self.step
+        self.content.clear()
+        self.cached.clear()
+        self.uncomputed.clear()
 
     def extend_chain(self, req: ReqShadow, n_blocks: int) -> None:
         """Content hashes of the request's first ``n_blocks`` full blocks."""

@@ -19,6 +19,7 @@ INVARIANTS = [
     Invariant("FCFS-VICTIM-TAIL", "FCFS: each victim is the current tail of running.", "4.2, 8 #7"),
     Invariant("PRIORITY-VICTIM-MAX", "PRIORITY: each victim has the largest (priority, arrival_time) among the current running requests.", "4.2, 8 #8"),
     Invariant("PRIORITY-GIVE-BACK", "Only under PRIORITY is a request scheduled earlier in the step withdrawn, exactly its tokens are given back, and it is then preempted; it is absent from the step's output.", "4.2, 8 #9"),
+    Invariant("RESET-PREEMPTS-RUNNING", "A forced prefix-cache reset (reset_running_requests) preempts exactly the running requests, from the tail of running, before the step's schedule(); those preemptions do not count as the step's (admission proceeds) but are reported in preempted_req_ids.", "vLLM Scheduler.reset_prefix_cache"),
     Invariant("WAITING-NEVER-PREEMPTS", "Admissions from waiting never preempt: no preemption follows an admission in a step.", "3.4 step 11, 8 #33"),
 ]
 
@@ -122,3 +123,23 @@ def check_priority_waiting_order(m: TraceModel, waiting: list[str], num_kv: int)
         keys = [(m.reqs[r].priority, m.reqs[r].arrival_time, r) for r in part if r in m.reqs]
         if keys != sorted(keys):
             m.violate("PREEMPT-WAITING-HEAD", None, f"waiting not in priority order: {waiting[:8]}...")
+
+
+def check_reset_victim(m: TraceModel, rid: str, expected: str | None, req: ReqShadow | None) -> bool:
+    """RESET-PREEMPTS-RUNNING (the next victim is the tail of what still
+    runs) and PREEMPT-ONLY-RUNNING. False when the request is unknown."""
+    if req is None or req.status != "RUNNING":
+        m.violate("PREEMPT-ONLY-RUNNING", rid,
+                  f"forced reset preempted a request with status {req.status if req else 'unknown'}")
+        return req is not None
+    if rid != expected:
+        m.violate("RESET-PREEMPTS-RUNNING", rid,
+                  f"forced reset preempted {rid}, but the tail of running is {expected}")
+    return True
+
+
+def check_reset_done(m: TraceModel, left: list[str]) -> None:
+    """RESET-PREEMPTS-RUNNING: a forced reset left no request running."""
+    if left:
+        m.violate("RESET-PREEMPTS-RUNNING", left[-1],
+                  f"forced prefix-cache reset left {left} running (it must preempt every running request)")

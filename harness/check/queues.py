@@ -73,6 +73,13 @@ def check_queues_at_start(m: TraceModel, st: StepState, running: list[str], wait
                   f"waiting at step start {waiting} != previous end + arrivals {expected_waiting}")
 
 
+def check_reset_running(m: TraceModel, running: list[str], expected: list[str]) -> None:
+    """STATE-CONTINUITY on a ``reset_prefix_cache`` row: its running queue is
+    the previous step's end less this step's aborts."""
+    if running != expected:
+        m.violate("STATE-CONTINUITY", None, f"running at prefix-cache reset {running} != expected {expected}")
+
+
 def check_batches_in_flight(m: TraceModel) -> None:
     """STATE-CONTINUITY: at most max_concurrent_batches batches in flight."""
     if len(m.batches) > m.depth:

@@ -23,15 +23,16 @@ import: a broken canonical set must not silently shrink what is checked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from reference.config import EngineConfig
-from reference.workload import Workload
+from reference.workload import Action, Workload
 from workloads.scenario import ScenarioError, load_scenario, synthetic_workload
 
-__all__ = ["DIRECTORY", "ORDER", "SCENARIOS", "Scenario", "load_canonical"]
+__all__ = ["ACTION_SCENARIOS", "ActionScenario", "DIRECTORY", "ORDER", "SCENARIOS", "Scenario",
+           "load_canonical"]
 
 #: The folder of the canonical scenario files (this package's).
 DIRECTORY = Path(__file__).resolve().parent
@@ -100,3 +101,37 @@ def _load_all(directory: Path) -> dict[str, Scenario]:
 
 
 SCENARIOS: dict[str, Scenario] = _load_all(DIRECTORY)
+
+
+# -- scenarios with [[actions]] ------------------------------------------------------
+@dataclass(frozen=True)
+class ActionScenario(Scenario):
+    """A canonical-style scenario plus ``actions`` (``reference.workload.Action``),
+    also listed in the workload's ``params["actions"]`` so a recording replays
+    them. Built in code: a ``[synthetic]`` file cannot carry ``[[actions]]``
+    (their request ids and steps are checked against ``[[requests]]``)."""
+
+    actions: tuple[Action, ...] = ()
+
+    def make_workload(self) -> Workload:
+        wl = super().make_workload()
+        return replace(wl, actions=self.actions,
+                       params={**wl.params, "actions": [a.to_dict() for a in self.actions]})
+
+
+#: Scenarios with actions (prefix-cache resets, abort sets): run by the mutation
+#: self-test beside ``SCENARIOS``, without goldens (the goldens stay the
+#: recordings of ``SCENARIOS``). Their hand-written counterparts with exact
+#: figures are traces/scenarios/reset-prefix-cache-*.toml.
+_SMALL = {"block_size": 4, "max_model_len": 96, "max_num_seqs": 4, "max_num_batched_tokens": 64}
+ACTION_SCENARIOS: dict[str, ActionScenario] = {s.name: s for s in [
+    ActionScenario("prefix-reset", "prefix sharing with prefix-cache resets: refused while blocks are held "
+                   "(step 5), forced (reset_running_requests: every running request preempted, tail first) "
+                   "at steps 12 and 25, and an abort action at step 8",
+                   {**_SMALL, "num_gpu_blocks": 60},
+                   {"num_requests": 40, "shared_prefix_len": 32, "shared_prefix_fraction": 0.5},
+                   actions=(Action(5, "reset_prefix_cache"),
+                            Action(8, "abort", request_ids=("r000001", "r000002")),
+                            Action(12, "reset_prefix_cache", reset_running_requests=True),
+                            Action(25, "reset_prefix_cache", reset_running_requests=True))),
+]}

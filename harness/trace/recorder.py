@@ -20,8 +20,8 @@ import reference
 from reference.config import EngineConfig
 from reference.candidate import CandidateFactory
 from reference.engine import Engine, EngineStalled, EngineSummary, StepRecord
-from reference.output import (EncoderPlan, FinishedRequest, Preemption, Promotion, RemoteLoad,
-                              ScheduledRequest, Skip, Withdrawal)
+from reference.output import (EncoderPlan, FinishedRequest, Preemption, PrefixCacheReset, Promotion,
+                              RemoteLoad, ScheduledRequest, Skip, Withdrawal)
 from reference.runners.base import RunnerFactory
 from reference.scheduler import Scheduler
 from reference.workload import RequestSpec, Workload
@@ -80,8 +80,9 @@ def spec_from_row(row: Row) -> RequestSpec:
 def uses_scenario_inputs(workload: Workload) -> bool:
     """Whether a request of ``workload`` uses an input only schema 5 records
     (``harness.trace.schema.SCENARIO_COLUMNS``)."""
-    return any(not r.by_time or r.abort_step is not None or r.output_token_ids is not None
-               or r.draft_acceptance_pattern is not None for r in workload.requests)
+    return bool(workload.actions) or any(
+        not r.by_time or r.abort_step is not None or r.output_token_ids is not None
+        or r.draft_acceptance_pattern is not None for r in workload.requests)
 
 
 def _finish_row(kind: str, fin: FinishedRequest) -> Row:
@@ -116,6 +117,7 @@ def _rank_rows(rec: StepRecord) -> list[Row]:
     rows += [{"kind": "arrival", **_request_fields(s)} for s in rec.arrivals]
     rows += [{"kind": "reject", "message": r.reason, **_request_fields(r.spec)} for r in rec.rejections]
     rows += [_finish_row("abort", f) for f in rec.aborts]
+    rows += _action_rows(rec)
     out = rec.output
     if out is not None:
         rows.append({"kind": "schedule_begin", "clock_s": rec.clock, "waiting": rec.waiting_before,
@@ -151,6 +153,25 @@ def _rank_rows(rec: StepRecord) -> list[Row]:
         rows += [{"kind": "draft", "request_id": req_id, "spec_token_ids": drafts}
                  for req_id, drafts in rec.drafts.items()]
         rows.append({"kind": "update_end", "num_free_blocks": rec.num_free_blocks_after_update})
+    return rows
+
+
+def _action_rows(rec: StepRecord) -> list[Row]:
+    """A step's workload actions, in order (schema 5): an abort action's
+    ``abort`` rows; a reset's ``reset_prefix_cache`` row (``status``
+    ``succeeded`` or ``refused``; ``running``: the running queue before;
+    ``message``: ``reset_running_requests`` when it preempted them first)
+    followed by its ``preempt`` rows, in the order taken."""
+    rows: list[Row] = []
+    for item in rec.actions:
+        if isinstance(item, FinishedRequest):
+            rows.append(_finish_row("abort", item))
+            continue
+        assert isinstance(item, PrefixCacheReset)
+        rows.append({"kind": "reset_prefix_cache", "status": "succeeded" if item.succeeded else "refused",
+                     "running": item.running_before,
+                     "message": "reset_running_requests" if item.reset_running_requests else None})
+        rows += [_decision_row(p) for p in item.preemptions]
     return rows
 
 
@@ -231,6 +252,7 @@ def requests_ended(rec: StepRecord) -> int:
     rank (``rec.peers``): finished by its update, aborted, or rejected at
     arrival (a recording's progress, in requests)."""
     return sum(len(r.update.finished if r.update else ()) + len(r.aborts) + len(r.rejections)
+               + sum(isinstance(a, FinishedRequest) for a in r.actions)
                for r in [rec, *rec.peers])
 
 

@@ -12,8 +12,9 @@ import pyarrow as pa
 
 #: The version of a trace whose requests use no scenario input (every golden).
 SCHEMA_VERSION = 4
-#: The version of a trace whose requests use a scenario input: schema 4 plus
-#: SCENARIO_COLUMNS. The writer picks the lowest version that holds the run
+#: The version of a trace whose requests use a scenario input, or whose
+#: workload has ``[[actions]]``: schema 4 plus SCENARIO_COLUMNS (and the
+#: ``reset_prefix_cache`` event kind). The writer picks the lowest version that holds the run
 #: (``TraceWriter(..., scenario_columns=...)``), so a recording without
 #: scenario inputs keeps schema 4's bytes: goldens need no re-recording for it.
 SCENARIO_SCHEMA_VERSION = 5
@@ -114,4 +115,6 @@ BASE_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in SCENARIO_COLUMNS])
 
 EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "encoder_plan", "schedule", "withdraw",
                "preempt", "skip", "kv_load", "kv_promote", "schedule_end", "update_begin", "free_drain",
-               "kv_invalid", "output", "finish", "kv_finished", "kv_free", "draft", "update_end")
+               "kv_invalid", "output", "finish", "kv_finished", "kv_free", "draft", "update_end",
+               # Schema 5 only: a scenario action (docs/scenario-format.md).
+               "reset_prefix_cache")

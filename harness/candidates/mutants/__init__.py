@@ -20,10 +20,11 @@ from reference.scheduler import Scheduler
 from harness.candidates.mutants.queues import (AdmitAfterPreempt, PreemptHead, IgnoreMaxNumSeqs,
                                                NoStopOnMaxTokens, PreemptWaiting, LifoPriorityVictim,
                                                NoGiveBack, BudgetOverrun, IgnoreThreshold,
-                                               ReverseRunningOrder, ForgetFinishedIds, AdmissionPreempts)
+                                               ReverseRunningOrder, ForgetFinishedIds, AdmissionPreempts,
+                                               ResetPreemptsHead)
 from harness.candidates.mutants.blocks import (LeakOnFinish, HitEvictedBlock, LeakOnAbort, DoubleFreeShared,
                                                FreeUnhashedToTail, PreemptKeepsBlock, OverAllocate,
-                                               ReuseHeldBlock)
+                                               ReuseHeldBlock, ResetWhileHeld, ResetKeepsCache)
 from harness.candidates.mutants.spec_async import (DraftsOnPrefill, NoDraftRollback, FreeBeforeFence,
                                                    NoStaleSkip, NoAsyncMaxTokensGuard, IgnorePrefillCadence,
                                                    IgnoreThrottle)
@@ -69,6 +70,10 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "no-encoder-cache-check": (NoEncoderCacheCheck, "ENCODER-INPUTS"),
     "evict-newest-first": (EvictNewestFirst, "ENCODER-CACHE"),
     "no-encoder-give-back": (NoEncoderGiveBack, "ENCODER-INPUTS"),
+    # Killed only by scenarios with a reset_prefix_cache action (ACTION_SCENARIOS).
+    "reset-while-held": (ResetWhileHeld, "RESET-ONLY-WHEN-FREE"),
+    "reset-keeps-cache": (ResetKeepsCache, "HIT-AFTER-RESET"),
+    "reset-preempts-head": (ResetPreemptsHead, "RESET-PREEMPTS-RUNNING"),
 }
 MUTANTS: dict[str, type[Scheduler]] = {k: v[0] for k, v in MUTANTS_AND_TARGETS.items()}
 EXPECTED_INVARIANT: dict[str, str] = {k: v[1] for k, v in MUTANTS_AND_TARGETS.items()}

@@ -176,3 +176,38 @@ class ReuseHeldBlock(Scheduler):
         super().__init__(config)
         self.kv_cache_manager.block_pool = _ReuseHeldBlockPool(
             config.num_gpu_blocks, config.enable_prefix_caching)
+
+
+# -- prefix-cache reset (a scenario's reset_prefix_cache action) ----------------------
+class _ResetWhileHeldPool(BlockPool):
+    def reset_prefix_cache(self) -> bool:
+        # The broken rule: no check that every block is free. Hashes of
+        # blocks still holding live KV are forgotten too.
+        self.cached_block_hash_to_block = {}
+        for block in self.blocks:
+            block.block_hash = None
+        return True
+
+
+class ResetWhileHeld(Scheduler):
+    """``reset_prefix_cache`` succeeds while requests hold blocks
+    (RESET-ONLY-WHEN-FREE)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager.block_pool.__class__ = _ResetWhileHeldPool
+
+
+class _ResetKeepsHashesPool(BlockPool):
+    def reset_prefix_cache(self) -> bool:
+        # Refuses and succeeds like vLLM, but forgets nothing.
+        return self.get_num_free_blocks() == self.num_gpu_blocks - 1
+
+
+class ResetKeepsCache(Scheduler):
+    """A successful ``reset_prefix_cache`` keeps every cached hash, so later
+    requests hit blocks cached before the reset (HIT-AFTER-RESET)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager.block_pool.__class__ = _ResetKeepsHashesPool

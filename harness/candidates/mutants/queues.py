@@ -169,3 +169,18 @@ class AdmissionPreempts(Scheduler):
         output.preempted_req_ids.add(request.request_id)
         self.reset_preempted_req_ids.discard(request.request_id)
         return output
+
+
+class ResetPreemptsHead(Scheduler):
+    """A forced ``reset_prefix_cache`` (reset_running_requests) preempts the
+    running queue from its head instead of its tail (RESET-PREEMPTS-RUNNING)."""
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False):
+        if not reset_running_requests or len(self.running) < 2:
+            return super().reset_prefix_cache(reset_running_requests)
+        # Reverse running so the reference's tail-first loop takes the head first.
+        running_before = [r.request_id for r in self.running]
+        self.running.reverse()
+        result = super().reset_prefix_cache(reset_running_requests)
+        result.running_before = running_before
+        return result

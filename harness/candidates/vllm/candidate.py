@@ -34,7 +34,7 @@ from typing import Any
 
 from reference.config import EngineConfig
 from reference.kv_connector import KVConnectorOutput
-from reference.output import (FinishedRequest, KVTransferFree, Preemption, Promotion, RemoteLoad,
+from reference.output import (FinishedRequest, KVTransferFree, Preemption, PrefixCacheReset, Promotion, RemoteLoad,
                               ScheduledRequest, SchedulerOutput, SchedulerSnapshot, Skip,
                               UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus
@@ -381,6 +381,17 @@ class VLLMCandidate:
         self._snap = None
         self._check_count(answer)
         return finished
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> PrefixCacheReset:
+        """vLLM's ``Scheduler.reset_prefix_cache`` in the driver; the forced
+        preemptions come back in the order vLLM took them."""
+        answer = self._call("reset_prefix_cache", reset_running_requests=reset_running_requests)
+        self._snap = _snapshot(answer["snapshot"])
+        return PrefixCacheReset(reset_running_requests, list(answer["running_before"]),
+                                [Preemption(p["request_id"], p["num_computed_tokens"],
+                                            list(p["freed_block_ids"]), p.get("fence"))
+                                 for p in answer["preemptions"]],
+                                bool(answer["succeeded"]))
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         answer = self._call("schedule", throttle_prefills=throttle_prefills)

@@ -660,6 +660,25 @@ class Driver:
                if r.status == self.RequestStatus.FINISHED_ABORTED]
         return {"finished": out, "num_unfinished": sched.get_num_unfinished_requests()}
 
+    def reset_prefix_cache(self, reset_running_requests: bool) -> dict:
+        """vLLM's own ``Scheduler.reset_prefix_cache(reset_running_requests)``
+        (``EngineCore.reset_prefix_cache``'s body; no connector to reset).
+        Returns ``{succeeded, running_before, preemptions, snapshot}``: the
+        forced preemptions as the hooks saw them (tail of running first),
+        each ``{request_id, num_computed_tokens, freed_block_ids, fence}``.
+        vLLM's RuntimeError (a forced reset that still fails) propagates."""
+        sched = self._require()
+        running_before = [r.request_id for r in sched.running]
+        self.hooks.seq = []
+        # Passed by name: a vLLM without the parameter fails loudly (TypeError).
+        ok = sched.reset_prefix_cache(reset_running_requests=reset_running_requests)
+        preemptions = [{"request_id": item[1], "num_computed_tokens": item[2],
+                        "freed_block_ids": list(item[3]), "fence": item[4] if len(item) > 4 else None}
+                       for item in self.hooks.seq if item[0] == "preempt"]
+        self.hooks.seq = []
+        return {"succeeded": bool(ok), "running_before": running_before, "preemptions": preemptions,
+                "snapshot": self.snapshot()}
+
     def num_free_blocks(self) -> int:
         return ev.num_free_blocks(self.sched)
 
@@ -855,6 +874,8 @@ def _serve(inp, out) -> int:
                 resp = driver.add(msg["request"])
             elif op == "abort":
                 resp = driver.abort(msg["request_ids"])
+            elif op == "reset_prefix_cache":
+                resp = driver.reset_prefix_cache(bool(msg.get("reset_running_requests", False)))
             elif op == "schedule":
                 resp = driver.schedule(bool(msg.get("throttle_prefills", False)))
             elif op == "update":
