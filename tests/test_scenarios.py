@@ -23,6 +23,14 @@ SCENARIOS = Path(__file__).resolve().parents[1] / "traces" / "scenarios"
 # name: (steps, {request: arrival step}, {request: prefix-hit tokens}, {request: (end step, kind,
 #        finish_reason, num_output_tokens)}, [(step, preempted request)])
 EXPECTED = {
+    # A aborted while its load is in flight (step 2): its blocks [1-4] stay held until the load
+    # ends (kv_finished + kv_free at step 3); B's load got other blocks.
+    "abort-while-kv-load-in-flight": (10, {"A": 0, "B": 2}, {}, {"A": (2, "abort", "abort", 0),
+                                                                "B": (9, "finish", "length", 4)}, []),
+    # A's blocks are fenced by the step in flight (freed at step 4's update): B, arriving at
+    # step 4, is admitted only at step 5.
+    "freed-block-reused-while-in-flight": (9, {"A": 0, "B": 4}, {}, {"A": (3, "finish", "stop", 3),
+                                                                    "B": (7, "finish", "length", 2)}, []),
     "abort-running-at-step": (6, {"A": 0, "B": 4}, {}, {"A": (3, "abort", "abort", 3),
                                                        "B": (5, "finish", "length", 2)}, []),
     "chunked-long-prefill-threshold": (5, {"L": 0, "S": 0}, {}, {"L": (4, "finish", "length", 2),
