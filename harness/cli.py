@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -29,6 +30,7 @@ from rich.table import Table
 
 from reference.config import ConfigError
 from reference.candidate import CandidateError, CandidateFactory
+from reference.engine import check_workload_supported
 from reference.workload import WorkloadError
 from workloads.scenario import is_scenario_path, load_scenario
 
@@ -50,6 +52,13 @@ def _fail(message: str) -> None:
     # The message is plain text: escaped, so "[torch]" in an install hint is not taken as markup.
     err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     sys.exit(EXIT_UNUSABLE)
+
+
+def _refuse_overwriting_input(output: str, source: str) -> None:
+    """Exit 2 if ``output`` names the same file as ``source`` (it would replace the input)."""
+    out, src = Path(output), Path(source)
+    if out.exists() and src.exists() and out.resolve() == src.resolve():
+        _fail(f"{output}: -o names the input file; it would be overwritten (choose another path)")
 
 
 def _candidate(spec: str) -> CandidateFactory:
@@ -88,7 +97,8 @@ def main() -> None:
               help="Divide arrival times by X (X=10: ten times the load).")
 @click.option("--seed", type=int, default=None,
               help="Seed for synthesized prompt tokens and the scripted model [default: 0, or a "
-                   "scenario file's seed].")
+                   "scenario file's seed; there it seeds only the model: a scenario's prompt_len "
+                   "tokens are seeded by name].")
 @click.option("--priority-levels", type=click.IntRange(min=1), default=1, show_default=True,
               help="Give requests seeded random priorities in [0, N) (for --set policy=priority).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
@@ -124,6 +134,7 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
     'synthetic[:N]', or a scenario file (.toml or .json,
     docs/scenario-format.md: it carries its config; --set still overrides).
     """
+    _refuse_overwriting_input(output, workload)
     factory = _candidate(engine)
     runner_factory = None
     if model != "torch":
@@ -154,6 +165,7 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
             seed = 0 if seed is None else seed
             config, wl = record_inputs(workload, _parse_sets(sets), limit=limit, time_scale=time_scale,
                                        seed=seed, priority_levels=priority_levels, stop_on_eos=stop_on_eos)
+        check_workload_supported(config, wl)
     except ConfigError as exc:
         _fail(f"bad config: {exc}")
     except (WorkloadError, OSError) as exc:
@@ -357,6 +369,7 @@ def scenario_extract(trace_path: str, request_ids: str | None, steps: str | None
     """
     from harness.scenario_extract import ExtractError, extract, parse_steps
 
+    _refuse_overwriting_input(output, trace_path)
     trace = _open(trace_path)
     try:
         window = parse_steps(steps) if steps is not None else None

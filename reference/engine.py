@@ -47,7 +47,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from reference.config import EngineConfig
+from reference.config import ConfigError, EngineConfig
 from reference.kv_connector import SimulatedKVWorker
 from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
@@ -56,6 +56,20 @@ from reference.candidate import Candidate, CandidateError, CandidateFactory
 from reference.output import FinishedRequest, PrefixCacheReset, SchedulerOutput, UpdateResult
 from reference.scheduler import Scheduler
 from reference.workload import Action, RequestSpec, Workload
+
+
+def check_workload_supported(config: EngineConfig, workload: Workload) -> None:
+    """Raise ConfigError for a workload this engine cannot run under ``config``.
+
+    A forced reset (an action with ``reset_running_requests``) is modelled for a
+    synchronous engine only: vLLM also drops in-flight output there and refuses
+    while a remote KV load holds blocks. ``Engine.run`` checks it, so a config
+    override (``--set``) cannot slip past the scenario loader's own check.
+    """
+    if any(a.reset_running_requests for a in workload.actions) and (
+            config.async_scheduling or config.max_concurrent_batches > 1 or config.kv_connector):
+        raise ConfigError("reset_running_requests needs a synchronous engine without a KV connector "
+                          "(async_scheduling, batches in flight or kv_connector are not supported)")
 
 
 class EngineStalled(RuntimeError):
@@ -370,6 +384,7 @@ class Engine:
         other ranks' in ``peers``.
         """
         config = self.config
+        check_workload_supported(config, workload)
         ranks = [_Rank(i, _Guarded(s, self),
                        SimulatedKVWorker(config, self.seed) if config.kv_connector else None)
                  for i, s in enumerate(self.schedulers)]

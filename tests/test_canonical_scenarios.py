@@ -114,7 +114,7 @@ BASE = 'format_version = 1\ndescription = "d"\n\n[config]\nblock_size = 4\nmax_m
     (BASE + "\n[synthetic]\nnum_requests = 4\nprompt_len = [1, 2.5]\n", 11,
      "synthetic.prompt_len[1]: 2.5 is not of type 'integer'"),
     (BASE + "\n[synthetic]\nnum_requests = 0\n", 10, "synthetic.num_requests: 0 is less than the minimum of 1"),
-    (BASE + "\n[synthetic]\nnum_requests = 4.0\n", 10, "synthetic: num_requests must be an int >= 1, got 4.0"),
+    (BASE + "\n[synthetic]\nnum_requests = 4.0\n", 10, "synthetic.num_requests: 4.0 is not of type 'integer'"),
     (BASE + "\n[synthetic]\nnum_requests = 4\neos_fraction = 1.5\n", 11,
      "synthetic.eos_fraction: 1.5 is greater than the maximum of 1"),
     (BASE + "\n[synthetic]\nnum_requests = 4\narrival_rate = 0\n", 11,

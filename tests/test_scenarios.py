@@ -240,6 +240,21 @@ REQ = '[[requests]]\nrequest_id = "{rid}"\nprompt_len = 8\n{extra}\n'
     (BASE + REQ.format(rid="A", extra="arrival_step = 4\narrival_time = 1.0"), 8, "exactly one of"),
     (BASE + "max_num_seqs = 0\n" + REQ.format(rid="A", extra="arrival_step = 0"), 5, "bad config: max_num_seqs"),
     (BASE + "[[requests]\n", 5, "TOML syntax error"),
+    # Regressions from an adversarial review: each crashed, was silently accepted, or changed meaning.
+    (BASE + REQ.format(rid="A", extra="arrival_step = 0\npriority = 2147483648"), 9,
+     "2147483648 is greater than the maximum of 2147483647"),  # crashed the int32 writer
+    (BASE + REQ.format(rid="A", extra="arrival_step = 0\nmax_tokens = 9223372036854775807"), 9,
+     "is greater than the maximum of 2147483647"),
+    (BASE + '[[requests]]\nrequest_id = "A"\nprompt_len = 8.0\narrival_step = 0\n', 7,
+     "8.0 is not of type 'integer'"),  # a TypeError traceback
+    ('format_version = 1\nseed = 1.0\n' + BASE[len('format_version = 1\n'):] + REQ.format(rid="A", extra="arrival_step = 0"),
+     2, "1.0 is not of type 'integer'"),  # accepted; the trace then failed to replay
+    (BASE + '[[requests]]\nrequest_id = "A"\nprompt_len = 2147483647\narrival_step = 0\n', 7,
+     "greater than the maximum of 16777216"),  # hung synthesising the prompt
+    (BASE + REQ.format(rid="A", extra='arrival_step = 0\nprefix_group = "g"\nprefix_len = 20'), 10,
+     "prefix_len 20 is longer than the prompt (8 tokens)"),  # accepted with an 8-token prompt
+    (BASE + "max_concurrent_batches = 2\n" + REQ.format(rid="A", extra="arrival_step = 0"), 5,
+     "max_concurrent_batches is not a config key"),  # accepted, unlike --set
 ])
 def test_bad_input_exits_2_with_file_line_problem(tmp_path: Path, body: str, line: int, problem: str) -> None:
     src = tmp_path / "bad.toml"
@@ -249,6 +264,41 @@ def test_bad_input_exits_2_with_file_line_problem(tmp_path: Path, body: str, lin
     assert r.exit_code == 2, r.output
     assert r.output.count("\n") == 1 and f"{src}:{line}: " in r.output and problem in r.output, r.output
     assert list(tmp_path.iterdir()) == [src]  # nothing written
+
+
+def test_json_duplicate_keys_are_refused_as_toml_refuses_them(tmp_path: Path) -> None:
+    """Regression: json.loads kept the last of two ``max_tokens`` silently."""
+    src = tmp_path / "dup.json"
+    src.write_text('{"format_version": 1,\n "requests": [\n  {"request_id": "A", "prompt_len": 8,\n'
+                   '   "max_tokens": 2,\n   "max_tokens": 5, "arrival_step": 0}]}\n')
+    r = CliRunner().invoke(main, ["record", str(src), "-o", str(tmp_path / "t.parquet")])
+    assert r.exit_code == 2
+    assert r.output == f"error: {src}:5: JSON: duplicate key 'max_tokens' (TOML refuses it too)\n"
+
+
+def test_output_naming_the_input_is_refused(tmp_path: Path) -> None:
+    """Regression: ``record S.toml -o S.toml`` replaced the scenario with its trace, and
+    ``scenario extract T.parquet -o T.parquet`` the trace with TOML."""
+    src = tmp_path / "s.toml"
+    src.write_bytes((SCENARIOS / "stop-token.toml").read_bytes())
+    r = CliRunner().invoke(main, ["record", str(src), "-o", str(src)])
+    assert r.exit_code == 2 and "-o names the input file" in r.output
+    assert src.read_bytes() == (SCENARIOS / "stop-token.toml").read_bytes()
+    trace = record(src, tmp_path / "t.parquet")
+    before = trace.read_bytes()
+    r = CliRunner().invoke(main, ["scenario", "extract", str(trace), "-o", str(trace)])
+    assert r.exit_code == 2 and "-o names the input file" in r.output and trace.read_bytes() == before
+
+
+def test_set_cannot_slip_a_forced_reset_past_the_loader(tmp_path: Path) -> None:
+    """Regression: ``--set async_scheduling=true`` on a file with ``reset_running_requests``
+    recorded a trace its own check then flagged (STALE-OUTPUT)."""
+    out = tmp_path / "t.parquet"
+    r = CliRunner().invoke(main, ["record", str(SCENARIOS / "reset-prefix-cache-preempt-running.toml"),
+                                  "--set", "async_scheduling=true", "-o", str(out)])
+    assert r.exit_code == 2 and not out.exists()
+    assert r.output == ("error: bad config: reset_running_requests needs a synchronous engine without a KV "
+                        "connector (async_scheduling, batches in flight or kv_connector are not supported)\n")
 
 
 def test_json_scenario_gives_the_same_workload_and_line_numbers(tmp_path: Path) -> None:

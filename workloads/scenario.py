@@ -49,6 +49,26 @@ FORMAT_VERSION = 1
 DEFAULT_MAX_TOKENS = 16
 _FIRST_TOKEN_ID = 10  # synthesised prompt tokens are in [10, VOCAB_SIZE), as the loaders'
 
+MAX_INT32 = 2**31 - 1
+#: A prompt_len past this (16 Mi tokens) is refused: synthesising it would take minutes and gigabytes,
+#: and any prompt of max_model_len tokens or more is only ever rejected at arrival.
+MAX_PROMPT_LEN = 2**24
+
+
+def _bounded(schema: Any) -> Any:
+    """``schema`` with every integer bounded to int32 (traces store int32 columns; a larger
+    value crashed the writer), unless it sets its own bounds."""
+    if isinstance(schema, dict):
+        out = {k: _bounded(v) for k, v in schema.items()}
+        if out.get("type") == "integer":
+            out.setdefault("maximum", MAX_INT32)
+            out.setdefault("minimum", -MAX_INT32 - 1)
+        return out
+    if isinstance(schema, list):
+        return [_bounded(v) for v in schema]
+    return schema
+
+
 _token = {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}
 _step = {"type": "integer", "minimum": 0}
 _REQUEST = {
@@ -58,7 +78,7 @@ _REQUEST = {
     "properties": {
         "request_id": {"type": "string", "minLength": 1},
         "prompt_token_ids": {"type": "array", "items": _token, "minItems": 1},
-        "prompt_len": {"type": "integer", "minimum": 1},
+        "prompt_len": {"type": "integer", "minimum": 1, "maximum": MAX_PROMPT_LEN},
         "prefix_group": {"type": "string", "minLength": 1},
         "prefix_len": {"type": "integer", "minimum": 0},
         "max_tokens": {"type": "integer", "minimum": 1},
@@ -131,9 +151,9 @@ SCENARIO_SCHEMA: dict[str, Any] = {
         "description": {"type": "string"},
         "seed": {"type": "integer"},
         "config": {"type": "object"},
-        "synthetic": _SYNTHETIC,
-        "requests": {"type": "array", "items": _REQUEST, "minItems": 1},
-        "actions": {"type": "array", "items": _ACTION},
+        "synthetic": _bounded(_SYNTHETIC),
+        "requests": {"type": "array", "items": _bounded(_REQUEST), "minItems": 1},
+        "actions": {"type": "array", "items": _bounded(_ACTION)},
     },
 }
 _ARRIVALS = ("arrival_time", "arrival_step", "after")
@@ -287,7 +307,10 @@ def load_scenario(path: str | Path) -> Scenario:
         return ScenarioError(f"{p}:{line}: {problem}")
 
     try:
-        doc = json.loads(text) if is_json else tomllib.loads(text)
+        doc = json.loads(text, object_pairs_hook=_no_duplicate_keys) if is_json else tomllib.loads(text)
+    except _DuplicateKey as exc:
+        raise fail(_line_of_key(text, str(exc)),
+                   f"JSON: duplicate key {str(exc)!r} (TOML refuses it too)") from None
     except tomllib.TOMLDecodeError as exc:
         m = re.search(r"\(at line (\d+), column \d+\)", str(exc))
         problem = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
@@ -297,6 +320,11 @@ def load_scenario(path: str | Path) -> Scenario:
     _check_workload_tables(doc, fail)
     _validate_schema(doc, fail)
     config = doc.get("config", {})
+    if isinstance(config, dict) and "max_concurrent_batches" in config:
+        raise fail(["config", "max_concurrent_batches"],
+                   "max_concurrent_batches is not a config key: as in vLLM it is derived from "
+                   "pipeline_parallel_size and async_scheduling (async_scheduling = true gives 2, "
+                   "pipeline_parallel_size = N gives N)")
     try:
         EngineConfig.from_dict(config)
     except ConfigError as exc:
@@ -317,6 +345,32 @@ def load_scenario(path: str | Path) -> Scenario:
     return Scenario(p, doc.get("description", ""), dict(config), doc.get("seed", 0), workload)
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object repeating a key (json.loads keeps the last one silently)."""
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    for k in keys:
+        if keys.count(k) > 1:
+            raise _DuplicateKey(k)
+    return dict(pairs)
+
+
+def _line_of_key(text: str, key: str) -> int:
+    """1-based line of the second ``"key":`` in ``text`` (the repeat), else of the first, else 1."""
+    hits = [m.start() for m in re.finditer(rf'"{re.escape(key)}"\s*:', text)]
+    return text.count("\n", 0, hits[1] if len(hits) > 1 else hits[0]) + 1 if hits else 1
+
+
+#: JSON Schema's "integer" admits 2.0; a scenario's counts, steps, seeds and ids must be ints as
+#: written (a float seed silently changed the outputs and made the trace unreadable).
+_VALIDATOR = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool)))
+
+
 def _validate_schema(doc: Any, fail) -> None:
     if isinstance(doc, dict):
         # Unknown keys first: the schema's message for them is hard to read.
@@ -329,7 +383,7 @@ def _validate_schema(doc: Any, fail) -> None:
                 if key not in _REQUEST["properties"]:
                     raise fail(["requests", i, key], f"requests[{i}]: unknown key {key!r}")
         _check_action_keys(doc.get("actions"), fail)
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(SCENARIO_SCHEMA).iter_errors(doc))
+    error = jsonschema.exceptions.best_match(_VALIDATOR(SCENARIO_SCHEMA).iter_errors(doc))
     if error is None:
         return
     where = list(error.absolute_path)
@@ -483,6 +537,9 @@ def _requests(reqs: list[dict[str, Any]], fail) -> list[RequestSpec]:
                 raise fail(where + [key], f"requests[{i}]: {key} needs prompt_len")
         if "prefix_len" in req and "prefix_group" not in req:
             raise fail(where + ["prefix_len"], f"requests[{i}]: prefix_len needs prefix_group")
+        if req.get("prefix_len", 0) > req.get("prompt_len", 0):
+            raise fail(where + ["prefix_len"], f"requests[{i}]: prefix_len {req['prefix_len']} is longer "
+                                               f"than the prompt ({req['prompt_len']} tokens)")
         given = [k for k in _ARRIVALS if k in req]
         if len(given) != 1:
             raise fail(where + given[1:2], f"requests[{i}]: give exactly one of arrival_time, arrival_step "
