@@ -213,7 +213,11 @@ def extract(trace: Trace, *, requests: Sequence[str] | None = None, steps: tuple
         spec = life.spec
         if spec.after is not None and spec.after not in chosen_set:
             # What `after` resolved to in the trace: the step it arrived at.
-            spec = replace(spec, after=None, arrival_step=life.arrival_step, arrival_time=0.0)
+            # An abort_step before that step meant "abort on arrival": it becomes that step.
+            abort_step = (None if spec.abort_step is None
+                          else max(spec.abort_step, life.arrival_step))
+            spec = replace(spec, after=None, arrival_step=life.arrival_step, arrival_time=0.0,
+                           abort_step=abort_step)
         if spec.arrival_step is not None or spec.after is not None:
             spec = replace(spec, arrival_time=0.0)  # the clock the engine gave it: not an input
         if spec.output_token_ids is None and (real_model or spec.scripted_output_len is not None) \

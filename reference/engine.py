@@ -282,6 +282,12 @@ class _Arrivals:
         for spec in self.after.pop(request_id, ()):
             self.released.append((step + 1, self.order[spec.request_id], spec))
 
+    def abort_on_arrival(self, request_id: str, step: int) -> None:
+        """Abort ``request_id`` (named by an abort action of ``step`` before it arrived) in
+        the step it arrives, after that step's arrivals, as an ``abort_step`` would."""
+        self.step_aborts.append((step, self.order[request_id], request_id))
+        self.step_aborts.sort()
+
     def take_aborts(self, step: int, clock: float) -> list[str]:
         """The request ids aborted at ``step`` (after its arrivals), in order."""
         out: list[str] = []
@@ -505,6 +511,11 @@ class Engine:
         outcome goes to the records' ``actions``."""
         if action.kind == "abort":
             for req_id in action.request_ids:
+                if req_id not in arrivals.arrived:
+                    # Not arrived yet (a later timed, step or `after` request): it is aborted
+                    # when it arrives, as its own abort_step would be.
+                    arrivals.abort_on_arrival(req_id, action.step)
+                    continue
                 rank = owner.get(req_id)
                 if rank is None or not rank.sched.has_request(req_id):
                     continue  # rejected at arrival, or already ended

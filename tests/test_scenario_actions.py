@@ -278,3 +278,38 @@ def test_the_action_scenario_replays_identically_on_vllm(tmp_path: Path) -> None
         (5, "refused"), (12, "succeeded"), (25, "succeeded")]
     r = CliRunner().invoke(main, ["replay", str(out), "--candidate", "vllm@0.33.0"])
     assert r.exit_code == 0 and "conformant: 230 steps replayed, identical decisions" in r.output, r.output
+
+
+def test_abort_action_on_a_request_not_yet_arrived_aborts_it_on_arrival(tmp_path: Path) -> None:
+    """Regression: an abort action naming an `after` request that had not arrived yet was
+    dropped silently (Q then ran to the end); it now applies when Q arrives, as Q's own
+    abort_step would, on the reference and identically on replay."""
+    src = tmp_path / "late.toml"
+    src.write_text('''format_version = 1
+[config]
+num_gpu_blocks = 16
+block_size = 16
+max_model_len = 128
+[[requests]]
+request_id = "A"
+prompt_len = 8
+max_tokens = 5
+ignore_eos = true
+arrival_step = 0
+[[requests]]
+request_id = "Q"
+prompt_len = 8
+max_tokens = 4
+after = "A finishes"
+[[actions]]
+step = 2
+kind = "abort"
+request_ids = ["Q"]
+''')
+    out = tmp_path / "late.parquet"
+    r = CliRunner().invoke(main, ["record", str(src), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = [(row["step"], row["kind"], row["request_id"]) for row in pq.read_table(out).to_pylist()
+            if row["kind"] in ("arrival", "abort", "finish")]
+    assert rows == [(0, "arrival", "A"), (4, "finish", "A"), (5, "arrival", "Q"), (5, "abort", "Q")]
+    assert replay(open_trace(out), Scheduler)[0] is None

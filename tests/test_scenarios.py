@@ -255,6 +255,8 @@ REQ = '[[requests]]\nrequest_id = "{rid}"\nprompt_len = 8\n{extra}\n'
      "prefix_len 20 is longer than the prompt (8 tokens)"),  # accepted with an 8-token prompt
     (BASE + "max_concurrent_batches = 2\n" + REQ.format(rid="A", extra="arrival_step = 0"), 5,
      "max_concurrent_batches is not a config key"),  # accepted, unlike --set
+    (BASE + REQ.format(rid="A finishes", extra="arrival_step = 0"), 6,
+     "request_id must have no white space"),  # an id `after` could never name
 ])
 def test_bad_input_exits_2_with_file_line_problem(tmp_path: Path, body: str, line: int, problem: str) -> None:
     src = tmp_path / "bad.toml"

@@ -76,7 +76,8 @@ _REQUEST = {
     "additionalProperties": False,
     "required": ["request_id"],
     "properties": {
-        "request_id": {"type": "string", "minLength": 1},
+        # No white space: `after = "<id> finishes"` must name it unambiguously.
+        "request_id": {"type": "string", "pattern": "^\\S+$"},
         "prompt_token_ids": {"type": "array", "items": _token, "minItems": 1},
         "prompt_len": {"type": "integer", "minimum": 1, "maximum": MAX_PROMPT_LEN},
         "prefix_group": {"type": "string", "minLength": 1},
@@ -394,6 +395,8 @@ def _validate_schema(doc: Any, fail) -> None:
         message += " (token ids must be < 2**31: traces store int32)"
     if error.validator == "const" and where == ["format_version"]:
         message = f"format_version must be {FORMAT_VERSION} (this harness reads version {FORMAT_VERSION})"
+    if error.validator == "pattern" and where[-1:] == ["request_id"]:
+        message = f"request_id must have no white space (`after` names it), got {error.instance!r}"
     if error.validator == "pattern" and where[-1:] == ["after"]:
         message = f"after must read \"<request id> finishes\", got {error.instance!r}"
     key_path = ([k for k in where if not isinstance(k, int)] if where[:1] not in (["requests"], ["actions"])
