@@ -374,6 +374,8 @@ def scenario_extract(trace_path: str, request_ids: str | None, steps: str | None
     try:
         window = parse_steps(steps) if steps is not None else None
         ids = [r.strip() for r in request_ids.split(",") if r.strip()] if request_ids is not None else None
+        if ids is not None and len(set(ids)) != len(ids):
+            _fail(f"--requests {request_ids!r}: an id is listed twice")
         result = extract(trace, requests=ids, steps=window)
     except ExtractError as exc:
         _fail(str(exc))

@@ -45,6 +45,8 @@ and, for timed arrivals, step numbering depend on the requests left out).
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -98,11 +100,11 @@ def parse_steps(value: str) -> tuple[int, int]:
     """``"A:B"`` -> (A, B): the half-open step window [A, B) (Python slice
     rules; ``A:`` = to the end, ``:B`` = from step 0). Raises ExtractError."""
     a, sep, b = value.partition(":")
-    try:
-        lo = int(a) if a.strip() else 0
-        hi = int(b) if b.strip() else 2 ** 31
-    except ValueError:
-        raise ExtractError(f"--steps {value!r}: expected A:B (integers, B > A)") from None
+    # ASCII digits only: int() would also take "1_0" and full-width digits.
+    if not all(re.fullmatch(r"[0-9]*", part.strip()) for part in (a, b)):
+        raise ExtractError(f"--steps {value!r}: expected A:B (integers, B > A)")
+    lo = int(a) if a.strip() else 0
+    hi = int(b) if b.strip() else 2 ** 31
     if not sep or lo < 0 or hi <= lo:
         raise ExtractError(f"--steps {value!r}: expected A:B with 0 <= A < B")
     return lo, hi

@@ -301,6 +301,10 @@ def test_steps_window_selects_live_requests_and_warns_when_it_starts_after_an_ar
     (["--steps", "4:2"], "--steps '4:2': expected A:B with 0 <= A < B"),
     (["--steps", "x:2"], "--steps 'x:2': expected A:B (integers, B > A)"),
     (["--steps", "30:40"], "the cut holds no request"),
+    # Regressions: int() took these as 10:20 and 0:3; a repeated id was accepted.
+    (["--steps", "1_0:2_0"], "--steps '1_0:2_0': expected A:B (integers, B > A)"),
+    (["--steps", "\uff10:\uff13"], "expected A:B (integers, B > A)"),
+    (["--requests", "A,A"], "--requests 'A,A': an id is listed twice"),
 ])
 def test_bad_cuts_exit_2_and_write_nothing(tmp_path, args, message):
     (tmp_path / "src.toml").write_text(NON_INTERACTING)
