@@ -540,6 +540,20 @@ class _Workers(click.ParamType):
         return n
 
 
+def _fuzz_base(path: str):
+    """The FuzzCase of scenario file ``path`` (``harness fuzz --scenario``); exit 2 if unusable."""
+    from harness.fuzz import FuzzCase
+
+    try:
+        scenario = load_scenario(path)
+        scenario.engine_config()
+    except (WorkloadError, ConfigError) as exc:
+        _fail(str(exc))
+    if scenario.workload.actions:
+        _fail(f"{path}: --scenario takes no [[actions]] yet (subsets of requests only)")
+    return FuzzCase(scenario.engine_config().to_dict(), scenario.workload.requests, scenario.seed)
+
+
 def _finite_or_none(value: float | None, name: str) -> float | None:
     """Refuse NaN and infinity (click's FloatRange lets NaN through)."""
     if value is not None and not math.isfinite(value):
@@ -566,10 +580,14 @@ def _finite_or_none(value: float | None, name: str) -> float | None:
 @click.option("--report-known", is_flag=True, default=False,
               help="Report the known reference findings (harness.fuzz.KNOWN_REFERENCE_FINDINGS, each "
                    "mirroring vLLM 0.33.0) like any failure, instead of passing over them.")
+@click.option("--scenario", "scenario_path", default=None, type=click.Path(dir_okay=False),
+              metavar="FILE", help="Instead of generated scenarios, try FILE (a scenario file) and "
+                                   "subsets of its requests: a failure shrinks to the fewest requests "
+                                   "that still fail (a bug report's workload cut down).")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the minimal failing traces (Parquet) and their JSON descriptions.")
 def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, workers: int,
-         report_known: bool, out_dir: str) -> None:
+         report_known: bool, scenario_path: str | None, out_dir: str) -> None:
     """Fuzz CANDIDATE with small generated scenarios (hypothesis): check every invariant and,
     for a candidate other than the reference, compare its decisions with the reference's.
 
@@ -585,6 +603,7 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     from harness.fuzz.report import render_summary, render_witnesses
 
     factory = _candidate(candidate)
+    base = _fuzz_base(scenario_path) if scenario_path is not None else None
     workers = min(workers, max_examples)  # fuzz_parallel never uses more
     label = f"{candidate}" + (f" on {workers} workers" if workers > 1 else "")
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -605,7 +624,7 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
         try:
             result = fuzz_parallel(candidate, workers=workers, max_examples=max_examples, seed=seed,
                                    time_budget_s=time_budget, on_progress=on_progress,
-                                   skip_known=not report_known)
+                                   skip_known=not report_known, base=base)
         except FuzzWorkerError as exc:
             _fail(str(exc))
     render_summary(result, candidate, seed, console)

@@ -26,6 +26,7 @@ from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from harness.candidates.mutants import MUTANTS_AND_TARGETS
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.scheduler import Scheduler
+from workloads.scenario import load_scenario
 
 REGRESSIONS = Path(__file__).parent / "regressions"
 # Known reference findings passed over by ``fuzz(None, max_examples=300,
@@ -923,3 +924,50 @@ def test_workers_auto_means_every_available_cpu():
     assert _Workers().convert("auto", None, None) == _Workers().convert("0", None, None) \
         == min(available_cpus(), MAX_WORKERS)
     assert _Workers().convert("3", None, None) == 3
+
+
+CAP_SCENARIO = """format_version = 1
+description = "six requests at step 0 on a 2-sequence cap"
+[config]
+num_gpu_blocks = 64
+block_size = 16
+max_model_len = 128
+max_num_seqs = 2
+""" + "".join(f'[[requests]]\nrequest_id = "{r}"\nprompt_len = 8\nmax_tokens = 3\nignore_eos = true\n'
+              f'arrival_step = 0\n' for r in "ABCDEF")
+
+
+def test_fuzz_scenario_shrinks_a_bug_report_to_the_fewest_requests(tmp_path):
+    """``harness fuzz --scenario FILE``: the file and subsets of its requests. A cap of 2
+    broken by the ignore-max-num-seqs mutant needs 3 requests: the six shrink to three,
+    written as a scenario file that re-records to the same violation; the reference,
+    on the same file, finds nothing."""
+    src = tmp_path / "cap.toml"
+    src.write_text(CAP_SCENARIO)
+    out = tmp_path / "o"
+    res = CliRunner().invoke(main, ["fuzz", "--candidate", "mutant:ignore-max-num-seqs", "--scenario", str(src),
+                                    "--max-examples", "50", "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "shrunk to 3 requests" in res.output
+    (witness,) = out.glob("*.toml")
+    assert len(load_scenario(witness).workload.requests) == 3
+    rerecorded = tmp_path / "w.parquet"
+    assert CliRunner().invoke(main, ["record", str(witness), "--engine", "mutant:ignore-max-num-seqs",
+                                     "-o", str(rerecorded)]).exit_code == 0
+    check = CliRunner().invoke(main, ["check", str(rerecorded), "--json"])
+    assert check.exit_code == 1 and json.loads(check.output)["violations_by_invariant"] == {"MAX-NUM-SEQS": 4}
+    clean = CliRunner().invoke(main, ["fuzz", "--scenario", str(src), "--max-examples", "30",
+                                      "-o", str(tmp_path / "r")])
+    assert clean.exit_code == 0 and clean.output.strip().endswith("nothing found")
+
+
+def test_fuzz_scenario_refuses_actions_and_bad_files(tmp_path):
+    src = tmp_path / "act.toml"
+    src.write_text('format_version = 1\n[[requests]]\nrequest_id = "A"\nprompt_len = 8\narrival_step = 0\n'
+                   '[[actions]]\nstep = 1\nkind = "reset_prefix_cache"\n')
+    res = CliRunner().invoke(main, ["fuzz", "--scenario", str(src), "-o", str(tmp_path / "o")])
+    assert res.exit_code == 2
+    assert res.output == f"error: {src}: --scenario takes no [[actions]] yet (subsets of requests only)\n"
+    src.write_text('format_version = 1\n[[requests]]\nrequest_id = "A"\ncolour = 1\n')
+    res = CliRunner().invoke(main, ["fuzz", "--scenario", str(src), "-o", str(tmp_path / "o")])
+    assert res.exit_code == 2 and f"{src}:4: requests[0]: unknown key 'colour'" in res.output

@@ -26,7 +26,7 @@ from reference.scheduler import Scheduler
 from harness.check import CheckResult, check_steps
 from harness.trace.recorder import Row, run_to_rows
 from harness.replay import first_difference
-from harness.fuzz.strategies import FuzzCase, fuzz_cases
+from harness.fuzz.strategies import FuzzCase, fuzz_cases, request_subsets
 
 # ----------------------------------------------------------------- evaluation
 
@@ -204,7 +204,8 @@ class FuzzResult:
 def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int = 0,
          time_budget_s: float | None = None,
          on_example: Callable[[int, bool], None] | None = None,
-         known: Callable[[FuzzCase, Failure], str | None] | None = None) -> FuzzResult:
+         known: Callable[[FuzzCase, Failure], str | None] | None = None,
+         base: FuzzCase | None = None) -> FuzzResult:
     """Search for a failing case; deterministic for a given ``seed`` (no
     database, no deadline). On a failure hypothesis shrinks it and the
     returned ``case`` is the minimal one. ``max_examples`` (>= 1) bounds the
@@ -215,7 +216,10 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
     ``known`` (e.g. ``known_reference_finding``): a case whose failure it
     names is passed over as a known finding (counted in ``FuzzResult.known``)
     instead of ending the search; None (the default, and the CLI's) reports
-    every failure."""
+    every failure. ``base`` (``harness fuzz --scenario``): instead of generated
+    scenarios, subsets of ``base``'s requests (``request_subsets``), ``base``
+    itself tried first, so a failure shrinks to the fewest requests that
+    still fail."""
     start = time.monotonic()
     state = {"n": 0, "found": False, "last": None, "shrink": 0, "stopped": False}
     known_counts: dict[str, int] = {}
@@ -224,7 +228,7 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
               phases=[Phase.generate, Phase.shrink], print_blob=False, verbosity=Verbosity.quiet)
     @hyp_seed(seed)
-    @given(fuzz_cases())
+    @given(fuzz_cases() if base is None else request_subsets(base))
     def prop(case: FuzzCase) -> None:
         if not state["found"] and time_budget_s is not None \
                 and time.monotonic() - start > time_budget_s:
@@ -248,12 +252,22 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
             state["last"] = (case, failure)
             raise _Found(failure.message)
 
+    # The whole scenario is tried first, outside hypothesis (an explicit example would
+    # not be shrunk); if no generated subset fails, it is the witness, unshrunk.
+    base_failure = evaluate(factory, base) if base is not None else None
+    if base_failure is not None and known is not None and known(base, base_failure) is not None:
+        base_failure = None
     try:
         prop()
     except _StopFuzz:
+        if base_failure is not None:
+            return FuzzResult(state["n"] + 1, time.monotonic() - start, base, base_failure, 0, True,
+                              known_counts)
         return FuzzResult(state["n"], time.monotonic() - start, budget_exhausted=True, known=known_counts)
     except _Found:
         case, failure = state["last"]
         return FuzzResult(state["n"], time.monotonic() - start, case, failure, state["shrink"],
                           state["stopped"], known_counts)
+    if base_failure is not None:
+        return FuzzResult(state["n"] + 1, time.monotonic() - start, base, base_failure, 0, False, known_counts)
     return FuzzResult(state["n"], time.monotonic() - start, known=known_counts)

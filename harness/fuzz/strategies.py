@@ -368,3 +368,25 @@ def fuzz_cases(draw: st.DrawFn) -> FuzzCase:
         config, catalogue = draw(encoder_setups(config))
     EngineConfig(**config)  # the strategy only generates valid configs
     return FuzzCase(config, draw(request_specs(config, catalogue)), draw(st.sampled_from([0, 0, 1])))
+
+
+def request_subsets(base: FuzzCase) -> st.SearchStrategy[FuzzCase]:
+    """``base`` with a non-empty subset of its requests (``harness fuzz --scenario``):
+    the same config and seed, the kept requests in their order. A kept request
+    keeps the requests its ``after`` names (transitively), so no request waits
+    on one that never arrives. Hypothesis shrinks toward fewer requests: the
+    minimal subset that still fails is a bug report's workload cut down."""
+    by_id = {r.request_id: r for r in base.requests}
+
+    def with_dependencies(keep: list[bool]) -> FuzzCase:
+        kept = {r.request_id for r, k in zip(base.requests, keep) if k}
+        stack = list(kept)
+        while stack:
+            after = by_id[stack.pop()].after
+            if after is not None and after not in kept:
+                kept.add(after)
+                stack.append(after)
+        return FuzzCase(base.config, tuple(r for r in base.requests if r.request_id in kept), base.seed)
+
+    n = len(base.requests)
+    return st.lists(st.booleans(), min_size=n, max_size=n).filter(any).map(with_dependencies)

@@ -65,7 +65,7 @@ def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, res
     extraction = extract(open_trace(trace_path), verify_factory=rec_factory,
                          description=f"fuzz witness ({spec}, seed {seed}): {failure.kind}: {failure.message}",
                          comments=[f"Re-run: harness record {base}.toml --engine {engine} -o T.parquet, then "
-                                   + (f"harness check T.parquet" if engine == spec
+                                   + ("harness check T.parquet" if engine == spec
                                       else f"harness replay T.parquet --candidate {spec}")])
     extraction.write(toml_path)
     record_command = f"harness record {toml_path} --engine {engine} -o {out / base}.rerecorded.parquet"
