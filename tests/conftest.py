@@ -86,3 +86,21 @@ def _vllm_env_built(request: pytest.FixtureRequest) -> None:
     from harness.candidates.vllm.env import ensure_env
 
     ensure_env("0.33.0")
+
+
+@pytest.fixture
+def refused_scenario(tmp_path: Path):
+    """``refused(body, line, problem)``: ``harness record`` of a scenario file holding
+    ``body`` exits 2 with one line naming ``file:line`` and ``problem``, and writes nothing."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    def refused(body: str, line: int, problem: str) -> None:
+        src = tmp_path / "bad.toml"
+        src.write_text(body)
+        r = CliRunner().invoke(main, ["record", str(src), "-o", str(tmp_path / "t.parquet")])
+        assert r.exit_code == 2, r.output
+        assert r.output.count("\n") == 1 and f"{src}:{line}: " in r.output and problem in r.output, r.output
+        assert list(tmp_path.iterdir()) == [src]  # nothing written
+    return refused

@@ -258,14 +258,8 @@ REQ = '[[requests]]\nrequest_id = "{rid}"\nprompt_len = 8\n{extra}\n'
     (BASE + REQ.format(rid="A finishes", extra="arrival_step = 0"), 6,
      "request_id must have no white space"),  # an id `after` could never name
 ])
-def test_bad_input_exits_2_with_file_line_problem(tmp_path: Path, body: str, line: int, problem: str) -> None:
-    src = tmp_path / "bad.toml"
-    src.write_text(body)
-    out = tmp_path / "t.parquet"
-    r = CliRunner().invoke(main, ["record", str(src), "-o", str(out)])
-    assert r.exit_code == 2, r.output
-    assert r.output.count("\n") == 1 and f"{src}:{line}: " in r.output and problem in r.output, r.output
-    assert list(tmp_path.iterdir()) == [src]  # nothing written
+def test_bad_input_exits_2_with_file_line_problem(refused_scenario, body: str, line: int, problem: str) -> None:
+    refused_scenario(body, line, problem)
 
 
 def test_json_duplicate_keys_are_refused_as_toml_refuses_them(tmp_path: Path) -> None:
