@@ -57,7 +57,7 @@ from reference.config import EngineConfig
 from reference.engine import EngineStalled
 from reference.scheduler import Scheduler
 from reference.workload import EOS_TOKEN_ID, Action, RequestSpec, Workload, WorkloadError
-from workloads.scenario import dump_scenario
+from workloads.scenario import dump_scenario, write_scenario_text
 
 from harness.trace.reader import Trace
 from harness.trace.recorder import run_to_rows, spec_from_row
@@ -88,12 +88,8 @@ class Extraction:
     warnings: tuple[str, ...]
 
     def write(self, path: str | Path) -> Path:
-        """Write ``text`` to ``path`` via a temp file renamed into place."""
-        p = Path(path)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(self.text, encoding="utf-8")
-        tmp.replace(p)
-        return p
+        """Write ``text`` to ``path`` via a temp file renamed into place (``write_scenario_text``)."""
+        return write_scenario_text(path, self.text)
 
 
 def parse_steps(value: str) -> tuple[int, int]:
@@ -144,9 +140,6 @@ class _Life:
     arrival_step: int
     end_step: int | None = None  # the step of its finish/abort/reject row; None: still live at the end
     output: list[int] | None = None
-
-    def live_at(self, step: int) -> bool:
-        return self.arrival_step <= step and (self.end_step is None or step <= self.end_step)
 
 
 def extract(trace: Trace, *, requests: Sequence[str] | None = None, steps: tuple[int, int] | None = None,

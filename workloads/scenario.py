@@ -606,7 +606,7 @@ def _requests(reqs: list[dict[str, Any]], fail) -> list[RequestSpec]:
 
 
 # --- Writing scenario files -------------------------------------------------------------------------
-__all__ += ["dump_scenario", "request_table", "write_scenario"]
+__all__ += ["dump_scenario", "request_table", "write_scenario", "write_scenario_text"]
 # The order keys are written in: the loader's table order (docs/scenario-format.md), so a written file
 # reads like a hand-written one and the same inputs always give the same bytes.
 _WRITE_ORDER = ("request_id", "prompt_token_ids", "max_tokens", "min_tokens", "ignore_eos", "eos_token_id",
@@ -699,9 +699,18 @@ def write_scenario(path: str | Path, requests: list[RequestSpec] | tuple[Request
                    config: dict[str, Any], **kwargs: Any) -> Path:
     """Write ``dump_scenario(requests, config, **kwargs)`` to ``path`` (via a
     temp file renamed into place: a failed write leaves nothing). Returns the path."""
+    return write_scenario_text(path, dump_scenario(requests, config, **kwargs))
+
+
+def write_scenario_text(path: str | Path, text: str) -> Path:
+    """Write a scenario's ``text`` to ``path`` via a temp file in the same folder renamed
+    into place; on any failure the temp file is removed and nothing is left. Returns the path."""
     p = Path(path)
-    text = dump_scenario(requests, config, **kwargs)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(p)
+    tmp = p.with_name(f".{p.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return p
