@@ -91,6 +91,23 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
     if ok:
         console.print("[bold green]conformant[/]" + (f": {extra['replayed_steps']} steps replayed, "
                                                     f"identical decisions" if extra else ""))
+    else:
+        console.print(f"[bold red]not conformant[/]: {verdict(result, divergence, extra)}")
+
+
+def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str, Any] | None = None) -> str:
+    """The last line's reason when a trace is not conformant, e.g. "2 violations of 1 invariant:
+    MAX-NUM-SEQS x2; 20 steps replayed, identical decisions" (``extra`` after a replay)."""
+    parts = []
+    if result.num_violations:
+        n, k = result.num_violations, len(result.by_invariant)
+        counts = ", ".join(f"{name} x{count}" for name, count in sorted(result.by_invariant.items()))
+        parts.append(f"{n} violation{'s' * (n != 1)} of {k} invariant{'s' * (k != 1)}: {counts}")
+    if divergence is not None:
+        parts.append(f"first divergence at step {divergence.step}")
+    elif extra:
+        parts.append(f"{extra['replayed_steps']} steps replayed, identical decisions")
+    return "; ".join(parts)
 
 
 def brief_row(row: dict[str, Any]) -> str:

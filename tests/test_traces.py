@@ -100,6 +100,20 @@ def test_mutant_trace_check_prints_what_the_readme_shows(monkeypatch) -> None:
     assert [line.rstrip() for line in r.output.strip("\n").splitlines()] == shown.splitlines()
 
 
+@pytest.mark.parametrize("candidate, last", [
+    ("mutant:ignore-max-num-seqs", "not conformant: 2 violations of 1 invariant: MAX-NUM-SEQS x2; "
+                                   "71 steps replayed, identical decisions"),
+    ("reference", "not conformant: 2 violations of 1 invariant: MAX-NUM-SEQS x2; first divergence at step 10"),
+])
+def test_replay_of_the_mutant_trace_ends_on_a_verdict(candidate: str, last: str) -> None:
+    """Regression (a new user's walkthrough): a replay with violations ended on a context row or
+    on the last violation, never saying whether the decisions matched."""
+    r = CliRunner().invoke(main, ["replay", str(TRACES / "mutant-ignore-max-num-seqs.parquet"),
+                                  "--candidate", candidate], catch_exceptions=False)
+    assert r.exit_code == 1
+    assert r.output.rstrip("\n").splitlines()[-1] == last
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_readme_command_rerecords_the_same_bytes(name: str, tmp_path: Path, monkeypatch) -> None:
     args = _readme_commands()[name]
