@@ -35,7 +35,7 @@ from reference.workload import WorkloadError
 from workloads.scenario import is_scenario_path, load_scenario
 
 from harness.candidates.resolve import CandidateSpecError, resolve_candidate
-from harness.check import CheckResult, check_steps
+from harness.check import PROFILES, CheckResult, ProfileError, check_trace
 from harness.check.invariants import INVARIANTS
 from harness.trace.recorder import record as record_run, record_inputs, requests_ended
 from harness.replay import Divergence, replay as replay_trace
@@ -259,9 +259,11 @@ def _open(path: str) -> Trace:
     raise AssertionError
 
 
-def _check(trace: Trace) -> CheckResult:
+def _check(trace: Trace, semantics: str = "auto") -> CheckResult:
     try:
-        return check_steps(trace.meta["config"], trace.iter_steps())
+        return check_trace(trace, semantics)
+    except ProfileError as exc:
+        _fail(str(exc))
     except TraceError as exc:
         _fail(str(exc))
     except (KeyError, TypeError) as exc:
@@ -277,13 +279,21 @@ def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, t
         render_check_report(result, divergence, trace, console, extra)
 
 
+_SEMANTICS = click.option(
+    "--semantics", default="auto", show_default=True, metavar="auto|safety|VERSION",
+    help="Which version-design rules to check on top of the safety invariants: 'auto' (the profile of "
+         "the engine and version in the trace's metadata; safety only for an engine of unknown origin), "
+         "'safety' (none), or a profile: " + ", ".join(p for p in PROFILES if p != "safety") + ".")
+
+
 @main.command()
 @click.argument("trace_path", metavar="TRACE")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
-def check(trace_path: str, as_json: bool) -> None:
+@_SEMANTICS
+def check(trace_path: str, as_json: bool, semantics: str) -> None:
     """Check every invariant of TRACE from the trace alone."""
     trace = _open(trace_path)
-    result = _check(trace)
+    result = _check(trace, semantics)
     _report(result, None, as_json, trace)
     sys.exit(EXIT_OK if result.ok else EXIT_FOUND)
 
@@ -294,11 +304,12 @@ def check(trace_path: str, as_json: bool) -> None:
               help="Engine to re-drive: 'reference', 'mutant:NAME', 'vllm@VERSION' or "
                    "'package.module:factory'.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
-def replay(trace_path: str, candidate: str, as_json: bool) -> None:
+@_SEMANTICS
+def replay(trace_path: str, candidate: str, as_json: bool, semantics: str) -> None:
     """Check TRACE, then re-drive CANDIDATE with its inputs and compare decisions step by step."""
     factory = _candidate(candidate)
     trace = _open(trace_path)
-    result = _check(trace)
+    result = _check(trace, semantics)
     try:
         divergence, compared = replay_trace(trace, factory)
     except TraceError as exc:
@@ -311,11 +322,27 @@ def replay(trace_path: str, candidate: str, as_json: bool) -> None:
 
 
 @main.command()
-def invariants() -> None:
-    """List the invariant catalogue: id, spec section, statement."""
-    table = Table("id", "spec", "statement")
-    for inv in INVARIANTS.values():
-        table.add_row(inv.id, inv.spec, inv.statement)
+@click.option("--layer", type=click.Choice(["safety", "semantics"]), help="List one layer only.")
+@click.option("--why", is_flag=True, help="Show why each is in its layer instead of its statement.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line (every field).")
+def invariants(layer: str | None, why: bool, as_json: bool) -> None:
+    """List the invariant catalogue: id, layer, spec section, statement.
+
+    Safety invariants hold for every correct engine whatever its version;
+    semantics rules are one vLLM version's design, checked under the
+    profiles that have them (see --semantics of check)."""
+    chosen = [inv for inv in INVARIANTS.values() if layer is None or inv.layer == layer]
+    if as_json:
+        for inv in chosen:
+            profiles = [p.name for p in PROFILES.values() if p.checks(inv.id)]
+            click.echo(json.dumps({"id": inv.id, "layer": inv.layer, "spec": inv.spec,
+                                   "statement": inv.statement, "why": inv.why, "profiles": profiles}))
+        return
+    table = Table("id", "layer", "spec", "why" if why else "statement")
+    for column in table.columns[:2]:
+        column.no_wrap = True  # ids and layers whole, so they can be grepped
+    for inv in chosen:
+        table.add_row(inv.id, inv.layer, inv.spec, inv.why if why else inv.statement)
     console.print(table)
 
 

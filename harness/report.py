@@ -38,6 +38,7 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
             "deferred_prefill_steps": result.deferred_prefill_steps,
             "remote_kv_loads": result.remote_kv_loads,
             "failed_kv_loads": result.failed_kv_loads,
+            "profile": result.profile, "profile_reason": result.profile_reason, "notes": result.notes,
             "num_violations": result.num_violations,
             "violations_by_invariant": result.by_invariant,
             "violations": [v.to_dict() for v in result.violations],
@@ -56,7 +57,8 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
             ("steps", result.steps), ("requests", result.requests),
             ("finished", result.finished), ("rejected", result.rejected),
             ("aborted", result.aborted), ("preemptions", result.preemptions),
-            ("prefix-hit tokens", result.prefix_hit_tokens)]
+            ("prefix-hit tokens", result.prefix_hit_tokens),
+            ("profile", f"{result.profile}" + (f" ({result.profile_reason})" if result.profile_reason else ""))]
     if result.draft_tokens:
         rows.append(("draft tokens (rejected)", f"{result.draft_tokens} ({result.rejected_draft_tokens})"))
     if result.deferred_frees:
@@ -68,10 +70,13 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
     for label, value in rows:
         table.add_row(label, str(value))
     console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}")
     for v in result.violations:
         console.print(f"[bold red]VIOLATION[/] {v.invariant} at step {v.step}"
                       + (f", request {v.request}" if v.request else "") + f": {v.message}")
-        console.print(f"  rule: {INVARIANTS[v.invariant].statement}")
+        inv = INVARIANTS[v.invariant]
+        console.print(f"  rule ({inv.layer}): {inv.statement}", markup=False, highlight=False)
         for line in v.history:
             console.print(f"    {line}")
     if result.num_violations > len(result.violations):
@@ -88,26 +93,30 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
             console.print(f"  {side} step {divergence.step}:")
             for row in rows[:12]:
                 console.print("    " + brief_row(row))
-    if ok:
-        console.print("[bold green]conformant[/]" + (f": {extra['replayed_steps']} steps replayed, "
-                                                    f"identical decisions" if extra else ""))
-    else:
-        console.print(f"[bold red]not conformant[/]: {verdict(result, divergence, extra)}")
+    console.print(verdict(result, divergence, extra), style="bold green" if ok else "bold red",
+                  markup=False, highlight=False)
 
 
 def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str, Any] | None = None) -> str:
-    """The last line's reason when a trace is not conformant, e.g. "2 violations of 1 invariant:
-    MAX-NUM-SEQS x2; 20 steps replayed, identical decisions" (``extra`` after a replay)."""
-    parts = []
+    """The last line of ``check`` and ``replay``, naming the profile checked: "conformant
+    (profile 0.33.0)", "conformant (profile 0.33.0): 20 steps replayed, identical decisions",
+    or "2 violations of 1 invariant: MAX-NUM-SEQS ×2 (profile 0.33.0)", with "; first
+    divergence at step 7" after a replay that diverged (``extra``: the replay's keys)."""
+    profile = f"(profile {result.profile or '?'})"
     if result.num_violations:
         n, k = result.num_violations, len(result.by_invariant)
-        counts = ", ".join(f"{name} x{count}" for name, count in sorted(result.by_invariant.items()))
-        parts.append(f"{n} violation{'s' * (n != 1)} of {k} invariant{'s' * (k != 1)}: {counts}")
+        counts = ", ".join(f"{name} ×{count}" for name, count in sorted(result.by_invariant.items()))
+        line = f"{n} violation{'s' * (n != 1)} of {k} invariant{'s' * (k != 1)}: {counts} {profile}"
+    elif divergence is not None:
+        line = f"not conformant {profile}"
+    else:
+        line = f"conformant {profile}"
     if divergence is not None:
-        parts.append(f"first divergence at step {divergence.step}")
+        line += f"; first divergence at step {divergence.step}"
     elif extra:
-        parts.append(f"{extra['replayed_steps']} steps replayed, identical decisions")
-    return "; ".join(parts)
+        line += f"{'; ' if result.num_violations else ': '}{extra['replayed_steps']} steps replayed, " \
+                "identical decisions"
+    return line
 
 
 def brief_row(row: dict[str, Any]) -> str:

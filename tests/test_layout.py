@@ -92,7 +92,7 @@ def test_the_scan_sees_every_package_and_its_imports() -> None:
             "harness.candidates.mutants", "harness.candidates.vllm.driver", *TOOLS} <= set(modules)
     assert "reference.scheduler" in {m for _, m in _imports(modules["harness.candidates.mutants"])}
     # A lazy import inside a function is seen; `from harness.check import x` yields both names.
-    assert {"harness.outputs", "harness.check", "harness.check.check_steps"} <= {
+    assert {"harness.outputs", "harness.check", "harness.check.check_trace"} <= {
         m for _, m in _imports(modules["harness.cli"])}
     assert "harness.outputs" not in {m for _, m in _imports(modules["harness.cli"], top_level_only=True)}
 

@@ -84,7 +84,7 @@ def test_reset_refused_while_held_then_succeeds_and_the_next_request_recomputes(
     # freed blocks from the queue head; C then hits the 32 tokens B cached.
     assert sched == [(0, "A", 0, [1, 2, 3]), (2, "B", 0, [3, 4, 5]), (4, "C", 32, [3, 4, 5])]
     r = CliRunner().invoke(main, ["check", str(out)])
-    assert r.exit_code == 0 and r.output.rstrip().endswith("conformant"), r.output
+    assert r.exit_code == 0 and r.output.rstrip().endswith("conformant (profile 0.33.0)"), r.output
 
 
 def test_forced_reset_preempts_running_tail_first_and_the_step_still_admits(tmp_path: Path) -> None:
@@ -254,7 +254,7 @@ def test_actions_replay_identically_on_vllm(tmp_path: Path) -> None:
         out = record(path, tmp_path / f"{path.stem}.parquet")
         r = CliRunner().invoke(main, ["replay", str(out), "--candidate", "vllm@0.33.0"])
         assert r.exit_code == 0, (path.name, r.output)
-        assert f"conformant: {steps} steps replayed, identical decisions" in r.output, path.name
+        assert f"conformant (profile 0.33.0): {steps} steps replayed, identical decisions" in r.output, path.name
 
 
 @pytest.mark.vllm
@@ -270,7 +270,7 @@ def test_the_action_scenario_replays_identically_on_vllm(tmp_path: Path) -> None
     assert [(s, status) for s, _, _, status, *_ in rows_of(out, "reset_prefix_cache")] == [
         (5, "refused"), (12, "succeeded"), (25, "succeeded")]
     r = CliRunner().invoke(main, ["replay", str(out), "--candidate", "vllm@0.33.0"])
-    assert r.exit_code == 0 and "conformant: 230 steps replayed, identical decisions" in r.output, r.output
+    assert r.exit_code == 0 and "conformant (profile 0.33.0): 230 steps replayed, identical decisions" in r.output, r.output
 
 
 def test_abort_action_on_a_request_not_yet_arrived_aborts_it_on_arrival(tmp_path: Path) -> None:

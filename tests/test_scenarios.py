@@ -89,7 +89,7 @@ def test_scenario_records_clean_with_exact_figures_and_replays(name: str, tmp_pa
     out = record(SCENARIOS / f"{name}.toml", tmp_path / "t.parquet")
     assert figures(out) == EXPECTED[name]
     r = CliRunner().invoke(main, ["check", str(out)])
-    assert r.exit_code == 0 and r.output.rstrip().endswith("conformant"), r.output
+    assert r.exit_code == 0 and r.output.rstrip().endswith("conformant (profile 0.33.0)"), r.output
     trace = open_trace(out)
     assert trace.meta["schema_version"] == SCENARIO_SCHEMA_VERSION
     assert replay(trace, Scheduler) == (None, EXPECTED[name][0])
@@ -104,7 +104,7 @@ def test_scenarios_replay_identically_on_vllm(tmp_path: Path) -> None:
         out = record(SCENARIOS / f"{name}.toml", tmp_path / f"{name}.parquet")
         r = CliRunner().invoke(main, ["replay", str(out), "--candidate", "vllm@0.33.0"])
         assert r.exit_code == 0, (name, r.output)
-        assert f"conformant: {EXPECTED[name][0]} steps replayed, identical decisions" in r.output, name
+        assert f"conformant (profile 0.33.0): {EXPECTED[name][0]} steps replayed, identical decisions" in r.output, name
 
 
 IDLE = """format_version = 1

@@ -86,7 +86,7 @@ def test_example_trace_checks_and_replays_as_its_readme_says(name: str) -> None:
     assert r.exit_code == 0 and report["ok"] is True
     r = runner.invoke(main, ["replay", str(path)])
     assert r.exit_code == 0, r.output
-    assert f"conformant: {steps} steps replayed, identical decisions" in r.output
+    assert f"conformant (profile 0.33.0): {steps} steps replayed, identical decisions" in r.output
 
 
 def test_mutant_trace_check_prints_what_the_readme_shows(monkeypatch) -> None:
@@ -101,9 +101,9 @@ def test_mutant_trace_check_prints_what_the_readme_shows(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("candidate, last", [
-    ("mutant:ignore-max-num-seqs", "not conformant: 2 violations of 1 invariant: MAX-NUM-SEQS x2; "
+    ("mutant:ignore-max-num-seqs", "2 violations of 1 invariant: MAX-NUM-SEQS ×2 (profile 0.33.0); "
                                    "71 steps replayed, identical decisions"),
-    ("reference", "not conformant: 2 violations of 1 invariant: MAX-NUM-SEQS x2; first divergence at step 10"),
+    ("reference", "2 violations of 1 invariant: MAX-NUM-SEQS ×2 (profile 0.33.0); first divergence at step 10"),
 ])
 def test_replay_of_the_mutant_trace_ends_on_a_verdict(candidate: str, last: str) -> None:
     """Regression (a new user's walkthrough): a replay with violations ended on a context row or

@@ -40,7 +40,9 @@ May import ``reference`` (types only) and ``harness.trace``; never
 which engine made it.
 """
 
-from harness.check.checker import TraceChecker, check_steps
+from harness.check.checker import TraceChecker, check_steps, check_trace
+from harness.check.profiles import PROFILES, Profile, ProfileError
 from harness.check.result import MAX_PER_INVARIANT, CheckResult, Violation
 
-__all__ = ["MAX_PER_INVARIANT", "CheckResult", "TraceChecker", "Violation", "check_steps"]
+__all__ = ["MAX_PER_INVARIANT", "PROFILES", "CheckResult", "Profile", "ProfileError", "TraceChecker",
+           "Violation", "check_steps", "check_trace"]

@@ -9,18 +9,31 @@ against the model's shadow pool (``TraceModel.owners``, ``free_queue``,
 from __future__ import annotations
 
 from harness.check.model import ReqShadow, TraceModel, cdiv
-from harness.check.result import Invariant
+from harness.check.result import SAFETY, SEMANTICS, Invariant
 
 INVARIANTS = [
-    Invariant("PREFIX-HIT-RULES", "A prefix hit is whole blocks, at most num_tokens - 1 tokens, 0 with caching off; hit blocks hold exactly the request's prefix, and the hit is the longest one cached.", "5.6, 8 #29"),
-    Invariant("HIT-UNCOMPUTED-BLOCK", "A prefix hit never lands on a block whose KV was never computed, such as one cached at allocation by a chunk that a PRIORITY give-back then withdrew.", "4.2, 5.7 step 10"),
-    Invariant("BLOCKS-COVER", "After scheduling, a request's table has exactly ceil((computed + scheduled) / block_size) blocks.", "5.7"),
-    Invariant("BLOCK-EXCLUSIVE", "A newly allocated block is held by nobody; a block in two tables is a full, prefix-shared block.", "5.3, 8 #26"),
-    Invariant("ALLOC-FROM-HEAD", "New blocks are taken from the head of the free queue, whose order follows from the frees: unhashed (or caching off) blocks to the head, hashed ones to the tail, tail block first.", "5.2, 8 #27-28, 10.7"),
-    Invariant("BLOCK-CONSERVATION", "free blocks + distinct held blocks = num_gpu_blocks - 1 (null block excluded).", "5.1, 8 #24"),
-    Invariant("FREE-ORDER", "A finished, aborted or preempted request frees exactly its table, tail block first.", "5.2, 5.8"),
-    Invariant("RESET-ONLY-WHEN-FREE", "A prefix-cache reset succeeds exactly when no block is held (by a request or a deferred free); a forced reset (reset_running_requests) always succeeds after its preemptions.", "vLLM BlockPool.reset_prefix_cache"),
-    Invariant("HIT-AFTER-RESET", "No prefix hit lands on a block whose content a successful prefix-cache reset forgot (until a fresh allocation recomputes it).", "vLLM BlockPool.reset_prefix_cache"),
+    Invariant("PREFIX-HIT-RULES", "A prefix hit is whole blocks, at most num_tokens - 1 tokens, 0 with caching off, and its blocks hold exactly the request's prefix.", "5.6, 8 #29",
+              SAFETY, "A hit reuses whole blocks of KV computed for exactly this prefix, never the last token (its logits are needed), none with caching off: any other hit reads KV for different tokens."),
+    Invariant("PREFIX-HIT-LONGEST", "A prefix hit is the longest prefix whose full blocks are cached.", "5.6",
+              SEMANTICS, "Taking the longest cached prefix, with cached contents as this version registers and evicts them, is design: a shorter hit is still correct."),
+    Invariant("HIT-UNCOMPUTED-BLOCK", "A prefix hit never lands on a block whose KV was never computed, such as one cached at allocation by a chunk that a PRIORITY give-back then withdrew.", "4.2, 5.7 step 10",
+              SAFETY, "A hit on a block whose KV was never computed reads garbage KV in every version (a finding in vLLM 0.33.0)."),
+    Invariant("BLOCKS-COVER", "After scheduling, a request's table has exactly ceil((computed + scheduled) / block_size) blocks.", "5.7",
+              SAFETY, "The table must cover computed + scheduled tokens or the step writes KV outside the request's blocks; the harness also holds every version to exactly that many (no over-allocation is measured in any release we run)."),
+    Invariant("BLOCK-EXCLUSIVE", "A newly allocated block is held by nobody; a block in two tables is a full, prefix-shared block.", "5.3, 8 #26",
+              SAFETY, "A block written by two requests corrupts both unless it is a full, prefix-shared (read-only) block; the null block is never allocated."),
+    Invariant("ALLOC-FROM-HEAD", "New blocks are taken from the head of the free queue, whose order follows from the frees: unhashed (or caching off) blocks to the head, hashed ones to the tail, tail block first.", "5.2, 8 #27-28, 10.7",
+              SEMANTICS, "Which free block is taken (the head of the free queue, and the order frees leave it in) is eviction-policy design: 0.33.0 frees unhashed blocks to the head, 0.20.2 appends every block to the tail."),
+    Invariant("BLOCK-CONSERVATION", "free blocks + distinct held blocks = num_gpu_blocks - 1 (null block excluded).", "5.1, 8 #24",
+              SAFETY, "Blocks are neither leaked nor invented: free + held = usable, in every version."),
+    Invariant("FREE-ORDER", "A finished, aborted or preempted request's free returns its table tail block first.", "5.2, 5.8",
+              SEMANTICS, "Freeing the tail block first (so the least useful prefix is evicted first) is the v1 design."),
+    Invariant("FREE-WHOLE-TABLE", "A finished or aborted request frees exactly the blocks of its table, each once (a preempted one: PREEMPT-EFFECTS).", "5.2, 5.8",
+              SAFETY, "A request that ends or is preempted gives back exactly the blocks it holds, each once: anything else leaks blocks or double-frees them."),
+    Invariant("RESET-ONLY-WHEN-FREE", "A prefix-cache reset succeeds exactly when no block is held (by a request or a deferred free); a forced reset (reset_running_requests) always succeeds after its preemptions.", "vLLM BlockPool.reset_prefix_cache",
+              SEMANTICS, "Refusing a prefix-cache reset while blocks are held is BlockPool.reset_prefix_cache's design."),
+    Invariant("HIT-AFTER-RESET", "No prefix hit lands on a block whose content a successful prefix-cache reset forgot (until a fresh allocation recomputes it).", "vLLM BlockPool.reset_prefix_cache",
+              SAFETY, "After a prefix-cache reset the cache promises nothing: a hit on content it forgot reads KV that may have been overwritten."),
 ]
 
 
@@ -59,8 +72,17 @@ def check_acquire(m: TraceModel, req: ReqShadow, block: int, as_hit: bool) -> No
             m.free_queue_known = False
 
 
+def check_free_whole_table(m: TraceModel, req: ReqShadow, freed: list[int], expected: list[int]) -> bool:
+    """FREE-WHOLE-TABLE: a finished or aborted request frees exactly the blocks
+    of its table (``expected``), each once. True when it does."""
+    if sorted(freed) != sorted(expected):
+        m.violate("FREE-WHOLE-TABLE", req.request_id, f"freed {freed}, but its table is {req.blocks}")
+        return False
+    return True
+
+
 def check_free_order(m: TraceModel, req: ReqShadow, freed: list[int], expected: list[int]) -> None:
-    """FREE-ORDER: a finished or aborted request frees exactly its table, tail first."""
+    """FREE-ORDER: a free that returns the whole table returns it tail block first."""
     if freed != expected:
         m.violate("FREE-ORDER", req.request_id, f"freed {freed}, expected its table tail first {expected}")
 
@@ -92,7 +114,7 @@ def check_prefix_hit(m: TraceModel, req: ReqShadow, hit: int, block_ids: list[in
                   f"{m.uncomputed[block]} cached it at allocation and was then withdrawn "
                   f"by a PRIORITY give-back")
     elif hit != longest:
-        m.violate("PREFIX-HIT-RULES", rid, f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
+        m.violate("PREFIX-HIT-LONGEST", rid, f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
     for i, block in enumerate(block_ids[:n_hit]):
         if i < len(req.chain) and block not in m.uncomputed and block not in m.reset_forgotten \
                 and m.content.get(block) != req.chain[i]:

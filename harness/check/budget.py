@@ -11,14 +11,19 @@ deferral is recomputed here from the model (``TraceModel.capacity_bound``,
 from __future__ import annotations
 
 from harness.check.model import ReqShadow, StepState, TraceModel
-from harness.check.result import Invariant
+from harness.check.result import SAFETY, SEMANTICS, Invariant
 
 INVARIANTS = [
-    Invariant("BUDGET-TOKENS", "total_num_scheduled_tokens = sum of entries <= token budget; every entry > 0; the budget left is consistent.", "8 #1, 10.3"),
-    Invariant("BUDGET-THRESHOLD", "With more than one eligible request and long_prefill_token_threshold > 0, no entry exceeds the threshold.", "8 #2, 10.3"),
-    Invariant("MAX-NUM-SEQS", "len(running) <= max_num_seqs; a request is admitted only while len(running) < max_num_seqs.", "8 #3, 10.3"),
-    Invariant("SCHEDULED-SPAN", "computed + scheduled <= num_tokens, and <= max_model_len - 1 for running requests.", "3.5, 8 #17"),
-    Invariant("PREFILL-DEFER", "defer_prefills = (throttle_prefills or inside the prefill_schedule_interval cadence) and not prefill_capacity_bound and a decode is running; a deferring step runs no prefill chunk and admits no request with more than one token left; the capacity guard is updated only by a waiting phase that ran without deferring.", "7.1, 10.4, 8 #36"),
+    Invariant("BUDGET-TOKENS", "total_num_scheduled_tokens = sum of entries <= token budget; every entry > 0; the budget left is consistent.", "8 #1, 10.3",
+              SAFETY, "max_num_batched_tokens bounds the batch the model runner is sized for; every version must keep the step's tokens within it and each entry positive."),
+    Invariant("BUDGET-THRESHOLD", "With more than one eligible request and long_prefill_token_threshold > 0, no entry exceeds the threshold.", "8 #2, 10.3",
+              SEMANTICS, "long_prefill_token_threshold is a fairness knob; when it applies (0.33.0: only with more than one eligible request; 0.29.0: always) is version design."),
+    Invariant("MAX-NUM-SEQS", "len(running) <= max_num_seqs; a request is admitted only while len(running) < max_num_seqs.", "8 #3, 10.3",
+              SAFETY, "max_num_seqs sizes the runner's persistent batch; exceeding it overflows per-request buffers in every version."),
+    Invariant("SCHEDULED-SPAN", "computed + scheduled <= num_tokens, and <= max_model_len - 1 for running requests.", "3.5, 8 #17",
+              SAFETY, "Scheduling past num_tokens or past max_model_len - 1 writes KV for tokens that do not exist or beyond the positions the model supports, in every version."),
+    Invariant("PREFILL-DEFER", "defer_prefills = (throttle_prefills or inside the prefill_schedule_interval cadence) and not prefill_capacity_bound and a decode is running; a deferring step runs no prefill chunk and admits no request with more than one token left; the capacity guard is updated only by a waiting phase that ran without deferring.", "7.1, 10.4, 8 #36",
+              SEMANTICS, "Prefill gating (the throttle, the local cadence, the capacity guard) is 0.33.0's design; older releases gate differently or not at all."),
 ]
 
 

@@ -34,9 +34,12 @@ from harness.check import (
 )
 from harness.check.encoder_cache import request_items
 from harness.check.model import Batch, ReqShadow, StepState, TraceModel, cdiv
+from harness.check.profiles import Profile, reference_profile
+from harness.check.profiles import resolve as resolve_profile
 from harness.check.result import MAX_PER_INVARIANT, CheckResult, Violation
+from harness.trace import Trace
 
-__all__ = ["MAX_PER_INVARIANT", "CheckResult", "TraceChecker", "Violation", "check_steps"]
+__all__ = ["MAX_PER_INVARIANT", "CheckResult", "TraceChecker", "Violation", "check_steps", "check_trace"]
 
 
 class TraceChecker(TraceModel):
@@ -53,9 +56,9 @@ class TraceChecker(TraceModel):
         ref 0 enter the free queue, or for a deferred free stay held by the
         fence entry until it is drained."""
         expected = req.blocks[::-1]
-        if kind == "preempt":
-            preemption.check_preempt_frees(self, req, freed, expected)
-        else:
+        whole = (preemption.check_preempt_frees(self, req, freed, expected) if kind == "preempt"
+                 else blocks.check_free_whole_table(self, req, freed, expected))
+        if whole:
             blocks.check_free_order(self, req, freed, expected)
         fences.check_free_fence(self, req, kind, expected, fence)
         if fence is not None:
@@ -368,6 +371,7 @@ class TraceChecker(TraceModel):
                 self.inflight.pop(rid, None)
         preemption.check_withdrawn_preempted(self, st)
         lifecycle.check_reported_ids(self, ev, st)
+        preemption.check_reset_victims_reported(self, ev, st)
         self.finished_since_schedule = set()
         if self.enc_active:
             encoder.on_schedule_end(self, ev, st)
@@ -585,8 +589,12 @@ class TraceChecker(TraceModel):
         st.expected_stop[rid] = stop
         if stop and req.items:
             encoder.on_finish(self, req)  # freed when it stops, before later requests' frees
-        if not stale and req.status == "RUNNING" and (had_placeholders or self.num_spec > 0):
-            # 0.33.0 caches at update too (blocks completed by accepted tokens).
+        # Caching at update (blocks completed by accepted tokens): 0.33.0
+        # whenever tokens were in flight or drafts verified; older releases
+        # only in the AsyncScheduler (the profile says which).
+        at_update = (had_placeholders or self.num_spec > 0 if self.profile.cache_at_update_with_spec
+                     else self.async_scheduling)
+        if not stale and req.status == "RUNNING" and at_update:
             self.register_full_blocks(req, req.num_computed_tokens - req.in_flight)
         self.note(req, f"sampled {tokens}" + (f" (drafts {drafts})" if drafts else "")
                        + (" [stale, delivered]" if stale else "")
@@ -626,24 +634,46 @@ class TraceChecker(TraceModel):
         return self.result
 
 
-def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]]) -> CheckResult:
-    """Run every invariant over ``steps`` (as yielded by ``Trace.iter_steps``).
+def check_trace(trace: Trace, semantics: str = "auto") -> CheckResult:
+    """Check ``trace`` under the profile ``semantics`` names (``auto``: from
+    its metadata; ``safety``; a profile name, ``harness.check.profiles``).
+    The result says which profile ran and why. Raises ProfileError for an
+    unknown name, TraceError for an unreadable trace."""
+    profile, reason = resolve_profile(semantics, trace.meta)
+    result = check_steps(trace.meta["config"], trace.iter_steps(), profile)
+    result.profile_reason = reason
+    return result
+
+
+def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
+                profile: Profile | None = None) -> CheckResult:
+    """Run every invariant ``profile`` checks (default: the reference's,
+    every rule of the vLLM version it mirrors) over ``steps`` (as yielded by
+    ``Trace.iter_steps``).
 
     With data parallelism each rank's rows go to its own checker (its own
     scheduler and KV pool), and the coordinator's routing is checked across
     ranks (``harness.check.data_parallel``); the results are merged.
     """
+    profile = profile if profile is not None else reference_profile()
+    result = _check_steps(config, steps, profile)
+    result.profile = profile.name
+    return result
+
+
+def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
+                 profile: Profile) -> CheckResult:
     dp = config.get("data_parallel_size", 1)
     if dp == 1:
-        checker = TraceChecker(config)
+        checker = TraceChecker(config, profile)
         for step, events in steps:
             checker.check_step(step, events)
         return checker.finish()
-    checkers = [TraceChecker(config) for _ in range(dp)]
+    checkers = [TraceChecker(config, profile) for _ in range(dp)]
     for checker in checkers:
         checker.interval = 1  # the cadence is the coordinator's throttle flag
         checker.dp_interval = config.get("prefill_schedule_interval", 1)
-    routing = TraceChecker(config)  # collects coordinator violations only
+    routing = TraceChecker(config, profile)  # collects coordinator violations only
     num_steps = 0
     for step, events in steps:
         num_steps += 1

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.check.model import TraceModel
-from harness.check.result import Invariant
+from harness.check.result import SEMANTICS, Invariant
 
 INVARIANTS = [
-    Invariant("DP-ROUTING", "Data parallelism: each arrival goes to the rank with the fewest unfinished requests (ties: the lowest rank); every row names a valid rank.", "7.1 (engine coordinator)"),
+    Invariant("DP-ROUTING", "Data parallelism: each arrival goes to the rank with the fewest unfinished requests (ties: the lowest rank); every row names a valid rank.", "7.1 (engine coordinator)",
+              SEMANTICS, "Routing to the rank with the fewest unfinished requests is the DP coordinator's design."),
 ]
 
 

@@ -25,12 +25,15 @@ from collections.abc import Sequence
 
 from harness.check.encoder_cache import Plan, items_in_window
 from harness.check.model import ReqShadow, StepState, TraceModel
-from harness.check.result import Invariant
+from harness.check.result import SAFETY, SEMANTICS, Invariant
 
 INVARIANTS = [
-    Invariant("ENCODER-BUDGET", "The encoder inputs a step encodes (net of PRIORITY give-back) total at most max_num_encoder_input_tokens embeds, and a withdrawn request gives back exactly the inputs it had scheduled.", "3.2 step 8, 3.3, 4.2"),
-    Invariant("ENCODER-INPUTS", "A window's encoder inputs are decided as _try_schedule_encoder_inputs does: every input overlapping a scheduled window is cached (a hit) or encoded in that step, never both; the window stops before the first input that fits neither the encoder budget left (give-back restored) nor the encoder cache (or, with disable_chunked_mm_input, would be split), and only there.", "3.2 step 8, 10.5, 10.6"),
-    Invariant("ENCODER-CACHE", "The encoder cache never holds more than encoder_cache_size embeds, evicts unreferenced entries oldest first (listed in free_encoder_mm_hashes), and a request's reference to an input is dropped once its range ends at or before num_computed_tokens - placeholders, at preemption, and at finish.", "4.3, 6 e, 10.8"),
+    Invariant("ENCODER-BUDGET", "The encoder inputs a step encodes (net of PRIORITY give-back) total at most max_num_encoder_input_tokens embeds, and a withdrawn request gives back exactly the inputs it had scheduled.", "3.2 step 8, 3.3, 4.2",
+              SAFETY, "max_num_encoder_input_tokens sizes the encoder's batch; every version keeps within it and gives back what a withdrawn request had scheduled."),
+    Invariant("ENCODER-INPUTS", "A window's encoder inputs are decided as _try_schedule_encoder_inputs does: every input overlapping a scheduled window is cached (a hit) or encoded in that step, never both; the window stops before the first input that fits neither the encoder budget left (give-back restored) nor the encoder cache (or, with disable_chunked_mm_input, would be split), and only there.", "3.2 step 8, 10.5, 10.6",
+              SEMANTICS, "Which encoder inputs a window takes and where it stops is _try_schedule_encoder_inputs' design."),
+    Invariant("ENCODER-CACHE", "The encoder cache never holds more than encoder_cache_size embeds, evicts unreferenced entries oldest first (listed in free_encoder_mm_hashes), and a request's reference to an input is dropped once its range ends at or before num_computed_tokens - placeholders, at preemption, and at finish.", "4.3, 6 e, 10.8",
+              SEMANTICS, "The encoder cache's capacity accounting and eviction order (unreferenced, oldest first) are 0.33.0's EncoderCacheManager design."),
 ]
 
 

@@ -1,6 +1,10 @@
 """The invariant catalogue: stable ids, one-line statements, spec sections.
 
 Each id is what ``harness check`` reports; ``harness invariants`` lists them.
+Every entry is in one of two layers (``Invariant.layer``): *safety*, what
+every correct engine satisfies whatever its version (its ``why`` says why),
+and *semantics*, a rule of one vLLM version's design, checked only under a
+profile of a version that has it (``harness.check.profiles``).
 The entries live next to their checks, one module per family (``FAMILIES``);
 this module only gathers them. Statements say what must hold, not what vLLM
 happens to do: where real vLLM breaks one, that is a finding.
@@ -20,9 +24,9 @@ from harness.check import (
     queues,
     spec_decode,
 )
-from harness.check.result import Invariant
+from harness.check.result import LAYERS, SAFETY, SEMANTICS, Invariant
 
-__all__ = ["FAMILIES", "INVARIANTS", "Invariant", "describe", "family_of"]
+__all__ = ["FAMILIES", "INVARIANTS", "SAFETY_IDS", "SEMANTICS_IDS", "Invariant", "describe", "family_of"]
 
 # Family modules, in the order of the spec's sections.
 FAMILIES = (queues, preemption, budget, blocks, spec_decode, fences, kv_connector, encoder, data_parallel,
@@ -50,6 +54,9 @@ def _gather() -> tuple[dict[str, Invariant], dict[str, str]]:
         for inv in module.INVARIANTS:
             # One id, one home: the file a newcomer opens for it.
             assert inv.id not in by_id, f"{inv.id} is in {family[inv.id]} and {module.__name__}"
+            # Every entry says which layer it is in and why (safety: why it
+            # holds for every version; semantics: the design it encodes).
+            assert inv.layer in LAYERS and inv.why, f"{inv.id}: no layer or no why"
             by_id[inv.id] = inv
             family[inv.id] = module.__name__
     missing = [i for i in _LISTING if i not in by_id]
@@ -60,6 +67,9 @@ def _gather() -> tuple[dict[str, Invariant], dict[str, str]]:
 
 
 INVARIANTS, _FAMILY = _gather()
+#: The ids of each layer, in listing order.
+SAFETY_IDS = tuple(i for i, inv in INVARIANTS.items() if inv.layer == SAFETY)
+SEMANTICS_IDS = tuple(i for i, inv in INVARIANTS.items() if inv.layer == SEMANTICS)
 
 
 def describe(invariant_id: str) -> Invariant:

@@ -11,12 +11,15 @@ per-request ``kv_done``/``kv_failed`` flags.
 from __future__ import annotations
 
 from harness.check.model import ReqShadow, StepState, TraceModel, cdiv
-from harness.check.result import Invariant
+from harness.check.result import SAFETY, SEMANTICS, Invariant
 
 INVARIANTS = [
-    Invariant("REMOTE-KV-LOADING", "A request loading remote KV (WAITING_FOR_REMOTE_KVS) is never scheduled, preempted or running, and its loaded blocks are no prefix hit before promotion; it is promoted only after its transfer reported done, to WAITING (PREEMPTED if preempted before) with num_computed_tokens = the loaded prefix (num_tokens - 1 for a whole-sequence load, the valid prefix after a failed one); a failed load under policy 'fail' finishes it with FINISHED_ERROR.", "7.2, 10.2, 8 #37"),
-    Invariant("REMOTE-KV-RESERVATION", "An async KV-load admission records, and leaves free, the blocks the in-flight prefills still need for their whole sequence (each plus one spec-decode step) plus one spec-decode step of its own.", "7.2, 8 #37"),
-    Invariant("REMOTE-KV-ABORT-HOLDS", "A request finished while its KV load is in flight keeps its blocks until the transfer reports done, then frees exactly its table.", "7.2, 6 step 6"),
+    Invariant("REMOTE-KV-LOADING", "A request loading remote KV (WAITING_FOR_REMOTE_KVS) is never scheduled, preempted or running, and its loaded blocks are no prefix hit before promotion; it is promoted only after its transfer reported done, to WAITING (PREEMPTED if preempted before) with num_computed_tokens = the loaded prefix (num_tokens - 1 for a whole-sequence load, the valid prefix after a failed one); a failed load under policy 'fail' finishes it with FINISHED_ERROR.", "7.2, 10.2, 8 #37",
+              SAFETY, "A request whose KV is still being written by a transfer cannot run or be preempted, and its blocks are not valid prefix hits until the transfer reports done."),
+    Invariant("REMOTE-KV-RESERVATION", "An async KV-load admission records, and leaves free, the blocks the in-flight prefills still need for their whole sequence (each plus one spec-decode step) plus one spec-decode step of its own.", "7.2, 8 #37",
+              SEMANTICS, "How many blocks an async load leaves for in-flight prefills is 0.33.0's reservation design."),
+    Invariant("REMOTE-KV-ABORT-HOLDS", "A request finished while its KV load is in flight keeps its blocks until the transfer reports done, then frees exactly its table.", "7.2, 6 step 6",
+              SAFETY, "A transfer in flight still writes the blocks of a request finished meanwhile: they must stay held until it reports done."),
 ]
 
 

@@ -9,15 +9,23 @@ properties of spec 8.
 from __future__ import annotations
 
 from harness.check.model import ReqShadow, StepState, TraceModel
-from harness.check.result import Invariant
+from harness.check.result import SAFETY, SEMANTICS, Invariant
 
 INVARIANTS = [
-    Invariant("OUTPUT-ONLY-COMPLETE", "A request samples exactly one token in a step iff the step reaches the end of its known tokens (none for partial prefill chunks).", "6, 8 #18"),
-    Invariant("STOP-RULES", "A request finishes exactly when check_stop says so (EOS unless ignore_eos, stop token, length), with that reason; min_tokens never overrides.", "6, 10.8, 8 #22"),
-    Invariant("FINISHED-IDS", "preempted_req_ids and finished_req_ids of a step list exactly the requests preempted in it / finished since the previous schedule().", "3.9, 8 #12, #23"),
-    Invariant("IDLE-ADMISSION", "With nothing running and requests waiting, a step admits at least one (every accepted request fits an empty engine).", "8 (liveness)"),
-    Invariant("NO-PROGRESS", "No two consecutive steps schedule nothing with the same queues and no input in between.", "8 (liveness)"),
-    Invariant("LIVENESS", "Every accepted request finishes (stopped, length-capped or aborted) by the end of the trace.", "8"),
+    Invariant("OUTPUT-ONLY-COMPLETE", "A request samples exactly one token in a step iff the step reaches the end of its known tokens (none for partial prefill chunks).", "6, 8 #18",
+              SAFETY, "A token can only be sampled from the logits of the last known token; a partial prefill chunk has none to sample, in every version."),
+    Invariant("STOP-RULES", "Once min_tokens outputs exist, a request finishes exactly when check_stop says so (EOS unless ignore_eos, stop token, length), with that reason.", "6, 10.8, 8 #22",
+              SAFETY, "A request stops exactly when its sampling parameters say (EOS unless ignore_eos, stop tokens, max_tokens): stopping early or late returns the wrong output in every version."),
+    Invariant("STOP-MIN-TOKENS", "Before min_tokens outputs exist, a request stops as its version's check_stop says: 0.33.0 tests EOS, stop tokens and length first (min_tokens never overrides them); 0.20.2 stops nothing before min_tokens.", "6, 10.8",
+              SEMANTICS, "Whether an EOS, a stop token or the length cap can end a request before min_tokens outputs is check_stop's order of tests, which releases changed (0.20.2 tests min_tokens first; 0.33.0 last)."),
+    Invariant("FINISHED-IDS", "preempted_req_ids and finished_req_ids of a step list exactly the requests preempted in it / finished since the previous schedule().", "3.9, 8 #12, #23",
+              SAFETY, "The model runner frees a request's state only when told: preempted_req_ids and finished_req_ids must list exactly those requests, or it leaks or uses freed state."),
+    Invariant("IDLE-ADMISSION", "With nothing running and requests waiting, a step admits at least one (every accepted request fits an empty engine).", "8 (liveness)",
+              SAFETY, "Every accepted request fits an empty engine, so with nothing running a step must admit one, or the engine stalls with work waiting."),
+    Invariant("NO-PROGRESS", "No two consecutive steps schedule nothing with the same queues and no input in between.", "8 (liveness)",
+              SAFETY, "Two identical empty steps with no input between them repeat forever: a livelock in any engine."),
+    Invariant("LIVENESS", "Every accepted request finishes (stopped, length-capped or aborted) by the end of the trace.", "8",
+              SAFETY, "Every accepted request must end (finish, length cap or abort); one left behind is starved or lost."),
 ]
 
 
@@ -56,7 +64,10 @@ def check_outputs_present(m: TraceModel, st: StepState) -> None:
 def stop_reason(m: TraceModel, req: ReqShadow, token: int) -> str | None:
     """vLLM ``check_stop`` after ``token`` was appended: "stop" (EOS unless
     ignore_eos, or a stop token), "length" (max_model_len or max_tokens), or
-    None. min_tokens never overrides (STOP-RULES)."""
+    None. min_tokens never overrides (0.33.0), unless the profile tests it
+    first (0.20.2: nothing stops before min_tokens outputs)."""
+    if m.profile.min_tokens_first and req.num_output_tokens < req.min_tokens:
+        return None
     if token == req.eos_token_id or token in req.stop_token_ids:
         return "stop"
     if req.num_tokens >= m.max_model_len or req.num_output_tokens >= req.max_tokens:
@@ -64,28 +75,42 @@ def stop_reason(m: TraceModel, req: ReqShadow, token: int) -> str | None:
     return None
 
 
+def _stop_rule(req: ReqShadow) -> str:
+    """The id a stop decision is judged under: STOP-MIN-TOKENS while fewer than
+    min_tokens outputs exist (whether EOS, a stop token or the length cap
+    may end it then is version design), else STOP-RULES."""
+    return "STOP-MIN-TOKENS" if req.num_output_tokens < req.min_tokens else "STOP-RULES"
+
+
 def check_finish_reason(m: TraceModel, ev: dict, req: ReqShadow, expected: str | None) -> None:
-    """STOP-RULES at a ``finish`` row: the reason is check_stop's."""
+    """STOP-RULES (STOP-MIN-TOKENS below min_tokens) at a ``finish`` row: the
+    reason is check_stop's."""
     if expected != ev["finish_reason"]:
-        m.violate("STOP-RULES", req.request_id,
+        m.violate(_stop_rule(req), req.request_id,
                   f"finished with {ev['finish_reason']!r} but check_stop gives {expected!r} "
                   f"({req.num_output_tokens} outputs, max_tokens {req.max_tokens})")
 
 
 def check_stopped_finished(m: TraceModel, st: StepState) -> None:
-    """STOP-RULES at ``update_end``: a request check_stop stops did finish."""
+    """STOP-RULES (STOP-MIN-TOKENS below min_tokens) at ``update_end``: a
+    request check_stop stops did finish."""
     for rid, stop in st.expected_stop.items():
         if stop is not None and rid not in st.finished:
-            m.violate("STOP-RULES", rid, f"check_stop gives {stop!r} but the request did not finish")
+            req = m.reqs.get(rid)
+            m.violate(_stop_rule(req) if req is not None else "STOP-RULES", rid,
+                      f"check_stop gives {stop!r} but the request did not finish")
 
 
 # -- reported ids ------------------------------------------------------------------
 def check_reported_ids(m: TraceModel, ev: dict, st: StepState) -> None:
-    """FINISHED-IDS at ``schedule_end``: preempted_req_ids / finished_req_ids."""
-    # A forced prefix-cache reset's victims (before schedule()) are reported too.
-    preempted = st.reset_preempted + st.preempted
-    if set(ev["preempted_req_ids"] or []) != set(preempted):
-        m.violate("FINISHED-IDS", None, f"preempted_req_ids {ev['preempted_req_ids']} != preempted {preempted}")
+    """FINISHED-IDS at ``schedule_end``: preempted_req_ids / finished_req_ids.
+    Whether a forced prefix-cache reset's victims (preempted before
+    schedule()) are listed too is RESET-PREEMPTS-RUNNING's (version design:
+    0.33.0 lists them, 0.20.2 does not), so they are left out here."""
+    reported = [r for r in ev["preempted_req_ids"] or [] if r not in st.reset_preempted]
+    if set(reported) != set(st.preempted):
+        m.violate("FINISHED-IDS", None,
+                  f"preempted_req_ids {ev['preempted_req_ids']} != preempted {st.reset_preempted + st.preempted}")
     if set(ev["finished_req_ids"] or []) != m.finished_since_schedule:
         m.violate("FINISHED-IDS", None,
                   f"finished_req_ids {ev['finished_req_ids']} != finished since last schedule "

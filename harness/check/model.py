@@ -26,10 +26,13 @@ import hashlib
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.check.encoder_cache import EncoderStep, Item, ShadowEncoderCache, block_extra_keys
 from harness.check.result import MAX_PER_INVARIANT, CheckResult, Violation
+
+if TYPE_CHECKING:
+    from harness.check.profiles import Profile
 
 HISTORY = 8  # events kept per request for a witness
 
@@ -146,7 +149,16 @@ class TraceModel:
     """The shadow state of one rank's scheduler and KV pool (see the module
     docstring); ``config`` is the trace's engine config dict."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], profile: Profile | None = None) -> None:
+        # The semantics profile: which version-design rules count, and how
+        # the free queue takes freed blocks (harness.check.profiles).
+        if profile is None:
+            from harness.check.profiles import reference_profile  # the profiles import the catalogue
+
+            profile = reference_profile()
+        self.profile = profile
+        self.checked = frozenset(self.profile.checked)
+        self.free_unhashed_to_head = self.profile.free_unhashed_to_head
         self.bs: int = config["block_size"]
         self.num_gpu_blocks: int = config["num_gpu_blocks"]
         self.max_model_len: int = config["max_model_len"]
@@ -167,7 +179,8 @@ class TraceModel:
         self.processed_seq = 0
         self.deferred: deque[tuple[int, list[int], str]] = deque()  # (fence, blocks, holder)
         # Prefill gating (spec 7.1, 10.4), recomputed from the trace.
-        self.interval: int = config.get("prefill_schedule_interval", 1)
+        self.interval: int = (config.get("prefill_schedule_interval", 1)
+                              if self.profile.local_prefill_cadence else 1)
         self.dp_interval = 1  # the DP coordinator's throttle cadence (set by check_steps)
         self.capacity_bound = False
         self.last_prefill_step = -self.interval
@@ -220,6 +233,8 @@ class TraceModel:
         from harness.check.invariants import INVARIANTS  # the catalogue imports the families
 
         assert invariant in INVARIANTS, invariant
+        if invariant not in self.checked:
+            return  # a semantics rule the profile does not hold this engine to
         self.result.num_violations += 1
         counts = self.result.by_invariant
         counts[invariant] = counts.get(invariant, 0) + 1
@@ -269,7 +284,8 @@ class TraceModel:
     def return_blocks(self, ordered: list[int], holder: str) -> None:
         """Drop ``holder``'s references in ``ordered`` order; blocks reaching
         ref 0 enter the free queue: unhashed (or caching off) to the head, in
-        that order; hashed to the tail (spec 5.2)."""
+        that order; hashed to the tail (spec 5.2). Under a profile without
+        ``free_unhashed_to_head`` (vLLM 0.20.2) every block goes to the tail."""
         to_head: list[int] = []
         to_tail: list[int] = []
         for block in ordered:
@@ -279,7 +295,8 @@ class TraceModel:
             holders.discard(holder)
             if not holders:
                 del self.owners[block]
-                (to_tail if block in self.content or block in self.uncomputed else to_head).append(block)
+                hashed = block in self.content or block in self.uncomputed
+                (to_head if self.free_unhashed_to_head and not hashed else to_tail).append(block)
         for block in reversed(to_head):
             self.free_queue[block] = None
             self.free_queue.move_to_end(block, last=False)

@@ -9,18 +9,27 @@ request it scheduled earlier in the step if that is the victim.
 from __future__ import annotations
 
 from harness.check.model import ReqShadow, StepState, TraceModel
-from harness.check.result import Invariant
+from harness.check.result import SAFETY, SEMANTICS, Invariant
 
 INVARIANTS = [
-    Invariant("PREEMPT-ONLY-RUNNING", "Only RUNNING requests in the running queue are preempted.", "4.3, 8 #5"),
-    Invariant("NO-ADMIT-AFTER-PREEMPT", "A step that preempted admits nothing from waiting.", "3.1 step 5, 8 #4"),
-    Invariant("PREEMPT-EFFECTS", "A preempted request gives back every block it holds, leaves running, and resumes from a fresh prefix lookup (num_computed_tokens reset).", "4.3, 8 #5"),
-    Invariant("PREEMPT-WAITING-HEAD", "FCFS: this step's victims sit at the head of waiting in their former running order; PRIORITY: waiting stays in priority order.", "4.4, 8 #11"),
-    Invariant("FCFS-VICTIM-TAIL", "FCFS: each victim is the current tail of running.", "4.2, 8 #7"),
-    Invariant("PRIORITY-VICTIM-MAX", "PRIORITY: each victim has the largest (priority, arrival_time) among the current running requests.", "4.2, 8 #8"),
-    Invariant("PRIORITY-GIVE-BACK", "Only under PRIORITY is a request scheduled earlier in the step withdrawn, exactly its tokens are given back, and it is then preempted; it is absent from the step's output.", "4.2, 8 #9"),
-    Invariant("RESET-PREEMPTS-RUNNING", "A forced prefix-cache reset (reset_running_requests) preempts exactly the running requests, from the tail of running, before the step's schedule(); those preemptions do not count as the step's (admission proceeds) but are reported in preempted_req_ids.", "vLLM Scheduler.reset_prefix_cache"),
-    Invariant("WAITING-NEVER-PREEMPTS", "Admissions from waiting never preempt: no preemption follows an admission in a step.", "3.4 step 11, 8 #33"),
+    Invariant("PREEMPT-ONLY-RUNNING", "Only RUNNING requests in the running queue are preempted.", "4.3, 8 #5",
+              SAFETY, "Only a running request holds KV and a slot to give back; preempting a waiting or finished one corrupts its state in every version (mission invariant 1)."),
+    Invariant("NO-ADMIT-AFTER-PREEMPT", "A step that preempted admits nothing from waiting.", "3.1 step 5, 8 #4",
+              SAFETY, "A step that had to preempt is out of KV: admitting from waiting in it takes blocks the preemption freed for running requests and thrashes; every v1 release gates the waiting loop on no preemption (mission invariant 2)."),
+    Invariant("PREEMPT-EFFECTS", "A preempted request gives back every block it holds, leaves running, and resumes from a fresh prefix lookup (num_computed_tokens reset).", "4.3, 8 #5",
+              SAFETY, "A preempted request is recomputed from scratch: it must leave running and restart from num_computed_tokens 0 (or the prefix hit it finds on resume), or it reuses KV it gave back."),
+    Invariant("PREEMPT-WAITING-HEAD", "FCFS: this step's victims sit at the head of waiting in their former running order; PRIORITY: waiting stays in priority order.", "4.4, 8 #11",
+              SEMANTICS, "Where victims go in waiting (the head, in former running order) is the v1 scheduler's design."),
+    Invariant("FCFS-VICTIM-TAIL", "FCFS: each victim is the current tail of running.", "4.2, 8 #7",
+              SEMANTICS, "FCFS victim choice (the tail of running) is the v1 scheduler's design."),
+    Invariant("PRIORITY-VICTIM-MAX", "PRIORITY: each victim has the largest (priority, arrival_time) among the current running requests.", "4.2, 8 #8",
+              SEMANTICS, "PRIORITY victim choice (largest (priority, arrival_time)) is the v1 scheduler's design."),
+    Invariant("PRIORITY-GIVE-BACK", "Only under PRIORITY is a request scheduled earlier in the step withdrawn, exactly its tokens are given back, and it is then preempted; it is absent from the step's output.", "4.2, 8 #9",
+              SEMANTICS, "Withdrawing a request scheduled earlier in the step is 0.33.0's PRIORITY design; that a victim is absent from the output is the safety rule SCHEDULED-ONCE / the preempted-and-scheduled checks."),
+    Invariant("RESET-PREEMPTS-RUNNING", "A forced prefix-cache reset (reset_running_requests) preempts exactly the running requests, from the tail of running, before the step's schedule(); those preemptions do not count as the step's (admission proceeds) but are reported in preempted_req_ids.", "vLLM Scheduler.reset_prefix_cache",
+              SEMANTICS, "reset_prefix_cache(reset_running_requests=True) and how it preempts are 0.33.0 API design."),
+    Invariant("WAITING-NEVER-PREEMPTS", "Admissions from waiting never preempt: no preemption follows an admission in a step.", "3.4 step 11, 8 #33",
+              SEMANTICS, "The waiting loop never preempting (only the running loop does) is the v1 scheduler's design."),
 ]
 
 
@@ -61,11 +70,27 @@ def check_scheduled_victim_withdrawn(m: TraceModel, st: StepState, rid: str) -> 
     return False
 
 
-def check_preempt_frees(m: TraceModel, req: ReqShadow, freed: list[int], expected: list[int]) -> None:
-    """PREEMPT-EFFECTS: a preemption gives back its whole table, tail first."""
-    if freed != expected:
+
+
+def check_reset_victims_reported(m: TraceModel, ev: dict, st: StepState) -> None:
+    """RESET-PREEMPTS-RUNNING at ``schedule_end``: the victims of this step's
+    forced prefix-cache reset are listed in preempted_req_ids (vLLM 0.33.0
+    ``reset_preempted_req_ids``), though they are not the step's own."""
+    missing = [r for r in st.reset_preempted if r not in (ev["preempted_req_ids"] or [])]
+    if missing:
+        m.violate("RESET-PREEMPTS-RUNNING", None,
+                  f"preempted_req_ids {ev['preempted_req_ids']} leaves out {missing}, preempted by this "
+                  f"step's forced prefix-cache reset")
+
+
+def check_preempt_frees(m: TraceModel, req: ReqShadow, freed: list[int], expected: list[int]) -> bool:
+    """PREEMPT-EFFECTS: a preemption gives back exactly the blocks of its
+    table (``expected``), each once. True when it does."""
+    if sorted(freed) != sorted(expected):
         m.violate("PREEMPT-EFFECTS", req.request_id,
-                  f"preemption freed {freed}, but it must give back its whole table tail first: {expected}")
+                  f"preemption freed {freed}, but it must give back its whole table {req.blocks}")
+        return False
+    return True
 
 
 def check_withdraw(m: TraceModel, st: StepState, rid: str, n: int, req: ReqShadow | None) -> bool:

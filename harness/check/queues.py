@@ -12,14 +12,21 @@ from typing import Any
 
 from harness.check import encoder
 from harness.check.model import ReqShadow, StepState, TraceModel
-from harness.check.result import Invariant
+from harness.check.result import SAFETY, SEMANTICS, Invariant
 
 INVARIANTS = [
-    Invariant("ARRIVAL-ADMISSIBLE", "An accepted request has a non-empty prompt shorter than max_model_len (room for one output token) and encoder inputs that fit the encoder cache and compute budget (and, with disable_chunked_mm_input, one step's tokens); a rejected one does not.", "2.3, engine input processor"),
-    Invariant("STATE-CONTINUITY", "Queues and counters seen at step start/end follow from the previous step's state and this step's events.", "3.1"),
-    Invariant("RUNNING-ORDER", "Running requests are scheduled in running-queue order, each at most once per step.", "3.2, 8 #13"),
-    Invariant("ADMISSION-ORDER", "Admissions follow waiting-queue order: the admitted requests are the head of waiting, as new (WAITING) or resumed (PREEMPTED).", "3.4, 8 #13-14"),
-    Invariant("COMPUTED-CONTINUITY", "num_computed_tokens before a step equals the previous value plus the tokens scheduled since (prefix-hit length at admission).", "3.8, 8 #16"),
+    Invariant("ARRIVAL-ADMISSIBLE", "An accepted request has a non-empty prompt shorter than max_model_len (room for one output token) and encoder inputs that fit the encoder cache and compute budget (and, with disable_chunked_mm_input, one step's tokens); a rejected one does not.", "2.3, engine input processor",
+              SEMANTICS, "Which prompts the input processor accepts (the room left for one output token, how encoder inputs must fit) is a front-end design choice that releases change; a wrong admission is caught by SCHEDULED-SPAN when it matters."),
+    Invariant("STATE-CONTINUITY", "Queues and counters seen at step start/end follow from the previous step's state and this step's events.", "3.1",
+              SAFETY, "A trace's rows describe one scheduler: queues at step start follow from the previous step's end and this step's arrivals and aborts in any engine; otherwise the trace (or the engine's bookkeeping) contradicts itself."),
+    Invariant("RUNNING-ORDER", "Running requests are scheduled in running-queue order.", "3.2, 8 #13",
+              SEMANTICS, "Walking running in queue order is the v1 scheduler's design; another order is still safe."),
+    Invariant("SCHEDULED-ONCE", "A request is scheduled at most once per step, and as running only while it is RUNNING in the running queue.", "3.2, 8 #13",
+              SAFETY, "A request has one entry in num_scheduled_tokens and is scheduled as running only while it is RUNNING in the running queue: anything else runs tokens for a request whose KV is not in place, in every version."),
+    Invariant("ADMISSION-ORDER", "Admissions follow waiting-queue order: the admitted requests are the head of waiting, as new (WAITING) or resumed (PREEMPTED).", "3.4, 8 #13-14",
+              SEMANTICS, "Taking the head of waiting (kv-holding queue first) is the v1 scheduler's design."),
+    Invariant("COMPUTED-CONTINUITY", "num_computed_tokens before a step equals the previous value plus the tokens scheduled since (prefix-hit length at admission).", "3.8, 8 #16",
+              SAFETY, "num_computed_tokens is the length of the KV written; it can only grow by what was scheduled (or a prefix hit at admission), or the model attends to KV that was never written."),
 ]
 
 
@@ -124,17 +131,19 @@ def check_update_begin(m: TraceModel, ev: dict) -> bool:
 
 # -- order ------------------------------------------------------------------------
 def check_scheduled_once(m: TraceModel, st: StepState, rid: str) -> None:
-    """RUNNING-ORDER: a request is scheduled at most once per step."""
+    """SCHEDULED-ONCE: a request is scheduled at most once per step."""
     if rid in st.scheduled:
-        m.violate("RUNNING-ORDER", rid, "scheduled twice in one step")
+        m.violate("SCHEDULED-ONCE", rid, "scheduled twice in one step")
 
 
 def check_running_order(m: TraceModel, st: StepState, req: ReqShadow) -> None:
-    """RUNNING-ORDER: a ``running`` schedule row is for a RUNNING request, after
-    the previous one in running order (advances ``st.last_running_index``)."""
+    """A ``running`` schedule row: SCHEDULED-ONCE (for a RUNNING request in the
+    running queue) and RUNNING-ORDER (after the previous one in running
+    order; advances ``st.last_running_index``)."""
     rid = req.request_id
     if req.status != "RUNNING" or rid not in st.sim_running:
-        m.violate("RUNNING-ORDER", rid, f"scheduled as running but status {req.status}")
+        m.violate("SCHEDULED-ONCE", rid, f"scheduled as running but status {req.status}"
+                  + ("" if rid in st.sim_running else ", not in the running queue"))
     else:
         idx = st.sim_running.index(rid)
         if idx < st.last_running_index:

@@ -15,13 +15,29 @@ from typing import Any
 MAX_PER_INVARIANT = 10
 
 
+#: The two layers of the catalogue (``Invariant.layer``).
+SAFETY = "safety"        # every correct engine, whatever its version
+SEMANTICS = "semantics"  # one vLLM version's design (see harness.check.profiles)
+LAYERS = (SAFETY, SEMANTICS)
+
+
 @dataclass(frozen=True)
 class Invariant:
-    """A catalogue entry: stable id, one-line statement, spec section(s)."""
+    """A catalogue entry: stable id, one-line statement, spec section(s), its
+    layer and why it is in that layer.
+
+    ``layer`` is SAFETY for a property every correct engine has whatever its
+    version (``why``: the argument that it holds for every version: what
+    breaks otherwise), or SEMANTICS for a rule of one vLLM version's design
+    (``why``: the design choice it encodes; the profiles say which versions
+    have it, ``harness.check.profiles``).
+    """
 
     id: str
     statement: str
     spec: str
+    layer: str = ""
+    why: str = ""
 
 
 @dataclass
@@ -63,6 +79,11 @@ class CheckResult:
     violations: list[Violation] = field(default_factory=list)
     num_violations: int = 0
     by_invariant: dict[str, int] = field(default_factory=dict)
+    profile: str = ""  # the semantics profile checked under (harness.check.profiles)
+    # Why that profile (e.g. "recorded by vLLM 0.29.0"), and what could not
+    # be checked (e.g. an invariant whose columns a schema lacks).
+    profile_reason: str = ""
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

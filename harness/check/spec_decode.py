@@ -8,11 +8,13 @@ drafts are ``ReqShadow.spec_token_ids``; a batch's drafts are in ``Batch.drafts`
 from __future__ import annotations
 
 from harness.check.model import ReqShadow, TraceModel
-from harness.check.result import Invariant
+from harness.check.result import SAFETY, Invariant
 
 INVARIANTS = [
-    Invariant("SPEC-TOKENS", "Drafts are stored only for decoding requests (num_speculative_tokens of them), scheduled only on the positions past num_tokens (the first k pending drafts, never for a prefill chunk), cleared by every scheduling and by preemption; admissions carry none except the -1 padding of a new decode.", "3.2 step 13, 3.4, 4.3, 10.6, 8 #19-20"),
-    Invariant("SPEC-ACCEPTANCE", "The model returns the accepted drafts plus one token; rejected drafts roll num_computed_tokens back.", "6 d, 10.8, 8 #21"),
+    Invariant("SPEC-TOKENS", "Drafts are stored only for decoding requests (num_speculative_tokens of them), scheduled only on the positions past num_tokens (the first k pending drafts, never for a prefill chunk), cleared by every scheduling and by preemption; a request admitted from waiting carries no real draft.", "3.2 step 13, 3.4, 4.3, 10.6, 8 #19-20",
+              SAFETY, "Drafts are verified against the tokens they follow: stored only for a decoding request, at most num_speculative_tokens, scheduled only past num_tokens, never for a prefill chunk, consumed when scheduled and never carried by a request coming from waiting (a preempted request recomputes; its old drafts would be verified against the wrong position) (mission invariant 3)."),
+    Invariant("SPEC-ACCEPTANCE", "The model returns the accepted drafts plus one token; rejected drafts roll num_computed_tokens back.", "6 d, 10.8, 8 #21",
+              SAFETY, "Accepted drafts are a prefix of the sampled tokens and rejected ones are rolled back from num_computed_tokens, or KV of rejected tokens is treated as valid."),
 ]
 
 
@@ -30,14 +32,19 @@ def check_running_drafts(m: TraceModel, req: ReqShadow, computed: int, n: int, d
 
 
 def check_admission_drafts(m: TraceModel, req: ReqShadow, computed: int, n: int, drafts: list[int]) -> None:
-    """SPEC-TOKENS for an admission: no drafts, except the -1 padding of a new
-    decode (num_speculative_tokens of them). Clears the pending drafts."""
+    """SPEC-TOKENS for an admission: no real draft (a request admitted from
+    waiting has none to verify since it last ran), and -1 padding only for a
+    new decode, num_speculative_tokens of them (anything else puts draft
+    positions on a prefill chunk). Clears the pending drafts."""
     if not drafts:
         return
     hit = computed
-    padded = (m.num_spec > 0 and n == 1 + m.num_spec and hit + 1 == req.num_tokens
-              and drafts == [-1] * m.num_spec)
-    if not padded:
+    if any(t != -1 for t in drafts):
+        m.violate("SPEC-TOKENS", req.request_id,
+                  f"admitted with draft tokens {drafts} ({n} tokens, hit {hit} of {req.num_tokens}): "
+                  f"a request coming from waiting holds no drafts to verify")
+    elif not (m.num_spec > 0 and n == 1 + m.num_spec and hit + 1 == req.num_tokens
+              and len(drafts) == m.num_spec):
         m.violate("SPEC-TOKENS", req.request_id,
                   f"admitted with drafts {drafts} ({n} tokens, hit {hit} of {req.num_tokens}); "
                   f"only a new decode may be padded with {m.num_spec} x -1")

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from harness.check import MAX_PER_INVARIANT, check_steps
+from harness.check import MAX_PER_INVARIANT, PROFILES, check_steps
 
 
 def test_stop_rules_fires_on_the_wrong_finish_reason(scenario_rows, first_row) -> None:
@@ -37,3 +37,26 @@ def test_liveness_fires_on_a_trace_cut_short(scenario_rows) -> None:
     assert result.by_invariant == {"LIVENESS": len(live)}
     assert [(v.invariant, v.step, v.request) for v in result.violations] == \
         [("LIVENESS", rows[end - 1][0], rid) for rid in list(live)[:MAX_PER_INVARIANT]]
+
+
+def _scenario_file_rows(path: str):
+    from harness.trace.recorder import run_to_rows
+    from workloads.scenario import load_scenario
+
+    scenario = load_scenario(path)
+    rows: list = []
+    config = scenario.engine_config()
+    run_to_rows(scenario.workload, config, seed=scenario.seed, on_step_rows=lambda step, r: rows.append((step, r)))
+    return config.to_dict(), rows
+
+
+def test_stop_min_tokens_fires_on_a_0_33_engine_checked_as_0_20_2() -> None:
+    """The reference (0.33.0: EOS is tested before min_tokens) stops A at its
+    first EOS; under 0.20.2's semantics (min_tokens first) that is a
+    violation of STOP-MIN-TOKENS, a semantics rule: silent under safety."""
+    config, rows = _scenario_file_rows("traces/scenarios/min-tokens-eos.toml")
+    assert check_steps(config, rows).ok
+    result = check_steps(config, rows, PROFILES["0.20.2"])
+    assert [(v.invariant, v.step, v.request, v.message) for v in result.violations] == [
+        ("STOP-MIN-TOKENS", 0, "A", "finished with 'stop' but check_stop gives None (1 outputs, max_tokens 8)")]
+    assert check_steps(config, rows, PROFILES["safety"]).ok

@@ -1,13 +1,15 @@
 """Doctored-trace tests of the queues/admission family (harness/check/queues.py).
 
 ARRIVAL-ADMISSIBLE guards the engine's input processor, not the scheduler,
-so it is shown on hand-made traces; the other ids of the family fire on the
-mutants (tests/check/test_catalogue.py).
+so it is shown on hand-made traces; so is SCHEDULED-ONCE (a request listed
+twice, or scheduled as running while preempted, is hard to reach by
+overriding one method of the reference); the other ids of the family fire
+on the mutants (tests/check/test_catalogue.py).
 """
 
 from __future__ import annotations
 
-from harness.check import TraceChecker
+from harness.check import PROFILES, TraceChecker, check_steps
 from reference.config import EngineConfig
 
 CONFIG = EngineConfig(num_gpu_blocks=30, block_size=4, max_model_len=96, max_num_seqs=4,
@@ -51,3 +53,30 @@ def test_arrival_admissible_covers_encoder_inputs() -> None:
         ("ARRIVAL-ADMISSIBLE", "r0", "accepted a request whose encoder input 1 of 17 embeds > encoder cache "
                                      "size 16"),
         ("ARRIVAL-ADMISSIBLE", "r2", "rejected a 40-token prompt that fits max_model_len 96")]
+
+
+def test_scheduled_once_fires_on_a_request_scheduled_twice_in_a_step(scenario_rows, first_row) -> None:
+    config, rows = scenario_rows("fcfs-tight")
+    step, sched = first_row(rows, "schedule", lambda row: row["schedule_kind"] == "running")
+    step_rows = dict(rows)[step]
+    step_rows.insert(step_rows.index(sched) + 1, dict(sched))
+    result = check_steps(config, rows, PROFILES["safety"])
+    assert (result.violations[0].invariant, result.violations[0].step, result.violations[0].request,
+            result.violations[0].message) == ("SCHEDULED-ONCE", step, sched["request_id"],
+                                              "scheduled twice in one step")
+
+
+def test_scheduled_once_fires_on_a_preempted_request_scheduled_as_running(scenario_rows, first_row) -> None:
+    config, rows = scenario_rows("fcfs-tight")
+    step, preempt = first_row(rows, "preempt")
+    step_rows = dict(rows)[step]
+    # The victim is scheduled again, as running, after its preemption.
+    step_rows.insert(step_rows.index(preempt) + 1, {
+        **preempt, "kind": "schedule", "schedule_kind": "running", "num_computed_tokens": 0,
+        "num_scheduled_tokens": 1, "num_prefix_hit_tokens": 0, "block_ids": [], "spec_token_ids": None,
+        "encoder_input_ids": None})
+    result = check_steps(config, rows, PROFILES["safety"])
+    v = result.violations[0]
+    assert (v.invariant, v.step, v.request, v.message) == (
+        "SCHEDULED-ONCE", step, preempt["request_id"],
+        "scheduled as running but status PREEMPTED, not in the running queue")

@@ -24,7 +24,7 @@ from harness.candidates.mutants.queues import (AdmitAfterPreempt, PreemptHead, I
                                                ResetPreemptsHead)
 from harness.candidates.mutants.blocks import (LeakOnFinish, HitEvictedBlock, LeakOnAbort, DoubleFreeShared,
                                                FreeUnhashedToTail, PreemptKeepsBlock, OverAllocate,
-                                               ReuseHeldBlock, ResetWhileHeld, ResetKeepsCache)
+                                               ReuseHeldBlock, ResetWhileHeld, ResetKeepsCache, FreeHeadFirst)
 from harness.candidates.mutants.spec_async import (DraftsOnPrefill, NoDraftRollback, FreeBeforeFence,
                                                    NoStaleSkip, NoAsyncMaxTokensGuard, IgnorePrefillCadence,
                                                    IgnoreThrottle)
@@ -41,7 +41,8 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "lifo-priority-victim": (LifoPriorityVictim, "PRIORITY-VICTIM-MAX"),
     "no-give-back": (NoGiveBack, "PRIORITY-GIVE-BACK"),
     "leak-on-finish": (LeakOnFinish, "BLOCK-CONSERVATION"),
-    "leak-on-abort": (LeakOnAbort, "FREE-ORDER"),
+    "leak-on-abort": (LeakOnAbort, "FREE-WHOLE-TABLE"),
+    "free-head-first": (FreeHeadFirst, "FREE-ORDER"),
     "double-free-shared": (DoubleFreeShared, "BLOCK-CONSERVATION"),
     "free-unhashed-to-tail": (FreeUnhashedToTail, "ALLOC-FROM-HEAD"),
     "hit-evicted-block": (HitEvictedBlock, "PREFIX-HIT-RULES"),

@@ -66,7 +66,7 @@ class _AbortLeakKVCacheManager(KVCacheManager):
 
 
 class LeakOnAbort(Scheduler):
-    """An aborted request's blocks are forgotten, not freed (FREE-ORDER)."""
+    """An aborted request's blocks are forgotten, not freed (FREE-WHOLE-TABLE)."""
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -140,6 +140,24 @@ class PreemptKeepsBlock(Scheduler):
     def __init__(self, config) -> None:
         super().__init__(config)
         self.kv_cache_manager = build_kv_manager(_PreemptLeakKVCacheManager, config)
+
+
+class _HeadFirstKVCacheManager(KVCacheManager):
+    def free(self, request: Request) -> list[int]:
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_block.pop(request.request_id, None)
+        self.block_pool.free_blocks(blocks)  # the bug: table order, head block first
+        return [b.block_id for b in blocks]
+
+
+class FreeHeadFirst(Scheduler):
+    """A request's table is freed head block first, so the free queue evicts
+    its most shared prefix block before its tail (FREE-ORDER; a semantics
+    rule: every block still comes back)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.kv_cache_manager = build_kv_manager(_HeadFirstKVCacheManager, config)
 
 
 class _OverAllocKVCacheManager(KVCacheManager):

@@ -1,0 +1,151 @@
+"""Semantics profiles: which version-design rules ``harness check`` applies.
+
+The catalogue has two layers (``Invariant.layer``). *Safety* invariants hold
+for every correct engine whatever its version, so every profile checks all
+of them. *Semantics* rules are one vLLM version's design (the free-queue
+order, the capacity guard, the prefill cadence, the padding of a new
+decode, ...): a profile names the ones a version line has, and the knobs of
+the shared model (``harness.check.model``) where a release does the same
+thing differently (0.20.2 returns every freed block to the tail of the free
+queue: the model follows it instead of dropping ALLOC-FROM-HEAD).
+
+``resolve(semantics, meta)`` picks the profile for ``harness check
+--semantics auto|safety|VERSION``: ``auto`` reads the trace's metadata
+(``engine``, ``engine_version``, ``vllm_semantics``); the reference and its
+mutants get the version the reference mirrors, ``vllm@X`` gets X's profile
+when one was measured for X, and anything else (an unmeasured release, a
+candidate of unknown origin) gets safety only, and the reason says so. A
+profile lists the releases it was measured on: a rule is never assumed of a
+release nobody ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.check.invariants import INVARIANTS, SAFETY_IDS, SEMANTICS_IDS
+from harness.check.result import SAFETY
+
+__all__ = ["PROFILES", "Profile", "ProfileError", "resolve"]
+
+
+class ProfileError(ValueError):
+    """An unknown ``--semantics`` value; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The semantics rules checked on top of every safety invariant.
+
+    ``name``: what ``--semantics`` takes and the report prints ("0.33.0",
+    "safety"); ``versions``: the vLLM releases measured to follow it (real
+    vLLM through ``harness/candidates/vllm``); ``semantics``: the
+    SEMANTICS-layer ids it checks; the model knobs below say how the shared
+    model follows that line's design.
+    """
+
+    name: str
+    versions: tuple[str, ...]
+    semantics: frozenset[str]
+    #: Freed blocks without a hash (or every block, caching off) go to the
+    #: head of the free queue (vLLM 0.33.0 ``BlockPool.free_blocks``); False:
+    #: every freed block is appended to the tail (0.20.2).
+    free_unhashed_to_head: bool = True
+    #: The synchronous scheduler with speculative decoding caches the blocks
+    #: completed by accepted tokens at update (vLLM 0.33.0
+    #: ``Scheduler.update_from_output``); False: only the AsyncScheduler
+    #: caches at update (``_update_request_with_output``, 0.29.0 and 0.20.2).
+    cache_at_update_with_spec: bool = True
+    #: ``prefill_schedule_interval`` also defers prefills locally (without
+    #: DP: vLLM 0.33.0 ``Scheduler.schedule``); False: only the DP
+    #: coordinator's throttle uses it (0.29.0).
+    local_prefill_cadence: bool = True
+    #: ``check_stop`` returns "not stopped" while fewer than min_tokens were
+    #: generated, before EOS, stop tokens and length are looked at (0.20.2
+    #: ``sched/utils.py``); False: those are tested first (0.33.0).
+    min_tokens_first: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(self.semantics - set(SEMANTICS_IDS))
+        assert not unknown, f"profile {self.name}: not semantics ids: {unknown}"
+
+    def checks(self, invariant_id: str) -> bool:
+        """True if a violation of ``invariant_id`` counts under this profile."""
+        return INVARIANTS[invariant_id].layer == SAFETY or invariant_id in self.semantics
+
+    @property
+    def checked(self) -> tuple[str, ...]:
+        """Every id this profile checks, in listing order."""
+        return tuple(i for i in INVARIANTS if self.checks(i))
+
+
+_ALL = frozenset(SEMANTICS_IDS)
+
+SAFETY_ONLY = Profile("safety", (), frozenset(),
+                      description="the safety invariants only: what every correct engine satisfies")
+
+#: Profiles by name. 0.33.0 is the reference's: every semantics rule.
+PROFILES: dict[str, Profile] = {p.name: p for p in (
+    Profile("0.33.0", ("0.33.0",), _ALL,
+            description="vLLM 0.33.0, the version the reference mirrors: every semantics rule"),
+    # Measured with bench/semantics_versions.py (real vLLM through the driver and the recording
+    # scheduler on every canonical and bug-shape scenario it can run); each difference with its
+    # source lines is in the README's "Safety invariants and version semantics".
+    Profile("0.29.0", ("0.29.0",), _ALL,
+            cache_at_update_with_spec=False, local_prefill_cadence=False,
+            description="vLLM 0.29.0: no update-time caching in the synchronous scheduler, "
+                        "prefill_schedule_interval only through the DP coordinator"),
+    Profile("0.20.2", ("0.20.2",), _ALL - {"PREFILL-DEFER", "RESET-PREEMPTS-RUNNING"},
+            free_unhashed_to_head=False, cache_at_update_with_spec=False, min_tokens_first=True,
+            description="vLLM 0.20.2: every freed block to the tail of the free queue, no prefill "
+                        "gating, min_tokens before every other stop test, forced-reset victims "
+                        "not reported in preempted_req_ids"),
+    SAFETY_ONLY,
+)}
+
+
+def _measured(version: str) -> Profile | None:
+    for profile in PROFILES.values():
+        if version in profile.versions:
+            return profile
+    return None
+
+
+def resolve(semantics: str, meta: dict[str, Any]) -> tuple[Profile, str]:
+    """The profile for ``--semantics`` (``auto``, ``safety`` or a profile
+    name) and a one-line reason naming where it came from. ``meta``: the
+    trace's footer metadata. Raises ProfileError for an unknown name."""
+    if semantics != "auto":
+        profile = PROFILES.get(semantics)
+        if profile is None:
+            raise ProfileError(f"unknown semantics {semantics!r}: expected auto, "
+                               + ", ".join(PROFILES))
+        return profile, "chosen with --semantics"
+    engine = str(meta.get("engine") or "")
+    if engine == "reference" or engine.startswith("mutant:"):
+        version = str(meta.get("vllm_semantics") or "")
+        who = "the reference" if engine == "reference" else "a mutant of the reference"
+        profile = _measured(version)
+        if profile is not None:
+            return profile, f"{who} mirrors vLLM {version}"
+        return SAFETY_ONLY, f"{who} mirrors vLLM {version or '?'}, for which no profile was measured"
+    if engine.startswith("vllm@"):
+        version = engine.split("@", 1)[1]
+        profile = _measured(version)
+        if profile is not None:
+            return profile, f"recorded by vLLM {version}"
+        return SAFETY_ONLY, f"recorded by vLLM {version}: no semantics profile was measured for it"
+    return SAFETY_ONLY, f"engine {engine or '?'} is of unknown origin: safety invariants only"
+
+
+def reference_profile() -> Profile:
+    """The profile of the version the reference mirrors (what the reference,
+    its mutants and the fuzz are checked under)."""
+    import reference
+
+    return PROFILES[reference.VLLM_VERSION]
+
+
+assert set(SAFETY_IDS).isdisjoint(_ALL)
