@@ -5,7 +5,7 @@ canonical scenario (``harness/scenarios/*.toml``, the goldens' workloads) and ev
 bug-shape scenario (``traces/scenarios/*.toml``) with ``vllm@VERSION`` through the
 driver (what ``harness record SCENARIO --engine vllm@VERSION`` does, in-process so the
 driver pool pays vLLM's import once per version), then checks each trace (``harness
-check``). With ``--recording NAME,...`` it also records those scenarios through
+check --semantics auto``, i.e. under that version's profile). With ``--recording NAME,...`` it also records those scenarios through
 ``RecordingScheduler`` (the ``--scheduler-cls`` subclass), driven inside the version's
 venv by the drive script of ``tests/test_vllm_recording.py``, converts the JSONL and
 checks it too.
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness.candidates.resolve import resolve_candidate  # noqa: E402
-from harness.check import check_steps  # noqa: E402
+from harness.check import check_trace  # noqa: E402
 from harness.trace import open_trace  # noqa: E402
 from harness.trace.recorder import record as record_run  # noqa: E402
 from reference.candidate import CandidateError  # noqa: E402
@@ -49,6 +49,7 @@ from reference.engine import check_workload_supported  # noqa: E402
 from workloads.scenario import load_scenario  # noqa: E402
 
 SCENARIO_DIRS = (REPO / "harness" / "scenarios", REPO / "traces" / "scenarios")
+SEMANTICS = "auto"  # --semantics
 
 
 def say(msg: str) -> None:
@@ -56,11 +57,11 @@ def say(msg: str) -> None:
 
 
 def check(path: Path) -> dict:
-    """Check a trace: steps, violations by invariant, the first few witnesses."""
+    """Check a trace under ``--semantics`` (default auto: the recording
+    version's profile): steps, violations by invariant, the first few witnesses."""
     trace = open_trace(path)
-    steps = list(trace.iter_steps())
-    res = check_steps(trace.meta["config"], iter(steps))
-    return {"steps": len(steps), "by_invariant": dict(res.by_invariant),
+    res = check_trace(trace, SEMANTICS)
+    return {"steps": res.steps, "profile": res.profile, "by_invariant": dict(res.by_invariant),
             "witnesses": [f"{v.invariant} step {v.step} {v.request}: {v.message}"
                           for v in res.violations[:12]]}
 
@@ -139,7 +140,10 @@ def main() -> int:
     ap.add_argument("--scenarios", default="", help="comma-separated scenario names (default: all)")
     ap.add_argument("--recording", default="fcfs-tight,prefix-sharing,eos-stop-abort,spec-decode-priority",
                     help="canonical scenarios to record through RecordingScheduler too ('' for none)")
+    ap.add_argument("--semantics", default="auto", help="profile to check under (auto, safety, a version)")
     args = ap.parse_args()
+    global SEMANTICS
+    SEMANTICS = args.semantics
     wanted = {n for n in args.scenarios.split(",") if n}
     paths = [p for d in SCENARIO_DIRS for p in sorted(d.glob("*.toml")) if not wanted or p.stem in wanted]
     all_results: dict[str, dict] = {}

@@ -19,6 +19,7 @@ from reference.scheduler import Scheduler
 from harness.candidates.mutants import MUTANTS_AND_TARGETS
 
 from harness.check import CheckResult, check_steps
+from harness.check.invariants import INVARIANTS, SAFETY_IDS
 from harness.trace.recorder import run_to_rows
 from harness.scenarios import ACTION_SCENARIOS, SCENARIOS, Scenario
 
@@ -45,6 +46,19 @@ class MatrixRow:
     @property
     def killed(self) -> bool:
         return any(c.result.by_invariant.get(self.target) for c in self.cells.values())
+
+    @property
+    def layer(self) -> str:
+        """The target invariant's layer (safety or semantics)."""
+        return INVARIANTS[self.target].layer
+
+    @property
+    def safety_catches(self) -> list[str]:
+        """The safety invariants that fired on some scenario: what still catches
+        this mutant under ``--semantics safety`` (that profile checks the same
+        model with the semantics rules left out), in listing order."""
+        fired = {i for c in self.cells.values() for i in c.result.by_invariant}
+        return [i for i in SAFETY_IDS if i in fired]
 
 
 def run_candidate(factory: CandidateFactory, scenario: Scenario) -> Cell:
@@ -104,7 +118,8 @@ class MutationReport:
         """The JSON object of ``harness mutants --json``."""
         return {
             "ok": self.ok, "survivors": self.survivors, "reference_violations": self.dirty,
-            "matrix": {r.mutant: {"target": r.target, "killed": r.killed,
+            "matrix": {r.mutant: {"target": r.target, "layer": r.layer, "killed": r.killed,
+                                  "safety_catches": r.safety_catches,
                                   "cells": {s: {"target_hits": c.result.by_invariant.get(r.target, 0),
                                                 "violations": c.result.by_invariant, "ended": c.ended}
                                             for s, c in r.cells.items()}} for r in self.rows}}
@@ -124,17 +139,19 @@ def render_matrix(report: MutationReport, console: Console) -> None:
     width): its target, the scenarios where it fired and how often, killed
     or SURVIVED; then the reference's violations, if any, and the count."""
     clean, rows, survivors = report.clean, report.rows, report.survivors
-    table = Table("mutant", "target invariant", "fired on (scenario: times)", "killed")
+    table = Table("mutant", "target invariant", "layer", "fired on (scenario: times)", "killed",
+                  "caught under --semantics safety by")
     clean_cells = [s for s in report.scenarios if not clean[s].result.ok]
-    table.add_row("[dim]reference[/]", "[dim](none)[/]",
+    table.add_row("[dim]reference[/]", "[dim](none)[/]", "",
                   "clean on every scenario" if not clean_cells else
-                  f"[red]violations on {', '.join(clean_cells)}[/]", "")
+                  f"[red]violations on {', '.join(clean_cells)}[/]", "", "")
     for r in rows:
         hits = [f"{s}: {r.cells[s].result.by_invariant.get(r.target, 0)}"
                 + ("*" if r.cells[s].ended else "")
                 for s in report.scenarios if r.cells[s].result.by_invariant.get(r.target)]
-        table.add_row(r.mutant, r.target, ", ".join(hits) or "-",
-                      "[green]yes[/]" if r.killed else "[bold red]SURVIVED[/]")
+        table.add_row(r.mutant, r.target, r.layer, ", ".join(hits) or "-",
+                      "[green]yes[/]" if r.killed else "[bold red]SURVIVED[/]",
+                      ", ".join(r.safety_catches) or "- (a semantics-only fault)")
     console.print(table)
     console.print("times the target invariant fired per scenario; * = the run ended early "
                   "(stalled or the candidate raised)")
