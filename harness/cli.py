@@ -611,10 +611,14 @@ def _finite_or_none(value: float | None, name: str) -> float | None:
               metavar="FILE", help="Instead of generated scenarios, try FILE (a scenario file) and "
                                    "subsets of its requests: a failure shrinks to the fewest requests "
                                    "that still fail (a bug report's workload cut down).")
+@click.option("--async-spec", is_flag=True, default=False,
+              help="Only async scheduling with speculative decoding (1-3 drafts, two batches in "
+                   "flight); the default strategy never draws it (a new draw would shift every "
+                   "generated example).")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the minimal failing traces (Parquet) and their JSON descriptions.")
 def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, workers: int,
-         report_known: bool, scenario_path: str | None, out_dir: str) -> None:
+         report_known: bool, scenario_path: str | None, async_spec: bool, out_dir: str) -> None:
     """Fuzz CANDIDATE with small generated scenarios (hypothesis): check every invariant and,
     for a candidate other than the reference, compare its decisions with the reference's.
 
@@ -630,6 +634,8 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     from harness.fuzz.report import render_summary, render_witnesses
 
     factory = _candidate(candidate)
+    if async_spec and scenario_path is not None:
+        _fail("--async-spec does not apply to --scenario (the scenario file carries its config)")
     base = _fuzz_base(scenario_path) if scenario_path is not None else None
     workers = min(workers, max_examples)  # fuzz_parallel never uses more
     label = f"{candidate}" + (f" on {workers} workers" if workers > 1 else "")
@@ -651,7 +657,7 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
         try:
             result = fuzz_parallel(candidate, workers=workers, max_examples=max_examples, seed=seed,
                                    time_budget_s=time_budget, on_progress=on_progress,
-                                   skip_known=not report_known, base=base)
+                                   skip_known=not report_known, base=base, async_spec=async_spec)
         except FuzzWorkerError as exc:
             _fail(str(exc))
     render_summary(result, candidate, seed, console)

@@ -265,14 +265,15 @@ class EngineConfig:
                 f"1 + num_speculative_tokens ({1 + self.num_speculative_tokens}) crashes vLLM 0.33.0's "
                 f"spec-decode padding (an assertion in Scheduler.schedule); use 0 or >= "
                 f"{1 + self.num_speculative_tokens}")
-        if self.num_speculative_tokens and self.max_concurrent_batches > 1:
-            # Drafts proposed for a batch whose successor is already scheduled
-            # land on the wrong positions (found by `harness fuzz`: the request
-            # then livelocks). vLLM pairs speculative decoding with pipelining
-            # only through the async scheduler's -1 draft placeholders.
-            raise ConfigError("speculative decoding with more than one batch in flight "
-                              "(max_concurrent_batches > 1: async_scheduling or "
-                              "pipeline_parallel_size > 1) is not modelled yet")
+        if self.num_speculative_tokens and self.pipeline_parallel_size > 1:
+            # Without async scheduling, drafts proposed for a batch whose
+            # successor is already scheduled land on the wrong positions (found
+            # by `harness fuzz`: the request then livelocks); with it, vLLM's
+            # pipeline stages pass drafts between ranks, which the harness does
+            # not model. Async scheduling alone (two batches in flight, -1 draft
+            # placeholders: reference.async_spec) is modelled.
+            raise ConfigError("speculative decoding with pipeline_parallel_size > 1 is not modelled "
+                              "(use async_scheduling=true with pipeline_parallel_size 1)")
         if not isinstance(self.kv_load_steps, int) or isinstance(self.kv_load_steps, bool) \
                 or self.kv_load_steps < 1:
             raise ConfigError(f"kv_load_steps must be an integer >= 1, got {self.kv_load_steps!r}")

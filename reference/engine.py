@@ -47,6 +47,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from reference.async_spec import WorkerDrafts
 from reference.config import ConfigError, EngineConfig
 from reference.kv_connector import SimulatedKVWorker
 from reference.runners.scripted import RequestScript, ScriptedModelRunner
@@ -136,6 +137,8 @@ class _Rank:
     sched: _Guarded
     kv_worker: SimulatedKVWorker | None = None
     in_flight: deque = field(default_factory=deque)
+    # Async scheduling with speculative decoding: the worker's drafts.
+    worker_drafts: WorkerDrafts | None = None
 
     @property
     def loading(self) -> bool:
@@ -392,7 +395,9 @@ class Engine:
         config = self.config
         check_workload_supported(config, workload)
         ranks = [_Rank(i, _Guarded(s, self),
-                       SimulatedKVWorker(config, self.seed) if config.kv_connector else None)
+                       SimulatedKVWorker(config, self.seed) if config.kv_connector else None,
+                       worker_drafts=(WorkerDrafts() if config.async_scheduling
+                                      and config.num_speculative_tokens else None))
                  for i, s in enumerate(self.schedulers)]
         dp_interval = config.prefill_schedule_interval if len(ranks) > 1 else 1
         arrivals = _Arrivals(workload, config.step_fixed_s)
@@ -556,7 +561,18 @@ class Engine:
             after = sched.snapshot()
             rec.waiting_after, rec.running_after = list(after.waiting), list(after.running)
             rec.num_free_blocks_after_schedule = after.num_free_blocks
-            sampled = runner.execute(output, rec.step)
+            if rank.worker_drafts is None:
+                sampled = runner.execute(output, rec.step)
+            else:
+                # Async scheduling with drafts: the worker fills the -1
+                # placeholders with its own drafts and proposes the next ones
+                # right after the batch runs (reference.async_spec).
+                view = rank.worker_drafts.worker_view(output)
+                sampled = runner.execute(view, rec.step)
+                proposals = runner.propose_drafts(
+                    WorkerDrafts.sampled_ids(view, sampled), config.num_speculative_tokens,
+                    config.draft_acceptance_rate, config.draft_acceptance_pattern)
+                rank.worker_drafts.after_execute(view, sampled, proposals)
             kv_output = None
             if rank.kv_worker is not None:
                 rank.kv_worker.start_loads(rec.step, output)
@@ -581,7 +597,9 @@ class Engine:
             rec.num_free_blocks_after_update = sched.snapshot().num_free_blocks
             for fin in rec.update.finished:
                 runner.finish(fin.request_id)
-            if config.num_speculative_tokens > 0:
+            if config.num_speculative_tokens > 0 and rank.worker_drafts is None:
+                # Sync scheduling: EngineCore.post_step hands the drafts to the
+                # scheduler (never under async scheduling, reference.async_spec).
                 finished = {f.request_id for f in rec.update.finished}
                 proposals = runner.propose_drafts(
                     [s.request_id for s in batch.scheduled if s.request_id not in finished],

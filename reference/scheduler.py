@@ -679,6 +679,10 @@ class Scheduler:
                 request.num_output_placeholders += (
                     self.num_sampled_tokens_per_step
                     + len(output.scheduled_spec_decode_tokens.get(req_id, ())))
+                # Its next drafts are K placeholders -1 (_spec_token_placeholders):
+                # the worker fills them, the scheduler never sees the real ids
+                # (reference.async_spec).
+                request.spec_token_ids = [-1] * self.num_spec_tokens
         # Fresh sets: the output keeps the old objects.
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
@@ -720,15 +724,15 @@ class Scheduler:
                 continue  # aborted while in flight
             new_token_ids = list(sampled_token_ids.get(req_id, ()))
             drafts = spec_tokens.get(req_id)
-            if drafts and new_token_ids and not is_stale:
+            if drafts and new_token_ids:
                 # Greedy verification: the model returns the accepted drafts
-                # plus one token; roll back the rejected positions.
+                # plus one token; roll back the rejected positions. A stale
+                # output's rejections predate its preemption's reset and change
+                # nothing (its drafts are still counted, as vLLM's stats do).
                 accepted = max(len(new_token_ids) - self.num_sampled_tokens_per_step, 0)
                 rejected = len(drafts) - accepted
-                if request.num_computed_tokens > 0:
-                    request.num_computed_tokens -= rejected
-                if request.num_output_placeholders > 0:
-                    request.num_output_placeholders -= rejected
+                if not is_stale:
+                    self._roll_back_rejected(request, rejected)
                 result.num_draft_tokens += len(drafts)
                 result.num_rejected_draft_tokens += rejected
             if request.has_encoder_inputs:
@@ -768,6 +772,15 @@ class Scheduler:
         if kv_connector_output is not None:
             self._update_from_kv_xfer_finished(kv_connector_output, result)
         return result
+
+    @staticmethod
+    def _roll_back_rejected(request: Request, rejected: int) -> None:
+        """Rejected drafts roll back the computed count and (async) the
+        placeholders that covered them (vLLM ``update_from_output``)."""
+        if request.num_computed_tokens > 0:
+            request.num_computed_tokens -= rejected
+        if request.num_output_placeholders > 0:
+            request.num_output_placeholders -= rejected
 
     def _handle_invalid_blocks(self, invalid_block_ids: frozenset[int]) -> list[str]:
         """A failed async load (vLLM ``_update_requests_with_invalid_blocks``

@@ -30,6 +30,7 @@ pytest_plugins = ["pytester"]
 #: Test modules kept on one xdist worker, by group (see the module docstring).
 ONE_WORKER_MODULES = {
     "tests/test_vllm.py": "vllm-pool",
+    "tests/test_vllm_async_spec.py": "vllm-pool",
     "tests/test_finding_give_back_uncomputed_hit.py": "vllm-pool",
     "tests/test_vllm_recording.py": "vllm-recording",
 }

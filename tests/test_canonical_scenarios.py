@@ -30,9 +30,9 @@ GOLDEN = ROOT / "golden"
 def test_scenarios_are_the_files_in_the_goldens_order() -> None:
     assert DIRECTORY == ROOT / "harness" / "scenarios"
     assert sorted(p.stem for p in DIRECTORY.glob("*.toml")) == sorted(ORDER)
-    assert list(SCENARIOS) == list(ORDER) and len(SCENARIOS) == 19
+    assert list(SCENARIOS) == list(ORDER) and len(SCENARIOS) == 20
     assert list(SCENARIOS)[:3] == ["fcfs-tight", "fcfs-roomy", "priority-tight"]
-    assert list(SCENARIOS)[-1] == "encoder-inputs"
+    assert list(SCENARIOS)[-1] == "async-spec-decode"
     assert all(s.name == name and s.path == DIRECTORY / f"{name}.toml" for name, s in SCENARIOS.items())
     # The manifest (what `golden update` wrote) carries each description: the files keep them.
     entries = json.loads((GOLDEN / "MANIFEST.json").read_text())["scenarios"]

@@ -109,8 +109,14 @@ def test_parallelism_values_are_validated() -> None:
                                           r"\(async_scheduling=true or pipeline_parallel_size >= 2"):
         EngineConfig(defer_block_free=True)
     assert EngineConfig(pipeline_parallel_size=2, defer_block_free=True).max_concurrent_batches == 2
-    with pytest.raises(ConfigError, match="speculative decoding with more than one batch in flight"):
-        EngineConfig(num_speculative_tokens=2, async_scheduling=True)
+    # Async scheduling with drafts is modelled (reference.async_spec); pipelining is not.
+    assert EngineConfig(num_speculative_tokens=2, async_scheduling=True).max_concurrent_batches == 2
+    for async_scheduling in (False, True):
+        with pytest.raises(ConfigError, match=r"^speculative decoding with pipeline_parallel_size > 1 "
+                                              r"is not modelled \(use async_scheduling=true with "
+                                              r"pipeline_parallel_size 1\)$"):
+            EngineConfig(num_speculative_tokens=2, pipeline_parallel_size=2,
+                         async_scheduling=async_scheduling)
 
 
 def test_old_config_dicts_map_to_the_vllm_keys() -> None:

@@ -46,6 +46,7 @@ EXPECTED = {
     "dp2-throttle": (210, 60, 60, 2, 44),
     "kv-connector": (74, 40, 25, 1, 184),
     "encoder-inputs": (485, 60, 60, 105, 872),
+    "async-spec-decode": (176, 50, 50, 14, 264),
 }
 
 

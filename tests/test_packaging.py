@@ -158,7 +158,7 @@ def test_the_wheel_ships_every_golden_byte_for_byte(wheel: Path) -> None:
     shipped = _shipped(wheel, "harness/goldens")
     expected = {p.name: p.read_bytes() for p in (ROOT / "golden").iterdir()
                 if p.suffix == ".parquet" or p.name == "MANIFEST.json"}
-    assert sorted(shipped) == sorted(expected) and len(expected) == 20
+    assert sorted(shipped) == sorted(expected) and len(expected) == 21
     assert shipped == expected
 
 
@@ -169,7 +169,7 @@ def test_the_wheel_ships_every_canonical_scenario_file_byte_for_byte(wheel: Path
     shipped = {name: data for name, data in _shipped(wheel, "harness/scenarios").items()
                if name.endswith(".toml")}
     expected = {p.name: p.read_bytes() for p in (ROOT / "harness" / "scenarios").glob("*.toml")}
-    assert sorted(shipped) == sorted(expected) and len(expected) == 19
+    assert sorted(shipped) == sorted(expected) and len(expected) == 20
     assert shipped == expected
     assert "__init__.py" in _shipped(wheel, "harness/scenarios")
 
@@ -220,8 +220,8 @@ def test_an_installed_harness_builds_scenarios_from_its_files_and_checks_its_gol
             "print(DIRECTORY, len(SCENARIOS), next(iter(SCENARIOS)))")
     where = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                            env=env, check=True)
-    assert where.stdout == f"{site / 'harness' / 'scenarios'} 19 fcfs-tight\n"
+    assert where.stdout == f"{site / 'harness' / 'scenarios'} 20 fcfs-tight\n"
     check = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "golden", "check"],
                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert check.stdout.splitlines()[-1] == f"19 ok, 0 failed ({site / 'harness' / 'goldens'}, candidate reference)"
+    assert check.stdout.splitlines()[-1] == f"20 ok, 0 failed ({site / 'harness' / 'goldens'}, candidate reference)"

@@ -18,8 +18,8 @@ def test_conformance_suite_fails_a_mutant_with_witnesses(pytester: pytest.Pytest
     result = pytester.runpytest_subprocess("--pyargs", "harness.conformance",
                                            "--harness-candidate", "mutant:preempt-head")
     outcomes = result.parseoutcomes()
-    # Thirteen scenarios preempt: each fails its invariants and its golden.
-    assert outcomes["failed"] == 26 and outcomes["passed"] == 2 * N + 1 - 26
+    # Fourteen scenarios preempt (async-spec-decode too): each fails its invariants and its golden.
+    assert outcomes["failed"] == 28 and outcomes["passed"] == 2 * N + 1 - 28
     result.stdout.fnmatch_lines(["*fcfs-tight: *FCFS-VICTIM-TAIL*",
                                  "FCFS-VICTIM-TAIL at step 148, request r000024: victim is not the tail*",
                                  "*fcfs-tight: candidate diverges at step 148*"])

@@ -288,6 +288,7 @@ class TraceChecker(TraceModel):
         if self.async_scheduling and not req.prefill_chunk:
             st.placeholders_added[rid] = 1 + len(drafts)
             req.placeholders += 1 + len(drafts)
+            spec_decode.set_async_draft_placeholders(self, req)
         st.ends[rid] = computed + n
         st.registered_before[rid] = req.registered
         self.register_full_blocks(req, computed + n)

@@ -3,6 +3,19 @@
 vLLM 0.33.0 ``Scheduler.schedule`` / ``update_from_output`` /
 ``update_draft_token_ids`` (spec 3.2 step 13, 6 d, 10.6, 10.8). The pending
 drafts are ``ReqShadow.spec_token_ids``; a batch's drafts are in ``Batch.drafts``.
+
+Under async scheduling (``AsyncScheduler._update_after_schedule``) the
+scheduler never receives draft ids: every request it schedules past its
+prefill gets ``num_speculative_tokens`` placeholders ``-1`` as pending drafts,
+so its next step schedules ``-1`` drafts, which the worker fills with its own
+(``reference.async_spec``); the trace has no ``draft`` rows, and which of the
+worker's drafts matched is not in it. What the trace does show is checked
+exactly: the ``-1`` drafts ride on the positions past ``num_tokens +
+num_output_placeholders`` (SPEC-TOKENS), 1 to 1 + drafts tokens come back
+(OUTPUT-ONLY-COMPLETE), and the rejections (drafts - tokens + 1) roll back the
+computed count and the placeholders one step later, except for the stale
+output of a preempted request (COMPUTED-CONTINUITY, ASYNC-PLACEHOLDERS at the
+next schedule; STALE-OUTPUT).
 """
 
 from __future__ import annotations
@@ -11,9 +24,9 @@ from harness.check.model import ReqShadow, TraceModel
 from harness.check.result import SAFETY, Invariant
 
 INVARIANTS = [
-    Invariant("SPEC-TOKENS", "Drafts are stored only for decoding requests (num_speculative_tokens of them), scheduled only on the positions past num_tokens (the first k pending drafts, never for a prefill chunk), cleared by every scheduling and by preemption; a request admitted from waiting carries no real draft.", "3.2 step 13, 3.4, 4.3, 10.6, 8 #19-20",
+    Invariant("SPEC-TOKENS", "Drafts are stored only for decoding requests (num_speculative_tokens of them), scheduled only on the positions past num_tokens (the first k pending drafts, never for a prefill chunk), cleared by every scheduling and by preemption; a request admitted from waiting carries no real draft, only the -1 padding of a new decode; under async scheduling every request scheduled past its prefill holds num_speculative_tokens placeholders -1 instead (no real drafts reach the scheduler).", "3.2 step 13, 3.4, 4.3, 10.6, 8 #19-20",
               SAFETY, "Drafts are verified against the tokens they follow: stored only for a decoding request, at most num_speculative_tokens, scheduled only past num_tokens, never for a prefill chunk, consumed when scheduled and never carried by a request coming from waiting (a preempted request recomputes; its old drafts would be verified against the wrong position) (mission invariant 3)."),
-    Invariant("SPEC-ACCEPTANCE", "The model returns the accepted drafts plus one token; rejected drafts roll num_computed_tokens back.", "6 d, 10.8, 8 #21",
+    Invariant("SPEC-ACCEPTANCE", "The model returns the accepted drafts plus one token; rejected drafts roll num_computed_tokens back (and, async, the placeholders that covered them, one step later; never for the stale output of a preempted request).", "6 d, 10.8, 8 #21",
               SAFETY, "Accepted drafts are a prefix of the sampled tokens and rejected ones are rolled back from num_computed_tokens, or KV of rejected tokens is treated as valid."),
 ]
 
@@ -64,9 +77,21 @@ def check_stored_drafts(m: TraceModel, rid: str, req: ReqShadow | None, drafts: 
     return True
 
 
+def set_async_draft_placeholders(m: TraceModel, req: ReqShadow) -> None:
+    """Async scheduling: a request scheduled past its prefill holds
+    num_speculative_tokens placeholders -1 as its pending drafts
+    (``AsyncScheduler._spec_token_placeholders``)."""
+    req.spec_token_ids = [-1] * m.num_spec
+
+
 def check_acceptance(m: TraceModel, rid: str, tokens: list[int], drafts: list[int]) -> None:
     """SPEC-ACCEPTANCE at an ``output`` row: the sampled tokens start with the
-    accepted drafts (all but the last token)."""
+    accepted drafts (all but the last token). A -1 draft is the padding of a
+    new decode, never accepted; under async scheduling it is a placeholder the
+    worker filled with a draft the trace does not hold, so it matches any
+    token."""
     accepted = len(tokens) - 1
+    if m.async_scheduling:
+        drafts = [t if d == -1 else d for d, t in zip(drafts, tokens)] + drafts[len(tokens):]
     if tokens[:accepted] != drafts[:accepted]:
         m.violate("SPEC-ACCEPTANCE", rid, f"sampled {tokens} does not start with the accepted drafts {drafts[:accepted]}")

@@ -130,7 +130,8 @@ class ParallelFuzzResult:
 
 
 def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, time_budget_s: float | None,
-                 queue: Any, skip_known: bool = False, base: FuzzCase | None = None) -> None:
+                 queue: Any, skip_known: bool = False, base: FuzzCase | None = None,
+                 async_spec: bool = False) -> None:
     """Body of one worker process (top level, so ``spawn`` can import it).
 
     Resolves ``spec`` itself (factories need not pickle), runs ``fuzz`` and
@@ -152,7 +153,7 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, time_budg
 
         result = fuzz(factory, max_examples=max_examples, seed=seed, time_budget_s=time_budget_s,
                       on_example=on_example, known=known_reference_finding if skip_known else None,
-                      base=base)
+                      base=base, async_spec=async_spec)
         queue.put(("done", worker, result))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent stops the run
         raise SystemExit(130) from None
@@ -165,7 +166,8 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, time_budg
 def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed: int = 0,
                   time_budget_s: float | None = None,
                   on_progress: Callable[[list[WorkerProgress]], None] | None = None,
-                  skip_known: bool = False, base: FuzzCase | None = None) -> ParallelFuzzResult:
+                  skip_known: bool = False, base: FuzzCase | None = None,
+                  async_spec: bool = False) -> ParallelFuzzResult:
     """Fuzz the candidate named ``spec`` (``reference``, ``mutant:NAME``,
     ``module:factory``, ...) on ``workers`` processes.
 
@@ -179,7 +181,9 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     ``on_progress`` gets every worker's ``WorkerProgress`` (index order) after
     each change. ``skip_known``: pass over the known reference findings
     (``fuzz(known=known_reference_finding)``). ``base``: fuzz subsets of that
-    case's requests instead of generated scenarios (``fuzz(base=...)``). Raises ValueError for ``workers`` outside 1..MAX_WORKERS or
+    case's requests instead of generated scenarios (``fuzz(base=...)``).
+    ``async_spec``: only async scheduling with drafts (``fuzz(async_spec=True)``).
+    Raises ValueError for ``workers`` outside 1..MAX_WORKERS or
     ``max_examples`` < 1, CandidateSpecError for a bad ``spec`` (checked here
     first), FuzzWorkerError if a worker fails.
     """
@@ -201,7 +205,8 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     if len(shares) == 1:
         result = fuzz(factory, max_examples=shares[0], seed=seeds[0], time_budget_s=time_budget_s,
                       on_example=lambda n, shrinking: report(0, examples=n, shrinking=shrinking),
-                      known=known_reference_finding if skip_known else None, base=base)
+                      known=known_reference_finding if skip_known else None, base=base,
+                      async_spec=async_spec)
         report(0, done=True)
         return ParallelFuzzResult(seed, [WorkerResult(0, seeds[0], shares[0], result)],
                                   time.monotonic() - start)
@@ -209,7 +214,8 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_fuzz_worker, name=f"harness-fuzz-{i}", daemon=True,
-                         args=(spec, i, seeds[i], shares[i], time_budget_s, queue, skip_known, base))
+                         args=(spec, i, seeds[i], shares[i], time_budget_s, queue, skip_known, base,
+                               async_spec))
              for i in range(len(shares))]
     results: dict[int, FuzzResult] = {}
     try:

@@ -205,7 +205,7 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
          time_budget_s: float | None = None,
          on_example: Callable[[int, bool], None] | None = None,
          known: Callable[[FuzzCase, Failure], str | None] | None = None,
-         base: FuzzCase | None = None) -> FuzzResult:
+         base: FuzzCase | None = None, async_spec: bool = False) -> FuzzResult:
     """Search for a failing case; deterministic for a given ``seed`` (no
     database, no deadline). On a failure hypothesis shrinks it and the
     returned ``case`` is the minimal one. ``max_examples`` (>= 1) bounds the
@@ -219,7 +219,8 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
     every failure. ``base`` (``harness fuzz --scenario``): instead of generated
     scenarios, subsets of ``base``'s requests (``request_subsets``), ``base``
     itself tried first, so a failure shrinks to the fewest requests that
-    still fail."""
+    still fail. ``async_spec``: only async scheduling with speculative
+    decoding (``fuzz_cases(async_spec=True)``; ignored with ``base``)."""
     start = time.monotonic()
     state = {"n": 0, "found": False, "last": None, "shrink": 0, "stopped": False}
     known_counts: dict[str, int] = {}
@@ -228,7 +229,7 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
               phases=[Phase.generate, Phase.shrink], print_blob=False, verbosity=Verbosity.quiet)
     @hyp_seed(seed)
-    @given(fuzz_cases() if base is None else request_subsets(base))
+    @given(fuzz_cases(async_spec) if base is None else request_subsets(base))
     def prop(case: FuzzCase) -> None:
         if not state["found"] and time_budget_s is not None \
                 and time.monotonic() - start > time_budget_s:

@@ -31,7 +31,8 @@ Only valid configs are generated (``reference.config.EngineConfig``
 validation): chunked prefill off implies ``max_num_batched_tokens >=
 max_model_len``; ``long_prefill_token_threshold`` is 0 or >= 1 +
 ``num_speculative_tokens``; more than one batch in flight (and so async
-scheduling) never with speculative decoding;
+scheduling) never with speculative decoding, except in the strategy
+restricted to it (``async_spec``, ``harness fuzz --async-spec``);
 ``defer_block_free`` only with more than one batch in flight, and always
 with the KV connector then (vLLM's gate). Batches in flight are drawn as a
 count (1, 2 or 3) and written as the vLLM keys that derive it
@@ -161,8 +162,14 @@ def _spec_dict(spec: RequestSpec) -> dict[str, Any]:
 # ----------------------------------------------------------------- strategies
 
 @st.composite
-def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
-    """A small, valid EngineConfig as a dict (``EngineConfig(**d)`` accepts it)."""
+def engine_configs(draw: st.DrawFn, async_spec: bool = False) -> dict[str, Any]:
+    """A small, valid EngineConfig as a dict (``EngineConfig(**d)`` accepts it).
+    ``async_spec``: only async scheduling with speculative decoding (1-3
+    drafts, two batches in flight; ``harness fuzz --async-spec``, the vLLM
+    sweep of ``bench/vllm_async_spec_sweep.py``). Off, the draws are those of
+    the strategy before async scheduling with drafts was modelled: any new
+    draw would shift every example hypothesis generates after it, and with
+    them every fuzz figure the tests pin."""
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     max_blocks_per_seq = draw(st.integers(1, max(1, 72 // block_size)))
     max_model_len = block_size * max_blocks_per_seq + draw(st.sampled_from([0, 0, -1, 1]))
@@ -171,8 +178,8 @@ def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
     # Tiny pools: just enough blocks for one max_model_len request, plus a few.
     num_gpu_blocks = needed + 1 + draw(st.sampled_from([0, 0, 1, 2, 3, 5, 8]))
     max_num_seqs = draw(st.integers(1, 4))
-    spec_tokens = draw(st.sampled_from([0, 0, 0, 1, 2, 3]))
-    # Speculative decoding is modelled only with one batch in flight.
+    spec_tokens = draw(st.sampled_from([1, 2, 3] if async_spec else [0, 0, 0, 1, 2, 3]))
+    # Speculative decoding with batches in flight: only async_spec.
     batches = 1 if spec_tokens else draw(st.sampled_from([1, 1, 1, 2, 3]))
     async_sched = batches >= 2 and spec_tokens == 0 and draw(st.booleans())
     defer = batches >= 2 and draw(st.booleans())
@@ -215,6 +222,11 @@ def engine_configs(draw: st.DrawFn) -> dict[str, Any]:
     # shrinking turns it off first).
     if draw(st.sampled_from([False, False, True])):
         config.update(kv_connector_settings(draw, batches))
+    if async_spec:
+        # Two batches in flight (reference.async_spec); a KV consumer then
+        # defers its frees (vLLM's gate), otherwise either way.
+        config.update(async_scheduling=True, pipeline_parallel_size=1,
+                      defer_block_free=bool(config.get("kv_connector")) or draw(st.booleans()))
     return config
 
 
@@ -360,9 +372,10 @@ def _place_items(draw: st.DrawFn, prompt: list[int], catalogue: tuple[int, ...],
 
 
 @st.composite
-def fuzz_cases(draw: st.DrawFn) -> FuzzCase:
-    """A whole case: a valid config, its requests and an engine seed (0 or 1)."""
-    config = draw(engine_configs())
+def fuzz_cases(draw: st.DrawFn, async_spec: bool = False) -> FuzzCase:
+    """A whole case: a valid config, its requests and an engine seed (0 or 1).
+    ``async_spec``: configs of ``engine_configs(async_spec=True)`` only."""
+    config = draw(engine_configs(async_spec))
     catalogue: tuple[int, ...] = ()
     if draw(st.sampled_from([False, False, True])):  # encoder inputs
         config, catalogue = draw(encoder_setups(config))

@@ -41,7 +41,7 @@ ORDER: tuple[str, ...] = (
     "fcfs-tight", "fcfs-roomy", "priority-tight", "prefix-sharing", "no-prefix-caching",
     "chunked-threshold", "no-chunked-prefill", "eos-stop-abort", "preemption-heavy", "spec-decode",
     "spec-decode-priority", "async-tight", "pipeline-3", "async-pipeline-3", "prefill-cadence",
-    "dp2-throttle", "deferred-frees", "kv-connector", "encoder-inputs",
+    "dp2-throttle", "deferred-frees", "kv-connector", "encoder-inputs", "async-spec-decode",
 )
 
 

@@ -77,7 +77,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*NumPy.*")
     import torch
 
-from reference.config import EngineConfig
+from reference.config import ConfigError, EngineConfig
 from reference.runners.scripted import RequestScript
 from reference.output import ScheduledRequest, SchedulerOutput
 from reference.runners.torch_model import (
@@ -634,6 +634,11 @@ class TorchRunnerFactory:
         return self._model
 
     def __call__(self, config: EngineConfig, seed: int) -> TorchModelRunner:
+        if config.async_scheduling and config.num_speculative_tokens:
+            # The worker's drafts never reach the trace (no `draft` rows), so
+            # the playback runner could not replay such a run.
+            raise ConfigError("the torch model runner does not support async scheduling with "
+                              "speculative decoding (its drafts could not be played back)")
         runner = TorchModelRunner(config, seed, model=self.model, kv_integrity=self.kv_integrity)
         self.runners.append(runner)
         return runner

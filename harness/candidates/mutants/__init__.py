@@ -27,7 +27,7 @@ from harness.candidates.mutants.blocks import (LeakOnFinish, HitEvictedBlock, Le
                                                ReuseHeldBlock, ResetWhileHeld, ResetKeepsCache, FreeHeadFirst)
 from harness.candidates.mutants.spec_async import (DraftsOnPrefill, NoDraftRollback, FreeBeforeFence,
                                                    NoStaleSkip, NoAsyncMaxTokensGuard, IgnorePrefillCadence,
-                                                   IgnoreThrottle)
+                                                   IgnoreThrottle, StaleSpecOutput)
 from harness.candidates.mutants.kv_connector import (FreeWhileLoading, CacheBeforeLoad, NoLoadReservation,
                                                      PromoteEarly)
 from harness.candidates.mutants.encoder import (IgnoreEncoderBudget, NoEncoderCacheCheck, EvictNewestFirst,
@@ -75,6 +75,7 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "reset-while-held": (ResetWhileHeld, "RESET-ONLY-WHEN-FREE"),
     "reset-keeps-cache": (ResetKeepsCache, "HIT-AFTER-RESET"),
     "reset-preempts-head": (ResetPreemptsHead, "RESET-PREEMPTS-RUNNING"),
+    "stale-spec-output": (StaleSpecOutput, "SPEC-TOKENS"),
 }
 MUTANTS: dict[str, type[Scheduler]] = {k: v[0] for k, v in MUTANTS_AND_TARGETS.items()}
 EXPECTED_INVARIANT: dict[str, str] = {k: v[1] for k, v in MUTANTS_AND_TARGETS.items()}

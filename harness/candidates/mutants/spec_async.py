@@ -104,3 +104,31 @@ class IgnoreThrottle(Scheduler):
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         return super().schedule(False)
+
+
+class StaleSpecOutput(Scheduler):
+    """Async scheduling with drafts: applies the stale speculative output of a
+    batch whose request was preempted after the batch was scheduled, as if it
+    were the request's own fresh output: its rejected drafts are rolled back
+    from num_computed_tokens and num_output_placeholders and its tokens resolve
+    placeholders, although the preemption already reset both to 0 (vLLM 0.33.0
+    discards all three for stale output, ``update_from_output`` and
+    ``_update_request_with_output``, ``is_stale``). The resumed request then
+    starts with negative placeholders: its prefill counts as done too early
+    and its later steps schedule the wrong number of draft positions
+    (SPEC-TOKENS)."""
+
+    def update_from_output(self, output, sampled_token_ids, kv_connector_output=None):
+        stale = {}
+        for req_id, drafts in output.scheduled_spec_decode_tokens.items():
+            request = self.requests.get(req_id)
+            tokens = sampled_token_ids.get(req_id) or []
+            if request is not None and request.num_stale_output_tokens > 0 and tokens:
+                stale[req_id] = (request, len(drafts) - (len(tokens) - 1), len(tokens))
+        result = super().update_from_output(output, sampled_token_ids, kv_connector_output)
+        for request, rejected, num_tokens in stale.values():
+            # The bug: no is_stale test (and no > 0 guard: a fresh output's
+            # request always has them positive).
+            request.num_computed_tokens -= rejected
+            request.num_output_placeholders -= rejected + num_tokens
+        return result

@@ -24,7 +24,10 @@ Each request is ``{"op": NAME, ...}``; each answer is ``{"ok": true, ...}`` or
   ``schedule`` output not yet updated); with ``kv`` (KV connector on) also
   ``{finished_recving, invalid_block_ids, kv_freed: [[id, blocks, fence]]}``
 - ``drafts``   ``{drafts: {request_id: [token ids]}}`` -> ``{stored}``
-  (``Scheduler.update_draft_token_ids``; speculative decoding only)
+  (``Scheduler.update_draft_token_ids``; speculative decoding with synchronous
+  scheduling only: under async scheduling ``EngineCore.post_step`` hands no
+  drafts to the scheduler, which schedules ``-1`` placeholders the worker
+  fills, so the op is refused there)
 - ``snapshot`` -> ``{snapshot: {waiting, running, num_free_blocks}}``
 - ``stats``    -> op counts and seconds spent inside vLLM per op
 - ``shutdown`` -> answers, then exits 0
@@ -827,6 +830,10 @@ class Driver:
         sched = self._require()
         if not self.num_spec:
             raise DriverError("draft tokens sent with speculative decoding off")
+        if self.async_scheduling:
+            # vLLM 0.33.0 EngineCore.post_step: `not self.async_scheduling`.
+            raise DriverError("draft tokens sent with async scheduling (EngineCore hands drafts to the "
+                              "scheduler only when scheduling is synchronous)")
         ids = list(drafts)
         sched.update_draft_token_ids(self.DraftTokenIds(ids, [list(drafts[i]) for i in ids]))
         stored = {}
