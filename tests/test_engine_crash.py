@@ -171,7 +171,7 @@ def test_record_exits_1_with_one_line_and_a_checkable_trace(tmp_path) -> None:
     assert report["violations"][0]["step"] == 148
     code, out = run("check", path)
     assert code == 1
-    assert out.splitlines()[-1] == "not conformant: 1 violation of 1 invariant: ENGINE-CRASH x1"
+    assert out.splitlines()[-1] == "1 violation of 1 invariant: ENGINE-CRASH ×1 (profile 0.33.0)"
 
 
 def test_replay_reports_the_crash_in_one_line_at_its_step() -> None:
@@ -180,7 +180,7 @@ def test_replay_reports_the_crash_in_one_line_at_its_step() -> None:
     assert code == 1
     lines = out.splitlines()
     assert f"CRASH at step 148: {MUTANT_LINE_TEXT} (the trace has preempt r000025 at event #2)" in lines
-    assert lines[-1] == "not conformant: the candidate crashed at step 148"
+    assert lines[-1] == "not conformant (profile 0.33.0); the candidate crashed at step 148"
     code, out = run("replay", golden, "--candidate", MUTANT, "--json")
     assert code == 1
     assert json.loads(out)["divergence"] == {"step": 148, "request": None, "field": "exception",
@@ -334,7 +334,7 @@ def test_sys_exit_0_in_schedule_is_a_crash_not_a_success(tmp_path, user_module) 
     assert code == 1 and json.loads(out)["violations"][0]["message"] == \
         "schedule() raised SystemExit: 0 at crashcands.py:8"
     code, out = run("replay", REPO / "golden" / "fcfs-tight.parquet", "--candidate", spec)
-    assert code == 1 and out.splitlines()[-1] == "not conformant: the candidate crashed at step 9"
+    assert code == 1 and out.splitlines()[-1] == "not conformant (profile 0.33.0); the candidate crashed at step 9"
     code, out = run("golden", "check", "--candidate", spec)
     assert code == 1 and out.splitlines()[-1].startswith("0 ok, 19 failed")
     code, out = run("fuzz", "--candidate", spec, "--max-examples", 5, "-o", tmp_path / "fuzz")

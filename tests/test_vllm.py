@@ -248,7 +248,7 @@ def test_vllm_crash_through_the_driver_is_a_crash_row_and_engine_crash(vllm_env,
     assert replay(trace, resolve_candidate(SPEC)) == (None, 4)
     result = CliRunner().invoke(main, ["check", str(path)])
     assert result.exit_code == 1
-    assert result.output.splitlines()[-1] == "not conformant: 1 violation of 1 invariant: ENGINE-CRASH x1"
+    assert result.output.splitlines()[-1] == "1 violation of 1 invariant: ENGINE-CRASH ×1 (profile 0.33.0)"
     gc.collect()
 
 
