@@ -207,6 +207,10 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
     if summary.stalled:
         err.print(f"[bold red]engine stalled:[/] {summary.stalled} (the trace ends there)")
         sys.exit(EXIT_FOUND)
+    if summary.crashed:
+        err.print(f"[bold red]engine crashed:[/] {engine}: {escape(summary.crashed)} "
+                  f"(the trace ends there; harness check reports ENGINE-CRASH)", soft_wrap=True)
+        sys.exit(EXIT_FOUND)
     sys.exit(EXIT_FOUND if found else EXIT_OK)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from deepdiff import DeepDiff
 
-from reference.candidate import CandidateError, CandidateFactory
+from reference.candidate import CandidateCrash, CandidateError, CandidateFactory, crash_line
 from reference.engine import EngineStalled
 from reference.workload import Action, Workload
 
@@ -118,6 +118,19 @@ def first_difference(step: int, expected: list[Row], actual: list[Row]) -> Diver
     return None
 
 
+def _as_crash(found: Divergence, rows: list[Row]) -> Divergence:
+    """A divergence in a step where the candidate crashed (and the trace
+    did not, or not so) is that crash: field ``exception`` at its row."""
+    index, crash = next(((i, r) for i, r in enumerate(rows) if r.get("kind") == "crash"), (None, None))
+    if crash is None:
+        return found
+    expected = found.context_expected
+    exp = _brief(_normalise(expected[index])) if index < len(expected) else "end of step"
+    line = crash_line(found.step, crash.get("status") or "?", crash.get("message") or "?",
+                      crash.get("stop_reason"))
+    return Divergence(found.step, None, "exception", exp, line, index, "crash", "", expected, rows)
+
+
 def _brief(row: Row | None) -> str | None:
     if row is None:
         return None
@@ -128,7 +141,10 @@ def replay(trace: Trace, candidate_factory: CandidateFactory) -> tuple[Divergenc
     """Re-drive ``candidate_factory`` with the trace's inputs.
 
     Returns (first divergence or None, number of steps compared). A candidate
-    that stalls or raises diverges at the step where it did.
+    that stalls or raises diverges at the step where it did: a crash as field
+    ``exception``, kind ``crash``, at its ``crash`` row (``actual``: the
+    crash's one line). A trace that ended in the same stall or crash (the
+    same rows) is matched, not diverged from.
     """
     config = trace.config
     workload = workload_from_trace(trace)
@@ -147,13 +163,19 @@ def replay(trace: Trace, candidate_factory: CandidateFactory) -> tuple[Divergenc
         found = first_difference(step, expected, rows)
         compared += 1
         if found is not None:
-            raise _Diverged(found)
+            raise _Diverged(_as_crash(found, rows))
 
     try:
         run_to_rows(workload, config, seed=trace.meta["seed"], candidate_factory=candidate_factory,
                     on_step_rows=on_step_rows, runner_factory=runner_factory)
     except _Diverged as d:
         return d.args[0], compared
+    except CandidateCrash as exc:
+        # The crashed step was handed over (and compared) before the raise.
+        if trace.summary.get("crashed") is not None and next(recorded, None) is None:
+            return None, compared
+        return Divergence(exc.step, None, "exception", "no exception", str(exc), 0, "crash",
+                          "", [], []), compared
     except CandidateError as exc:
         return Divergence(exc.step, None, "exception", "no exception", str(exc), 0, None,
                           "", [], []), compared

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.check import MAX_PER_INVARIANT, CheckResult
@@ -83,10 +84,15 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(result.by_invariant.items()))
         console.print(f"... {result.num_violations} violations in all ({counts}); "
                       f"the first {MAX_PER_INVARIANT} of each are shown")
-    if divergence is not None:
+    if divergence is not None and divergence.field == "exception":
+        console.print(f"[bold red]CRASH[/] at step {divergence.step}: {escape(str(divergence.actual))} "
+                      f"(the trace has {escape(str(divergence.expected))} at event #{divergence.event_index})",
+                      soft_wrap=True)
+    elif divergence is not None:
         console.print(f"[bold red]DIVERGENCE[/] at step {divergence.step}, event #{divergence.event_index}"
                       f" ({divergence.kind or '-'}), request {divergence.request or '-'}, "
                       f"field {divergence.field}: expected {divergence.expected!r}, got {divergence.actual!r}")
+    if divergence is not None:
         if divergence.diff:
             console.print(divergence.diff)
         for side, rows in (("trace", divergence.context_expected), ("candidate", divergence.context_actual)):
@@ -111,7 +117,9 @@ def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str,
         line = f"not conformant {profile}"
     else:
         line = f"conformant {profile}"
-    if divergence is not None:
+    if divergence is not None and divergence.field == "exception":
+        line += f"; the candidate crashed at step {divergence.step}"
+    elif divergence is not None:
         line += f"; first divergence at step {divergence.step}"
     elif extra:
         line += f"{'; ' if result.num_violations else ': '}{extra['replayed_steps']} steps replayed, " \
@@ -123,4 +131,6 @@ def brief_row(row: dict[str, Any]) -> str:
     """One line for a row of a divergent step: its decision columns that are set."""
     keys = ("kind", "request_id", "schedule_kind", "num_computed_tokens", "num_scheduled_tokens",
             "num_prefix_hit_tokens", "block_ids", "token_ids", "finish_reason", "num_free_blocks")
+    if row.get("kind") == "crash":  # status: the call, stop_reason: where
+        keys = ("kind", "status", "message", "stop_reason")
     return " ".join(f"{k}={row[k]}" for k in keys if row.get(k) not in (None, []))

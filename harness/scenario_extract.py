@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from reference.candidate import CandidateFactory
+from reference.candidate import CandidateCrash, CandidateFactory
 from reference.config import EngineConfig
 from reference.engine import EngineStalled
 from reference.scheduler import Scheduler
@@ -312,6 +312,8 @@ def _verify(specs: list[RequestSpec], config: EngineConfig, seed: int,
                     on_step_rows=lambda step, rows: got.append((step, rows)))
     except EngineStalled as exc:
         stalled = f" (the re-run stalled: {exc})"
+    except CandidateCrash as exc:  # its rows, up to the crash, are in `got`
+        stalled = f" (the re-run crashed: {exc})"
     full = block_ids  # a cut of every request: absolute steps and block ids
     want = decisions(rows_by_step, chosen, block_ids=block_ids, relative=not full)
     have = decisions(got, chosen, block_ids=block_ids, relative=not full)

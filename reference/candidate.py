@@ -18,7 +18,11 @@ the trace records and the checker reads.
 
 from __future__ import annotations
 
+import sys
+import sysconfig
+import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from reference.config import EngineConfig
@@ -91,3 +95,105 @@ class CandidateError(RuntimeError):
         super().__init__(f"candidate raised {type(exc).__name__} at step {step}: "
                          f"{' '.join(str(exc).split())[:300]}")
         self.step = step
+
+
+class CandidateCrash(CandidateError):
+    """The candidate raised inside a step of the engine loop (a crash: the run
+    ends there and the trace records it as a ``crash`` row).
+
+    ``call``: the candidate method that raised (``schedule``,
+    ``update_from_output``, ``update_draft_token_ids``, ``add_request``,
+    ``finish_requests``, ``reset_prefix_cache``, ``snapshot``, ...);
+    ``exc_type``: the exception's class name; ``message``: ``"<Type>: <text>"``
+    (``describe_exception``); ``where``: the innermost frame of candidate code,
+    ``"path/module.py:line"``; ``rank``: the data-parallel rank whose scheduler
+    raised; ``stage``: how far the step had got (``reference.engine``,
+    ``CRASH_STAGES``), set by the engine loop. ``__cause__`` is the exception.
+    """
+
+    def __init__(self, step: int, exc: BaseException, call: str, rank: int = 0, *, skip: int = 0) -> None:
+        self.exc_type, self.message, self.where = describe_exception(exc, skip)
+        self.call = call
+        self.rank = rank
+        self.stage = "inputs"
+        super().__init__(step, exc)
+        self.args = (self.one_line(),)
+
+    def one_line(self) -> str:
+        """``crash_line`` of this crash."""
+        return crash_line(self.step, self.call, self.message, self.where)
+
+    def at_step(self, step: int) -> CandidateCrash:
+        """The same crash, named at ``step`` (a call between two steps belongs to the next)."""
+        self.step = step
+        self.args = (self.one_line(),)
+        return self
+
+
+def crash_line(step: int, call: str, message: str, where: str | None) -> str:
+    """One line for a crash: ``candidate raised <Type> in <call>() at step S:
+    <text> (at <where>)``, from its ``message`` ("<Type>: <text>")."""
+    exc_type, _, text = message.partition(": ")
+    return (f"candidate raised {exc_type} in {call}() at step {step}" + (f": {text}" if text else "")
+            + (f" (at {where})" if where else ""))
+
+
+def describe_exception(exc: BaseException, skip: int = 0) -> tuple[str, str, str]:
+    """``(type name, "<Type>: <text>", where)`` of an exception a candidate raised.
+
+    ``text`` is ``str(exc)`` on one line (at most 300 characters); for a bare
+    ``assert`` (no text) the failing source line in backquotes. ``where`` is
+    the innermost traceback frame outside the Python standard library
+    (``crash_site``, past the traceback's first ``skip`` frames: the
+    caller's own), "" without a traceback. An exception that stands for
+    one raised in another process (the vLLM driver's) carries that one's
+    description in the attributes ``crash_type``, ``crash_message`` and
+    ``crash_where``, which win."""
+    remote = getattr(exc, "crash_type", None)
+    if isinstance(remote, str) and remote:
+        return remote, str(getattr(exc, "crash_message", remote)), str(getattr(exc, "crash_where", ""))
+    name = type(exc).__name__
+    text = " ".join(str(exc).split())[:300]
+    frames = _frames(exc.__traceback__)
+    if not text and frames:
+        line = traceback.extract_tb(frames[-1][1], limit=1)[0].line or ""
+        text = f"`{line.strip()}`" if line.strip() else ""
+    return name, f"{name}: {text}" if text else name, crash_site(exc.__traceback__, skip)
+
+
+def _frames(tb: TracebackType | None) -> list[tuple[object, TracebackType]]:
+    out = []
+    while tb is not None:
+        out.append((tb.tb_frame, tb))
+        tb = tb.tb_next
+    return out
+
+
+_STDLIB = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})
+
+
+def _in_stdlib(filename: str) -> bool:
+    return filename.startswith(_STDLIB) and "-packages" not in filename
+
+
+def crash_site(tb: TracebackType | None, skip: int = 0) -> str:
+    """The innermost frame of ``tb`` (after its first ``skip`` frames) that is
+    not in the standard library, as ``"path:line"``: the path is the frame's
+    module name as a path (``reference/scheduler.py``,
+    ``vllm/v1/core/sched/scheduler.py``: the same on every machine), its
+    file's base name for a script. "" when ``tb`` has no such frame."""
+    frames = _frames(tb)[skip:]
+    chosen = next((f for f in reversed(frames) if not _in_stdlib(f[0].f_code.co_filename)),
+                  frames[-1] if frames else None)
+    if chosen is None:
+        return ""
+    frame, tb_entry = chosen
+    filename = frame.f_code.co_filename
+    base = filename.replace("\\", "/").rsplit("/", 1)[-1]
+    module = frame.f_globals.get("__name__") if isinstance(frame.f_globals, dict) else None
+    if isinstance(module, str) and module != "__main__" and module in sys.modules:
+        parts = module.split(".")
+        path = "/".join((parts if base == "__init__.py" else parts[:-1]) + [base])
+    else:
+        path = base
+    return f"{path}:{tb_entry.tb_lineno}"

@@ -18,6 +18,7 @@ stored ``max_concurrent_batches`` back to ``pipeline_parallel_size``
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import hashlib
 import json
@@ -43,6 +44,17 @@ MAX_NUM_GPU_BLOCKS = 4_194_304
 
 class ConfigError(ValueError):
     """A bad engine configuration; the message names the field and the problem."""
+
+
+class VLLMCrashConfig(ConfigError):
+    """A config vLLM 0.33.0 accepts and then crashes on (an assertion of its
+    own): the reference refuses to run it, but a trace recorded from vLLM with
+    it, which ends on that crash, is still read
+    (``EngineConfig.from_dict(..., accept_vllm_crash=True)``)."""
+
+
+# Set by ``from_dict(accept_vllm_crash=True)`` while it builds the config.
+_ACCEPT_VLLM_CRASH: contextvars.ContextVar[bool] = contextvars.ContextVar("accept_vllm_crash", default=False)
 
 
 def derive_max_concurrent_batches(pipeline_parallel_size: int, async_scheduling: bool) -> int:
@@ -256,11 +268,12 @@ class EngineConfig:
             raise ConfigError("defer_block_free needs more than one batch in flight (async_scheduling=true "
                               "or pipeline_parallel_size >= 2; vLLM's gate: a KV consumer and "
                               "max_concurrent_batches > 1)")
-        if 0 < self.long_prefill_token_threshold < 1 + self.num_speculative_tokens:
+        if 0 < self.long_prefill_token_threshold < 1 + self.num_speculative_tokens \
+                and not _ACCEPT_VLLM_CRASH.get():
             # vLLM 0.33.0 pads a new decode to 1 + K tokens, then caps it at the
             # threshold and fails `assert num_new_tokens == 1 + num_spec_tokens`
             # (scheduler.py, waiting loop): a config vLLM accepts but crashes on.
-            raise ConfigError(
+            raise VLLMCrashConfig(
                 f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) below "
                 f"1 + num_speculative_tokens ({1 + self.num_speculative_tokens}) crashes vLLM 0.33.0's "
                 f"spec-decode padding (an assertion in Scheduler.schedule); use 0 or >= "
@@ -360,20 +373,24 @@ class EngineConfig:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
+    def from_dict(cls, data: dict[str, Any], *, accept_vllm_crash: bool = False) -> EngineConfig:
         """Build from a dict (e.g. trace metadata, a fuzz case). A stored
         ``max_concurrent_batches`` (``to_dict``'s, or an older harness's user
         key) maps to ``pipeline_parallel_size`` (``upgrade_config_keys``).
         Unknown keys, or a stored count the fields do not derive, raise
-        ConfigError."""
+        ConfigError. ``accept_vllm_crash`` (a trace's config: what the engine
+        ran) lets a ``VLLMCrashConfig`` through."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names - set(DERIVED_KEYS))
         if unknown:
             raise ConfigError(f"unknown config key(s): {', '.join(unknown)}")
+        token = _ACCEPT_VLLM_CRASH.set(accept_vllm_crash)
         try:
             return cls(**upgrade_config_keys(data))
         except TypeError as exc:
             raise ConfigError(str(exc)) from None
+        finally:
+            _ACCEPT_VLLM_CRASH.reset(token)
 
     def with_overrides(self, overrides: dict[str, str]) -> EngineConfig:
         """Apply ``key=value`` strings (from ``--set``), parsing each by the field's type."""

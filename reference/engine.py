@@ -35,7 +35,12 @@ mode, with the scripted model runner and a virtual clock instead of a GPU:
   the next arrival or abort (the skipped steps would schedule nothing).
   Trace step numbers therefore skip idle stretches;
 * a step lasts ``step_fixed_s + step_per_token_s * total_num_scheduled_tokens``
-  seconds of virtual time.
+  seconds of virtual time;
+* a candidate that raises (anything but KeyboardInterrupt and GeneratorExit:
+  a ``sys.exit`` inside ``schedule()`` is a crash, not an exit) ends the run
+  in that step: the step's record so far, with its ``crash`` (``Crash``), goes
+  to ``on_step`` and ``CandidateCrash`` is raised, as vLLM's ``EngineCore``
+  dies on a scheduler exception.
 
 Every step is handed to ``on_step`` as a ``StepRecord`` (the recorder writes
 it to the trace).
@@ -53,7 +58,7 @@ from reference.kv_connector import SimulatedKVWorker
 from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.runners.base import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
-from reference.candidate import Candidate, CandidateError, CandidateFactory
+from reference.candidate import Candidate, CandidateCrash, CandidateError, CandidateFactory
 from reference.output import FinishedRequest, PrefixCacheReset, SchedulerOutput, UpdateResult
 from reference.scheduler import Scheduler
 from reference.workload import Action, RequestSpec, Workload
@@ -71,6 +76,47 @@ def check_workload_supported(config: EngineConfig, workload: Workload) -> None:
             config.async_scheduling or config.max_concurrent_batches > 1 or config.kv_connector):
         raise ConfigError("reset_running_requests needs a synchronous engine without a KV connector "
                           "(async_scheduling, batches in flight or kv_connector are not supported)")
+
+
+#: How far a step had got when its candidate raised (``Crash.stage``), in order:
+#: taking inputs (arrivals, aborts, actions, the snapshot before scheduling);
+#: inside ``schedule()``; after it (the snapshot after); inside
+#: ``update_from_output``; after it (the snapshot after, the draft update).
+CRASH_STAGES = ("inputs", "schedule", "schedule_end", "update", "update_end")
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A candidate's exception inside a step (the trace's ``crash`` row).
+
+    ``call``: the candidate method that raised (``schedule``,
+    ``update_from_output``, ``update_draft_token_ids``, ``add_request``, ...);
+    ``message``: ``"<ExceptionType>: <text>"``; ``where``: the innermost frame
+    of candidate code, ``"path:line"`` (``reference.candidate.crash_site``);
+    ``stage``: one of ``CRASH_STAGES`` (which of the step's rows are known);
+    ``decisions``: for a crash inside ``schedule()``, the decisions it had
+    taken before (``decisions_before_crash``; empty where unknown)."""
+
+    call: str
+    exc_type: str
+    message: str
+    where: str
+    stage: str
+    decisions: tuple = ()
+
+
+def decisions_before_crash(exc: BaseException | None) -> tuple:
+    """The decisions a reference ``Scheduler.schedule`` (the reference's own,
+    or a subclass calling it) had taken when ``exc`` escaped it: its local
+    ``events`` list, read from the traceback's frame of that function. Empty
+    for any other candidate (its decisions are unknown until it returns)."""
+    tb = exc.__traceback__ if exc is not None else None
+    while tb is not None:
+        if tb.tb_frame.f_code is Scheduler.schedule.__code__:
+            events = tb.tb_frame.f_locals.get("events")
+            return tuple(events) if isinstance(events, list) else ()
+        tb = tb.tb_next
+    return ()
 
 
 class EngineStalled(RuntimeError):
@@ -126,6 +172,8 @@ class StepRecord:
     drafts: dict[str, list[int]] = field(default_factory=dict)
     rank: int = 0
     peers: list[StepRecord] = field(default_factory=list)  # the other DP ranks' records
+    throttle_prefills: bool = False  # the throttle flag passed to schedule()
+    crash: Crash | None = None  # the candidate raised in this step (the record stops there)
 
 
 @dataclass
@@ -164,6 +212,7 @@ class EngineSummary:
     failed_kv_loads: int = 0
     clock: float = 0.0
     stalled: str | None = None
+    crashed: str | None = None  # the candidate raised: CandidateCrash's one line
 
 
 def reject_reason(spec: RequestSpec, config: EngineConfig) -> str | None:
@@ -350,8 +399,9 @@ class Engine:
     ``runner_factory(config, seed)`` builds one model runner per
     data-parallel rank (``reference.runners.ModelRunner``, e.g. the torch
     runner); default: the scripted runner, shared by the ranks. ``max_steps``
-    bounds the run. Anything the candidate raises is re-raised as
-    CandidateError naming the step.
+    bounds the run. Anything the candidate raises in a step is re-raised as
+    CandidateCrash naming the step and the call (its factory's exception as
+    CandidateError, step 0).
     """
 
     def __init__(self, config: EngineConfig, *, seed: int = 0,
@@ -363,7 +413,9 @@ class Engine:
             # One scheduler (and KV pool) per data-parallel rank.
             self.schedulers: list[Candidate] = [candidate_factory(config)
                                                 for _ in range(config.data_parallel_size)]
-        except Exception as exc:
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as exc:  # a factory's sys.exit(0) is a failure too
             raise CandidateError(0, exc) from exc
         self.seed = seed
         self.runner = ScriptedModelRunner(seed)
@@ -382,7 +434,32 @@ class Engine:
     def run(self, workload: Workload,
             on_step: Callable[[StepRecord], None] | None = None) -> EngineSummary:
         """Run ``workload`` to completion. Raises EngineStalled on a livelock,
-        CandidateError if the candidate raises.
+        CandidateCrash if the candidate raises (after handing ``on_step`` the
+        crashed step's record: its rows so far and ``crash``; a call between
+        two steps belongs to the next, a record of the crash alone).
+        ``summary.crashed`` then holds the crash's one line.
+        """
+        self._records: list[StepRecord] | None = None  # the step being run, until on_step has it
+        self._stage = "inputs"  # how far the crashing rank's step got (CRASH_STAGES)
+        try:
+            return self._run(workload, on_step)
+        except CandidateCrash as crash:
+            records = self._records or [StepRecord(step=self.current_step, clock=self.summary.clock, rank=i)
+                                        for i in range(len(self.schedulers))]
+            crash.at_step(records[0].step)
+            crash.stage = self._stage if self._records is not None else "inputs"
+            decisions = decisions_before_crash(crash.__cause__) if crash.stage == "schedule" else ()
+            records[crash.rank].crash = Crash(crash.call, crash.exc_type, crash.message, crash.where,
+                                              crash.stage, decisions)
+            self.summary.steps += 1  # the crashed step is in the trace
+            self.summary.crashed = str(crash)
+            if on_step is not None:
+                records[0].peers = records[1:]
+                on_step(records[0])
+            raise
+
+    def _run(self, workload: Workload, on_step: Callable[[StepRecord], None] | None) -> EngineSummary:
+        """The loop of ``run``.
 
         Data parallelism (``data_parallel_size`` > 1): the ranks step in
         lockstep, each with its own scheduler and KV pool. The coordinator
@@ -394,7 +471,7 @@ class Engine:
         """
         config = self.config
         check_workload_supported(config, workload)
-        ranks = [_Rank(i, _Guarded(s, self),
+        ranks = [_Rank(i, _Guarded(s, self, i),
                        SimulatedKVWorker(config, self.seed) if config.kv_connector else None,
                        worker_drafts=(WorkerDrafts() if config.async_scheduling
                                       and config.num_speculative_tokens else None))
@@ -424,6 +501,7 @@ class Engine:
             if step >= self.max_steps:
                 raise EngineStalled(f"no completion within {self.max_steps} steps")
             records = [StepRecord(step=step, clock=clock, rank=r.index) for r in ranks]
+            self._records, self._stage = records, "inputs"
             self.current_step = step
             for spec in arrivals.take_due(step, clock):
                 summary.requests += 1
@@ -475,7 +553,9 @@ class Engine:
             if on_step is not None:
                 records[0].peers = records[1:]
                 on_step(records[0])
+            self._records = None
             step += 1
+            self.current_step = step  # a candidate call before the next step belongs to it
 
             # Lockstep: the step lasts as long as its busiest rank.
             clock += config.step_fixed_s + config.step_per_token_s * max(totals)
@@ -547,6 +627,7 @@ class Engine:
         queue drains. Batches are never "done early": the pipeline stays
         full. Returns the tokens scheduled."""
         config, sched, runner = self.config, rank.sched, self.runners[rank.index]
+        self._stage = "inputs"  # how far this rank's step got, for a crash (CRASH_STAGES)
         total = 0
         scheduled = False
         # A rank keeps stepping while a KV load is in flight, even with no
@@ -556,8 +637,9 @@ class Engine:
             before = sched.snapshot()
             rec.waiting_before, rec.running_before = list(before.waiting), list(before.running)
             rec.num_free_blocks_before = before.num_free_blocks
+            rec.throttle_prefills, self._stage = throttle, "schedule"
             output = sched.schedule(throttle) if throttle else sched.schedule()
-            rec.output = output
+            rec.output, self._stage = output, "schedule_end"
             after = sched.snapshot()
             rec.waiting_after, rec.running_after = list(after.waiting), list(after.running)
             rec.num_free_blocks_after_schedule = after.num_free_blocks
@@ -590,10 +672,12 @@ class Engine:
             batch_step, batch, rec.sampled, kv_output = rank.in_flight.popleft()
             rec.update_batch_step = batch_step
             runner.batch_done(batch_step)
+            self._stage = "update"
             if kv_output is None:
                 rec.update = sched.update_from_output(batch, rec.sampled)
             else:
                 rec.update = sched.update_from_output(batch, rec.sampled, kv_output)
+            self._stage = "update_end"
             rec.num_free_blocks_after_update = sched.snapshot().num_free_blocks
             for fin in rec.update.finished:
                 runner.finish(fin.request_id)
@@ -634,12 +718,16 @@ class Engine:
 
 
 class _Guarded:
-    """Calls the candidate, turning anything it raises into CandidateError
-    (so the engine's own errors and the caller's callbacks pass through)."""
+    """Calls rank ``rank``'s candidate, turning anything it raises into
+    CandidateCrash naming the method (so the engine's own errors and the
+    caller's callbacks pass through). Everything but KeyboardInterrupt and
+    GeneratorExit is caught: a candidate's ``sys.exit(0)`` is a crash, never a
+    successful end of the command."""
 
-    def __init__(self, candidate: Candidate, engine: Engine) -> None:
+    def __init__(self, candidate: Candidate, engine: Engine, rank: int = 0) -> None:
         self._candidate = candidate
         self._engine = engine
+        self._rank = rank
 
     def __getattr__(self, name: str):
         method = getattr(self._candidate, name)
@@ -647,6 +735,9 @@ class _Guarded:
         def call(*args, **kwargs):
             try:
                 return method(*args, **kwargs)
-            except Exception as exc:
-                raise CandidateError(self._engine.current_step, exc) from exc
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException as exc:
+                # skip=1: this frame is the engine's, not the candidate's.
+                raise CandidateCrash(self._engine.current_step, exc, name, self._rank, skip=1) from exc
         return call

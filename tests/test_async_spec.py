@@ -141,7 +141,7 @@ def test_stale_spec_output_mutant_is_caught_by_check_and_by_fuzz() -> None:
     resolution) of a preempted request: on the canonical scenario the resumed
     requests then schedule draft positions their placeholders do not leave
     (SPEC-TOKENS x18, first at step 26, request r000006; then negative
-    computed counts at admissions, COMPUTED-CONTINUITY and PREFIX-HIT-RULES); ``harness fuzz --async-spec`` finds it at
+    computed counts at admissions, COMPUTED-CONTINUITY and PREFIX-HIT-LONGEST); ``harness fuzz --async-spec`` finds it at
     seed 0 after 502 examples, shrunk to 3 requests. Only the five stale
     speculative outputs of the scenario trigger it: the decisions before the
     first one equal the reference's."""
@@ -152,7 +152,7 @@ def test_stale_spec_output_mutant_is_caught_by_check_and_by_fuzz() -> None:
     run_to_rows(scenario.make_workload(), scenario.engine_config(), seed=scenario.seed,
                 candidate_factory=cls, on_step_rows=lambda s, r: rows.append((s, r)))
     result = check_steps(scenario.engine_config().to_dict(), rows)
-    assert result.by_invariant == {"SPEC-TOKENS": 18, "COMPUTED-CONTINUITY": 3, "PREFIX-HIT-RULES": 2}
+    assert result.by_invariant == {"SPEC-TOKENS": 18, "COMPUTED-CONTINUITY": 3, "PREFIX-HIT-LONGEST": 2}
     first = result.violations[0]
     assert (first.invariant, first.step, first.request) == ("SPEC-TOKENS", 26, "r000006")
     found = fuzz(cls, max_examples=600, seed=0, known=known_reference_finding, async_spec=True)

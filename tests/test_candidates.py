@@ -86,17 +86,22 @@ def test_module_factory_candidate_records_and_replays(tmp_path: Path, user_modul
 
 
 def test_candidate_that_raises(tmp_path: Path, user_module: str) -> None:
+    """A crash is a finding with a trace (tests/test_engine_crash.py has the details)."""
     path = tmp_path / "t.parquet"
     code, out = run("record", "synthetic:20", *SMALL, "--engine", f"{user_module}:Exploding", "-o", path)
     assert code == 1
-    assert "raised ZeroDivisionError at step 9: boom (no trace written)" in out
-    assert not path.exists()
-    assert run("record", "synthetic:20", *SMALL, "-o", path)[0] == 0
-    code, out = run("replay", path, "--candidate", f"{user_module}:Exploding", "--json")
+    assert out.splitlines()[-1] == (
+        "engine crashed: usercand:Exploding: candidate raised ZeroDivisionError in schedule() at "
+        "step 9: boom (at usercand.py:7) (the trace ends there; harness check reports ENGINE-CRASH)")
+    code, out = run("check", path, "--json")
+    assert code == 1 and json.loads(out)["violations_by_invariant"] == {"ENGINE-CRASH": 1}
+    reference = tmp_path / "ref.parquet"
+    assert run("record", "synthetic:20", *SMALL, "-o", reference)[0] == 0
+    code, out = run("replay", reference, "--candidate", f"{user_module}:Exploding", "--json")
     assert code == 1
     d = json.loads(out)["divergence"]
-    assert (d["step"], d["field"]) == (9, "exception")
-    assert d["actual"] == "candidate raised ZeroDivisionError at step 9: boom"
+    assert (d["step"], d["field"], d["kind"], d["event_index"]) == (9, "exception", "crash", 2)
+    assert d["actual"] == "candidate raised ZeroDivisionError in schedule() at step 9: boom (at usercand.py:7)"
 
 
 def test_a_spec_is_printed_as_written_not_as_an_emoji(tmp_path: Path, user_module: str) -> None:
@@ -104,5 +109,5 @@ def test_a_spec_is_printed_as_written_not_as_an_emoji(tmp_path: Path, user_modul
     path = tmp_path / "t.parquet"
     code, out = run("record", "synthetic:20", *SMALL, "--engine", f"{user_module}:boom", "-o", path)
     assert code == 1
-    assert out.strip() == ("error: usercand:boom: candidate raised ZeroDivisionError at step 9: boom "
-                           "(no trace written)")
+    assert out.splitlines()[-1].startswith("engine crashed: usercand:boom: candidate raised "
+                                           "ZeroDivisionError in schedule() at step 9: boom")

@@ -196,10 +196,59 @@ def test_known_finding_padded_spec_decode_with_small_threshold_crashes_vllm(vllm
     # ... so bypass the validation to show vLLM accepting it and then failing.
     config = EngineConfig(**fields)
     object.__setattr__(config, "long_prefill_token_threshold", 4)
-    with pytest.raises(CandidateError, match=r"at step 3: vLLM 0\.33\.0 raised during 'schedule': "
-                                             r"AssertionError: .*num_new_tokens == 1 \+ "
-                                             r"self\.num_spec_tokens"):
+    with pytest.raises(CandidateError, match=r"^candidate raised AssertionError in schedule\(\) at step 3: "
+                                             r"`assert num_new_tokens == 1 \+ self\.num_spec_tokens` "
+                                             r"\(at vllm/v1/core/sched/scheduler\.py:1579\)$"):
         Engine(config, candidate_factory=resolve_candidate(SPEC)).run(workload)
+    gc.collect()
+
+
+@vllm
+@needs_vllm
+def test_vllm_crash_through_the_driver_is_a_crash_row_and_engine_crash(vllm_env, tmp_path):
+    """The same vLLM 0.33.0 assert, recorded: the driver reports vLLM's own
+    exception (type, message, innermost vLLM frame), the trace ends on a
+    ``crash`` row after step 3's schedule_begin (vLLM's decisions before the
+    assert are not reported by the driver), ``harness check`` reports one
+    ENGINE-CRASH (no LIVENESS for the two requests it cut off) and vLLM
+    replayed on the trace crashes the same way (matched)."""
+    from harness.replay import replay
+
+    specs = (RequestSpec("r0", 0.0, tuple(range(100, 108)), max_tokens=10),
+             RequestSpec("r1", 0.012, (200,), max_tokens=10))
+    workload = Workload(source="synthetic", sha256="0" * 64, params={}, requests=specs)
+    data = {**EngineConfig(block_size=16, max_model_len=128, num_gpu_blocks=20, max_num_seqs=4,
+                           max_num_batched_tokens=256, num_speculative_tokens=4).to_dict(),
+            "long_prefill_token_threshold": 4}
+    config = EngineConfig.from_dict(data, accept_vllm_crash=True)
+    path = tmp_path / "crash.parquet"
+    line = ("candidate raised AssertionError in schedule() at step 3: `assert num_new_tokens == 1 + "
+            "self.num_spec_tokens` (at vllm/v1/core/sched/scheduler.py:1579)")
+    summary = record(workload, config, path, engine=SPEC, candidate_factory=resolve_candidate(SPEC))
+    assert (summary.steps, summary.crashed) == (4, line)
+    trace = open_trace(path)
+    assert trace.summary["crashed"] == line
+    step, rows = list(trace.iter_steps())[-1]
+    assert step == 3
+    assert [(r["kind"], r["request_id"]) for r in rows] == [("arrival", "r1"), ("schedule_begin", None),
+                                                            ("crash", None)]
+    assert (rows[1]["waiting"], rows[1]["running"]) == (["r1"], ["r0"])
+    assert {k: rows[2][k] for k in ("status", "message", "stop_reason", "rank")} == {
+        "status": "schedule", "message": "AssertionError: `assert num_new_tokens == 1 + self.num_spec_tokens`",
+        "stop_reason": "vllm/v1/core/sched/scheduler.py:1579", "rank": 0}
+    result = check_steps(trace.meta["config"], trace.iter_steps())
+    assert result.by_invariant == {"ENGINE-CRASH": 1}
+    (v,) = result.violations
+    assert (v.step, v.message) == (3, "schedule() raised AssertionError: `assert num_new_tokens == 1 + "
+                                      "self.num_spec_tokens` at vllm/v1/core/sched/scheduler.py:1579")
+    assert v.history == ["step 3: inputs: arrival r1",
+                         "step 3: queues at step start: waiting ['r1'], running ['r0'], 17 free blocks",
+                         "step 3: decisions before the crash: none recorded (schedule() raised before "
+                         "returning them)"]
+    assert replay(trace, resolve_candidate(SPEC)) == (None, 4)
+    result = CliRunner().invoke(main, ["check", str(path)])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == "1 violation of 1 invariant: ENGINE-CRASH ×1 (profile 0.33.0)"
     gc.collect()
 
 
@@ -657,7 +706,8 @@ def test_killed_driver_gives_a_clean_one_line_error(vllm_env):
         Engine(config, candidate_factory=killing_factory).run(_crash_workload())
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith("candidate raised VLLMDriverError at step 0:")
+    assert message.startswith("candidate raised VLLMDriverError in update_from_output() at step 0: vLLM "
+                              f"{VERSION} driver (pid ")
     assert "exited with code -9" in message or "is gone" in message
     # The broken candidate keeps failing the same way, without hanging.
     with pytest.raises(VLLMDriverError):

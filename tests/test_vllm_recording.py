@@ -51,6 +51,7 @@ t0 = time.time()
 from harness.candidates.vllm.driver import Driver  # sets the CPU-only vLLM environment defaults
 from harness.candidates.vllm.recording_scheduler import RecordingScheduler
 from harness.candidates.vllm.candidate import VLLMCandidate, driver_config
+from reference.candidate import CandidateCrash
 from reference.config import EngineConfig
 from reference.engine import Engine
 from reference.workload import RequestSpec, Workload
@@ -130,6 +131,8 @@ class InProcessCandidate(VLLMCandidate):
 
 
 results = {"import_s": time.time() - t0, "runs": {}}
+from vllm.v1.core.sched.scheduler import Scheduler as VLLMScheduler
+VLLM_UPDATE = VLLMScheduler.update_from_output
 import harness.candidates.vllm.recording_scheduler as recording
 normalise = recording._ev.normalise
 for name, run in json.load(open(sys.argv[1])).items():
@@ -141,16 +144,26 @@ for name, run in json.load(open(sys.argv[1])).items():
             raise RuntimeError("injected recording failure")
         return normalise(so, seq, **kw)
     recording._ev.normalise = failing_normalise
-    config, seed = EngineConfig.from_dict(run["config"]), run["seed"]
+
+    def update_from_output(self, so, mro, fail=run.get("raise_in_update_at_step")):
+        if fail is not None and self._sched_harness.steps == fail:
+            raise RuntimeError("injected update failure")
+        return VLLM_UPDATE(self, so, mro)
+    VLLMScheduler.update_from_output = update_from_output  # what RecordingScheduler's super() calls
+    config, seed = EngineConfig.from_dict(run["config"], accept_vllm_crash=True), run["seed"]
     workload = Workload("test", "0" * 64, {}, tuple(RequestSpec(**r) for r in run["requests"]))
     PROC, ABORTED = InProcess(), {}
     ABORTS = [r for r in workload.requests if r.abort_time is not None]
     ENGINE = engine = Engine(config, seed=seed,
                              candidate_factory=lambda c: InProcessCandidate(c, "@VERSION@", seed=seed))
-    summary = engine.run(workload)
-    PROC.idle_step()  # the server's last step: only reports the last finished ids
+    try:
+        summary, crashed = engine.run(workload), None
+        PROC.idle_step()  # the server's last step: only reports the last finished ids
+    except CandidateCrash as exc:  # vLLM raised: the recording scheduler logged it and re-raised
+        summary, crashed = engine.summary, str(exc)
     driver.sched.shutdown()  # renames the temporary file
-    results["runs"][name] = {"summary": dataclasses.asdict(summary), "idle_steps": PROC.idle_steps}
+    results["runs"][name] = {"summary": dataclasses.asdict(summary), "idle_steps": PROC.idle_steps,
+                             "crashed": crashed}
 # What --scheduler-cls does: SchedulerConfig resolves the qualified name.
 from vllm.config import SchedulerConfig
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -187,11 +200,23 @@ def _abort_burst() -> tuple[EngineConfig, Workload]:
     return config, Workload("test", "0" * 64, {}, tuple(requests))
 
 
+def _crash_case() -> tuple[EngineConfig, Workload]:
+    """vLLM 0.33.0's spec-decode padding assert (tests/test_vllm.py): r1 (a
+    1-token prompt) admitted while r0 decodes, threshold 4 < 1 + 4 drafts."""
+    data = {**EngineConfig(block_size=16, max_model_len=128, num_gpu_blocks=20, max_num_seqs=4,
+                           max_num_batched_tokens=256, num_speculative_tokens=4).to_dict(),
+            "long_prefill_token_threshold": 4}
+    specs = (RequestSpec("r0", 0.0, tuple(range(100, 108)), max_tokens=10),
+             RequestSpec("r1", 0.012, (200,), max_tokens=10))
+    return EngineConfig.from_dict(data, accept_vllm_crash=True), Workload("test", "0" * 64, {}, specs)
+
+
 def _cases() -> dict[str, tuple[EngineConfig, Workload]]:
     cases = {name: (SCENARIOS[name].engine_config(), SCENARIOS[name].make_workload())
              for name in SCENARIO_NAMES}
     assert all(SCENARIOS[name].seed == 0 for name in SCENARIO_NAMES)  # traces carry seed 0
     cases["abort-burst"] = _abort_burst()
+    cases["crash"] = _crash_case()
     return cases
 
 
@@ -217,6 +242,9 @@ def recorded(tmp_path_factory):
     # Recording breaks at step 30: the run goes on, the log says so.
     paths["failing"] = tmp / "failing" / "trace.jsonl"
     runs["failing"] = dict(runs["eos-stop-abort"], jsonl=str(paths["failing"]), fail_at_step=30)
+    # vLLM's update_from_output raises at step 5 (injected): the log keeps the step up to it.
+    paths["update-crash"] = tmp / "update-crash" / "trace.jsonl"
+    runs["update-crash"] = dict(runs["fcfs-tight"], jsonl=str(paths["update-crash"]), raise_in_update_at_step=5)
     (tmp / "runs.json").write_text(json.dumps(runs))
     # PYTHONHASHSEED: vLLM frees a batch of aborts in set order; pin it.
     env = dict(os.environ, PYTHONPATH=str(REPO), SCHED_HARNESS_STRICT="1",
@@ -231,6 +259,7 @@ def recorded(tmp_path_factory):
           file=sys.stderr)
     runs = {name: (paths[name], results["runs"][name], *cases[name]) for name in cases}
     runs["failing"] = (paths["failing"], results["runs"]["failing"], *cases["eos-stop-abort"])
+    runs["update-crash"] = (paths["update-crash"], results["runs"]["update-crash"], *cases["fcfs-tight"])
     return {"runs": runs, "resolved": results["resolved"], "async_refused": results["async_refused"]}
 
 
@@ -397,3 +426,74 @@ def test_module_imports_without_vllm():
     except ImportError:
         with pytest.raises(ImportError):
             mod.RecordingScheduler  # noqa: B018
+
+
+@pytest.mark.vllm
+def test_a_vllm_crash_is_logged_converted_and_checked_as_engine_crash(recorded, tmp_path):
+    """vLLM's assert inside ``schedule()``: the recording scheduler writes a
+    ``crash`` record (vLLM's exception type, message, innermost vLLM frame,
+    the queues before the call) and re-raises, so the engine fails as a
+    server would; the log is closed (``end``). ``convert`` turns it into the
+    trace's ``crash`` row, and ``harness check`` reports ENGINE-CRASH."""
+    from harness.candidates.vllm.recording_scheduler import convert
+
+    jsonl, info, config, _ = recorded["runs"]["crash"]
+    assert info["crashed"] == ("candidate raised AssertionError in schedule() at step 3: `assert "
+                               "num_new_tokens == 1 + self.num_spec_tokens` (at "
+                               "vllm/v1/core/sched/scheduler.py:1579)")
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert [r["t"] for r in records[-2:]] == ["crash", "end"]
+    crash = records[-2]
+    assert {k: crash[k] for k in ("step", "call", "exc_type", "exc_message", "where", "throttle_prefills")} == {
+        "step": 3, "call": "schedule", "exc_type": "AssertionError",
+        "exc_message": "AssertionError: `assert num_new_tokens == 1 + self.num_spec_tokens`",
+        "where": "vllm/v1/core/sched/scheduler.py:1579", "throttle_prefills": False}
+    assert (crash["before"]["waiting"], crash["before"]["running"]) == (["r1"], ["r0"])
+    overrides = {k: v for k, v in config.to_dict().items() if k in HARNESS_ONLY}
+    trace = tmp_path / "crash.parquet"
+    summary = convert(jsonl, trace, overrides=overrides)
+    line = ("candidate raised AssertionError in schedule() at step 3: `assert num_new_tokens == 1 + "
+            "self.num_spec_tokens` (at vllm/v1/core/sched/scheduler.py:1579)")
+    assert (summary["steps"], summary["crashed"], summary["warnings"]) == (4, line, [])
+    rows = [r for r in pq.read_table(trace).to_pylist() if r["step"] == 3]
+    assert [(r["kind"], r["request_id"]) for r in rows] == [("arrival", "r000001"), ("schedule_begin", None),
+                                                            ("crash", None)]
+    assert (rows[1]["waiting"], rows[1]["running"]) == (["r000001"], ["r000000"])
+    assert {k: rows[2][k] for k in ("status", "message", "stop_reason")} == {
+        "status": "schedule", "message": "AssertionError: `assert num_new_tokens == 1 + self.num_spec_tokens`",
+        "stop_reason": "vllm/v1/core/sched/scheduler.py:1579"}
+    check = _harness_json("check", str(trace))
+    assert not check["ok"] and check["violations_by_invariant"] == {"ENGINE-CRASH": 1}
+    assert (check["violations"][0]["step"], check["violations"][0]["message"]) == (
+        3, "schedule() raised AssertionError: `assert num_new_tokens == 1 + self.num_spec_tokens` at "
+           "vllm/v1/core/sched/scheduler.py:1579")
+
+
+@pytest.mark.vllm
+def test_a_crash_in_update_from_output_keeps_the_schedule_and_the_tokens(recorded, tmp_path):
+    """An exception out of vLLM's ``update_from_output`` (injected at step 5):
+    the converted trace's step 5 is the reference's up to the model output
+    (schedule_begin, decisions, schedule_end, update_begin, output rows), then
+    the ``crash`` row; ``harness check`` reports ENGINE-CRASH only."""
+    from harness.candidates.vllm.recording_scheduler import convert
+
+    jsonl, info, config, workload = recorded["runs"]["update-crash"]
+    crash = json.loads(jsonl.read_text().splitlines()[-2])
+    assert (crash["t"], crash["step"], crash["call"], crash["exc_message"]) == (
+        "crash", 5, "update_from_output", "RuntimeError: injected update failure")
+    assert crash["where"].startswith("drive.py:")  # no vLLM frame: the injected raise
+    trace = tmp_path / "update-crash.parquet"
+    summary = convert(jsonl, trace, overrides={k: v for k, v in config.to_dict().items() if k in HARNESS_ONLY})
+    assert summary["steps"] == 6 and summary["crashed"].startswith(
+        "candidate raised RuntimeError in update_from_output() at step 5: injected update failure (at drive.py:")
+    assert info["crashed"].startswith("candidate raised RuntimeError in update_from_output() at step 5: "
+                                      "injected update failure (at ")
+    ref = tmp_path / "ref.parquet"
+    record(workload, config, ref)
+    got = [r for r in _rows(trace) if r["step"] == 5]
+    want = [r for r in _rows(ref) if r["step"] == 5]
+    assert [r["kind"] for r in want][-1] == "update_end" and "output" in [r["kind"] for r in want]
+    assert got[:-1] == want[:-1] and got[-1]["kind"] == "crash"
+    assert (got[-1]["status"], got[-1]["message"]) == ("update_from_output", "RuntimeError: injected update failure")
+    check = _harness_json("check", str(trace))
+    assert check["violations_by_invariant"] == {"ENGINE-CRASH": 1}

@@ -100,6 +100,7 @@ class TraceChecker(TraceModel):
     def check_step(self, step: int, events: list[dict[str, Any]]) -> None:
         """Check one step's rows (in trace order) and update the model."""
         self.step = step
+        self.step_rows = events
         self.result.steps += 1
         self.result.events += len(events)
         st = StepState()
@@ -628,10 +629,18 @@ class TraceChecker(TraceModel):
         self.prev_running = [r for r in self.prev_running if r not in st.finished]
         blocks.check_conservation(self, "update_end", ev["num_free_blocks"])
 
+    def _on_crash(self, ev: dict, st: StepState) -> None:
+        """The candidate raised: the step (and the run) ends here."""
+        index = next(i for i, row in enumerate(self.step_rows) if row is ev)
+        lifecycle.check_crash(self, ev, self.step_rows[:index])
+
     def finish(self) -> CheckResult:
-        """Close the pass: liveness over the whole trace."""
+        """Close the pass: liveness over the whole trace (after a crash only
+        the crash is reported: the requests it cut off are not LIVENESS or
+        end-of-trace KV findings of their own)."""
         lifecycle.check_liveness(self)
-        kv_connector.check_end_of_trace(self)
+        if not self.crashed:
+            kv_connector.check_end_of_trace(self)
         return self.result
 
 
@@ -686,6 +695,10 @@ def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[st
         for rank, rank_events in sorted(by_rank.items()):
             if data_parallel.check_rank(routing, rank, dp):
                 checkers[rank].check_step(step, rank_events)
+    # A crash on one rank ends every rank's run: none reports LIVENESS for it.
+    crashed = any(c.crashed for c in checkers)
+    for checker in checkers:
+        checker.crashed = crashed
     results = [c.finish() for c in checkers] + [routing.result]
     merged = CheckResult(steps=num_steps)
     for r in results:

@@ -1,5 +1,6 @@
 """Outputs, finishing and liveness: who samples, when a request must stop,
-the ids a step reports finished/preempted, and that the engine makes progress.
+the ids a step reports finished/preempted, that the engine makes progress and
+that it does not crash.
 
 vLLM 0.33.0 ``Scheduler.update_from_output`` and ``check_stop`` (spec 6,
 10.8), ``SchedulerOutput.finished_req_ids`` (spec 3.9), and the liveness
@@ -26,6 +27,8 @@ INVARIANTS = [
               SAFETY, "Two identical empty steps with no input between them repeat forever: a livelock in any engine."),
     Invariant("LIVENESS", "Every accepted request finishes (stopped, length-capped or aborted) by the end of the trace.", "8",
               SAFETY, "Every accepted request must end (finish, length cap or abort); one left behind is starved or lost."),
+    Invariant("ENGINE-CRASH", "The scheduler never raises: no step of the trace ends on a crash (an exception in schedule(), update_from_output() or another scheduler call).", "8",
+              SAFETY, "A scheduler that raises kills the engine (vLLM's EngineCore dies with it) and fails every request in flight, whatever the version: no correct engine crashes on its own inputs."),
 ]
 
 
@@ -148,6 +151,67 @@ def check_progress(m: TraceModel, st: StepState) -> None:
 
 
 def check_liveness(m: TraceModel) -> None:
-    """LIVENESS at the end of the trace: no request is left unfinished."""
+    """LIVENESS at the end of the trace: no request is left unfinished.
+
+    Not after a crash (``m.crashed``): the run ended there, every request
+    still live was cut off by it, and the one ENGINE-CRASH violation is the
+    finding (a LIVENESS witness per request would bury it). The crash itself
+    keeps the trace from passing."""
+    if m.crashed:
+        return
     for rid, req in m.reqs.items():
         m.violate("LIVENESS", rid, f"still {req.status} with {req.num_output_tokens} outputs at the end of the trace")
+
+
+# -- crashes -----------------------------------------------------------------------
+def check_crash(m: TraceModel, ev: dict, before: list[dict]) -> None:
+    """ENGINE-CRASH at a ``crash`` row: always a violation (a correct engine of
+    any version never raises inside a scheduler call, so this is a safety
+    rule). The witness: the exception, the call and the frame that raised it,
+    and the step's rows before it (``before``): the inputs, the queues at step
+    start and the decisions taken before the crash. Sets ``m.crashed``."""
+    m.crashed = True
+    call, where = ev.get("status") or "?", ev.get("stop_reason")
+    history = [f"step {m.step}: {line}" for line in _crash_context(before, call)]
+    m.violate("ENGINE-CRASH", None, f"{call}() raised {ev.get('message') or '?'}"
+              + (f" at {where}" if where else ""), history)
+
+
+def _ids(ids: list[str], limit: int = 8) -> str:
+    return f"{ids[:limit]}" + (f" ... ({len(ids)} in all)" if len(ids) > limit else "")
+
+
+def _crash_context(before: list[dict], call: str) -> list[str]:
+    """What the crashed step did before the crash, one line per part."""
+    kinds = [r["kind"] for r in before]
+    lines = []
+    inputs = [f"{k} {r['request_id']}" for r, k in zip(before, kinds) if k in ("arrival", "reject", "abort")]
+    if inputs:
+        lines.append(f"inputs: {', '.join(inputs[:8])}" + (f", ... ({len(inputs)} in all)" if len(inputs) > 8 else ""))
+    begin = next((r for r in before if r["kind"] == "schedule_begin"), None)
+    if begin is not None:
+        lines.append(f"queues at step start: waiting {_ids(begin['waiting'] or [])}, running "
+                     f"{_ids(begin['running'] or [])}, {begin['num_free_blocks']} free blocks")
+        decisions = []
+        for r in before:
+            if r["kind"] == "schedule":
+                decisions.append(f"scheduled {r['request_id']} ({r['schedule_kind']}, "
+                                 f"{r['num_scheduled_tokens']} token{'s' * (r['num_scheduled_tokens'] != 1)})")
+            elif r["kind"] in ("preempt", "withdraw", "skip", "kv_load", "kv_promote"):
+                decisions.append(f"{r['kind']} {r['request_id']}")
+        done = "schedule_end" in kinds
+        what = "decisions of the step" if done else "decisions before the crash"
+        lines.append(f"{what}: " + ("; ".join(decisions[:12]) + (f"; ... ({len(decisions)} in all)"
+                                                                  if len(decisions) > 12 else "")
+                                    if decisions else "none")
+                     + ("" if done or decisions else f" recorded ({call}() raised before returning them)"))
+    update = next((r for r in before if r["kind"] == "update_begin"), None)
+    if update is not None:
+        outputs = [f"{r['request_id']} {r['token_ids']}" for r in before if r["kind"] == "output"]
+        finished = [r["request_id"] for r in before if r["kind"] == "finish"]
+        lines.append(f"update of the batch of step {update['batch_step']}: outputs "
+                     + (", ".join(outputs[:8]) if outputs else "none")
+                     + (f"; finished {_ids(finished)}" if finished else ""))
+    if not lines:
+        lines.append("nothing recorded in this step before the crash")
+    return lines

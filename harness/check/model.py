@@ -216,6 +216,8 @@ class TraceModel:
         self.prev_running: list[str] = []
         self.prev_waiting: list[str] = []
         self.step = -1
+        self.step_rows: list[dict[str, Any]] = []  # the current step's rows (a crash's witness)
+        self.crashed = False  # a crash row was seen: the run ended there
         # Encoder inputs (spec 3.2 step 8, 10.5); sizes in embeds.
         mnbt = config["max_num_batched_tokens"]
         self.max_num_batched_tokens: int = mnbt
@@ -228,8 +230,11 @@ class TraceModel:
         self.enc_known = True    # false after the shadow stopped matching the trace
 
     # -- reporting -------------------------------------------------------------
-    def violate(self, invariant: str, request: str | None, message: str) -> None:
-        """Record a witness of ``invariant`` (an id of the catalogue) at the current step."""
+    def violate(self, invariant: str, request: str | None, message: str,
+                history: list[str] | None = None) -> None:
+        """Record a witness of ``invariant`` (an id of the catalogue) at the
+        current step; ``history``: its context lines (default: the request's
+        last events)."""
         from harness.check.invariants import INVARIANTS  # the catalogue imports the families
 
         assert invariant in INVARIANTS, invariant
@@ -242,8 +247,9 @@ class TraceModel:
         # cannot hide another.
         if counts[invariant] > MAX_PER_INVARIANT:
             return
-        req = self.reqs.get(request) if request else None
-        history = list(req.history) if req else []
+        if history is None:
+            req = self.reqs.get(request) if request else None
+            history = list(req.history) if req else []
         self.result.violations.append(Violation(invariant, self.step, request, message, history))
 
     def note(self, req: ReqShadow, text: str) -> None:

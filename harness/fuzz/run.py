@@ -18,7 +18,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
 
-from reference.candidate import CandidateError, CandidateFactory
+from reference.candidate import CandidateCrash, CandidateError, CandidateFactory
 from reference.engine import EngineStalled
 from reference.kv_connector import held_prefix_tokens
 from reference.scheduler import Scheduler
@@ -35,7 +35,7 @@ class Run:
     """One in-memory run: its steps (rows), how it ended, its check result."""
 
     steps: list[tuple[int, list[Row]]]
-    ended: str  # "" normally, "stalled: ...", or "exception: ..."
+    ended: str  # "" normally, "stalled: ...", "crashed: ..." or "exception: ..." (the factory)
     result: CheckResult
 
 
@@ -57,7 +57,8 @@ class Failure:
 
 def run_case(factory: CandidateFactory, case: FuzzCase) -> Run:
     """Run ``case`` in memory with ``factory``'s scheduler and check the rows.
-    A stall or a candidate exception ends the run (``Run.ended``), never raises."""
+    A stall or a candidate exception ends the run (``Run.ended``), never raises;
+    a crash inside a step is in the rows too (its ``crash`` row: ENGINE-CRASH)."""
     steps: list[tuple[int, list[Row]]] = []
     ended = ""
     config = case.engine_config()
@@ -66,6 +67,8 @@ def run_case(factory: CandidateFactory, case: FuzzCase) -> Run:
                     on_step_rows=lambda s, rows: steps.append((s, rows)))
     except EngineStalled as exc:
         ended = f"stalled: {exc}"
+    except CandidateCrash as exc:
+        ended = f"crashed: {exc}"
     except CandidateError as exc:
         ended = f"exception: {exc}"
     return Run(steps, ended, check_steps(config.to_dict(), steps))
@@ -89,6 +92,10 @@ def evaluate(factory: CandidateFactory | None, case: FuzzCase) -> Failure | None
     if factory is None or factory is Scheduler:
         return None
     cand = run_case(factory, case)
+    if cand.ended.startswith("crashed"):
+        # A crash is a violation (ENGINE-CRASH) of the candidate's own trace:
+        # its witness is recorded with the candidate, checked, and fails.
+        return _violation_failure("violation", cand.result)
     if cand.ended.startswith("exception"):
         return Failure("exception", cand.ended, step=cand.steps[-1][0] + 1 if cand.steps else 0)
     if cand.ended and cand.ended != ref.ended:

@@ -138,7 +138,8 @@ def _validate_meta(p: Path, meta: Any) -> EngineConfig:
         if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
             raise TraceError(f"{p}: metadata {key!r} must be a {kind.__name__}, got {meta[key]!r}")
     try:
-        config = EngineConfig.from_dict(meta["config"])
+        # What the engine ran: a config vLLM accepts and crashes on is read too.
+        config = EngineConfig.from_dict(meta["config"], accept_vllm_crash=True)
     except ConfigError as exc:
         raise TraceError(f"{p}: bad config in metadata: {exc}") from None
     if config.fingerprint() != meta["config_fingerprint"]:

@@ -7,7 +7,10 @@ inputs (``arrival``, ``reject``, ``abort``); if a batch was scheduled,
 ``schedule_end`` (state after); if the oldest batch in flight was processed,
 ``update_begin`` (which batch), ``free_drain`` (deferred frees released),
 ``kv_invalid`` (failed KV loads), ``output`` (model output), ``finish``,
-``kv_finished`` (+ ``kv_free``), ``draft``, ``update_end``.
+``kv_finished`` (+ ``kv_free``), ``draft``, ``update_end``. A step whose
+candidate raised (``StepRecord.crash``) keeps the rows of what happened
+before, as far as ``Crash.stage`` says they are known, and ends on a ``crash``
+row.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from typing import Any
 
 import reference
 from reference.config import EngineConfig
-from reference.candidate import CandidateFactory
-from reference.engine import Engine, EngineStalled, EngineSummary, StepRecord
+from reference.candidate import CandidateCrash, CandidateFactory
+from reference.engine import Crash, Engine, EngineStalled, EngineSummary, StepRecord
 from reference.output import (EncoderPlan, FinishedRequest, Preemption, PrefixCacheReset, Promotion,
                               RemoteLoad, ScheduledRequest, Skip, Withdrawal)
 from reference.runners.base import RunnerFactory
@@ -118,13 +121,18 @@ def _rank_rows(rec: StepRecord) -> list[Row]:
     rows += [{"kind": "reject", "message": r.reason, **_request_fields(r.spec)} for r in rec.rejections]
     rows += [_finish_row("abort", f) for f in rec.aborts]
     rows += _action_rows(rec)
-    out = rec.output
-    if out is not None:
+    out, crash = rec.output, rec.crash
+    began = out is not None or (crash is not None and crash.stage == "schedule")
+    if began:
         rows.append({"kind": "schedule_begin", "clock_s": rec.clock, "waiting": rec.waiting_before,
                      "running": rec.running_before, "num_free_blocks": rec.num_free_blocks_before,
-                     "throttle_prefills": out.throttle_prefills})
+                     "throttle_prefills": out.throttle_prefills if out is not None else rec.throttle_prefills})
+    if out is not None:
         for event in out.events:
             rows.append(_decision_row(event))
+    elif began:  # schedule() raised: the decisions it had taken, where known
+        rows += [_decision_row(event) for event in crash.decisions]
+    if out is not None and (crash is None or crash.stage != "schedule_end"):
         rows.append({"kind": "schedule_end", "waiting": rec.waiting_after, "running": rec.running_after,
                      "num_free_blocks": rec.num_free_blocks_after_schedule,
                      "token_budget": out.token_budget,
@@ -134,9 +142,15 @@ def _rank_rows(rec: StepRecord) -> list[Row]:
                      "defer_prefills": out.defer_prefills,
                      "prefill_capacity_bound": out.prefill_capacity_bound,
                      "free_encoder_mm_hashes": out.free_encoder_mm_hashes or None})
-    if rec.update is not None:
+    if rec.update is not None or (crash is not None and crash.stage == "update"):
         rows.append({"kind": "update_begin", "batch_step": rec.update_batch_step,
-                     **({} if out is not None else {"clock_s": rec.clock})})
+                     **({} if began else {"clock_s": rec.clock})})
+    if rec.update is None:
+        # update_from_output raised: the model output it was given is known.
+        if crash is not None and crash.stage == "update":
+            rows += [{"kind": "output", "request_id": req_id, "token_ids": tokens}
+                     for req_id, tokens in rec.sampled.items() if tokens]
+    else:
         rows += [{"kind": "free_drain", "fence": fence, "block_ids": blocks}
                  for fence, blocks in rec.update.drained]
         if rec.update.invalid_block_ids:
@@ -152,8 +166,19 @@ def _rank_rows(rec: StepRecord) -> list[Row]:
                              "block_ids": kv_freed[req_id].freed_block_ids, "fence": kv_freed[req_id].fence})
         rows += [{"kind": "draft", "request_id": req_id, "spec_token_ids": drafts}
                  for req_id, drafts in rec.drafts.items()]
-        rows.append({"kind": "update_end", "num_free_blocks": rec.num_free_blocks_after_update})
+        if crash is None:
+            rows.append({"kind": "update_end", "num_free_blocks": rec.num_free_blocks_after_update})
+    if crash is not None:
+        rows.append(crash_row(crash))
     return rows
+
+
+def crash_row(crash: Crash) -> Row:
+    """The ``crash`` row: ``status`` the candidate method that raised,
+    ``message`` ``"<ExceptionType>: <text>"``, ``stop_reason`` where (the
+    innermost frame of candidate code, ``"path:line"``; docs/trace-format.md)."""
+    return {"kind": "crash", "status": crash.call, "message": crash.message,
+            "stop_reason": crash.where or None}
 
 
 def _action_rows(rec: StepRecord) -> list[Row]:
@@ -267,7 +292,11 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
     exception nothing is left behind and an existing ``out_path`` is kept.
     A stalled engine (EngineStalled) is a finding, not a crash: the trace up to
     the stall is written, ``summary.stalled`` says why, and ``harness check``
-    reports the requests left behind (LIVENESS). ``runner_factory`` (e.g. the
+    reports the requests left behind (LIVENESS). A candidate that raises in a
+    step (CandidateCrash) is a finding too: the trace up to it, ending on its
+    ``crash`` row, is written, ``summary.crashed`` holds the crash's one line
+    (also in the footer) and ``harness check`` reports ENGINE-CRASH; a
+    factory that raises (CandidateError) writes nothing. ``runner_factory`` (e.g. the
     torch runner's) replaces the scripted model; ``model`` describes it in
     the metadata.
     """
@@ -284,6 +313,9 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
         except EngineStalled as exc:
             summary = engine_obj.summary
             summary.stalled = writer.stalled = str(exc)
+        except CandidateCrash as exc:
+            summary = engine_obj.summary
+            summary.crashed = writer.crashed = str(exc)
     return summary
 
 

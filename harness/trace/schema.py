@@ -31,7 +31,8 @@ def absent_columns(version: int) -> tuple[str, ...]:
     return READABLE_VERSIONS.get(version, ()) + (() if version == SCENARIO_SCHEMA_VERSION
                                                  else SCENARIO_COLUMNS)
 METADATA_KEY = b"sched_harness"
-# Written in the footer when the run ends: {"steps", "events", "stalled"}.
+# Written in the footer when the run ends: {"steps", "events", "stalled"}, plus
+# "crashed" (the crash's one line) when the candidate raised.
 SUMMARY_KEY = b"sched_harness_summary"
 
 _i32 = pa.int32()
@@ -117,4 +118,7 @@ EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "encoder_plan", "
                "preempt", "skip", "kv_load", "kv_promote", "schedule_end", "update_begin", "free_drain",
                "kv_invalid", "output", "finish", "kv_finished", "kv_free", "draft", "update_end",
                # Schema 5 only: a scenario action (docs/scenario-format.md).
-               "reset_prefix_cache")
+               "reset_prefix_cache",
+               # The candidate raised: the step's last row (status: the call,
+               # message: "<Type>: <text>", stop_reason: where, "path:line").
+               "crash")

@@ -52,6 +52,7 @@ class TraceWriter:
         self.num_rows = 0
         self._num_steps = 0
         self.stalled: str | None = None
+        self.crashed: str | None = None  # the candidate raised (the footer's "crashed")
 
     def add_step(self, rows: list[dict[str, Any]]) -> None:
         self._num_steps += 1
@@ -75,6 +76,8 @@ class TraceWriter:
         into place (atomic)."""
         self._flush()
         summary = {"steps": self._num_steps, "events": self.num_rows, "stalled": self.stalled}
+        if self.crashed is not None:  # only then: every other footer keeps its bytes
+            summary["crashed"] = self.crashed
         self._writer.add_key_value_metadata({SUMMARY_KEY: json.dumps(summary, sort_keys=True)})
         self._writer.close()
         # mkstemp creates 0600; give the trace the usual umask-based mode.

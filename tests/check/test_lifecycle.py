@@ -60,3 +60,36 @@ def test_stop_min_tokens_fires_on_a_0_33_engine_checked_as_0_20_2() -> None:
     assert [(v.invariant, v.step, v.request, v.message) for v in result.violations] == [
         ("STOP-MIN-TOKENS", 0, "A", "finished with 'stop' but check_stop gives None (1 outputs, max_tokens 8)")]
     assert check_steps(config, rows, PROFILES["safety"]).ok
+
+
+def _crash_row(step: int, index: int) -> dict:
+    return {"step": step, "event_index": index, "kind": "crash", "rank": 0, "status": "schedule",
+            "message": "RuntimeError: x", "stop_reason": "mod.py:3"}
+
+
+def test_engine_crash_fires_once_and_liveness_stays_silent_on_a_trace_cut_by_a_crash(scenario_rows) -> None:
+    """A crash row ends the run: the requests it cut off are not LIVENESS
+    findings of their own (the one ENGINE-CRASH is), and the trace fails."""
+    config, rows = scenario_rows("fcfs-tight")
+    end = max(range(1, len(rows)), key=lambda i: _unfinished(rows[:i]))
+    assert _unfinished(rows[:end]) >= 2
+    step, step_rows = rows[end - 1]
+    step_rows.append(_crash_row(step, len(step_rows)))
+    result = check_steps(config, rows[:end])
+    assert result.by_invariant == {"ENGINE-CRASH": 1}
+    (v,) = result.violations
+    assert (v.step, v.request, v.message) == (step, None, "schedule() raised RuntimeError: x at mod.py:3")
+    assert v.history[-1].startswith(f"step {step}: update of the batch of step {step}: outputs ")
+    # A safety invariant: it fires under every profile (older versions' semantics
+    # also flag this 0.33.0 engine's free order), alone under safety.
+    for profile in PROFILES.values():
+        assert check_steps(config, rows[:end], profile).by_invariant["ENGINE-CRASH"] == 1, profile.name
+    assert check_steps(config, rows[:end], PROFILES["safety"]).by_invariant == {"ENGINE-CRASH": 1}
+
+
+def test_a_crash_row_fails_even_a_complete_trace(scenario_rows) -> None:
+    config, rows = scenario_rows("fcfs-roomy")
+    assert check_steps(config, rows).ok  # silent on the clean rows
+    step, step_rows = rows[-1]
+    step_rows.append(_crash_row(step, len(step_rows)))
+    assert check_steps(config, rows).by_invariant == {"ENGINE-CRASH": 1}

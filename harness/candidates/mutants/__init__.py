@@ -5,7 +5,7 @@ invariant that must catch it. Select one with ``--engine mutant:NAME`` or
 ``--candidate mutant:NAME``.
 
 One module per invariant family, as in ``harness/check/``: ``queues``
-(queues, admission, preemption, token budget, stop rules), ``blocks`` (KV
+(queues, admission, preemption, token budget, stop rules, a crash), ``blocks`` (KV
 blocks and the prefix cache), ``spec_async`` (speculative decoding, async
 scheduling and fences, prefill cadence), ``kv_connector`` (remote KV loads)
 and ``encoder`` (encoder budget and cache). A new mutant goes into its
@@ -21,7 +21,7 @@ from harness.candidates.mutants.queues import (AdmitAfterPreempt, PreemptHead, I
                                                NoStopOnMaxTokens, PreemptWaiting, LifoPriorityVictim,
                                                NoGiveBack, BudgetOverrun, IgnoreThreshold,
                                                ReverseRunningOrder, ForgetFinishedIds, AdmissionPreempts,
-                                               ResetPreemptsHead)
+                                               ResetPreemptsHead, CrashInSchedule)
 from harness.candidates.mutants.blocks import (LeakOnFinish, HitEvictedBlock, LeakOnAbort, DoubleFreeShared,
                                                FreeUnhashedToTail, PreemptKeepsBlock, OverAllocate,
                                                ReuseHeldBlock, ResetWhileHeld, ResetKeepsCache, FreeHeadFirst)
@@ -71,6 +71,7 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "no-encoder-cache-check": (NoEncoderCacheCheck, "ENCODER-INPUTS"),
     "evict-newest-first": (EvictNewestFirst, "ENCODER-CACHE"),
     "no-encoder-give-back": (NoEncoderGiveBack, "ENCODER-INPUTS"),
+    "crash-in-schedule": (CrashInSchedule, "ENGINE-CRASH"),
     # Killed only by scenarios with a reset_prefix_cache action (ACTION_SCENARIOS).
     "reset-while-held": (ResetWhileHeld, "RESET-ONLY-WHEN-FREE"),
     "reset-keeps-cache": (ResetKeepsCache, "HIT-AFTER-RESET"),

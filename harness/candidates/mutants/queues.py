@@ -184,3 +184,14 @@ class ResetPreemptsHead(Scheduler):
         result = super().reset_prefix_cache(reset_running_requests)
         result.running_before = running_before
         return result
+
+
+class CrashInSchedule(Scheduler):
+    """Crashes inside ``schedule()`` the first time its running loop runs out of
+    KV blocks: the victim selection asserts that no preemption is ever needed
+    (ENGINE-CRASH at the step that must preempt; the trace ends there, as
+    vLLM's ``EngineCore`` dies on such an exception)."""
+
+    def _select_victim(self) -> Request:
+        victim = super()._select_victim()
+        raise AssertionError(f"out of KV blocks: the running loop would preempt {victim.request_id}")

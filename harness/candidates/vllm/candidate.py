@@ -63,6 +63,19 @@ class VLLMDriverError(RuntimeError):
     """The vLLM driver crashed, timed out, broke the protocol or raised."""
 
 
+class VLLMRaised(VLLMDriverError):
+    """vLLM (or the driver around it) raised during an op: ``crash_type``,
+    ``crash_message`` and ``crash_where`` describe vLLM's own exception (the
+    driver's ``events.crash_info``), which is what the engine records as the
+    ``crash`` (``reference.candidate.describe_exception``), not this wrapper."""
+
+    def __init__(self, message: str, answer: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.crash_type = str(answer.get("exc_type") or "")
+        self.crash_message = str(answer.get("exc_message") or self.crash_type)
+        self.crash_where = str(answer.get("where") or "")
+
+
 class _DriverProcess:
     """One driver subprocess: start, call (one JSON line each way), kill."""
 
@@ -129,8 +142,8 @@ class _DriverProcess:
             raise self._fail(f"{who} sent a malformed answer to '{op}': {line[:120]!r}")
         self.started = True
         if not answer["ok"]:
-            raise VLLMDriverError(f"vLLM {self.version} raised during '{op}': "
-                                  f"{answer.get('error', 'unknown error')}")
+            raise VLLMRaised(f"vLLM {self.version} raised during '{op}': "
+                             f"{answer.get('error', 'unknown error')}", answer)
         return answer
 
     def _read_line(self, timeout: float, who: str, op: str) -> str:

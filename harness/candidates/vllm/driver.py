@@ -9,7 +9,8 @@ STANDALONE: this script runs under a vLLM virtual environment's Python
 Protocol: one JSON object per line on stdin, one answer per line on stdout
 (the original stdout file descriptor; everything vLLM prints goes to stderr).
 Each request is ``{"op": NAME, ...}``; each answer is ``{"ok": true, ...}`` or
-``{"ok": false, "error": "one line", "traceback": "..."}``. Ops:
+``{"ok": false, "error": "one line", "traceback": "...", "exc_type", "exc_message",
+"where"}`` (the exception as the trace's ``crash`` row records it: ``events.crash_info``). Ops:
 
 - ``hello``    -> ``{vllm_version, protocol, import_s}`` (no scheduler needed)
 - ``init``     ``{config: EngineConfig dict, seed}``: build (or rebuild) the
@@ -901,9 +902,11 @@ def _serve(inp, out) -> int:
                 raise DriverError(f"unknown op {op!r}")
             driver.stats.setdefault(op, []).append(time.perf_counter() - t0)
             answer = {"ok": True, **resp}
-        except Exception as exc:  # reported to the harness, which raises
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as exc:  # reported to the harness, which raises (a SystemExit too)
             answer = {"ok": False, "op": op, "error": _one_line(exc),
-                      "traceback": traceback.format_exc()[-4000:]}
+                      "traceback": traceback.format_exc()[-4000:], **ev.crash_info(exc)}
             print(answer["traceback"], file=sys.stderr)
         out.write(json.dumps(answer, separators=(",", ":")) + "\n")
         out.flush()

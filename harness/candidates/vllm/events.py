@@ -466,3 +466,52 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
             "total_num_scheduled_tokens": total, "preempted_req_ids": preempted,
             "finished_req_ids": sorted(so.finished_req_ids),
             "token_budget": max_num_scheduled_tokens - total}
+
+
+def crash_info(exc: BaseException) -> dict:
+    """What the trace's ``crash`` row needs of an exception vLLM raised:
+    ``{"exc_type", "exc_message", "where"}``. ``exc_message`` is
+    ``"<Type>: <text>"`` (text on one line, at most 300 characters; for a bare
+    ``assert``, the failing source line in backquotes); ``where`` is the
+    innermost traceback frame in vLLM's package (else the innermost outside
+    the standard library) as ``"vllm/v1/core/sched/scheduler.py:1579"``: its
+    module name as a path, the same on every machine. The same rules as the
+    harness's ``reference.candidate.describe_exception``, which this module
+    cannot import."""
+    import sysconfig
+    import traceback
+
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    stdlib = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})
+
+    def module(entry) -> str:
+        name = entry.tb_frame.f_globals.get("__name__")
+        return name if isinstance(name, str) else ""
+
+    def outside_stdlib(entry) -> bool:
+        filename = entry.tb_frame.f_code.co_filename
+        return not filename.startswith(stdlib) or "-packages" in filename
+
+    chosen = (next((e for e in reversed(frames) if module(e).split(".")[0] == "vllm"), None)
+              or next((e for e in reversed(frames) if outside_stdlib(e)), None)
+              or (frames[-1] if frames else None))
+    where = ""
+    if chosen is not None:
+        base = chosen.tb_frame.f_code.co_filename.replace("\\", "/").rsplit("/", 1)[-1]
+        name = module(chosen)
+        if name and name != "__main__":
+            parts = name.split(".")
+            path = "/".join((parts if base == "__init__.py" else parts[:-1]) + [base])
+        else:
+            path = base
+        where = f"{path}:{chosen.tb_lineno}"
+    kind = type(exc).__name__
+    text = " ".join(str(exc).split())[:300]
+    if not text and frames:
+        line = (traceback.extract_tb(frames[-1], limit=1)[0].line or "").strip()
+        text = f"`{line}`" if line else ""
+    return {"exc_type": kind, "exc_message": f"{kind}: {text}" if text else kind, "where": where}

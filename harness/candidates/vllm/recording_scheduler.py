@@ -51,7 +51,12 @@ finished, in free order, and whether it happened between ``schedule`` and
 the normalised decisions), ``update`` (tokens sampled per scheduled request,
 requests finished, free blocks after), ``drafts`` (``update_draft_token_ids``:
 drafts stored), ``note`` (things the trace cannot represent: a prefix-cache
-reset, a streaming-input update), ``error`` and ``end``.
+reset, a streaming-input update), ``crash`` (vLLM raised in ``schedule()``,
+``update_from_output()`` or ``update_draft_token_ids()``: the call, vLLM's
+exception type, message and innermost frame (``events.crash_info``), the
+queues before a crashed schedule, the tokens a crashed update was given; the
+exception is re-raised, so the server fails as it would, and the log is
+closed: ``end`` follows), ``error`` and ``end``.
 
 What ``convert`` does with them (the trace is replayable because of it):
 
@@ -432,6 +437,20 @@ class _Recorder:
     def note(self, what: str, **fields) -> None:
         self._write({"t": "note", "what": what, "step": self.steps, **fields})
 
+    def on_crash(self, call: str, exc: BaseException, pre, throttle: bool = False) -> None:
+        """vLLM raised in ``call``: write the ``crash`` record (with what the
+        step had got to: the queues before a ``schedule``, the tokens an
+        ``update_from_output`` was given) and close the log; recording stops."""
+        record = {"t": "crash", "step": self.steps, "call": call, **_ev.crash_info(exc)}
+        if call == "schedule" and pre is not None:
+            record.update(before=pre[0], throttle_prefills=bool(throttle))
+        elif call == "update_from_output" and pre is not None:
+            record["sampled"] = pre[2]
+        self._write(record)
+        self.enabled = False
+        self.hooks.active = False
+        self.close()
+
 
 def _build_recording_scheduler():
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -473,6 +492,11 @@ def _build_recording_scheduler():
             rec.hooks.begin()
             try:
                 so = super().schedule(*args, **kwargs)
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException as exc:  # recorded, then vLLM's own failure goes on
+                rec.guard(rec.on_crash, "schedule", exc, pre, throttle)
+                raise
             finally:
                 rec.hooks.end()
             if pre is not None:
@@ -482,14 +506,26 @@ def _build_recording_scheduler():
         def update_from_output(self, scheduler_output, model_runner_output):
             rec = self._sched_harness
             pre = rec.guard(rec.before_update, scheduler_output, model_runner_output)
-            outputs = super().update_from_output(scheduler_output, model_runner_output)
+            try:
+                outputs = super().update_from_output(scheduler_output, model_runner_output)
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException as exc:
+                rec.guard(rec.on_crash, "update_from_output", exc, pre)
+                raise
             if pre is not None:
                 rec.guard(rec.after_update, pre)
             return outputs
 
         def update_draft_token_ids(self, draft_token_ids) -> None:
-            super().update_draft_token_ids(draft_token_ids)
             rec = self._sched_harness
+            try:
+                super().update_draft_token_ids(draft_token_ids)
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException as exc:
+                rec.guard(rec.on_crash, "update_draft_token_ids", exc, None)
+                raise
             rec.guard(rec.on_drafts, draft_token_ids)
 
         def reset_prefix_cache(self, *args, **kwargs):
@@ -545,13 +581,19 @@ def _read_records(path: Path):
 
 def _raw_steps(path: Path, notes: dict):
     """Group records into steps: inputs since the previous schedule, the
-    schedule, its update and drafts. Yields dicts; stops at an ``error``."""
+    schedule, its update and drafts, and a ``crash`` (None, or the record
+    that ends the step and the log: a crashed schedule's step has no
+    ``schedule``, a crashed update's no ``update``). Yields dicts; stops at an
+    ``error`` or a crash."""
     inputs: list[tuple[str, dict]] = []
     current: dict | None = None
+    crashed = False
     for number, rec in _read_records(path):
         kind = rec["t"]
         if kind == "meta":
             continue
+        if crashed and kind != "end":
+            raise ConvertError(f"{path}:{number}: a {kind!r} record after the crash")
         if kind == "arrival":
             inputs.append(("arrival", rec))
         elif kind == "abort":
@@ -564,7 +606,7 @@ def _raw_steps(path: Path, notes: dict):
                     raise ConvertError(f"{path}:{number}: schedule without the previous update")
                 yield current
             current = {"line": number, "inputs": inputs, "schedule": rec, "update": None,
-                       "drafts": []}
+                       "drafts": [], "crash": None}
             inputs = []
         elif kind == "update":
             if current is None or current["update"] is not None:
@@ -580,6 +622,24 @@ def _raw_steps(path: Path, notes: dict):
         elif kind == "error":
             notes["error"] = rec.get("error", "?")
             break
+        elif kind == "crash":
+            call = rec.get("call")
+            if call == "schedule":
+                if current is not None:
+                    if current["update"] is None:
+                        raise ConvertError(f"{path}:{number}: schedule without the previous update")
+                    yield current
+                current = {"line": number, "inputs": inputs, "schedule": None, "update": None,
+                           "drafts": [], "crash": rec}
+                inputs = []
+            elif call in ("update_from_output", "update_draft_token_ids") and current is not None \
+                    and (current["update"] is None) == (call == "update_from_output"):
+                current["crash"] = rec
+            else:
+                raise ConvertError(f"{path}:{number}: crash in {call!r} outside its step")
+            notes["crash"] = rec
+            yield current
+            current, crashed = None, True
         elif kind == "end":
             notes["complete"] = True
     if current is not None:
@@ -593,7 +653,7 @@ def _raw_steps(path: Path, notes: dict):
 
 def _new_notes() -> dict[str, Any]:
     return {"mid_step_aborts": 0, "notes": [], "error": None, "complete": False,
-            "dropped_incomplete_step": False, "trailing_inputs": 0}
+            "dropped_incomplete_step": False, "trailing_inputs": 0, "crash": None}
 
 
 def _steps(src: Path, notes: dict):
@@ -601,6 +661,9 @@ def _steps(src: Path, notes: dict):
     the idle ones it drops (``schedule()`` with nothing unfinished and no
     inputs: only their ``finished_req_ids`` matter)."""
     for step in _raw_steps(src, notes):
+        if step["schedule"] is None:  # vLLM crashed in schedule(): a step of the trace
+            yield step, False
+            continue
         before = step["schedule"]["before"]
         idle = not before["waiting"] and not before["running"]
         if idle and step["schedule"]["output"]["total_num_scheduled_tokens"]:
@@ -652,7 +715,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     (``vllm_recording.config_overrides``). Returns a summary dict: ``steps``,
     ``events``, ``requests``, ``finished``, ``aborted``, ``preemptions``,
     ``prefix_hit_tokens``, ``dropped_idle_steps``, ``reordered_abort_steps`` (steps whose aborts got
-    ulp-spaced times), ``warnings`` (also stored in the trace metadata
+    ulp-spaced times), ``crashed`` (only when vLLM raised: the crash's one
+    line; the trace ends on its ``crash`` row, as the footer says), ``warnings`` (also stored in the trace metadata
     under ``vllm_recording``, with ``unmapped_config``). Raises ConvertError
     for an unusable log or a config that ``EngineConfig`` refuses. The trace
     is written to a temporary file and renamed on success.
@@ -661,7 +725,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     from harness.trace.recorder import step_rows, trace_metadata
     from harness.trace import TraceWriter
     from reference.config import DERIVED_KEYS, ConfigError, EngineConfig
-    from reference.engine import StepRecord
+    from reference.candidate import crash_line
+    from reference.engine import Crash, StepRecord
     from reference.output import (
         FinishedRequest,
         Preemption,
@@ -685,7 +750,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     values, unmapped_config = _map_config(meta_rec, EngineConfig, DERIVED_KEYS)
     values.update(overrides or {})
     try:
-        config = EngineConfig.from_dict(values)
+        config = EngineConfig.from_dict(values, accept_vllm_crash=True)  # what vLLM ran
     except ConfigError as exc:
         raise ConvertError(f"{src}: the recorded vLLM config does not map to an EngineConfig: "
                            f"{exc}") from None
@@ -740,10 +805,11 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             abort_time[a] = t
             t = math.nextafter(t, math.inf) if spread else t
         plan.append((clock, base))
-        for f in step["update"]["finished"]:
+        for f in step["update"]["finished"] if step["update"] is not None else ():
             if f["status"] == "FINISHED_STOPPED" and f["stop_reason"] is None:
                 eos_len[f["request_id"]] = f["num_output_tokens"]
-        total = 0 if idle else step["schedule"]["output"]["total_num_scheduled_tokens"]
+        total = 0 if idle or step["schedule"] is None else \
+            step["schedule"]["output"]["total_num_scheduled_tokens"]
         # The reference engine's clock, same operations in the same order.
         clock += config.step_fixed_s + config.step_per_token_s * total
 
@@ -834,7 +900,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         index = 0
         for step, idle in _steps(src, _new_notes()):
             where, sched_rec, update_rec = step["line"], step["schedule"], step["update"]
-            output = sched_rec["output"]
+            output = sched_rec["output"] if sched_rec is not None else None
             if idle is not False:  # vLLM's schedule() with nothing unfinished
                 carry.update(rid(i, where) for i in output["finished_req_ids"])
                 if idle is None:
@@ -845,7 +911,24 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             rec.aborts = [finished_of(f, where) for k, r in step["inputs"] if k == "abort"
                           for f in r["finished"]]
             summary["aborted"] += len(rec.aborts)
-            if not idle:
+            crash = step["crash"]
+            if crash is not None:
+                stage = {"schedule": "schedule", "update_from_output": "update"}.get(crash["call"],
+                                                                                    "update_end")
+                rec.crash = Crash(crash["call"], crash.get("exc_type") or "?",
+                                  crash.get("exc_message") or "?", crash.get("where") or "", stage)
+                writer.crashed = summary["crashed"] = crash_line(index, rec.crash.call, rec.crash.message,
+                                                                 rec.crash.where)
+            if sched_rec is None:  # vLLM raised in schedule(): the queues before it are known
+                before = crash.get("before")
+                if before is not None:
+                    rec.waiting_before = [rid(i, where) for i in before["waiting"]]
+                    rec.running_before = [rid(i, where) for i in before["running"]]
+                    rec.num_free_blocks_before = before["num_free_blocks"]
+                    rec.throttle_prefills = bool(crash.get("throttle_prefills"))
+                else:  # the snapshot failed too: only the crash row
+                    rec.crash = dataclasses.replace(rec.crash, stage="inputs")
+            elif not idle:
                 events = [decision(e, where) for e in output["events"]]
                 extra = {k: output[k] for k in ("throttle_prefills", "defer_prefills",
                                                 "prefill_capacity_bound")
@@ -865,13 +948,16 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                 rec.waiting_after = [rid(i, where) for i in after["waiting"]]
                 rec.running_after = [rid(i, where) for i in after["running"]]
                 rec.num_free_blocks_after_schedule = after["num_free_blocks"]
-                rec.sampled = {rid(r, where): list(t) for r, t in update_rec["sampled"]}
-                rec.update = UpdateResult(
-                    finished=[finished_of(f, where) for f in update_rec["finished"]])
                 rec.update_batch_step = index
-                rec.num_free_blocks_after_update = update_rec["num_free_blocks"]
-                rec.drafts = {rid(r, where): list(t) for r, t in step["drafts"]}
-                summary["finished"] += len(rec.update.finished)
+                if update_rec is None:  # vLLM raised in update_from_output(): its tokens are known
+                    rec.sampled = {rid(r, where): list(t) for r, t in crash.get("sampled") or ()}
+                else:
+                    rec.sampled = {rid(r, where): list(t) for r, t in update_rec["sampled"]}
+                    rec.update = UpdateResult(
+                        finished=[finished_of(f, where) for f in update_rec["finished"]])
+                    rec.num_free_blocks_after_update = update_rec["num_free_blocks"]
+                    rec.drafts = {rid(r, where): list(t) for r, t in step["drafts"]}
+                    summary["finished"] += len(rec.update.finished)
                 summary["preemptions"] += len(rec.output.preemptions)
                 summary["prefix_hit_tokens"] += sum(s.num_prefix_hit_tokens
                                                     for s in rec.output.scheduled)
