@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from harness.candidates.resolve import resolve_candidate  # noqa: E402
 from harness.check import check_steps  # noqa: E402
+from harness.check.profiles import resolve as resolve_profile  # noqa: E402
 from harness.trace import open_trace  # noqa: E402
 from harness.trace.recorder import record as record_run  # noqa: E402
 from reference.candidate import CandidateError  # noqa: E402
@@ -55,12 +56,18 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+SEMANTICS = "auto"  # --semantics: the profile each trace is checked under
+
+
 def check(path: Path) -> dict:
-    """Check a trace: steps, violations by invariant, the first few witnesses."""
+    """Check a trace under ``--semantics`` (``harness check --semantics``;
+    auto: the recording release's profile): steps, violations by invariant,
+    the first few witnesses."""
     trace = open_trace(path)
     steps = list(trace.iter_steps())
-    res = check_steps(trace.meta["config"], iter(steps))
-    return {"steps": len(steps), "by_invariant": dict(res.by_invariant),
+    profile, _ = resolve_profile(SEMANTICS, trace.meta)
+    res = check_steps(trace.meta["config"], iter(steps), profile)
+    return {"steps": len(steps), "profile": profile.name, "by_invariant": dict(res.by_invariant),
             "witnesses": [f"{v.invariant} step {v.step} {v.request}: {v.message}"
                           for v in res.violations[:12]]}
 
@@ -139,7 +146,11 @@ def main() -> int:
     ap.add_argument("--scenarios", default="", help="comma-separated scenario names (default: all)")
     ap.add_argument("--recording", default="fcfs-tight,prefix-sharing,eos-stop-abort,spec-decode-priority",
                     help="canonical scenarios to record through RecordingScheduler too ('' for none)")
+    ap.add_argument("--semantics", default="auto",
+                    help="profile to check under, as harness check --semantics (default auto)")
     args = ap.parse_args()
+    global SEMANTICS
+    SEMANTICS = args.semantics
     wanted = {n for n in args.scenarios.split(",") if n}
     paths = [p for d in SCENARIO_DIRS for p in sorted(d.glob("*.toml")) if not wanted or p.stem in wanted]
     all_results: dict[str, dict] = {}
