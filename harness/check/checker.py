@@ -361,9 +361,15 @@ class TraceChecker(TraceModel):
         self.kv_queue = set(kv_after)
         num_kv = len(kv_after)
         if self.policy == "fcfs":
-            # Victims go to the head of waiting in their old running order.
-            if preemption.check_fcfs_victims_at_head(self, st, waiting, num_kv):
-                queues.check_waiting_after_fcfs(self, waiting, kv_after + st.preempted[::-1] + wait_after)
+            # Victims go to the head of waiting in their old running order
+            # (profile knob: behind the requests skipped earlier, which a
+            # release with a skipped_waiting queue serves first).
+            held = ([r for r in wait_after if r in self.deferred_waiting]
+                    if self.profile.victims_behind_skipped else [])
+            wait_after = [r for r in wait_after if r not in held]
+            if preemption.check_fcfs_victims_at_head(self, st, waiting, num_kv + len(held)):
+                queues.check_waiting_after_fcfs(self, waiting,
+                                                kv_after + held + st.preempted[::-1] + wait_after)
         else:
             preemption.check_priority_waiting_order(self, waiting, num_kv)
             queues.check_waiting_after_priority(self, st, waiting, kv_after, wait_after)

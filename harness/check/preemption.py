@@ -130,11 +130,12 @@ def check_still_holding(m: TraceModel, req: ReqShadow) -> bool:
     return False
 
 
-def check_fcfs_victims_at_head(m: TraceModel, st: StepState, waiting: list[str], num_kv: int) -> bool:
+def check_fcfs_victims_at_head(m: TraceModel, st: StepState, waiting: list[str], num_ahead: int) -> bool:
     """PREEMPT-WAITING-HEAD (FCFS): this step's victims sit at the head of the
-    waiting queue (after the kv-holding queue) in their old running order.
-    True when they do."""
-    if waiting[num_kv:num_kv + len(st.preempted)] != st.preempted[::-1]:
+    waiting queue in their old running order, after the ``num_ahead``
+    requests served before it (the kv-holding queue; under a profile with
+    ``victims_behind_skipped`` also the skipped ones). True when they do."""
+    if waiting[num_ahead:num_ahead + len(st.preempted)] != st.preempted[::-1]:
         m.violate("PREEMPT-WAITING-HEAD", st.preempted[0] if st.preempted else None,
                   f"victims {st.preempted} are not at the head of waiting {waiting[:5]}...")
         return False

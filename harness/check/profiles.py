@@ -65,6 +65,24 @@ class Profile:
     #: generated, before EOS, stop tokens and length are looked at (0.20.2
     #: ``sched/utils.py``); False: those are tested first (0.33.0).
     min_tokens_first: bool = False
+    #: FCFS: a preemption victim is prepended to ``waiting`` proper, behind
+    #: the requests the waiting loop skipped earlier: vLLM 0.29.0 keeps those
+    #: in a separate ``skipped_waiting`` queue (``Scheduler.__init__``,
+    #: ``sched/scheduler.py:200``; re-queued after the loop, 1209-1210) that
+    #: ``_select_waiting_queue_for_scheduling`` serves first under FCFS
+    #: (2240-2242), while ``_preempt_request`` does
+    #: ``self.waiting.prepend_request(request)`` (1445); 0.20.2 the same
+    #: (``sched/scheduler.py:169, 858-859, 985, 1580-1582``). False: skipped
+    #: requests go back to the head of ``waiting`` itself and a victim is
+    #: prepended before them (0.33.0 ``sched/scheduler.py:1609-1610``).
+    #: PRIORITY needs no knob: both queues are heaps and the selection
+    #: compares their heads (0.29.0 2244-2248), i.e. one merged order.
+    #: The capacity guard needs none either: 0.29.0's
+    #: ``prefill_capacity_bound = bool(self.waiting)`` (1214-1215) counts
+    #: the waiting requests not in ``skipped_waiting``, which is 0.33.0's
+    #: ``num_waiting > len(deferred_waiting)`` (1615-1616) with the skipped
+    #: set the model tracks.
+    victims_behind_skipped: bool = False
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -94,11 +112,13 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     # scheduler on every canonical and bug-shape scenario it can run); each difference with its
     # source lines is in the README's "Safety invariants and version semantics".
     Profile("0.29.0", ("0.29.0",), _ALL,
-            cache_at_update_with_spec=False, local_prefill_cadence=False,
+            cache_at_update_with_spec=False, local_prefill_cadence=False, victims_behind_skipped=True,
             description="vLLM 0.29.0: no update-time caching in the synchronous scheduler, "
-                        "prefill_schedule_interval only through the DP coordinator"),
+                        "prefill_schedule_interval only through the DP coordinator, "
+                        "FCFS victims behind the skipped_waiting queue"),
     Profile("0.20.2", ("0.20.2",), _ALL - {"PREFILL-DEFER", "RESET-PREEMPTS-RUNNING"},
             free_unhashed_to_head=False, cache_at_update_with_spec=False, min_tokens_first=True,
+            victims_behind_skipped=True,
             description="vLLM 0.20.2: every freed block to the tail of the free queue, no prefill "
                         "gating, min_tokens before every other stop test, forced-reset victims "
                         "not reported in preempted_req_ids"),

@@ -113,7 +113,9 @@ class DecisionHooks:
     Skips: the waiting loop's local ``skip_request`` adds the request to
     ``sched.deferred_waiting``, the only such add inside ``schedule()``; that
     set is replaced by one that reports the add as a ``("skip", id, reason)``
-    decision.
+    decision. A scheduler without that set but with a ``skipped_waiting``
+    queue (0.29.0, 0.20.2) is probed through the loop's queue selection
+    instead (``_hook_skipped_waiting``).
 
     KV connector: an ``allocate_slots`` call with ``delay_cache_blocks=True``
     is an async-load admission, recorded as ``("remote_load", ...)`` with its
@@ -296,6 +298,54 @@ class DecisionHooks:
         sched._preempt_request = _preempt_request
         if isinstance(getattr(sched, "deferred_waiting", None), set):
             sched.deferred_waiting = _SkipRecordingSet(sched.deferred_waiting)
+        elif (getattr(sched, "skipped_waiting", None) is not None
+              and hasattr(sched, "_select_waiting_queue_for_scheduling")):
+            self._hook_skipped_waiting(sched)
+
+    def _hook_skipped_waiting(self, sched) -> None:
+        """Skips on a scheduler without ``deferred_waiting`` (vLLM 0.29.0,
+        0.20.2 ``Scheduler.schedule``): the waiting loop pops a skipped
+        request into a local per-step queue, re-queued onto
+        ``skipped_waiting`` after the loop. Every iteration starts with
+        ``_select_waiting_queue_for_scheduling`` and ends either in a break
+        (its head stays queued: no next iteration) or after popping that head,
+        so the head one iteration examined was skipped unless it was
+        admitted (appended to ``running``, or an async load). The last
+        iteration's head is settled by the ``skipped_waiting.prepend_requests``
+        of the per-step queue (a skip: it is in that queue)."""
+        hooks = self
+        orig_select = sched._select_waiting_queue_for_scheduling
+        queue = sched.skipped_waiting
+        orig_prepend = queue.prepend_requests
+        examined: list = []  # the head the current iteration examined
+
+        def settle(skipped) -> None:
+            request = examined.pop() if examined else None
+            if request is None or not (hooks.in_schedule and hooks.active):
+                return
+            admitted = any(r is request for r in sched.running) or (
+                hooks.seq and hooks.seq[-1][0] == "remote_load"
+                and hooks.seq[-1][1] == request.request_id)
+            if skipped(request) and not admitted:
+                hooks.seq.append(("skip", request.request_id, skip_reason(request)))
+
+        @functools.wraps(orig_select)
+        def _select_waiting_queue_for_scheduling(*args, **kwargs):
+            settle(lambda request: True)
+            request_queue = orig_select(*args, **kwargs)
+            if request_queue and hooks.in_schedule:
+                examined.append(request_queue.peek_request())
+            return request_queue
+
+        @functools.wraps(orig_prepend)
+        def prepend_requests(requests, *args, **kwargs):
+            requests = list(requests)  # (a queue iterates in its own order)
+            settle(lambda request: any(r is request for r in requests))
+            return orig_prepend(requests, *args, **kwargs)
+
+        sched._select_waiting_queue_for_scheduling = _select_waiting_queue_for_scheduling
+        queue.prepend_requests = prepend_requests
+        self._examined = examined
 
     def begin(self) -> None:
         self.seq = []
@@ -303,16 +353,47 @@ class DecisionHooks:
 
     def end(self) -> None:
         self.in_schedule = False
+        if hasattr(self, "_examined"):
+            self._examined.clear()  # a head the loop broke on stayed queued: no skip
 
 
 def num_free_blocks(sched) -> int:
     return sched.kv_cache_manager.block_pool.get_num_free_blocks()
 
 
+def waiting_in_service_order(sched) -> list:
+    """The waiting requests in the order the next waiting loop examines them.
+
+    vLLM 0.33.0: ``kv_holding_waiting`` then ``waiting`` (a skipped request
+    is back at the head of its queue). A scheduler with a ``skipped_waiting``
+    queue (0.29.0, 0.20.2) serves it through
+    ``Scheduler._select_waiting_queue_for_scheduling``: under FCFS
+    ``skipped_waiting`` first, then ``waiting``; under PRIORITY whichever
+    head is smaller (``Request.__lt__``: priority, arrival time, id), i.e.
+    the two sorted queues merged.
+    """
+    first = list(getattr(sched, "kv_holding_waiting", ()))
+    skipped = getattr(sched, "skipped_waiting", None)
+    if skipped is None:
+        return first + list(sched.waiting)
+    skipped, waiting = list(skipped), list(sched.waiting)
+    if getattr(sched.policy, "name", "FCFS") == "FCFS":
+        return first + skipped + waiting
+    merged, i, j = [], 0, 0
+    while i < len(waiting) and j < len(skipped):
+        if waiting[i] < skipped[j]:
+            merged.append(waiting[i])
+            i += 1
+        else:
+            merged.append(skipped[j])
+            j += 1
+    return first + merged + waiting[i:] + skipped[j:]
+
+
 def snapshot(sched) -> dict:
-    """``{waiting, running, num_free_blocks}``: queue orders (request ids) and free blocks."""
-    waiting = [r.request_id for r in getattr(sched, "kv_holding_waiting", ())]
-    waiting += [r.request_id for r in sched.waiting]
+    """``{waiting, running, num_free_blocks}``: queue orders (request ids;
+    waiting in service order, ``waiting_in_service_order``) and free blocks."""
+    waiting = [r.request_id for r in waiting_in_service_order(sched)]
     return {"waiting": waiting, "running": [r.request_id for r in sched.running],
             "num_free_blocks": num_free_blocks(sched)}
 
