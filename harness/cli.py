@@ -261,7 +261,8 @@ def _open(path: str) -> Trace:
 
 def _check(trace: Trace) -> CheckResult:
     try:
-        return check_steps(trace.meta["config"], trace.iter_steps())
+        return check_steps(trace.meta["config"], trace.iter_steps(),
+                           schema_version=trace.meta.get("schema_version"))
     except TraceError as exc:
         _fail(str(exc))
     except (KeyError, TypeError) as exc:

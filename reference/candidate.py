@@ -78,7 +78,11 @@ class Candidate(Protocol):
         """Requests added and not yet finished."""
 
     def snapshot(self) -> SchedulerSnapshot:
-        """Queues and free blocks now."""
+        """Queues and free blocks now, and ``request_states``: the status,
+        computed tokens and held drafts of every unfinished request that is
+        not RUNNING and holds draft tokens, and of every request the latest
+        ``schedule()`` reported preempted (None: not reported; the trace then
+        holds no ``request_state`` rows)."""
 
 
 CandidateFactory = Callable[[EngineConfig], Candidate]

@@ -14,11 +14,17 @@ from harness.check.result import Invariant
 INVARIANTS = [
     Invariant("OUTPUT-ONLY-COMPLETE", "A request samples exactly one token in a step iff the step reaches the end of its known tokens (none for partial prefill chunks).", "6, 8 #18"),
     Invariant("STOP-RULES", "A request finishes exactly when check_stop says so (EOS unless ignore_eos, stop token, length), with that reason; min_tokens never overrides.", "6, 10.8, 8 #22"),
+    Invariant("SCHEDULED-HAS-DATA", "The ids the step's request data carries (new and cached requests) are exactly the keys of num_scheduled_tokens, each once: every scheduled request reaches the worker, and nothing else does.", "3.9, 8 #13"),
     Invariant("FINISHED-IDS", "preempted_req_ids and finished_req_ids of a step list exactly the requests preempted in it / finished since the previous schedule().", "3.9, 8 #12, #23"),
     Invariant("IDLE-ADMISSION", "With nothing running and requests waiting, a step admits at least one (every accepted request fits an empty engine).", "8 (liveness)"),
     Invariant("NO-PROGRESS", "No two consecutive steps schedule nothing with the same queues and no input in between.", "8 (liveness)"),
     Invariant("LIVENESS", "Every accepted request finishes (stopped, length-capped or aborted) by the end of the trace.", "8"),
 ]
+
+#: Checks that need schema 6 (``request_data_ids``): id -> (part, what an older trace lacks).
+NEEDS_OBSERVED = {
+    "SCHEDULED-HAS-DATA": ("", "no request_data_ids: the ids the step's request data carried are not recorded"),
+}
 
 
 # -- outputs -----------------------------------------------------------------------
@@ -90,6 +96,27 @@ def check_reported_ids(m: TraceModel, ev: dict, st: StepState) -> None:
         m.violate("FINISHED-IDS", None,
                   f"finished_req_ids {ev['finished_req_ids']} != finished since last schedule "
                   f"{sorted(m.finished_since_schedule)}")
+
+
+def check_request_data(m: TraceModel, ev: dict, scheduled: list[str]) -> None:
+    """SCHEDULED-HAS-DATA at ``schedule_end`` (schema 6; ``request_data_ids``
+    null, an older trace, is not checkable): the request data's ids against
+    ``scheduled``, the keys of num_scheduled_tokens as the step's rows give
+    them (schedule rows less withdrawn ones), each once."""
+    data = ev.get("request_data_ids")
+    if data is None:
+        return
+    twice = sorted({r for r in data if data.count(r) > 1})
+    missing = [r for r in scheduled if r not in data]
+    extra = [r for r in data if r not in scheduled]
+    if twice:
+        m.violate("SCHEDULED-HAS-DATA", twice[0], f"request data carries {twice} more than once")
+    if missing:
+        m.violate("SCHEDULED-HAS-DATA", missing[0], f"in num_scheduled_tokens without request data: {missing} "
+                                                    f"(request data {data})")
+    if extra:
+        m.violate("SCHEDULED-HAS-DATA", extra[0], f"request data for {extra}, absent from num_scheduled_tokens "
+                                                  f"{scheduled}")
 
 
 # -- liveness ----------------------------------------------------------------------

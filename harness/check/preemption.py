@@ -14,14 +14,24 @@ from harness.check.result import Invariant
 INVARIANTS = [
     Invariant("PREEMPT-ONLY-RUNNING", "Only RUNNING requests in the running queue are preempted.", "4.3, 8 #5"),
     Invariant("NO-ADMIT-AFTER-PREEMPT", "A step that preempted admits nothing from waiting.", "3.1 step 5, 8 #4"),
-    Invariant("PREEMPT-EFFECTS", "A preempted request gives back every block it holds, leaves running, and resumes from a fresh prefix lookup (num_computed_tokens reset).", "4.3, 8 #5"),
+    Invariant("PREEMPT-EFFECTS", "A preempted request gives back every block it holds, leaves running, and resumes from a fresh prefix lookup: after the step's schedule() it is PREEMPTED with 0 computed tokens (num_computed_tokens reset).", "4.3, 8 #5"),
     Invariant("PREEMPT-WAITING-HEAD", "FCFS: this step's victims sit at the head of waiting in their former running order; PRIORITY: waiting stays in priority order.", "4.4, 8 #11"),
     Invariant("FCFS-VICTIM-TAIL", "FCFS: each victim is the current tail of running.", "4.2, 8 #7"),
     Invariant("PRIORITY-VICTIM-MAX", "PRIORITY: each victim has the largest (priority, arrival_time) among the current running requests.", "4.2, 8 #8"),
-    Invariant("PRIORITY-GIVE-BACK", "Only under PRIORITY is a request scheduled earlier in the step withdrawn, exactly its tokens are given back, and it is then preempted; it is absent from the step's output.", "4.2, 8 #9"),
+    Invariant("PRIORITY-GIVE-BACK", "Only under PRIORITY is a request scheduled earlier in the step withdrawn, exactly its tokens are given back, and it is then preempted.", "4.2, 8 #9"),
+    Invariant("SCHEDULED-NOT-PREEMPTED", "No request that a step's schedule() preempted is in that step's num_scheduled_tokens: a victim scheduled earlier in the step is taken out of the output before it is preempted.", "4.2, 4.5, 8 #9"),
+    Invariant("PREEMPTED-NO-DRAFTS", "A preempted request holds no draft tokens and none are scheduled for it: after schedule() and after the draft update, no request outside the running queue (PREEMPTED or waiting) holds drafts, and a victim's drafts are not in the step's output.", "4.3, 8 #5"),
     Invariant("RESET-PREEMPTS-RUNNING", "A forced prefix-cache reset (reset_running_requests) preempts exactly the running requests, from the tail of running, before the step's schedule(); those preemptions do not count as the step's (admission proceeds) but are reported in preempted_req_ids.", "vLLM Scheduler.reset_prefix_cache"),
     Invariant("WAITING-NEVER-PREEMPTS", "Admissions from waiting never preempt: no preemption follows an admission in a step.", "3.4 step 11, 8 #33"),
 ]
+
+#: Checks that need schema 6 (a request_state row per victim): id -> (the
+#: part a schema-5 trace cannot feed, "" for all of it; what it lacks).
+NEEDS_OBSERVED = {
+    "PREEMPTED-NO-DRAFTS": ("", "no request_state rows: the drafts a request holds are not recorded"),
+    "PREEMPT-EFFECTS": ("a victim's status and computed tokens after schedule()",
+                        "no request_state rows; the blocks it gives back are checked"),
+}
 
 
 def check_no_admission_before(m: TraceModel, st: StepState, rid: str) -> None:
@@ -53,12 +63,40 @@ def check_victim(m: TraceModel, st: StepState, rid: str, req: ReqShadow | None) 
 
 
 def check_scheduled_victim_withdrawn(m: TraceModel, st: StepState, rid: str) -> bool:
-    """PRIORITY-GIVE-BACK: a victim scheduled earlier in the step was withdrawn
-    first. True when it was not (the caller drops it from the step's schedule)."""
-    if rid in st.scheduled:
-        m.violate("PRIORITY-GIVE-BACK", rid, "preempted after being scheduled this step without a withdraw")
-        return True
-    return False
+    """SCHEDULED-NOT-PREEMPTED at a ``preempt`` row: a victim scheduled
+    earlier in the step was withdrawn first (a ``withdraw`` row: it left
+    num_scheduled_tokens), else the output schedules a preempted request; and
+    PREEMPTED-NO-DRAFTS: drafts scheduled for it stay in the output with it.
+    True when it was not withdrawn (the caller drops it from the shadow's
+    schedule and keeps it in ``st.kept_victims``, the ids the rows still give
+    num_scheduled_tokens)."""
+    if rid not in st.scheduled:
+        return False
+    m.violate("SCHEDULED-NOT-PREEMPTED", rid, f"preempted, but it stays in num_scheduled_tokens with "
+                                             f"{st.scheduled_tokens.get(rid)} tokens (no withdraw before)")
+    if st.drafts.get(rid):
+        m.violate("PREEMPTED-NO-DRAFTS", rid, f"preempted, but the step's output still schedules its "
+                                             f"drafts {st.drafts[rid]}")
+    return True
+
+
+def check_state_row(m: TraceModel, st: StepState, ev: dict, after: str) -> None:
+    """At a ``request_state`` row (schema 6; ``after``: "schedule()" or "the
+    draft update"): PREEMPTED-NO-DRAFTS, a request not RUNNING holds no
+    drafts; PREEMPT-EFFECTS, a victim of this step's schedule() is now
+    PREEMPTED with 0 computed tokens, and so is a forced reset's victim
+    that was not resumed (status PREEMPTED: neither admitted nor loading)."""
+    rid, status, computed = ev["request_id"], ev["status"], ev["num_computed_tokens"]
+    drafts = list(ev["spec_token_ids"] or [])
+    if status != "RUNNING" and drafts:
+        m.violate("PREEMPTED-NO-DRAFTS", rid, f"{status} after {after}, but it holds drafts {drafts}")
+    if after != "schedule()":
+        return
+    if rid in st.preempted and status != "PREEMPTED":
+        m.violate("PREEMPT-EFFECTS", rid, f"preempted in this step, but its status after schedule() is {status}")
+    elif (rid in st.preempted or rid in st.reset_preempted) and status == "PREEMPTED" and computed != 0:
+        m.violate("PREEMPT-EFFECTS", rid, f"preempted in this step, but it holds {computed} computed tokens "
+                                         f"after schedule() (a resume must start from a fresh prefix lookup)")
 
 
 def check_preempt_frees(m: TraceModel, req: ReqShadow, freed: list[int], expected: list[int]) -> None:

@@ -63,6 +63,9 @@ class CheckResult:
     violations: list[Violation] = field(default_factory=list)
     num_violations: int = 0
     by_invariant: dict[str, int] = field(default_factory=dict)
+    # What could not be checked, one line each (e.g. "PREEMPTED-NO-DRAFTS:
+    # not checkable on schema 5 (...)"): not violations.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
