@@ -36,7 +36,8 @@ from rich.table import Table
 
 from harness.trace.recorder import Row
 from harness.replay import first_difference
-from harness.trace import Trace, TraceError
+from harness.trace import SCHEMA_VERSION, Trace, TraceError
+from harness.trace.schema import rows_as_of
 
 # Decision rows (a "withdraw" row, where the trace format has it, takes back a schedule).
 DECISION_KINDS = ("preempt", "encoder_plan", "schedule", "withdraw", "schedule_end", "finish")
@@ -307,6 +308,10 @@ class DiffResult:
                 "a": self.stats_a, "b": self.stats_b, "delta": self.delta}
 
 
+def _as_of(version: int, item: tuple[int, list[Row]] | None) -> tuple[int, list[Row]] | None:
+    return None if item is None else (item[0], rows_as_of(version, item[1]))
+
+
 def _schedule_end(rows: list[Row] | None) -> Row | None:
     return next((r for r in rows or () if r["kind"] == "schedule_end"), None)
 
@@ -323,6 +328,8 @@ def diff_traces(a: Trace, b: Trace) -> DiffResult:
     found: FirstDivergence | None = None
     prev_a: list[Row] | None = None
     prev_b: list[Row] | None = None
+    # Traces of two schema versions compare in what the older one records.
+    version = min(t.meta.get("schema_version", SCHEMA_VERSION) for t in (a, b))
     for item_a, item_b in zip_longest(a.iter_steps(), b.iter_steps()):
         if item_a is not None:
             stats_a.add_step(*item_a)
@@ -331,7 +338,7 @@ def diff_traces(a: Trace, b: Trace) -> DiffResult:
             stats_b.add_step(*item_b)
             req_b.add_step(item_b[1])
         if found is None:
-            found = _compare_step(item_a, item_b, prev_a, prev_b)
+            found = _compare_step(_as_of(version, item_a), _as_of(version, item_b), prev_a, prev_b)
             prev_a = item_a[1] if item_a is not None else None
             prev_b = item_b[1] if item_b is not None else None
     _compare_requests(a, b, req_a, req_b)

@@ -26,7 +26,8 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
     """The JSON object of ``--json``: ``ok`` (no violation, no divergence),
     the trace and its engine, the check's counts (steps, requests, tokens,
     blocks), the violations (the first ``MAX_PER_INVARIANT`` of each
-    invariant) and the divergence (None if none); ``extra`` adds keys
+    invariant), ``notes`` (checks the trace cannot feed, e.g. "not checkable
+    on schema 5") and the divergence (None if none); ``extra`` adds keys
     (``candidate``, ``replayed_steps``)."""
     ok = result.ok and divergence is None
     return {"ok": ok, "trace": str(trace.path), "engine": trace.meta.get("engine"),
@@ -43,6 +44,7 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
             "num_violations": result.num_violations,
             "violations_by_invariant": result.by_invariant,
             "violations": [v.to_dict() for v in result.violations],
+            "notes": list(result.notes),
             "divergence": divergence.to_dict() if divergence else None, **(extra or {})}
 
 
@@ -72,7 +74,7 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
         table.add_row(label, str(value))
     console.print(table)
     for note in result.notes:
-        console.print(f"note: {note}")
+        console.print(f"[yellow]note[/] {escape(note)}")
     for v in result.violations:
         console.print(f"[bold red]VIOLATION[/] {v.invariant} at step {v.step}"
                       + (f", request {v.request}" if v.request else "") + f": {v.message}")

@@ -11,7 +11,8 @@ Per engine step the loop calls, in order: ``add_request`` for each arrival,
 reset), ``snapshot()``, ``schedule()``,
 ``snapshot()``, then ``update_from_output`` with the scripted model's tokens
 (and, with the KV connector on, the simulated worker's KV-connector output),
-then ``snapshot()``, and with speculative decoding ``update_draft_token_ids``. Decisions come back in the reference's normalised types
+then ``snapshot()``, and with speculative decoding ``update_draft_token_ids`` and
+``snapshot()`` again. Decisions come back in the reference's normalised types
 (``SchedulerOutput``, ``UpdateResult``, ``FinishedRequest``), which is what
 the trace records and the checker reads.
 """
@@ -82,7 +83,11 @@ class Candidate(Protocol):
         """Requests added and not yet finished."""
 
     def snapshot(self) -> SchedulerSnapshot:
-        """Queues and free blocks now."""
+        """Queues and free blocks now, and ``request_states``: the status,
+        computed tokens and held drafts of every unfinished request that is
+        not RUNNING and holds draft tokens, and of every request the latest
+        ``schedule()`` reported preempted (None: not reported; the trace then
+        holds no ``request_state`` rows)."""
 
 
 CandidateFactory = Callable[[EngineConfig], Candidate]

@@ -59,7 +59,7 @@ from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.runners.base import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
 from reference.candidate import Candidate, CandidateCrash, CandidateError, CandidateFactory
-from reference.output import FinishedRequest, PrefixCacheReset, SchedulerOutput, UpdateResult
+from reference.output import FinishedRequest, PrefixCacheReset, RequestState, SchedulerOutput, UpdateResult
 from reference.scheduler import Scheduler
 from reference.workload import Action, RequestSpec, Workload
 
@@ -144,11 +144,16 @@ class StepRecord:
     scheduling: ``waiting_before``, ``running_before`` (ids, queue order),
     ``num_free_blocks_before``. Decisions: ``output``; then ``waiting_after``,
     ``running_after``, ``num_free_blocks_after_schedule`` (``output`` is None
-    when nothing was unfinished). Update of the oldest batch in flight (None
-    while the pipeline fills): ``update_batch_step`` (the step that scheduled
-    it), its model output ``sampled``, ``update``,
+    when nothing was unfinished) and ``states_after_schedule``: what the
+    requests ``output`` preempted, and every request not RUNNING that holds
+    draft tokens, hold now (``RequestState``, by id). Update of the oldest
+    batch in flight (None while the pipeline fills): ``update_batch_step``
+    (the step that scheduled it), its model output ``sampled``, ``update``,
     ``num_free_blocks_after_update``, and ``drafts`` stored for the next
-    step (speculative decoding). In sync mode both parts concern one batch.
+    step (speculative decoding), then ``states_after_drafts``: every request
+    not RUNNING that holds draft tokens after that draft update. Both state
+    lists stay empty when the candidate's snapshot does not report states.
+    In sync mode both parts concern one batch.
     ``clock`` is the virtual time (seconds) at step start.
     """
 
@@ -170,6 +175,8 @@ class StepRecord:
     update_batch_step: int | None = None
     num_free_blocks_after_update: int = 0
     drafts: dict[str, list[int]] = field(default_factory=dict)
+    states_after_schedule: list[RequestState] = field(default_factory=list)
+    states_after_drafts: list[RequestState] = field(default_factory=list)
     rank: int = 0
     peers: list[StepRecord] = field(default_factory=list)  # the other DP ranks' records
     throttle_prefills: bool = False  # the throttle flag passed to schedule()
@@ -643,6 +650,8 @@ class Engine:
             after = sched.snapshot()
             rec.waiting_after, rec.running_after = list(after.waiting), list(after.running)
             rec.num_free_blocks_after_schedule = after.num_free_blocks
+            rec.states_after_schedule = [s for s in after.request_states or ()
+                                         if s.request_id in output.preempted_req_ids or holds_drafts(s)]
             if rank.worker_drafts is None:
                 sampled = runner.execute(output, rec.step)
             else:
@@ -690,6 +699,8 @@ class Engine:
                     config.num_speculative_tokens, config.draft_acceptance_rate,
                     config.draft_acceptance_pattern)
                 rec.drafts = sched.update_draft_token_ids(proposals)
+                rec.states_after_drafts = [s for s in sched.snapshot().request_states or ()
+                                           if holds_drafts(s)]
             summary.finished += len(rec.update.finished)
             summary.draft_tokens += rec.update.num_draft_tokens
             summary.rejected_draft_tokens += rec.update.num_rejected_draft_tokens
@@ -715,6 +726,12 @@ class Engine:
             block_size=self.config.block_size,
             mm_positions=spec.mm_positions,
         )
+
+
+def holds_drafts(state: RequestState) -> bool:
+    """A request outside the running queue that holds draft tokens: the
+    trace records it (a correct scheduler never leaves one)."""
+    return state.status != RequestStatus.RUNNING and bool(state.spec_token_ids)
 
 
 class _Guarded:

@@ -174,12 +174,28 @@ class SchedulerOutput:
     # Encoder-cache entries evicted this step (vLLM free_encoder_mm_hashes:
     # identifiers, eviction order): the worker may drop their outputs.
     free_encoder_mm_hashes: list[str] = field(default_factory=list)
+    # The ids the step's request data carries (vLLM: scheduled_new_reqs'
+    # ids, then scheduled_cached_reqs.req_ids), kept apart from the keys of
+    # num_scheduled_tokens: a correct scheduler gives both the same ids, each
+    # once. None: the candidate does not say; ``data_ids`` derives them.
+    request_data_ids: list[str] | None = None
 
     @property
     def scheduled(self) -> list[ScheduledRequest]:
         """The requests the worker runs this step, in scheduling order."""
         return [e for e in self.events
                 if isinstance(e, ScheduledRequest) and e.request_id in self.num_scheduled_tokens]
+
+    @property
+    def data_ids(self) -> list[str]:
+        """``request_data_ids``, or when the candidate left it None the ids
+        of ``scheduled`` as vLLM's V1 model-runner layout orders its request
+        data: new requests, then running, then resumed
+        (``Scheduler._make_cached_request_data(running, resumed)``)."""
+        if self.request_data_ids is not None:
+            return list(self.request_data_ids)
+        order = {"new": 0, "running": 1, "resumed": 2}
+        return [e.request_id for e in sorted(self.scheduled, key=lambda e: order.get(e.kind, 1))]
 
     @property
     def scheduled_spec_decode_tokens(self) -> dict[str, list[int]]:
@@ -238,13 +254,31 @@ class PrefixCacheReset:
 
 
 @dataclass(frozen=True)
+class RequestState:
+    """What a request holds at one instant (vLLM ``Request``): its status, its
+    ``num_computed_tokens`` (tokens) and the draft tokens it holds for its
+    next step (``spec_token_ids``, token ids; empty: none)."""
+
+    request_id: str
+    status: RequestStatus
+    num_computed_tokens: int
+    spec_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class SchedulerSnapshot:
     """Queue orders (request ids) and the free KV block count at one instant.
 
     ``waiting`` is in the order requests would be examined (FCFS: queue
-    order; PRIORITY: pop order).
+    order; PRIORITY: pop order). ``request_states``: the state of each
+    unfinished request that is not RUNNING and holds draft tokens, and of
+    each request the latest ``schedule()`` preempted or reported preempted
+    (its ``preempted_req_ids``), each once, in request-id order; the trace
+    records them (``request_state`` rows). None: the candidate does not
+    report them (then the trace holds no such rows).
     """
 
     waiting: tuple[str, ...]
     running: tuple[str, ...]
     num_free_blocks: int
+    request_states: tuple[RequestState, ...] | None = None

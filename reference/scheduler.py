@@ -32,8 +32,8 @@ from reference.encoder_cache_manager import (EncoderCacheManager, mm_items_in_wi
 from reference.kv_cache_utils import KVCacheBlock
 from reference.kv_connector import KVConnectorOutput, SimulatedKVConnector
 from reference.output import (EncoderPlan, FinishedRequest, KVTransferFree, Preemption, PrefixCacheReset, Promotion,
-                              RemoteLoad, ScheduledRequest, SchedulerOutput, SchedulerSnapshot, Skip,
-                              UpdateResult, Withdrawal)
+                              RemoteLoad, RequestState, ScheduledRequest, SchedulerOutput, SchedulerSnapshot,
+                              Skip, UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus, check_stop
 from reference.request_queue import create_request_queue
 
@@ -67,6 +67,9 @@ class Scheduler:
         # SchedulerOutput carries them so the worker drops their state.
         self.finished_req_ids: set[str] = set()
         self.reset_preempted_req_ids: set[str] = set()
+        # The latest SchedulerOutput's preempted_req_ids (snapshot() reports
+        # their states after schedule()).
+        self._last_preempted_ids: set[str] = set()
         # Tokens the model samples per scheduled step (0 only for diffusion).
         self.num_sampled_tokens_per_step = 1
         self.num_spec_tokens = config.num_speculative_tokens
@@ -222,11 +225,21 @@ class Scheduler:
         return request_id in self.requests
 
     def snapshot(self) -> SchedulerSnapshot:
-        """Queue orders and free blocks (the candidate protocol's state view)."""
-        return SchedulerSnapshot(tuple(r.request_id for r in self.kv_holding_waiting)
-                                 + tuple(r.request_id for r in self.waiting),
+        """Queue orders, free blocks and the request states the trace
+        records (the candidate protocol's state view, ``SchedulerSnapshot``):
+        waiting requests holding drafts, and the latest schedule()'s
+        preempted ids (``_last_preempted_ids``), wherever they are now."""
+        waiting = [*self.kv_holding_waiting, *self.waiting]
+        shown = {r.request_id: r for r in waiting if r.spec_token_ids}
+        for req_id in self._last_preempted_ids:
+            request = self.requests.get(req_id)
+            if request is not None:
+                shown[req_id] = request
+        states = tuple(RequestState(i, shown[i].status, shown[i].num_computed_tokens,
+                                    tuple(shown[i].spec_token_ids)) for i in sorted(shown))
+        return SchedulerSnapshot(tuple(r.request_id for r in waiting),
                                  tuple(r.request_id for r in self.running),
-                                 self.kv_cache_manager.num_free_blocks)
+                                 self.kv_cache_manager.num_free_blocks, states)
 
     # -- schedule --------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
@@ -237,6 +250,11 @@ class Scheduler:
         """
         events: list[ScheduledRequest | Withdrawal | Preemption] = []
         scheduled_running: dict[str, ScheduledRequest] = {}
+        # Admissions by kind, in order: with scheduled_running, the request
+        # data of the output (vLLM scheduled_new_reqs, then the cached
+        # requests: running, then resumed).
+        scheduled_new: list[str] = []
+        scheduled_resumed: list[str] = []
         preempted: list[Request] = []
         num_scheduled_tokens: dict[str, int] = {}
         token_budget = self.max_num_scheduled_tokens
@@ -481,8 +499,10 @@ class Scheduler:
                 self.running.append(request)
                 if request.status == RequestStatus.WAITING:
                     kind = "new"
+                    scheduled_new.append(request.request_id)
                 elif request.status == RequestStatus.PREEMPTED:
                     kind = "resumed"
+                    scheduled_resumed.append(request.request_id)
                 else:
                     raise RuntimeError(f"invalid status {request.status.name} in waiting")
                 events.append(ScheduledRequest(
@@ -533,7 +553,9 @@ class Scheduler:
             defer_prefills=defer_prefills,
             prefill_capacity_bound=self.prefill_capacity_bound,
             free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
+            request_data_ids=scheduled_new + list(scheduled_running) + scheduled_resumed,
         )
+        self._last_preempted_ids = output.preempted_req_ids  # (the output's own set)
         if self.defer_block_free and total > 0:
             self.sched_step_seq += 1
         self._update_after_schedule(output)

@@ -20,10 +20,12 @@ with another ``--dist``, nothing here applies.
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.trace import METADATA_KEY, READABLE_VERSIONS, SCHEMA_VERSION, SUMMARY_KEY
+from harness.trace import METADATA_KEY, SCHEMA_VERSION, SUMMARY_KEY
+from harness.trace.schema import absent_columns, rows_as_of
 
 pytest_plugins = ["pytester"]
 
@@ -56,24 +58,43 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return ModuleGroupScheduling(config, log)
 
 
+def old_schema_copy(path: Path, out: Path, version: int) -> Path:
+    """Rewrite a current trace as schema ``version`` wrote it: the columns it
+    lacked dropped (``absent_columns``), no ``request_state`` rows
+    (``event_index`` renumbered, ``rows_as_of``), the version set, the
+    footer summary's event count adjusted; to show older traces still read."""
+    source = pq.ParquetFile(path)
+    table = source.read()
+    schema = pa.schema([f for f in table.schema if f.name not in absent_columns(version)])
+    rows = table.to_pylist()
+    kept: list[dict] = []
+    for step in dict.fromkeys(r["step"] for r in rows):
+        kept += rows_as_of(version, [r for r in rows if r["step"] == step])
+    meta = dict(table.schema.metadata)
+    info = json.loads(meta[METADATA_KEY])
+    assert info["schema_version"] == SCHEMA_VERSION
+    info["schema_version"] = version
+    meta[METADATA_KEY] = json.dumps(info, sort_keys=True).encode()
+    summary = json.loads(source.metadata.metadata[SUMMARY_KEY])
+    summary["events"] = len(kept)
+    schema = schema.with_metadata(meta)
+    with pq.ParquetWriter(out, schema) as writer:
+        writer.write_table(pa.Table.from_pylist([{c: r[c] for c in schema.names} for r in kept], schema=schema))
+        writer.add_key_value_metadata({SUMMARY_KEY: json.dumps(summary, sort_keys=True)})
+    return out
+
+
+@pytest.fixture
+def old_schema():
+    """``copy(path, out, version) -> out``: ``old_schema_copy``."""
+    return old_schema_copy
+
+
 @pytest.fixture
 def schema3_copy():
-    """``copy(path, out) -> out``: rewrite a current trace as schema 3 wrote
-    it (the columns schema 3 lacked dropped, the version set to 3, the
-    footer summary kept), to show older traces still read."""
-    def copy(path: Path, out: Path) -> Path:
-        source = pq.ParquetFile(path)
-        table = source.read().drop_columns(list(READABLE_VERSIONS[3]))
-        meta = dict(table.schema.metadata)
-        info = json.loads(meta[METADATA_KEY])
-        assert info["schema_version"] == SCHEMA_VERSION
-        info["schema_version"] = 3
-        meta[METADATA_KEY] = json.dumps(info, sort_keys=True).encode()
-        with pq.ParquetWriter(out, table.schema.with_metadata(meta)) as writer:
-            writer.write_table(table.replace_schema_metadata(meta))
-            writer.add_key_value_metadata({SUMMARY_KEY: source.metadata.metadata[SUMMARY_KEY]})
-        return out
-    return copy
+    """``copy(path, out) -> out``: a current trace rewritten as schema 3 wrote it
+    (``old_schema_copy``)."""
+    return lambda path, out: old_schema_copy(path, out, 3)
 
 
 @pytest.fixture(autouse=True)

@@ -21,8 +21,8 @@ from harness.cli import main
 from harness.mutation import run_candidate
 from harness.replay import replay, workload_from_trace
 from harness.scenarios import ACTION_SCENARIOS
-from harness.trace import SCENARIO_SCHEMA_VERSION, open_trace
-from harness.trace.recorder import run_to_rows
+from harness.trace import SCHEMA_VERSION, open_trace
+from harness.trace.recorder import record as record_trace, run_to_rows
 from harness.candidates.mutants import MUTANTS_AND_TARGETS
 from reference.block_pool import BlockPool
 from reference.scheduler import Scheduler
@@ -107,7 +107,7 @@ def test_forced_reset_preempts_running_tail_first_and_the_step_still_admits(tmp_
                                                            ("B", "resumed", 32, [3, 4, 7])]
     end = next(r for r in step3 if r["kind"] == "schedule_end")
     assert sorted(end["preempted_req_ids"]) == ["A", "B"]
-    assert open_trace(out).meta["schema_version"] == SCENARIO_SCHEMA_VERSION
+    assert open_trace(out).meta["schema_version"] == SCHEMA_VERSION
 
 
 def test_actions_replay_identically_on_the_reference_and_diverge_on_a_mutant(tmp_path: Path) -> None:
@@ -239,11 +239,20 @@ def test_the_action_scenario_kills_the_reset_mutants_and_is_clean_on_the_referen
     assert hits == {"reset-while-held": 1, "reset-keeps-cache": 21, "reset-preempts-head": 1}
 
 
-def test_plain_traces_keep_schema_4() -> None:
-    from harness.trace.recorder import uses_scenario_inputs
+def test_every_trace_is_written_in_schema_6_with_the_scenario_columns(tmp_path: Path) -> None:
+    """One schema going forward: a plain recording has the scenario columns
+    too (null), as a scenario recording does."""
     from harness.scenarios import SCENARIOS
-    assert not any(uses_scenario_inputs(s.make_workload()) for s in SCENARIOS.values())
-    assert uses_scenario_inputs(ACTION_SCENARIOS["prefix-reset"].make_workload())
+    sc = SCENARIOS["fcfs-tight"]
+    out = tmp_path / "plain.parquet"
+    record_trace(sc.make_workload(), sc.engine_config(), out, seed=sc.seed)
+    trace = open_trace(out)
+    assert trace.meta["schema_version"] == SCHEMA_VERSION == 6
+    names = set(pq.read_schema(out).names)
+    assert {"arrival_step", "after", "abort_step", "output_token_ids", "draft_acceptance_pattern",
+            "request_data_ids"} <= names
+    arrivals = pq.read_table(out, filters=[("kind", "=", "arrival")]).to_pylist()
+    assert {r["arrival_step"] for r in arrivals} == {None}
 
 
 # -- real vLLM -------------------------------------------------------------------------------

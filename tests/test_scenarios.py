@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.replay import replay
-from harness.trace import SCENARIO_SCHEMA_VERSION, open_trace
+from harness.trace import SCHEMA_VERSION, open_trace
 from reference.scheduler import Scheduler
 from workloads.scenario import load_scenario
 
@@ -91,7 +91,7 @@ def test_scenario_records_clean_with_exact_figures_and_replays(name: str, tmp_pa
     r = CliRunner().invoke(main, ["check", str(out)])
     assert r.exit_code == 0 and r.output.rstrip().endswith("conformant (profile 0.33.0)"), r.output
     trace = open_trace(out)
-    assert trace.meta["schema_version"] == SCENARIO_SCHEMA_VERSION
+    assert trace.meta["schema_version"] == SCHEMA_VERSION
     assert replay(trace, Scheduler) == (None, EXPECTED[name][0])
     # Recording is deterministic: the same file gives the same bytes.
     assert record(SCENARIOS / f"{name}.toml", tmp_path / "u.parquet").read_bytes() == out.read_bytes()

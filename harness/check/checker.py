@@ -38,6 +38,7 @@ from harness.check.profiles import Profile, reference_profile
 from harness.check.profiles import resolve as resolve_profile
 from harness.check.result import MAX_PER_INVARIANT, CheckResult, Violation
 from harness.trace import Trace
+from harness.trace.schema import OBSERVED_SINCE
 
 __all__ = ["MAX_PER_INVARIANT", "CheckResult", "TraceChecker", "Violation", "check_steps", "check_trace"]
 
@@ -195,7 +196,9 @@ class TraceChecker(TraceModel):
         req.num_preemptions += 1
         self.inflight.pop(req.request_id, None)
         req.num_computed_tokens = 0
-        req.spec_token_ids = []  # drafts never survive a preemption
+        # Drafts never survive a preemption: the shadow drops them; what the
+        # engine holds is checked at its request_state row (schema 6).
+        req.spec_token_ids = []
         req.stale = req.in_flight  # output still in flight is stale
         req.placeholders = 0
         self.note(req, f"preempted with {ev['num_computed_tokens']} computed tokens")
@@ -224,6 +227,7 @@ class TraceChecker(TraceModel):
             return
         if preemption.check_scheduled_victim_withdrawn(self, st, rid):
             st.scheduled.remove(rid)
+            st.kept_victims.append(rid)
         self._preempt_effects(req, ev, st)
         if rid in st.sim_running:
             index = st.sim_running.index(rid)
@@ -378,6 +382,7 @@ class TraceChecker(TraceModel):
             if req is not None and not req.prefill_chunk:
                 self.inflight.pop(rid, None)
         preemption.check_withdrawn_preempted(self, st)
+        lifecycle.check_request_data(self, ev, st.scheduled + st.kept_victims)
         lifecycle.check_reported_ids(self, ev, st)
         preemption.check_reset_victims_reported(self, ev, st)
         self.finished_since_schedule = set()
@@ -397,6 +402,15 @@ class TraceChecker(TraceModel):
             self.last_prefill_step = self.num_executed
         self.prev_running, self.prev_waiting = running, waiting
         st.sim_running = running
+
+    def _on_request_state(self, ev: dict, st: StepState) -> None:
+        """What a request holds after schedule() (rows after ``schedule_end``)
+        or after the draft update (rows after the ``draft`` rows): observed,
+        never assumed. The shadow keeps what a correct engine holds."""
+        rid = ev["request_id"]
+        if not queues.check_known(self, rid, self.reqs.get(rid), "state of an unknown or finished request"):
+            return
+        preemption.check_state_row(self, st, ev, "schedule()" if st.batch is None else "the draft update")
 
     def _on_skip(self, ev: dict, st: StepState) -> None:
         rid = ev["request_id"]
@@ -653,27 +667,47 @@ class TraceChecker(TraceModel):
 def check_trace(trace: Trace, semantics: str = "auto") -> CheckResult:
     """Check ``trace`` under the profile ``semantics`` names (``auto``: from
     its metadata; ``safety``; a profile name, ``harness.check.profiles``).
-    The result says which profile ran and why. Raises ProfileError for an
-    unknown name, TraceError for an unreadable trace."""
+    The result says which profile ran and why, and (``notes``) what its
+    schema version cannot show. Raises ProfileError for an unknown name,
+    TraceError for an unreadable trace."""
     profile, reason = resolve_profile(semantics, trace.meta)
-    result = check_steps(trace.meta["config"], trace.iter_steps(), profile)
+    result = check_steps(trace.meta["config"], trace.iter_steps(), profile,
+                         schema_version=trace.meta.get("schema_version"))
     result.profile_reason = reason
     return result
 
 
+def unobserved_notes(schema_version: int | None) -> list[str]:
+    """One line per check a trace of ``schema_version`` cannot feed (None:
+    the current schema, e.g. rows made in memory), such as
+    "SCHEDULED-HAS-DATA: not checkable on schema 5 (no request_data_ids: ...)".
+    Empty from schema 6 on."""
+    if schema_version is None or schema_version >= OBSERVED_SINCE:
+        return []
+    # Each family names the checks of its own that need schema 6 (NEEDS_OBSERVED).
+    return [f"{inv}: {part + ' ' if part else ''}not checkable on schema {schema_version} ({why})"
+            for family in (preemption, lifecycle)
+            for inv, (part, why) in family.NEEDS_OBSERVED.items()]
+
+
 def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
-                profile: Profile | None = None) -> CheckResult:
+                profile: Profile | None = None, *, schema_version: int | None = None) -> CheckResult:
     """Run every invariant ``profile`` checks (default: the reference's,
     every rule of the vLLM version it mirrors) over ``steps`` (as yielded by
-    ``Trace.iter_steps``).
+    ``Trace.iter_steps``; ``schema_version``: the trace's, for the notes on
+    what it cannot show).
 
     With data parallelism each rank's rows go to its own checker (its own
     scheduler and KV pool), and the coordinator's routing is checked across
     ranks (``harness.check.data_parallel``); the results are merged.
+    ``schema_version``: the trace's (its metadata); below 6 the result's
+    ``notes`` name the checks its rows cannot feed (``unobserved_notes``),
+    which are then not violations but not checked either.
     """
     profile = profile if profile is not None else reference_profile()
     result = _check_steps(config, steps, profile)
     result.profile = profile.name
+    result.notes += unobserved_notes(schema_version)
     return result
 
 

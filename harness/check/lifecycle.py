@@ -19,6 +19,8 @@ INVARIANTS = [
               SAFETY, "A request stops exactly when its sampling parameters say (EOS unless ignore_eos, stop tokens, max_tokens): stopping early or late returns the wrong output in every version."),
     Invariant("STOP-MIN-TOKENS", "Before min_tokens outputs exist, a request stops as its version's check_stop says: 0.33.0 tests EOS, stop tokens and length first (min_tokens never overrides them); 0.20.2 stops nothing before min_tokens.", "6, 10.8",
               SEMANTICS, "Whether an EOS, a stop token or the length cap can end a request before min_tokens outputs is check_stop's order of tests, which releases changed (0.20.2 tests min_tokens first; 0.33.0 last)."),
+    Invariant("SCHEDULED-HAS-DATA", "The ids the step's request data carries (new and cached requests) are exactly the keys of num_scheduled_tokens, each once: every scheduled request reaches the worker, and nothing else does.", "3.9, 8 #13",
+              SAFETY, "The worker runs what the request data describes and the budget counts what num_scheduled_tokens lists: a key without data (or data without a key) runs tokens for a request the worker has no state for, or skips one the scheduler advanced, in every version."),
     Invariant("FINISHED-IDS", "preempted_req_ids and finished_req_ids of a step list exactly the requests preempted in it / finished since the previous schedule().", "3.9, 8 #12, #23",
               SAFETY, "The model runner frees a request's state only when told: preempted_req_ids and finished_req_ids must list exactly those requests, or it leaks or uses freed state."),
     Invariant("IDLE-ADMISSION", "With nothing running and requests waiting, a step admits at least one (every accepted request fits an empty engine).", "8 (liveness)",
@@ -30,6 +32,11 @@ INVARIANTS = [
     Invariant("ENGINE-CRASH", "The scheduler never raises: no step of the trace ends on a crash (an exception in schedule(), update_from_output() or another scheduler call).", "8",
               SAFETY, "A scheduler that raises kills the engine (vLLM's EngineCore dies with it) and fails every request in flight, whatever the version: no correct engine crashes on its own inputs."),
 ]
+
+#: Checks that need schema 6 (``request_data_ids``): id -> (part, what an older trace lacks).
+NEEDS_OBSERVED = {
+    "SCHEDULED-HAS-DATA": ("", "no request_data_ids: the ids the step's request data carried are not recorded"),
+}
 
 
 # -- outputs -----------------------------------------------------------------------
@@ -118,6 +125,27 @@ def check_reported_ids(m: TraceModel, ev: dict, st: StepState) -> None:
         m.violate("FINISHED-IDS", None,
                   f"finished_req_ids {ev['finished_req_ids']} != finished since last schedule "
                   f"{sorted(m.finished_since_schedule)}")
+
+
+def check_request_data(m: TraceModel, ev: dict, scheduled: list[str]) -> None:
+    """SCHEDULED-HAS-DATA at ``schedule_end`` (schema 6; ``request_data_ids``
+    null, an older trace, is not checkable): the request data's ids against
+    ``scheduled``, the keys of num_scheduled_tokens as the step's rows give
+    them (schedule rows less withdrawn ones), each once."""
+    data = ev.get("request_data_ids")
+    if data is None:
+        return
+    twice = sorted({r for r in data if data.count(r) > 1})
+    missing = [r for r in scheduled if r not in data]
+    extra = [r for r in data if r not in scheduled]
+    if twice:
+        m.violate("SCHEDULED-HAS-DATA", twice[0], f"request data carries {twice} more than once")
+    if missing:
+        m.violate("SCHEDULED-HAS-DATA", missing[0], f"in num_scheduled_tokens without request data: {missing} "
+                                                    f"(request data {data})")
+    if extra:
+        m.violate("SCHEDULED-HAS-DATA", extra[0], f"request data for {extra}, absent from num_scheduled_tokens "
+                                                  f"{scheduled}")
 
 
 # -- liveness ----------------------------------------------------------------------

@@ -102,6 +102,9 @@ class StepState:
     scheduled: list[str] = field(default_factory=list)
     scheduled_tokens: dict[str, int] = field(default_factory=dict)
     withdrawn: list[str] = field(default_factory=list)
+    # Victims the rows leave in num_scheduled_tokens (no withdraw before
+    # their preempt row): out of ``scheduled`` in the shadow, kept here.
+    kept_victims: list[str] = field(default_factory=list)
     admitted: list[str] = field(default_factory=list)
     last_running_index: int = -1
     total: int = 0

@@ -16,7 +16,7 @@ INVARIANTS = [
               SAFETY, "Only a running request holds KV and a slot to give back; preempting a waiting or finished one corrupts its state in every version (mission invariant 1)."),
     Invariant("NO-ADMIT-AFTER-PREEMPT", "A step that preempted admits nothing from waiting.", "3.1 step 5, 8 #4",
               SAFETY, "A step that had to preempt is out of KV: admitting from waiting in it takes blocks the preemption freed for running requests and thrashes; every v1 release gates the waiting loop on no preemption (mission invariant 2)."),
-    Invariant("PREEMPT-EFFECTS", "A preempted request gives back every block it holds, leaves running, and resumes from a fresh prefix lookup (num_computed_tokens reset).", "4.3, 8 #5",
+    Invariant("PREEMPT-EFFECTS", "A preempted request gives back every block it holds, leaves running, and resumes from a fresh prefix lookup: after the step's schedule() it is PREEMPTED with 0 computed tokens (num_computed_tokens reset).", "4.3, 8 #5",
               SAFETY, "A preempted request is recomputed from scratch: it must leave running and restart from num_computed_tokens 0 (or the prefix hit it finds on resume), or it reuses KV it gave back."),
     Invariant("PREEMPT-WAITING-HEAD", "FCFS: this step's victims sit at the head of waiting in their former running order; PRIORITY: waiting stays in priority order.", "4.4, 8 #11",
               SEMANTICS, "Where victims go in waiting (the head, in former running order) is the v1 scheduler's design."),
@@ -24,13 +24,25 @@ INVARIANTS = [
               SEMANTICS, "FCFS victim choice (the tail of running) is the v1 scheduler's design."),
     Invariant("PRIORITY-VICTIM-MAX", "PRIORITY: each victim has the largest (priority, arrival_time) among the current running requests.", "4.2, 8 #8",
               SEMANTICS, "PRIORITY victim choice (largest (priority, arrival_time)) is the v1 scheduler's design."),
-    Invariant("PRIORITY-GIVE-BACK", "Only under PRIORITY is a request scheduled earlier in the step withdrawn, exactly its tokens are given back, and it is then preempted; it is absent from the step's output.", "4.2, 8 #9",
-              SEMANTICS, "Withdrawing a request scheduled earlier in the step is 0.33.0's PRIORITY design; that a victim is absent from the output is the safety rule SCHEDULED-ONCE / the preempted-and-scheduled checks."),
+    Invariant("PRIORITY-GIVE-BACK", "Only under PRIORITY is a request scheduled earlier in the step withdrawn, exactly its tokens are given back, and it is then preempted.", "4.2, 8 #9",
+              SEMANTICS, "Withdrawing a request scheduled earlier in the step is 0.33.0's PRIORITY design; that a victim is absent from the output is the safety rule SCHEDULED-NOT-PREEMPTED."),
+    Invariant("SCHEDULED-NOT-PREEMPTED", "No request that a step's schedule() preempted is in that step's num_scheduled_tokens: a victim scheduled earlier in the step is taken out of the output before it is preempted.", "4.2, 4.5, 8 #9",
+              SAFETY, "A victim's blocks are freed in the step: a num_scheduled_tokens entry for it makes the worker run tokens for a request whose KV is gone, in every version."),
+    Invariant("PREEMPTED-NO-DRAFTS", "A preempted request holds no draft tokens and none are scheduled for it: after schedule() and after the draft update, no request outside the running queue (PREEMPTED or waiting) holds drafts, and a victim's drafts are not in the step's output.", "4.3, 8 #5",
+              SAFETY, "Drafts are proposed for the position after a request's last token; a preempted request recomputes from scratch, so drafts it keeps would be verified against a stale position on resume, in every version (mission invariant 3)."),
     Invariant("RESET-PREEMPTS-RUNNING", "A forced prefix-cache reset (reset_running_requests) preempts exactly the running requests, from the tail of running, before the step's schedule(); those preemptions do not count as the step's (admission proceeds) but are reported in preempted_req_ids.", "vLLM Scheduler.reset_prefix_cache",
               SEMANTICS, "reset_prefix_cache(reset_running_requests=True) and how it preempts are 0.33.0 API design."),
     Invariant("WAITING-NEVER-PREEMPTS", "Admissions from waiting never preempt: no preemption follows an admission in a step.", "3.4 step 11, 8 #33",
               SEMANTICS, "The waiting loop never preempting (only the running loop does) is the v1 scheduler's design."),
 ]
+
+#: Checks that need schema 6 (a request_state row per victim): id -> (the
+#: part a schema-5 trace cannot feed, "" for all of it; what it lacks).
+NEEDS_OBSERVED = {
+    "PREEMPTED-NO-DRAFTS": ("", "no request_state rows: the drafts a request holds are not recorded"),
+    "PREEMPT-EFFECTS": ("a victim's status and computed tokens after schedule()",
+                        "no request_state rows; the blocks it gives back are checked"),
+}
 
 
 def check_no_admission_before(m: TraceModel, st: StepState, rid: str) -> None:
@@ -62,12 +74,40 @@ def check_victim(m: TraceModel, st: StepState, rid: str, req: ReqShadow | None) 
 
 
 def check_scheduled_victim_withdrawn(m: TraceModel, st: StepState, rid: str) -> bool:
-    """PRIORITY-GIVE-BACK: a victim scheduled earlier in the step was withdrawn
-    first. True when it was not (the caller drops it from the step's schedule)."""
-    if rid in st.scheduled:
-        m.violate("PRIORITY-GIVE-BACK", rid, "preempted after being scheduled this step without a withdraw")
-        return True
-    return False
+    """SCHEDULED-NOT-PREEMPTED at a ``preempt`` row: a victim scheduled
+    earlier in the step was withdrawn first (a ``withdraw`` row: it left
+    num_scheduled_tokens), else the output schedules a preempted request; and
+    PREEMPTED-NO-DRAFTS: drafts scheduled for it stay in the output with it.
+    True when it was not withdrawn (the caller drops it from the shadow's
+    schedule and keeps it in ``st.kept_victims``, the ids the rows still give
+    num_scheduled_tokens)."""
+    if rid not in st.scheduled:
+        return False
+    m.violate("SCHEDULED-NOT-PREEMPTED", rid, f"preempted, but it stays in num_scheduled_tokens with "
+                                             f"{st.scheduled_tokens.get(rid)} tokens (no withdraw before)")
+    if st.drafts.get(rid):
+        m.violate("PREEMPTED-NO-DRAFTS", rid, f"preempted, but the step's output still schedules its "
+                                             f"drafts {st.drafts[rid]}")
+    return True
+
+
+def check_state_row(m: TraceModel, st: StepState, ev: dict, after: str) -> None:
+    """At a ``request_state`` row (schema 6; ``after``: "schedule()" or "the
+    draft update"): PREEMPTED-NO-DRAFTS, a request not RUNNING holds no
+    drafts; PREEMPT-EFFECTS, a victim of this step's schedule() is now
+    PREEMPTED with 0 computed tokens, and so is a forced reset's victim
+    that was not resumed (status PREEMPTED: neither admitted nor loading)."""
+    rid, status, computed = ev["request_id"], ev["status"], ev["num_computed_tokens"]
+    drafts = list(ev["spec_token_ids"] or [])
+    if status != "RUNNING" and drafts:
+        m.violate("PREEMPTED-NO-DRAFTS", rid, f"{status} after {after}, but it holds drafts {drafts}")
+    if after != "schedule()":
+        return
+    if rid in st.preempted and status != "PREEMPTED":
+        m.violate("PREEMPT-EFFECTS", rid, f"preempted in this step, but its status after schedule() is {status}")
+    elif (rid in st.preempted or rid in st.reset_preempted) and status == "PREEMPTED" and computed != 0:
+        m.violate("PREEMPT-EFFECTS", rid, f"preempted in this step, but it holds {computed} computed tokens "
+                                         f"after schedule() (a resume must start from a fresh prefix lookup)")
 
 
 

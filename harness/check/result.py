@@ -80,9 +80,10 @@ class CheckResult:
     num_violations: int = 0
     by_invariant: dict[str, int] = field(default_factory=dict)
     profile: str = ""  # the semantics profile checked under (harness.check.profiles)
-    # Why that profile (e.g. "recorded by vLLM 0.29.0"), and what could not
-    # be checked (e.g. an invariant whose columns a schema lacks).
+    # Why that profile (e.g. "recorded by vLLM 0.29.0").
     profile_reason: str = ""
+    # What could not be checked, one line each (e.g. "PREEMPTED-NO-DRAFTS:
+    # not checkable on schema 5 (...)"): not violations.
     notes: list[str] = field(default_factory=list)
 
     @property

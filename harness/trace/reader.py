@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.trace.schema import (COLUMNS, METADATA_KEY, READABLE_VERSIONS, SCENARIO_SCHEMA_VERSION,
-                                  SCHEMA_VERSION, SUMMARY_KEY, absent_columns)
+from harness.trace.schema import (COLUMNS, METADATA_KEY, READABLE_VERSIONS, SCHEMA_VERSION, SUMMARY_KEY,
+                                  absent_columns)
 from reference.config import ConfigError, EngineConfig
 
 
@@ -103,7 +103,7 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
     if not isinstance(meta, dict):
         raise TraceError(f"{p}: sched-harness metadata is not a JSON object")
     version = meta.get("schema_version")
-    known = (SCHEMA_VERSION, SCENARIO_SCHEMA_VERSION, *READABLE_VERSIONS)
+    known = (SCHEMA_VERSION, *READABLE_VERSIONS)
     if version not in known or isinstance(version, bool):
         hint = "; re-record it with this harness" if isinstance(version, int) and version < SCHEMA_VERSION else ""
         raise TraceError(f"{p}: unknown trace schema version {version!r} "

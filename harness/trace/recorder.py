@@ -7,10 +7,13 @@ inputs (``arrival``, ``reject``, ``abort``); if a batch was scheduled,
 ``schedule_end`` (state after); if the oldest batch in flight was processed,
 ``update_begin`` (which batch), ``free_drain`` (deferred frees released),
 ``kv_invalid`` (failed KV loads), ``output`` (model output), ``finish``,
-``kv_finished`` (+ ``kv_free``), ``draft``, ``update_end``. A step whose
-candidate raised (``StepRecord.crash``) keeps the rows of what happened
-before, as far as ``Crash.stage`` says they are known, and ends on a ``crash``
-row.
+``kv_finished`` (+ ``kv_free``), ``draft``, ``update_end``. ``request_state``
+rows (schema 6) follow ``schedule_end`` (what the step's victims, and any
+request not running that holds drafts, hold after schedule()) and precede
+``update_end`` (any request not running that holds drafts after the draft
+update). A step whose candidate raised (``StepRecord.crash``) keeps the rows
+of what happened before, as far as ``Crash.stage`` says they are known, and
+ends on a ``crash`` row.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from reference.config import EngineConfig
 from reference.candidate import CandidateCrash, CandidateFactory
 from reference.engine import Crash, Engine, EngineStalled, EngineSummary, StepRecord
 from reference.output import (EncoderPlan, FinishedRequest, Preemption, PrefixCacheReset, Promotion,
-                              RemoteLoad, ScheduledRequest, Skip, Withdrawal)
+                              RemoteLoad, RequestState, ScheduledRequest, Skip, Withdrawal)
 from reference.runners.base import RunnerFactory
 from reference.scheduler import Scheduler
 from reference.workload import RequestSpec, Workload
@@ -80,14 +83,6 @@ def spec_from_row(row: Row) -> RequestSpec:
     )
 
 
-def uses_scenario_inputs(workload: Workload) -> bool:
-    """Whether a request of ``workload`` uses an input only schema 5 records
-    (``harness.trace.schema.SCENARIO_COLUMNS``)."""
-    return bool(workload.actions) or any(
-        not r.by_time or r.abort_step is not None or r.output_token_ids is not None
-        or r.draft_acceptance_pattern is not None for r in workload.requests)
-
-
 def _finish_row(kind: str, fin: FinishedRequest) -> Row:
     return {
         "kind": kind,
@@ -141,7 +136,9 @@ def _rank_rows(rec: StepRecord) -> list[Row]:
                      "finished_req_ids": sorted(out.finished_req_ids),
                      "defer_prefills": out.defer_prefills,
                      "prefill_capacity_bound": out.prefill_capacity_bound,
-                     "free_encoder_mm_hashes": out.free_encoder_mm_hashes or None})
+                     "free_encoder_mm_hashes": out.free_encoder_mm_hashes or None,
+                     "request_data_ids": out.data_ids})
+        rows += [_state_row(s) for s in rec.states_after_schedule]
     if rec.update is not None or (crash is not None and crash.stage == "update"):
         rows.append({"kind": "update_begin", "batch_step": rec.update_batch_step,
                      **({} if began else {"clock_s": rec.clock})})
@@ -167,6 +164,7 @@ def _rank_rows(rec: StepRecord) -> list[Row]:
         rows += [{"kind": "draft", "request_id": req_id, "spec_token_ids": drafts}
                  for req_id, drafts in rec.drafts.items()]
         if crash is None:
+            rows += [_state_row(s) for s in rec.states_after_drafts]
             rows.append({"kind": "update_end", "num_free_blocks": rec.num_free_blocks_after_update})
     if crash is not None:
         rows.append(crash_row(crash))
@@ -179,6 +177,15 @@ def crash_row(crash: Crash) -> Row:
     innermost frame of candidate code, ``"path:line"``; docs/trace-format.md)."""
     return {"kind": "crash", "status": crash.call, "message": crash.message,
             "stop_reason": crash.where or None}
+
+
+def _state_row(state: RequestState) -> Row:
+    """A ``request_state`` row: what the request holds at that point of the
+    step (after ``schedule_end``: after schedule(); before ``update_end``:
+    after the draft update). ``spec_token_ids`` is [] when it holds none."""
+    return {"kind": "request_state", "request_id": state.request_id, "status": state.status.name,
+            "num_computed_tokens": state.num_computed_tokens,
+            "spec_token_ids": list(state.spec_token_ids)}
 
 
 def _action_rows(rec: StepRecord) -> list[Row]:
@@ -303,7 +310,7 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
     meta = trace_metadata(workload, config, seed, engine, model)
     engine_obj = Engine(config, seed=seed, candidate_factory=candidate_factory,
                         runner_factory=runner_factory)
-    with TraceWriter(out_path, meta, scenario_columns=uses_scenario_inputs(workload)) as writer:
+    with TraceWriter(out_path, meta) as writer:
         def on_step(rec: StepRecord) -> None:
             writer.add_step(step_rows(rec))
             if on_progress is not None:

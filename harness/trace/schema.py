@@ -10,26 +10,51 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-#: The version of a trace whose requests use no scenario input (every golden).
-SCHEMA_VERSION = 4
-#: The version of a trace whose requests use a scenario input, or whose
-#: workload has ``[[actions]]``: schema 4 plus SCENARIO_COLUMNS (and the
-#: ``reset_prefix_cache`` event kind). The writer picks the lowest version that holds the run
-#: (``TraceWriter(..., scenario_columns=...)``), so a recording without
-#: scenario inputs keeps schema 4's bytes: goldens need no re-recording for it.
+#: The version every new trace is written in: all of SCHEMA's columns.
+#: Schema 6 = schema 5 (whose scenario columns are now always present, null
+#: when unused) plus OBSERVED_COLUMNS and the ``request_state`` event kind:
+#: what each step's decisions leave behind, observed rather than assumed.
+SCHEMA_VERSION = 6
+#: Schema 5: schema 4 plus SCENARIO_COLUMNS (and the ``reset_prefix_cache``
+#: event kind); it was written only for runs that used a scenario input.
 SCENARIO_SCHEMA_VERSION = 5
 # A scenario request's step-indexed inputs (docs/scenario-format.md).
 SCENARIO_COLUMNS = ("arrival_step", "after", "abort_step", "output_token_ids", "draft_acceptance_pattern")
+# Schema 6: the ids the step's request data carried (schedule_end).
+OBSERVED_COLUMNS = ("request_data_ids",)
 #: Older versions this harness still reads, with the schema-4 columns each
-#: lacks (read as null); every version below 5 also lacks SCENARIO_COLUMNS.
+#: lacks (read as null); every version below 5 also lacks SCENARIO_COLUMNS,
+#: every version below 6 OBSERVED_COLUMNS (and has no ``request_state`` rows).
 READABLE_VERSIONS = {3: ("num_external_tokens", "reserved_blocks", "mm_positions", "encoder_input_ids",
-                         "free_encoder_mm_hashes")}
+                         "free_encoder_mm_hashes"), 4: (), 5: ()}
+#: The version that first recorded the ``request_state`` rows and
+#: OBSERVED_COLUMNS (the checks that need them say "not checkable" below it).
+OBSERVED_SINCE = 6
 
 
 def absent_columns(version: int) -> tuple[str, ...]:
     """The columns a trace of ``version`` (a readable one) lacks: they read as null."""
-    return READABLE_VERSIONS.get(version, ()) + (() if version == SCENARIO_SCHEMA_VERSION
-                                                 else SCENARIO_COLUMNS)
+    absent = READABLE_VERSIONS.get(version, ())
+    if version < SCENARIO_SCHEMA_VERSION:
+        absent += SCENARIO_COLUMNS
+    if version < OBSERVED_SINCE:
+        absent += OBSERVED_COLUMNS
+    return absent
+
+
+def rows_as_of(version: int, rows: list[dict]) -> list[dict]:
+    """``rows`` (one step's, as this harness writes them) as a trace of
+    ``version`` records them: below 6 without ``request_state`` rows and
+    with OBSERVED_COLUMNS null (``event_index`` renumbered), so an older
+    trace compares equal to a re-recording of the same decisions (replay,
+    golden update, diff)."""
+    if version >= OBSERVED_SINCE:
+        return rows
+    blank = dict.fromkeys(OBSERVED_COLUMNS)
+    kept = [row for row in rows if row["kind"] != "request_state"]
+    return [{**row, **blank, "event_index": i} for i, row in enumerate(kept)]
+
+
 METADATA_KEY = b"sched_harness"
 # Written in the footer when the run ends: {"steps", "events", "stalled"}, plus
 # "crashed" (the crash's one line) when the candidate raised.
@@ -109,16 +134,23 @@ SCHEMA = pa.schema([
     pa.field("abort_step", _i32),
     pa.field("output_token_ids", _ids),
     pa.field("draft_acceptance_pattern", pa.string()),
+    # Observed outcomes (schema 6): on schedule_end, the ids the step's
+    # request data carried (vLLM scheduled_new_reqs, then
+    # scheduled_cached_reqs.req_ids), recorded apart from the schedule rows
+    # (the keys of num_scheduled_tokens).
+    pa.field("request_data_ids", _strs),
 ])
 COLUMNS = tuple(SCHEMA.names)
-#: Schema 4: the columns of a trace without scenario inputs.
-BASE_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in SCENARIO_COLUMNS])
 
 EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "encoder_plan", "schedule", "withdraw",
                "preempt", "skip", "kv_load", "kv_promote", "schedule_end", "update_begin", "free_drain",
                "kv_invalid", "output", "finish", "kv_finished", "kv_free", "draft", "update_end",
-               # Schema 5 only: a scenario action (docs/scenario-format.md).
+               # Schema 5 and later: a scenario action (docs/scenario-format.md).
                "reset_prefix_cache",
                # The candidate raised: the step's last row (status: the call,
                # message: "<Type>: <text>", stop_reason: where, "path:line").
-               "crash")
+               "crash",
+               # Schema 6: what a request holds after schedule() (a request it
+               # preempted, or one not running that holds drafts) or after the
+               # draft update (one not running that holds drafts).
+               "request_state")

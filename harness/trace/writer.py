@@ -19,8 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.trace.schema import (BASE_SCHEMA, METADATA_KEY, SCENARIO_SCHEMA_VERSION, SCHEMA, SCHEMA_VERSION,
-                                  SUMMARY_KEY)
+from harness.trace.schema import METADATA_KEY, SCHEMA, SCHEMA_VERSION, SUMMARY_KEY
 
 
 class TraceWriter:
@@ -29,17 +28,15 @@ class TraceWriter:
     Use as a context manager; an exception inside discards the temporary
     file and leaves any existing ``path`` untouched. ``add_step(rows)`` takes
     one step's rows (dicts keyed by column name; missing keys are null).
-    ``scenario_columns``: write schema 5 (with the scenario columns) instead
-    of schema 4; a row's scenario keys are dropped in schema 4, so pass True
-    whenever a request uses one (``recorder.uses_scenario_inputs``).
+    Every trace is written in schema ``SCHEMA_VERSION`` (all columns).
     """
 
     def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any],
-                 rows_per_group: int = 50_000, *, scenario_columns: bool = False) -> None:
+                 rows_per_group: int = 50_000) -> None:
         self.path = Path(path)
         self.rows_per_group = rows_per_group
-        meta = {"schema_version": SCENARIO_SCHEMA_VERSION if scenario_columns else SCHEMA_VERSION, **meta}
-        schema = (SCHEMA if scenario_columns else BASE_SCHEMA).with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
+        meta = {"schema_version": SCHEMA_VERSION, **meta}
+        schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         os.close(fd)

@@ -93,3 +93,26 @@ def test_a_crash_row_fails_even_a_complete_trace(scenario_rows) -> None:
     step, step_rows = rows[-1]
     step_rows.append(_crash_row(step, len(step_rows)))
     assert check_steps(config, rows).by_invariant == {"ENGINE-CRASH": 1}
+def test_scheduled_has_data_fires_on_request_data_that_differs_from_num_scheduled_tokens(scenario_rows) -> None:
+    """schedule_end's request_data_ids (schema 6) against the step's schedule
+    rows: an id twice, an id missing, an id not scheduled; null (an older
+    trace) is not checked."""
+    config, rows = scenario_rows("fcfs-roomy")
+    step, step_rows = next((s, r) for s, r in rows if any(x["kind"] == "schedule" for x in r))
+    end = next(r for r in step_rows if r["kind"] == "schedule_end")
+    data = list(end["request_data_ids"])
+    assert data and check_steps(config, rows).ok
+
+    def witnesses(ids):
+        end["request_data_ids"] = ids
+        return [(v.invariant, v.step, v.request, v.message) for v in check_steps(config, rows).violations]
+
+    assert witnesses(data + data[:1]) == [("SCHEDULED-HAS-DATA", step, data[0],
+                                           f"request data carries {data[:1]} more than once")]
+    assert witnesses(data[1:]) == [("SCHEDULED-HAS-DATA", step, data[0],
+                                    f"in num_scheduled_tokens without request data: {data[:1]} "
+                                    f"(request data {data[1:]})")]
+    assert witnesses(data + ["r999999"]) == [("SCHEDULED-HAS-DATA", step, "r999999",
+                                              f"request data for ['r999999'], absent from "
+                                              f"num_scheduled_tokens {data}")]
+    assert witnesses(None) == []

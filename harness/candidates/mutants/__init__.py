@@ -21,7 +21,8 @@ from harness.candidates.mutants.queues import (AdmitAfterPreempt, PreemptHead, I
                                                NoStopOnMaxTokens, PreemptWaiting, LifoPriorityVictim,
                                                NoGiveBack, BudgetOverrun, IgnoreThreshold,
                                                ReverseRunningOrder, ForgetFinishedIds, AdmissionPreempts,
-                                               ResetPreemptsHead, CrashInSchedule)
+                                               ResetPreemptsHead, CrashInSchedule, VictimStaysScheduled,
+                                               PreemptKeepsDrafts)
 from harness.candidates.mutants.blocks import (LeakOnFinish, HitEvictedBlock, LeakOnAbort, DoubleFreeShared,
                                                FreeUnhashedToTail, PreemptKeepsBlock, OverAllocate,
                                                ReuseHeldBlock, ResetWhileHeld, ResetKeepsCache, FreeHeadFirst)
@@ -39,7 +40,9 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "preempt-head": (PreemptHead, "FCFS-VICTIM-TAIL"),
     "preempt-waiting": (PreemptWaiting, "PREEMPT-ONLY-RUNNING"),
     "lifo-priority-victim": (LifoPriorityVictim, "PRIORITY-VICTIM-MAX"),
-    "no-give-back": (NoGiveBack, "PRIORITY-GIVE-BACK"),
+    "no-give-back": (NoGiveBack, "SCHEDULED-NOT-PREEMPTED"),
+    "victim-stays-scheduled": (VictimStaysScheduled, "SCHEDULED-HAS-DATA"),
+    "preempt-keeps-drafts": (PreemptKeepsDrafts, "PREEMPTED-NO-DRAFTS"),
     "leak-on-finish": (LeakOnFinish, "BLOCK-CONSERVATION"),
     "leak-on-abort": (LeakOnAbort, "FREE-WHOLE-TABLE"),
     "free-head-first": (FreeHeadFirst, "FREE-ORDER"),

@@ -38,6 +38,7 @@ class AdmitAfterPreempt(Scheduler):
         output.events.append(ScheduledRequest(request.request_id, kind, 0, n, 0,
                                               self.kv_cache_manager.get_block_ids(request.request_id)))
         output.num_scheduled_tokens[request.request_id] = n
+        output.request_data_ids.append(request.request_id)
         output.total_num_scheduled_tokens += n
         output.token_budget -= n
         request.status = RequestStatus.RUNNING
@@ -96,17 +97,57 @@ class LifoPriorityVictim(Scheduler):
 
 
 class NoGiveBack(Scheduler):
-    """PRIORITY victim scheduled earlier in the step keeps its tokens in the
-    output: the worker runs a preempted request (PRIORITY-GIVE-BACK)."""
+    """PRIORITY victim scheduled earlier in the step keeps its tokens and its
+    request data in the output: the worker runs a preempted request
+    (SCHEDULED-NOT-PREEMPTED)."""
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         output = super().schedule(throttle_prefills)
-        for event in [e for e in output.events if isinstance(e, Withdrawal)]:
-            output.events.remove(event)
-            output.num_scheduled_tokens[event.request_id] = event.num_scheduled_tokens
-            output.total_num_scheduled_tokens += event.num_scheduled_tokens
-            output.token_budget -= event.num_scheduled_tokens
+        for event in _keep_withdrawn(output):
+            # (A step that preempted admits nothing: its request data is the
+            # running requests', which the victim rejoins.)
+            output.request_data_ids.append(event.request_id)
         return output
+
+
+class VictimStaysScheduled(Scheduler):
+    """A PRIORITY victim scheduled earlier in the step leaves the request
+    data (vLLM's ``scheduled_running_reqs.remove``) but stays in
+    ``num_scheduled_tokens`` (its ``num_scheduled_tokens.pop`` forgotten): a
+    key without request data, for a preempted request (SCHEDULED-HAS-DATA,
+    and SCHEDULED-NOT-PREEMPTED)."""
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        output = super().schedule(throttle_prefills)
+        _keep_withdrawn(output)
+        return output
+
+
+def _keep_withdrawn(output: SchedulerOutput) -> list[Withdrawal]:
+    """Undo the output's PRIORITY give-backs: each withdrawn victim's tokens
+    go back into ``num_scheduled_tokens`` (and the totals); returns the
+    withdrawals undone."""
+    withdrawals = [e for e in output.events if isinstance(e, Withdrawal)]
+    for event in withdrawals:
+        output.events.remove(event)
+        output.num_scheduled_tokens[event.request_id] = event.num_scheduled_tokens
+        output.total_num_scheduled_tokens += event.num_scheduled_tokens
+        output.token_budget -= event.num_scheduled_tokens
+    return withdrawals
+
+
+class PreemptKeepsDrafts(Scheduler):
+    """A victim keeps the draft tokens it held (vLLM's ``spec_token_ids = []``
+    in ``_preempt_request`` forgotten): a PREEMPTED request waits holding
+    drafts (PREEMPTED-NO-DRAFTS). A running request holds the drafts of
+    the last draft update until it is scheduled, so a victim taken before
+    its turn in the running loop holds some."""
+
+    def _preempt_request(self, request: Request) -> Preemption:
+        drafts = list(request.spec_token_ids)
+        preemption = super()._preempt_request(request)
+        request.spec_token_ids = drafts
+        return preemption
 
 
 class BudgetOverrun(Scheduler):
@@ -159,6 +200,7 @@ class AdmissionPreempts(Scheduler):
         last = admitted[-1]
         request = self.requests[last.request_id]
         n = output.num_scheduled_tokens.pop(last.request_id)
+        output.request_data_ids.remove(last.request_id)
         output.total_num_scheduled_tokens -= n
         output.token_budget += n
         request.num_computed_tokens -= n

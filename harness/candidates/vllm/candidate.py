@@ -35,7 +35,7 @@ from typing import Any
 from reference.config import EngineConfig
 from reference.kv_connector import KVConnectorOutput
 from reference.output import (FinishedRequest, KVTransferFree, Preemption, PrefixCacheReset, Promotion, RemoteLoad,
-                              ScheduledRequest, SchedulerOutput, SchedulerSnapshot, Skip,
+                              RequestState, ScheduledRequest, SchedulerOutput, SchedulerSnapshot, Skip,
                               UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus
 
@@ -265,7 +265,11 @@ def _finished(item: dict[str, Any]) -> FinishedRequest:
 
 
 def _snapshot(data: dict[str, Any]) -> SchedulerSnapshot:
-    return SchedulerSnapshot(tuple(data["waiting"]), tuple(data["running"]), data["num_free_blocks"])
+    states = data.get("request_states")
+    return SchedulerSnapshot(tuple(data["waiting"]), tuple(data["running"]), data["num_free_blocks"],
+                             None if states is None else
+                             tuple(RequestState(i, _status(status), computed, tuple(drafts))
+                                   for i, status, computed, drafts in states))
 
 
 def _status(name: str) -> RequestStatus:
@@ -311,6 +315,7 @@ def _output(data: dict[str, Any]) -> SchedulerOutput:
         throttle_prefills=data.get("throttle_prefills", False),
         defer_prefills=data.get("defer_prefills", False),
         prefill_capacity_bound=data.get("prefill_capacity_bound", False),
+        request_data_ids=data.get("request_data_ids"),
     )
 
 
@@ -446,6 +451,8 @@ class VLLMCandidate:
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> dict[str, list[int]]:
         answer = self._call("drafts", drafts={k: list(v) for k, v in draft_token_ids.items()})
+        if "snapshot" in answer:
+            self._snap = _snapshot(answer["snapshot"])
         return {k: list(v) for k, v in answer["stored"].items()}
 
     def has_request(self, request_id: str) -> bool:

@@ -24,12 +24,15 @@ Each request is ``{"op": NAME, ...}``; each answer is ``{"ok": true, ...}`` or
   num_rejected_draft_tokens, drained, snapshot}`` (applies to the oldest
   ``schedule`` output not yet updated); with ``kv`` (KV connector on) also
   ``{finished_recving, invalid_block_ids, kv_freed: [[id, blocks, fence]]}``
-- ``drafts``   ``{drafts: {request_id: [token ids]}}`` -> ``{stored}``
+- ``drafts``   ``{drafts: {request_id: [token ids]}}`` -> ``{stored, snapshot}``
   (``Scheduler.update_draft_token_ids``; speculative decoding with synchronous
   scheduling only: under async scheduling ``EngineCore.post_step`` hands no
   drafts to the scheduler, which schedules ``-1`` placeholders the worker
   fills, so the op is refused there)
-- ``snapshot`` -> ``{snapshot: {waiting, running, num_free_blocks}}``
+- ``snapshot`` -> ``{snapshot: {waiting, running, num_free_blocks, request_states}}``
+  (``request_states``: ``events.request_states`` for the latest
+  ``schedule``'s preempted ids: ``[[id, status, num_computed_tokens,
+  spec_token_ids], ...]``)
 - ``stats``    -> op counts and seconds spent inside vLLM per op
 - ``shutdown`` -> answers, then exits 0
 
@@ -45,8 +48,9 @@ The order comes from wrapping, on the scheduler instance,
 ``kv_cache_manager.allocate_slots`` (each successful call is a scheduling
 decision), ``_preempt_request``, ``kv_cache_manager.free`` and
 ``pop_blocks_for_free`` (the blocks a request releases, tail first) and the
-``deferred_waiting`` set (a waiting-loop skip); the values are taken from (and
-checked against) the real ``SchedulerOutput`` (``events.py``).
+``deferred_waiting`` set (a waiting-loop skip); the values are taken from the
+real ``SchedulerOutput``, an inconsistent one recorded as it is, with the ids
+its request data carries (``request_data_ids``; ``events.py``).
 
 Pipelining (the harness's ``pipeline_parallel_size``, ``async_scheduling``,
 ``defer_block_free``), driven as vLLM's ``EngineCore.step_with_batch_queue``
@@ -619,6 +623,8 @@ class Driver:
         # Chronological decisions of each schedule() and the blocks each free
         # releases (tail first).
         self.hooks = ev.DecisionHooks(self.sched)
+        # The latest schedule()'s preempted ids: snapshots report their states.
+        self.last_preempted: list[str] = []
 
     # -- requests -------------------------------------------------------------
     def _require(self):
@@ -687,7 +693,7 @@ class Driver:
         return ev.num_free_blocks(self.sched)
 
     def snapshot(self) -> dict:
-        return ev.snapshot(self._require())
+        return ev.snapshot(self._require(), self.last_preempted)
 
     # -- schedule -------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> dict:
@@ -708,7 +714,9 @@ class Driver:
             self.hooks.end()
         self.in_flight.append(so)
         output = ev.normalise(so, self.hooks.seq, use_v2=self.use_v2,
-                              max_num_scheduled_tokens=self.max_num_scheduled_tokens)
+                              max_num_scheduled_tokens=self.max_num_scheduled_tokens,
+                              requests=sched.requests)
+        self.last_preempted = list(output["preempted_req_ids"])
         output.update(throttle_prefills=bool(throttle_prefills), defer_prefills=defer,
                       prefill_capacity_bound=bool(getattr(sched, "prefill_capacity_bound", False)))
         return {"output": output, "snapshot": self.snapshot()}
@@ -842,7 +850,7 @@ class Driver:
             request = sched.requests.get(req_id)
             if request is not None and not request.is_finished() and request.spec_token_ids:
                 stored[req_id] = list(request.spec_token_ids)
-        return {"stored": stored}
+        return {"stored": stored, "snapshot": self.snapshot()}
 
 
 def _one_line(exc: BaseException) -> str:

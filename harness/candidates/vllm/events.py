@@ -9,7 +9,7 @@ recomputation.
 
 Shapes (those of ``reference/output.py``, as the driver's protocol speaks them):
 ``normalise`` returns ``{events, num_scheduled_tokens, total_num_scheduled_tokens,
-preempted_req_ids, finished_req_ids, token_budget}`` where ``events`` is the
+preempted_req_ids, finished_req_ids, token_budget, request_data_ids}`` where ``events`` is the
 chronological list of ``{"type": "schedule", request_id, kind,
 num_computed_tokens, num_scheduled_tokens, num_prefix_hit_tokens,
 new_block_ids, spec_token_ids}``, ``{"type": "withdraw", request_id,
@@ -20,13 +20,20 @@ request_id, num_prefix_hit_tokens, num_external_tokens, block_ids,
 reserved_blocks}`` (an async-load admission: ``allocate_slots`` called with
 ``delay_cache_blocks=True``) and ``{"type": "kv_promote", request_id, status,
 num_computed_tokens, load_failed, freed_block_ids}`` (a finished load promoted
-by ``_handle_blocked_waiting_request``).
+by ``_handle_blocked_waiting_request``). ``snapshot`` adds ``request_states``
+(``request_states``: what vLLM's ``Request`` objects hold). Inconsistent
+outputs are recorded as they are (``normalise``); only malformed input
+raises NormalisationError, naming the field.
 
 Deferred block frees (vLLM's ``defer_block_free``, spec 5.10): a free that
 ``Scheduler._free_request_blocks`` defers goes through
 ``kv_cache_manager.pop_blocks_for_free`` instead of ``free``; the hooks record
 its blocks (tail first) and its fence (``sched_step_seq`` at the time), and
 ``_drain_deferred_frees`` is wrapped to report what each update released.
+
+One file over ~500 lines on purpose: it is loaded by path, alone, beside the
+driver and inside vLLM's engine-core process; a second file would be a
+second by-path load in both.
 """
 
 from __future__ import annotations
@@ -39,7 +46,9 @@ from array import array
 
 
 class NormalisationError(Exception):
-    """What the hooks saw disagrees with vLLM's own SchedulerOutput."""
+    """Malformed input: a SchedulerOutput field that cannot be read (the
+    message names it), or a decision the hooks could not observe. An
+    inconsistent but readable output is recorded, never refused."""
 
 
 def blocks_of(kv_blocks) -> list[int]:
@@ -176,7 +185,8 @@ class DecisionHooks:
                         spec = list(request.spec_token_ids[:n_spec])
                 hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
                                   n_new, bound.get("num_new_computed_tokens", 0),
-                                  blocks_of(result), spec))
+                                  blocks_of(result), spec,
+                                  blocks_of(kvm.get_blocks(request.request_id))))
             return result
 
         @functools.wraps(orig_free)  # keeps the signature for whoever wraps us
@@ -228,6 +238,8 @@ class DecisionHooks:
             freed = hooks.freed.pop(request.request_id, None)
             fence = hooks.fences.pop(request.request_id, None)
             if freed is None:
+                # Our hooks missed the free (a vLLM whose free path they do not
+                # wrap): the observation is broken, not the engine.
                 raise NormalisationError(f"preemption of {request.request_id} freed no blocks "
                                          f"through kv_cache_manager.free or pop_blocks_for_free")
             hooks.seq.append(("preempt", request.request_id, computed_before, freed, fence))
@@ -390,12 +402,30 @@ def waiting_in_service_order(sched) -> list:
     return first + merged + waiting[i:] + skipped[j:]
 
 
-def snapshot(sched) -> dict:
-    """``{waiting, running, num_free_blocks}``: queue orders (request ids;
-    waiting in service order, ``waiting_in_service_order``) and free blocks."""
+def snapshot(sched, preempted_req_ids=()) -> dict:
+    """``{waiting, running, num_free_blocks, request_states}``: queue orders
+    (request ids; waiting in service order, ``waiting_in_service_order``),
+    free blocks, and ``request_states(sched, preempted_req_ids)``."""
     waiting = [r.request_id for r in waiting_in_service_order(sched)]
     return {"waiting": waiting, "running": [r.request_id for r in sched.running],
-            "num_free_blocks": num_free_blocks(sched)}
+            "num_free_blocks": num_free_blocks(sched),
+            "request_states": request_states(sched, preempted_req_ids)}
+
+
+def request_states(sched, preempted_req_ids=()) -> list[list]:
+    """``[[request_id, status name, num_computed_tokens, spec_token_ids], ...]``
+    by request id (the harness's ``RequestState``, read off vLLM's
+    ``Request``): every unfinished request that is not RUNNING and holds
+    draft tokens, and every request of ``preempted_req_ids`` still known
+    (the latest ``schedule()``'s victims), each once."""
+    shown = {r.request_id: r for r in sched.requests.values()
+             if r.status.name != "RUNNING" and not r.is_finished() and getattr(r, "spec_token_ids", None)}
+    for req_id in preempted_req_ids:
+        request = sched.requests.get(req_id)
+        if request is not None:
+            shown[req_id] = request
+    return [[i, shown[i].status.name, int(shown[i].num_computed_tokens),
+             [int(t) for t in getattr(shown[i], "spec_token_ids", None) or ()]] for i in sorted(shown)]
 
 
 def finished_info(request, freed_block_ids: list[int], fence: int | None = None) -> dict:
@@ -438,52 +468,127 @@ def prefill_gate(sched, throttle_prefills: bool) -> bool:
     return defer
 
 
-def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: int) -> dict:
-    """The decisions of one ``schedule()`` call: ``seq`` (from ``DecisionHooks``)
-    in order, cross-checked against (and valued from) the real SchedulerOutput."""
+def _ids(value, field: str) -> list[str]:
+    """A SchedulerOutput list of request ids; NormalisationError naming ``field``
+    when it is not one."""
+    try:
+        ids = list(value)
+    except TypeError:
+        raise NormalisationError(f"SchedulerOutput.{field}: not a list of request ids "
+                                 f"({type(value).__name__})") from None
+    bad = [i for i in ids if not isinstance(i, str)]
+    if bad:
+        raise NormalisationError(f"SchedulerOutput.{field}: request id {bad[0]!r} is not a string")
+    return ids
+
+
+def _count(value, field: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise NormalisationError(f"SchedulerOutput.{field}: {value!r} is not an integer")
+    return value
+
+
+def _group_blocks(value, field: str) -> list[int]:
+    """Block ids of the single KV-cache group of a ``([ids], ...)`` field (or None)."""
+    if value is None:
+        return []
+    try:
+        blocks = list(value[0]) if len(value) else []
+    except (TypeError, IndexError, KeyError):
+        raise NormalisationError(f"SchedulerOutput.{field}: not a tuple of block-id lists "
+                                 f"({type(value).__name__})") from None
+    for b in blocks:
+        _count(b, field)
+    return blocks
+
+
+def request_data(so) -> tuple[list[str], dict[str, tuple[str, int, list[int]]]]:
+    """The request data of a SchedulerOutput: the ids it carries, in order
+    (``scheduled_new_reqs``, then ``scheduled_cached_reqs.req_ids``), and per
+    id (source "admitted" or "running", num_computed_tokens, new block ids).
+    Raises NormalisationError, naming the field, on malformed data (a
+    missing field, a wrong type, cached lists of unequal lengths)."""
+    ids: list[str] = []
     truth: dict[str, tuple[str, int, list[int]]] = {}
-    for nr in so.scheduled_new_reqs:
-        truth[nr.req_id] = ("admitted", nr.num_computed_tokens, list(nr.block_ids[0]))
-    cached = so.scheduled_cached_reqs
+    try:
+        new_reqs = list(so.scheduled_new_reqs)
+        cached = so.scheduled_cached_reqs
+        cached_ids = _ids(cached.req_ids, "scheduled_cached_reqs.req_ids")
+        cached_blocks = list(cached.new_block_ids)
+        cached_computed = list(cached.num_computed_tokens)
+    except AttributeError as exc:
+        raise NormalisationError(f"SchedulerOutput lacks a request-data field ({exc})") from None
+    for i, nr in enumerate(new_reqs):
+        req_id = _ids([getattr(nr, "req_id", None)], f"scheduled_new_reqs[{i}].req_id")[0]
+        ids.append(req_id)
+        truth.setdefault(req_id, ("admitted",
+                                  _count(nr.num_computed_tokens, f"scheduled_new_reqs[{i}].num_computed_tokens"),
+                                  _group_blocks(nr.block_ids, f"scheduled_new_reqs[{i}].block_ids")))
+    for name, values in (("new_block_ids", cached_blocks), ("num_computed_tokens", cached_computed)):
+        if len(values) != len(cached_ids):
+            raise NormalisationError(f"SchedulerOutput.scheduled_cached_reqs.{name}: {len(values)} entries "
+                                     f"for {len(cached_ids)} req_ids")
     resumed_ids = set(getattr(cached, "resumed_req_ids", ()) or ())
     resumed_flags = getattr(cached, "resumed_from_preemption", None)  # 0.10-era
-    for i, req_id in enumerate(cached.req_ids):
-        blocks = cached.new_block_ids[i]
-        blocks = list(blocks[0]) if blocks else []
+    for i, req_id in enumerate(cached_ids):
+        ids.append(req_id)
         resumed = req_id in resumed_ids or bool(resumed_flags and resumed_flags[i])
-        truth[req_id] = ("admitted" if resumed else "running", cached.num_computed_tokens[i], blocks)
+        truth.setdefault(req_id, (
+            "admitted" if resumed else "running",
+            _count(cached_computed[i], f"scheduled_cached_reqs.num_computed_tokens[{i}]"),
+            _group_blocks(cached_blocks[i], f"scheduled_cached_reqs.new_block_ids[{i}]")))
+    return ids, truth
+
+
+def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: int,
+              requests=None) -> dict:
+    """The decisions of one ``schedule()`` call: ``seq`` (from ``DecisionHooks``)
+    in order, valued from the real SchedulerOutput, recorded as they are.
+
+    The ``schedule`` events (less the ``withdraw`` ones) are the keys of
+    ``so.num_scheduled_tokens``, with its counts and drafts; the ids the
+    request data carries are ``request_data_ids``, kept apart, so an
+    inconsistent output shows in the trace (the checker judges it): a
+    victim still in ``num_scheduled_tokens`` keeps its ``schedule`` event
+    (no ``withdraw``), a key that was never allocated gets one at the end
+    (valued from its request data, else from ``requests[id]``, vLLM's
+    ``Scheduler.requests``, after ``_update_after_schedule``), an allocation
+    that left the output without a preemption becomes a ``withdraw``, a
+    request allocated twice has two events. Where the hooks and the output
+    disagree on a value, the output's (what the worker is told) is recorded.
+    Raises NormalisationError, naming the field, only on malformed input
+    (``request_data``; a count that is not an integer; a key that nothing
+    describes)."""
+    data_ids, truth = request_data(so)
+    try:
+        scheduled = {k: _count(v, f"num_scheduled_tokens[{k!r}]") for k, v in dict(so.num_scheduled_tokens).items()}
+        spec_tokens = dict(getattr(so, "scheduled_spec_decode_tokens", None) or {})
+    except (TypeError, ValueError):
+        raise NormalisationError("SchedulerOutput.num_scheduled_tokens: not a mapping of request ids "
+                                 "to token counts") from None
 
     events: list[dict] = []
-    live: dict[str, dict] = {}
+    live: dict[str, dict] = {}        # allocated in this step and not (yet) taken out
+    withdrawn: dict[str, dict] = {}   # victim id -> its withdraw event (kept only if it left the output)
+    tables: dict[str, list[int]] = {}
     for item in seq:
         if item[0] == "alloc":
-            _, req_id, status, computed_before, n_new, n_hit, new_blocks, spec = item
+            _, req_id, status, computed_before, n_new, n_hit, new_blocks, spec, *rest = item
             if status == "RUNNING":
                 kind, hit = "running", 0
-            elif status == "WAITING":
-                kind, hit = "new", n_hit
-            elif status == "PREEMPTED":
-                kind, hit = "resumed", n_hit
-            else:
-                raise NormalisationError(f"{req_id} allocated in status {status}")
-            if kind != "running":
+            else:  # an admission: PREEMPTED resumes, any other waiting status is new
+                kind, hit = ("resumed" if status == "PREEMPTED" else "new"), n_hit
                 computed_before += n_hit
+                tables[req_id] = list(rest[0]) if rest else list(new_blocks)
                 new_blocks = None  # the whole table, from the SchedulerOutput
             event = {"type": "schedule", "request_id": req_id, "kind": kind,
                      "num_computed_tokens": computed_before, "num_scheduled_tokens": n_new,
                      "num_prefix_hit_tokens": hit, "new_block_ids": new_blocks,
                      "spec_token_ids": spec}
-            if req_id in live:
-                raise NormalisationError(f"{req_id} allocated twice in one step")
             live[req_id] = event
             events.append(event)
         elif item[0] == "remote_load":
             _, req_id, status, n_hit, n_external, block_ids, reserved, n_new = item
-            if status not in ("WAITING", "PREEMPTED") or n_new != 0 or n_external <= 0:
-                raise NormalisationError(f"{req_id}: async load in status {status} with "
-                                         f"{n_new} new and {n_external} external tokens")
-            if req_id in live:
-                raise NormalisationError(f"{req_id} loads after it was scheduled in this step")
             events.append({"type": "kv_load", "request_id": req_id,
                            "num_prefix_hit_tokens": n_hit, "num_external_tokens": n_external,
                            "block_ids": block_ids, "reserved_blocks": reserved})
@@ -494,59 +599,73 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
                            "freed_block_ids": list(freed)})
         elif item[0] == "skip":
             _, req_id, reason = item
-            if req_id in live:
-                raise NormalisationError(f"{req_id} skipped after it was scheduled in this step")
             events.append({"type": "skip", "request_id": req_id, "reason": reason})
         else:
             _, req_id, computed_before, freed, *rest = item
             fence = rest[0] if rest else None
-            withdrawn = live.pop(req_id, None)
-            if withdrawn is not None:
-                if withdrawn["new_block_ids"] is None:
-                    raise NormalisationError(f"admitted {req_id} preempted in the same step")
-                events.append({"type": "withdraw", "request_id": req_id,
-                               "num_scheduled_tokens": withdrawn["num_scheduled_tokens"],
-                               "block_ids": list(withdrawn["new_block_ids"])})
+            victim = live.pop(req_id, None)
+            if victim is not None:
+                # A give-back, if the output dropped it (decided below).
+                blocks = victim["new_block_ids"]
+                withdraw = {"type": "withdraw", "request_id": req_id,
+                            "num_scheduled_tokens": victim["num_scheduled_tokens"],
+                            "block_ids": list(tables.get(req_id, []) if blocks is None else blocks),
+                            "_victim": victim}
+                withdrawn[req_id] = withdraw
+                events.append(withdraw)
             events.append({"type": "preempt", "request_id": req_id,
                            "num_computed_tokens": computed_before, "freed_block_ids": freed,
                            "fence": fence})
 
-    scheduled = dict(so.num_scheduled_tokens)
-    spec_tokens = dict(getattr(so, "scheduled_spec_decode_tokens", None) or {})
-    if list(live) != list(scheduled):
-        raise NormalisationError(f"hooked scheduling order {list(live)} differs from "
-                                 f"SchedulerOutput.num_scheduled_tokens {list(scheduled)}")
-    for req_id, event in live.items():
+    for req_id, withdraw in withdrawn.items():
+        victim = withdraw.pop("_victim")
+        if req_id in scheduled and req_id not in live:
+            events.remove(withdraw)  # still in num_scheduled_tokens: not given back
+            live[req_id] = victim
+    for req_id, event in list(live.items()):
+        if req_id not in scheduled:
+            # Allocated, then out of the output without a preemption.
+            blocks = event["new_block_ids"]
+            events.append({"type": "withdraw", "request_id": req_id,
+                           "num_scheduled_tokens": event["num_scheduled_tokens"],
+                           "block_ids": list(tables.get(req_id, []) if blocks is None else blocks)})
+            del live[req_id]
+            if blocks is None:
+                event["new_block_ids"] = list(tables.get(req_id, []))
+    for req_id, n in scheduled.items():
+        if req_id in live:
+            continue
+        # A key of num_scheduled_tokens that was never allocated.
         source, computed, blocks = truth.get(req_id, (None, None, None))
         if source is None:
-            raise NormalisationError(f"{req_id} scheduled but absent from new/cached reqs")
-        if (source == "running") != (event["kind"] == "running"):
-            raise NormalisationError(f"{req_id}: hook says {event['kind']}, SchedulerOutput "
-                                     f"says {source}")
-        if event["kind"] == "resumed" and not use_v2 and req_id not in resumed_ids \
-                and not resumed_flags:
-            raise NormalisationError(f"{req_id} resumed but not in resumed_req_ids")
-        if computed != event["num_computed_tokens"]:
-            raise NormalisationError(f"{req_id}: num_computed_tokens {event['num_computed_tokens']} "
-                                     f"(hook) vs {computed} (SchedulerOutput)")
-        if event["new_block_ids"] is not None and event["new_block_ids"] != blocks:
-            raise NormalisationError(f"{req_id}: new blocks {event['new_block_ids']} (hook) vs "
-                                     f"{blocks} (SchedulerOutput)")
-        drafts = list(spec_tokens.get(req_id, ()))
-        if event["kind"] == "running" and drafts != event["spec_token_ids"]:
-            raise NormalisationError(f"{req_id}: drafts {event['spec_token_ids']} (hook) vs "
-                                     f"{drafts} (SchedulerOutput)")
-        event["num_computed_tokens"] = computed
-        event["new_block_ids"] = blocks
+            request = (requests or {}).get(req_id)
+            if request is None:
+                raise NormalisationError(f"SchedulerOutput.num_scheduled_tokens[{req_id!r}]: "
+                                         f"scheduled, but neither allocated, nor in the request data, "
+                                         f"nor a known request")
+            source, computed, blocks = "running", int(request.num_computed_tokens) - n, []
+        event = {"type": "schedule", "request_id": req_id,
+                 "kind": "running" if source == "running" else "new", "num_computed_tokens": computed,
+                 "num_scheduled_tokens": n, "num_prefix_hit_tokens": 0, "new_block_ids": blocks,
+                 "spec_token_ids": []}
+        live[req_id] = event
+        events.append(event)
+    for req_id, event in live.items():
+        source, computed, blocks = truth.get(req_id, (None, None, None))
+        if source is not None:
+            event["num_computed_tokens"] = computed
+            event["new_block_ids"] = blocks
+        elif event["new_block_ids"] is None:
+            event["new_block_ids"] = list(tables.get(req_id, []))
         event["num_scheduled_tokens"] = scheduled[req_id]
-        event["spec_token_ids"] = drafts
-    preempted = sorted(so.preempted_req_ids) if hasattr(so, "preempted_req_ids") else \
-        sorted(e["request_id"] for e in events if e["type"] == "preempt")
-    total = so.total_num_scheduled_tokens
+        event["spec_token_ids"] = [int(t) for t in spec_tokens.get(req_id, ())]
+    preempted = (sorted(_ids(so.preempted_req_ids, "preempted_req_ids")) if hasattr(so, "preempted_req_ids")
+                 else sorted(e["request_id"] for e in events if e["type"] == "preempt"))
+    total = _count(so.total_num_scheduled_tokens, "total_num_scheduled_tokens")
     return {"events": events, "num_scheduled_tokens": [[k, v] for k, v in scheduled.items()],
             "total_num_scheduled_tokens": total, "preempted_req_ids": preempted,
-            "finished_req_ids": sorted(so.finished_req_ids),
-            "token_budget": max_num_scheduled_tokens - total}
+            "finished_req_ids": sorted(_ids(so.finished_req_ids, "finished_req_ids")),
+            "token_budget": max_num_scheduled_tokens - total, "request_data_ids": data_ids}
 
 
 def crash_info(exc: BaseException) -> dict:

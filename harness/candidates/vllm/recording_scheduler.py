@@ -48,10 +48,13 @@ vLLM config value, warnings), ``arrival`` (a request added: prompt and
 sampling parameters), ``abort`` (``finish_requests``: the requests it
 finished, in free order, and whether it happened between ``schedule`` and
 ``update_from_output``), ``schedule`` (queues and free blocks before and after,
-the normalised decisions), ``update`` (tokens sampled per scheduled request,
-requests finished, free blocks after), ``drafts`` (``update_draft_token_ids``:
-drafts stored), ``note`` (things the trace cannot represent: a prefix-cache
-reset, a streaming-input update), ``crash`` (vLLM raised in ``schedule()``,
+the normalised decisions with the request data's ids, and after it the
+``request_states`` of its victims and of requests not running that hold
+drafts), ``update`` (tokens sampled per scheduled request, requests
+finished, free blocks after), ``drafts`` (``update_draft_token_ids``: drafts
+stored, and the ``states`` of requests not running that hold drafts),
+``note`` (things the trace cannot represent: a prefix-cache reset, a
+streaming-input update), ``crash`` (vLLM raised in ``schedule()``,
 ``update_from_output()`` or ``update_draft_token_ids()``: the call, vLLM's
 exception type, message and innermost frame (``events.crash_info``), the
 queues before a crashed schedule, the tokens a crashed update was given; the
@@ -115,7 +118,10 @@ except ImportError:  # pragma: no cover - loaded by file path
     sys.modules[_spec.name] = _ev
     _spec.loader.exec_module(_ev)
 
-FORMAT = 1
+# 2: schedule outputs carry request_data_ids, snapshots request_states, drafts
+# records the states after the draft update. convert also reads format 1.
+FORMAT = 2
+READABLE_FORMATS = (1, FORMAT)
 ENV_PATH = "SCHED_HARNESS_TRACE"
 ENV_STRICT = "SCHED_HARNESS_STRICT"
 DEFAULT_PATH = "sched-harness-trace.jsonl"
@@ -395,11 +401,12 @@ class _Recorder:
         before, defer = pre
         sched = self.sched
         output = _ev.normalise(so, self.hooks.seq, use_v2=self.use_v2,
-                               max_num_scheduled_tokens=sched.max_num_scheduled_tokens)
+                               max_num_scheduled_tokens=sched.max_num_scheduled_tokens,
+                               requests=sched.requests)
         output.update(throttle_prefills=bool(throttle), defer_prefills=bool(defer),
                       prefill_capacity_bound=bool(getattr(sched, "prefill_capacity_bound", False)))
         self._write({"t": "schedule", "step": self.steps, "before": before, "output": output,
-                     "after": _ev.snapshot(sched)})
+                     "after": _ev.snapshot(sched, output["preempted_req_ids"])})
         self.mid_step = True
 
     def before_update(self, so, mro) -> tuple:
@@ -431,7 +438,8 @@ class _Recorder:
             request = self.sched.requests.get(req_id)
             if request is not None and not request.is_finished() and request.spec_token_ids:
                 stored.append([req_id, [int(t) for t in request.spec_token_ids]])
-        self._write({"t": "drafts", "step": self.steps - 1, "stored": stored})
+        self._write({"t": "drafts", "step": self.steps - 1, "stored": stored,
+                     "states": _ev.request_states(self.sched)})
         self.fh.flush()
 
     def note(self, what: str, **fields) -> None:
@@ -606,17 +614,18 @@ def _raw_steps(path: Path, notes: dict):
                     raise ConvertError(f"{path}:{number}: schedule without the previous update")
                 yield current
             current = {"line": number, "inputs": inputs, "schedule": rec, "update": None,
-                       "drafts": [], "crash": None}
+                       "drafts": [], "draft_states": [], "crash": None}
             inputs = []
         elif kind == "update":
             if current is None or current["update"] is not None:
                 raise ConvertError(f"{path}:{number}: update without a schedule")
             current["update"] = rec
         elif kind == "drafts":
-            if rec["stored"]:
+            if rec["stored"] or rec.get("states"):
                 if current is None or current["update"] is None:
                     raise ConvertError(f"{path}:{number}: drafts outside a step")
                 current["drafts"].extend(rec["stored"])
+                current["draft_states"].extend(rec.get("states") or ())
         elif kind == "note":
             notes["notes"].append(rec.get("what", "?"))
         elif kind == "error":
@@ -726,10 +735,11 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     from harness.trace import TraceWriter
     from reference.config import DERIVED_KEYS, ConfigError, EngineConfig
     from reference.candidate import crash_line
-    from reference.engine import Crash, StepRecord
+    from reference.engine import Crash, StepRecord, holds_drafts
     from reference.output import (
         FinishedRequest,
         Preemption,
+        RequestState,
         ScheduledRequest,
         SchedulerOutput,
         UpdateResult,
@@ -744,9 +754,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     meta_rec = next((rec for _, rec in _read_records(src)), None)
     if meta_rec is None or meta_rec.get("t") != "meta":
         raise ConvertError(f"{src}: does not start with a sched-harness meta record")
-    if meta_rec.get("format") != FORMAT:
+    if meta_rec.get("format") not in READABLE_FORMATS:
         raise ConvertError(f"{src}: unknown recording format {meta_rec.get('format')!r} "
-                           f"(this converter reads {FORMAT})")
+                           f"(this converter reads {', '.join(map(str, READABLE_FORMATS))})")
     values, unmapped_config = _map_config(meta_rec, EngineConfig, DERIVED_KEYS)
     values.update(overrides or {})
     try:
@@ -839,6 +849,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         index += 1
 
     warnings = list(meta_rec.get("warnings", ()))
+    if meta_rec["format"] == 1:
+        warnings.append("format 1 recording: what requests hold after schedule() (request_state rows) "
+                        "was not recorded, and the request data's ids are taken from the decisions")
     if notes["mid_step_aborts"]:
         warnings.append(f"{notes['mid_step_aborts']} request(s) aborted between schedule and "
                         f"update were moved to the next step (replay diverges there)")
@@ -863,7 +876,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                                 "arrival_unix_s": arrival_unix}, requests=())
     meta = trace_metadata(workload, config, 0, f"vllm@{meta_rec['vllm_version']}")
     meta["vllm_recording"] = {
-        "format": FORMAT, "jsonl": src.name, "started_unix": meta_rec.get("started_unix"),
+        "format": meta_rec["format"], "jsonl": src.name, "started_unix": meta_rec.get("started_unix"),
         "unmapped_config": unmapped_config, "config_overrides": dict(overrides or {}),
         "dropped_idle_steps": dropped_idle,
         "mid_step_aborts": notes["mid_step_aborts"], "warnings": warnings,
@@ -877,6 +890,15 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         return FinishedRequest(rid(f["request_id"], where), RequestStatus[f["status"]],
                                f["finish_reason"], None if stop is None else str(stop),
                                f["num_output_tokens"], list(f["freed_block_ids"]))
+
+    def states_of(items, where: int) -> list[RequestState]:
+        out = []
+        for req_id, status, computed, drafts in items:
+            if status not in status_names:
+                raise ConvertError(f"{src}:{where}: request {req_id!r} in status {status} "
+                                   f"(the reference has no such status)")
+            out.append(RequestState(rid(req_id, where), RequestStatus[status], computed, tuple(drafts)))
+        return out
 
     def decision(e: dict, where: int):
         if e["type"] == "schedule":
@@ -939,7 +961,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                     total_num_scheduled_tokens=output["total_num_scheduled_tokens"],
                     preempted_req_ids={rid(i, where) for i in output["preempted_req_ids"]},
                     finished_req_ids={rid(i, where) for i in output["finished_req_ids"]} | carry,
-                    token_budget=output["token_budget"], **extra)
+                    token_budget=output["token_budget"], **extra,
+                    request_data_ids=None if output.get("request_data_ids") is None else
+                    [rid(i, where) for i in output["request_data_ids"]])
                 carry = set()
                 before, after = sched_rec["before"], sched_rec["after"]
                 rec.waiting_before = [rid(i, where) for i in before["waiting"]]
@@ -949,6 +973,11 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                 rec.running_after = [rid(i, where) for i in after["running"]]
                 rec.num_free_blocks_after_schedule = after["num_free_blocks"]
                 rec.update_batch_step = index
+                # What requests hold after schedule(), chosen as the engine
+                # loop chooses them (format 2).
+                rec.states_after_schedule = [
+                    st for st in states_of(after.get("request_states") or (), where)
+                    if st.request_id in rec.output.preempted_req_ids or holds_drafts(st)]
                 if update_rec is None:  # vLLM raised in update_from_output(): its tokens are known
                     rec.sampled = {rid(r, where): list(t) for r, t in crash.get("sampled") or ()}
                 else:
@@ -957,6 +986,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                         finished=[finished_of(f, where) for f in update_rec["finished"]])
                     rec.num_free_blocks_after_update = update_rec["num_free_blocks"]
                     rec.drafts = {rid(r, where): list(t) for r, t in step["drafts"]}
+                    # ... and after the draft update.
+                    rec.states_after_drafts = [st for st in states_of(step["draft_states"], where)
+                                               if holds_drafts(st)]
                     summary["finished"] += len(rec.update.finished)
                 summary["preemptions"] += len(rec.output.preemptions)
                 summary["prefix_hit_tokens"] += sum(s.num_prefix_hit_tokens
