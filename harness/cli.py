@@ -29,7 +29,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from reference.config import ConfigError
-from reference.candidate import CandidateError, CandidateFactory
+from reference.candidate import CandidateError, CandidateFactory, CandidateRefused
 from reference.engine import check_workload_supported
 from reference.workload import WorkloadError
 from workloads.scenario import is_scenario_path, load_scenario
@@ -189,6 +189,9 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
                                  runner_factory=runner_factory,
                                  model=runner_factory.metadata() if runner_factory else None)
         except CandidateError as exc:
+            if isinstance(exc.__cause__, CandidateRefused):
+                # The candidate cannot run this config: unusable input, not a finding.
+                _fail(f"{engine} refused the run: {exc.__cause__} (no trace written)")
             err.print(f"[bold red]error:[/] {engine}: {exc} (no trace written)")
             sys.exit(EXIT_FOUND)
         except ValueError as exc:

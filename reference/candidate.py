@@ -102,6 +102,15 @@ class CandidateError(RuntimeError):
         self.step = step
 
 
+class CandidateRefused(Exception):
+    """Raised by a candidate that cannot run the config or workload it was
+    given (a vLLM release without an option the config sets, a key its
+    driver cannot map): a refusal before anything it decided, not a crash.
+    The engine passes it on as CandidateError (no ``crash`` row, no trace:
+    the engine is not at fault, the request was unanswerable); the message
+    is one line naming the reason."""
+
+
 class CandidateCrash(CandidateError):
     """The candidate raised inside a step of the engine loop (a crash: the run
     ends there and the trace records it as a ``crash`` row).

@@ -58,7 +58,7 @@ from reference.kv_connector import SimulatedKVWorker
 from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.runners.base import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
-from reference.candidate import Candidate, CandidateCrash, CandidateError, CandidateFactory
+from reference.candidate import Candidate, CandidateCrash, CandidateError, CandidateFactory, CandidateRefused
 from reference.output import FinishedRequest, PrefixCacheReset, RequestState, SchedulerOutput, UpdateResult
 from reference.scheduler import Scheduler
 from reference.workload import Action, RequestSpec, Workload
@@ -739,7 +739,8 @@ class _Guarded:
     CandidateCrash naming the method (so the engine's own errors and the
     caller's callbacks pass through). Everything but KeyboardInterrupt and
     GeneratorExit is caught: a candidate's ``sys.exit(0)`` is a crash, never a
-    successful end of the command."""
+    successful end of the command. A CandidateRefused (the candidate cannot
+    run this config) is a CandidateError, not a crash."""
 
     def __init__(self, candidate: Candidate, engine: Engine, rank: int = 0) -> None:
         self._candidate = candidate
@@ -754,6 +755,9 @@ class _Guarded:
                 return method(*args, **kwargs)
             except (KeyboardInterrupt, GeneratorExit):
                 raise
+            except CandidateRefused as exc:
+                # It cannot run this config: not a crash of the engine.
+                raise CandidateError(self._engine.current_step, exc) from exc
             except BaseException as exc:
                 # skip=1: this frame is the engine's, not the candidate's.
                 raise CandidateCrash(self._engine.current_step, exc, name, self._rank, skip=1) from exc

@@ -585,7 +585,7 @@ def test_driver_configures_the_kv_connector_stand_in(vllm_env):
 def test_kv_connector_is_refused_where_it_cannot_be_driven(vllm_env):
     """One-line refusals: KV-connector output without the connector, and a
     vLLM version without 0.33.0's connector plumbing (kv_holding_waiting)."""
-    from harness.candidates.vllm.candidate import VLLMCandidate, VLLMDriverError
+    from harness.candidates.vllm.candidate import VLLMCandidate, VLLMDriverError, VLLMRefused
     from harness.candidates.vllm.env import is_ready
 
     candidate = VLLMCandidate(EngineConfig(), VERSION)
@@ -597,11 +597,13 @@ def test_kv_connector_is_refused_where_it_cannot_be_driven(vllm_env):
     if not is_ready("0.29.0"):
         pytest.skip("no vLLM 0.29.0 env (`harness vllm-env 0.29.0`)")
     old = VLLMCandidate(EngineConfig(kv_connector=True), "0.29.0")
-    with pytest.raises(VLLMDriverError) as info:
+    # A refusal (CandidateRefused), not a crash of vLLM: record exits 2, no ENGINE-CRASH.
+    with pytest.raises(VLLMRefused) as info:
         old.snapshot()
     message = str(info.value)
-    assert "\n" not in message and message.endswith(
-        "vLLM 0.29.0's Scheduler has no kv_holding_waiting: async KV loads cannot be driven")
+    assert "\n" not in message and message == (
+        "vLLM 0.29.0 cannot run this config: vLLM 0.29.0's Scheduler has no kv_holding_waiting: "
+        "async KV loads cannot be driven")
     old.close()
 
 

@@ -32,6 +32,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from reference.candidate import CandidateRefused
 from reference.config import EngineConfig
 from reference.kv_connector import KVConnectorOutput
 from reference.output import (FinishedRequest, KVTransferFree, Preemption, PrefixCacheReset, Promotion, RemoteLoad,
@@ -74,6 +75,11 @@ class VLLMRaised(VLLMDriverError):
         self.crash_type = str(answer.get("exc_type") or "")
         self.crash_message = str(answer.get("exc_message") or self.crash_type)
         self.crash_where = str(answer.get("where") or "")
+
+
+class VLLMRefused(CandidateRefused):
+    """The driver refused the config at ``init`` (``DriverError``: an option the
+    release lacks or a key it cannot map); the message is one line."""
 
 
 class _DriverProcess:
@@ -349,8 +355,16 @@ class VLLMCandidate:
             proc = _acquire(self.version)
             self._proc = proc
             self._finalizer = weakref.finalize(self, _release, proc, self.reuse)
-            self.info = proc.call({"op": "init", "config": driver_config(self.config),
-                                   "seed": self.seed})
+            try:
+                self.info = proc.call({"op": "init", "config": driver_config(self.config),
+                                       "seed": self.seed})
+            except VLLMRaised as exc:
+                if exc.crash_type != "DriverError":
+                    raise
+                # The driver refused the config (an option this release
+                # lacks, a key it cannot map): a refusal, not a crash of vLLM.
+                text = exc.crash_message.removeprefix("DriverError: ")
+                raise VLLMRefused(f"vLLM {self.version} cannot run this config: {text}") from None
             self._snap = None
             self._in_flight.clear()
         return self._proc

@@ -1,0 +1,84 @@
+"""No false alarms on correct releases: every canonical scenario recorded by
+real vLLM, checked with ``--semantics auto`` (the recording release's
+profile), is clean, for vLLM 0.33.0 and one older release (0.29.0; both are
+built here, about a minute each). ``bench/semantics_versions.py`` measures
+every release we can build, the bug-shape scenarios and the recording
+scheduler too (figures in the README's "Safety invariants and version
+semantics").
+
+A scenario a release cannot express is refused by the driver at start, in
+one line; the refusals are listed exactly, so a new one fails the test."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.candidates.resolve import resolve_candidate
+from harness.check import check_trace
+from harness.scenarios import SCENARIOS
+from harness.trace import open_trace
+from harness.trace.recorder import record
+from reference.candidate import CandidateError
+
+pytestmark = pytest.mark.vllm
+VERSIONS = ("0.33.0", "0.29.0")
+# Scenario -> the start of the refusal, per release.
+REFUSED = {
+    "0.33.0": {"encoder-inputs": "config key(s) ['encoder_cache_size', 'max_num_encoder_input_tokens'] "
+                                 "have no vLLM mapping in the driver"},
+    "0.29.0": {"encoder-inputs": "config key(s) ['encoder_cache_size', 'max_num_encoder_input_tokens'] "
+                                 "have no vLLM mapping in the driver",
+               "kv-connector": "vLLM 0.29.0's Scheduler has no kv_holding_waiting"},
+}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_a_correct_release_records_every_canonical_scenario_clean_under_its_profile(
+        tmp_path: Path, version: str, name: str) -> None:
+    if os.environ.get("HARNESS_SKIP_VLLM") == "1":
+        pytest.skip("HARNESS_SKIP_VLLM=1")
+    from harness.candidates.vllm.env import ensure_env
+
+    ensure_env(version)
+    scenario = SCENARIOS[name]
+    path = tmp_path / f"{name}.parquet"
+    engine = f"vllm@{version}"
+    try:
+        record(scenario.make_workload(), scenario.engine_config(), path, seed=scenario.seed,
+               engine=engine, candidate_factory=resolve_candidate(engine))
+    except CandidateError as exc:
+        assert name in REFUSED[version], f"{engine} refused {name}: {exc}"
+        assert REFUSED[version][name] in str(exc)
+        return
+    finally:
+        gc.collect()  # the driver goes back to the pool
+    assert name not in REFUSED[version], f"{engine} now runs {name}: drop it from REFUSED"
+    result = check_trace(open_trace(path), "auto")
+    assert (result.profile, result.profile_reason) == (version, f"recorded by vLLM {version}")
+    assert result.by_invariant == {}, [f"{v.invariant} step {v.step}: {v.message}" for v in result.violations[:5]]
+
+
+def test_regression_a_refused_config_is_not_an_engine_crash(tmp_path: Path) -> None:
+    """Regression (merging crash rows): a config the driver refuses at init
+    (here: encoder keys it cannot map) was recorded as a crash of vLLM and
+    reported as ENGINE-CRASH, a false alarm on a correct engine. It is a
+    refusal: record exits 2 with one line and writes no trace."""
+    if os.environ.get("HARNESS_SKIP_VLLM") == "1":
+        pytest.skip("HARNESS_SKIP_VLLM=1")
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    out = tmp_path / "t.parquet"
+    r = CliRunner().invoke(main, ["record", "harness/scenarios/encoder-inputs.toml", "--engine", "vllm@0.33.0",
+                                  "-o", str(out)])
+    assert r.exit_code == 2 and not out.exists()
+    assert r.output.strip().splitlines()[-1] == (
+        "error: vllm@0.33.0 refused the run: vLLM 0.33.0 cannot run this config: config key(s) "
+        "['encoder_cache_size', 'max_num_encoder_input_tokens'] have no vLLM mapping in the driver "
+        "(no trace written)")
