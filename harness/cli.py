@@ -321,6 +321,8 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str) -> No
         divergence, compared = replay_trace(trace, factory)
     except TraceError as exc:
         _fail(str(exc))
+    except CandidateRefused as exc:
+        _fail(f"{candidate} cannot replay {trace.path}: {exc}")
     except ConfigError as exc:
         _fail(f"{trace.path}: bad config in trace metadata: {exc}")
     _report(result, divergence, as_json, trace,
@@ -452,15 +454,20 @@ def golden_check(golden_dir: str, candidate: str) -> None:
         _fail(str(exc))
     width = max(len(r.scenario) for r in results)
     for r in results:
-        if r.ok:
+        if not r.ok:
+            console.print(f"[bold red]FAIL[/] {r.scenario:<{width}}  {escape(r.reason)}")
+        elif r.skipped:
+            console.print(f"[yellow]skip[/] {r.scenario:<{width}}  {r.steps} steps checked; not replayed: "
+                          f"{escape(r.skipped)}")
+        else:
             console.print(f"[bold green]ok  [/] {r.scenario:<{width}}  {r.steps} steps, "
                           f"{r.replayed_steps} replayed identically")
-        else:
-            console.print(f"[bold red]FAIL[/] {r.scenario:<{width}}  {escape(r.reason)}")
     failed = sum(not r.ok for r in results)
+    skipped = sum(r.ok and bool(r.skipped) for r in results)
     colour = "red" if failed else "green"
-    console.print(f"[bold {colour}]{len(results) - failed} ok, {failed} failed[/] "
-                  f"({golden_dir}, candidate {candidate})")
+    console.print(f"[bold {colour}]{len(results) - failed - skipped} ok, "
+                  + (f"{skipped} skipped, " if skipped else "")
+                  + f"{failed} failed[/] ({golden_dir}, candidate {candidate})")
     sys.exit(EXIT_FOUND if failed else EXIT_OK)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 import reference
-from reference.candidate import CandidateFactory
+from reference.candidate import CandidateFactory, CandidateRefused
 from reference.config import ConfigError
 from reference.scheduler import Scheduler
 
@@ -72,7 +72,9 @@ class GoldenResult:
     """Outcome of checking one scenario's golden (or one unused golden).
 
     ``reasons`` is empty when ok; ``unused`` marks a file or manifest entry
-    for no known scenario; ``divergence`` is the candidate's first divergence.
+    for no known scenario; ``divergence`` is the candidate's first divergence;
+    ``skipped`` says why the candidate could not replay it (it refused the
+    config, e.g. a vLLM release without an option): not a failure.
     """
 
     scenario: str
@@ -81,6 +83,7 @@ class GoldenResult:
     replayed_steps: int | None = None
     divergence: Divergence | None = None
     unused: bool = False
+    skipped: str = ""
 
     @property
     def ok(self) -> bool:
@@ -306,6 +309,9 @@ def _check_one(directory: Path, scenario: Scenario, entry: dict[str, Any] | None
         divergence, compared = replay(trace, factory)
     except (TraceError, ConfigError) as exc:
         result.reasons.append(f"replay failed: {exc}")
+        return result
+    except CandidateRefused as exc:
+        result.skipped = str(exc)
         return result
     result.replayed_steps = compared
     if divergence is not None:

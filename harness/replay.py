@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from deepdiff import DeepDiff
 
-from reference.candidate import CandidateCrash, CandidateError, CandidateFactory, crash_line
+from reference.candidate import CandidateCrash, CandidateError, CandidateFactory, CandidateRefused, crash_line
 from reference.engine import EngineStalled
 from reference.workload import Action, Workload
 
@@ -180,6 +180,8 @@ def replay(trace: Trace, candidate_factory: CandidateFactory) -> tuple[Divergenc
         return Divergence(exc.step, None, "exception", "no exception", str(exc), 0, "crash",
                           "", [], []), compared
     except CandidateError as exc:
+        if isinstance(exc.__cause__, CandidateRefused):
+            raise exc.__cause__  # it cannot run this trace's config: no verdict, the caller says so
         return Divergence(exc.step, None, "exception", "no exception", str(exc), 0, None,
                           "", [], []), compared
     except EngineStalled as exc:

@@ -82,3 +82,26 @@ def test_regression_a_refused_config_is_not_an_engine_crash(tmp_path: Path) -> N
         "error: vllm@0.33.0 refused the run: vLLM 0.33.0 cannot run this config: config key(s) "
         "['encoder_cache_size', 'max_num_encoder_input_tokens'] have no vLLM mapping in the driver "
         "(no trace written)")
+
+
+def test_regression_golden_check_skips_a_golden_the_candidate_cannot_run() -> None:
+    """Regression (a new user's walkthrough, issue 16): `golden check --candidate
+    vllm@0.33.0` exited 1 on encoder-inputs, a golden the driver cannot run.
+    It is checked, skipped with the reason, and the command exits 0; a replay
+    of it says so in one line (exit 2)."""
+    if os.environ.get("HARNESS_SKIP_VLLM") == "1":
+        pytest.skip("HARNESS_SKIP_VLLM=1")
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    r = CliRunner().invoke(main, ["golden", "check", "--candidate", "vllm@0.33.0"])
+    lines = r.output.strip().splitlines()
+    num_goldens = len(SCENARIOS)
+    assert r.exit_code == 0, r.output
+    assert [line.split()[:2] for line in lines if line.startswith("skip")] == [["skip", "encoder-inputs"]]
+    assert lines[-1].startswith(f"{num_goldens - 1} ok, 1 skipped, 0 failed (")
+    r = CliRunner().invoke(main, ["replay", "golden/encoder-inputs.parquet", "--candidate", "vllm@0.33.0"])
+    assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == (
+        "error: vllm@0.33.0 cannot replay golden/encoder-inputs.parquet: vLLM 0.33.0 cannot run this config: "
+        "config key(s) ['encoder_cache_size', 'max_num_encoder_input_tokens'] have no vLLM mapping in the driver")

@@ -66,8 +66,10 @@ def check_acquire(m: TraceModel, req: ReqShadow, block: int, as_hit: bool) -> No
         head = next(iter(m.free_queue), None)
         if block != head:
             preview = list(m.free_queue)[:8]
+            order = ("" if m.free_unhashed_to_head else
+                     " (as this profile's release frees: every freed block to the tail)")
             m.violate("ALLOC-FROM-HEAD", req.request_id,
-                      f"allocated block {block} but the free queue starts {preview}; "
+                      f"allocated block {block} but the free queue starts {preview}{order}; "
                       f"the queue order can no longer be inferred, so this check stops here")
             m.free_queue_known = False
 
