@@ -59,7 +59,8 @@ from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.runners.base import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
 from reference.candidate import Candidate, CandidateCrash, CandidateError, CandidateFactory, CandidateRefused
-from reference.output import FinishedRequest, PrefixCacheReset, RequestState, SchedulerOutput, UpdateResult
+from reference.output import (FinishedRequest, PrefixCacheReset, RequestState, SchedulerOutput, SchedulerSnapshot,
+                              UpdateResult)
 from reference.scheduler import Scheduler
 from reference.workload import Action, RequestSpec, Workload
 
@@ -420,10 +421,14 @@ class Engine:
             # One scheduler (and KV pool) per data-parallel rank.
             self.schedulers: list[Candidate] = [candidate_factory(config)
                                                 for _ in range(config.data_parallel_size)]
-        except (KeyboardInterrupt, GeneratorExit):
+        except KeyboardInterrupt:
             raise
         except BaseException as exc:  # a factory's sys.exit(0) is a failure too
             raise CandidateError(0, exc) from exc
+        for sched in self.schedulers:
+            if not callable(getattr(sched, "schedule", None)):
+                raise CandidateError(0, TypeError(f"the candidate factory returned {type(sched).__name__}, "
+                                                  f"not a scheduler (no schedule() method)"))
         self.seed = seed
         self.runner = ScriptedModelRunner(seed)
         # One runner per rank; rank i's is runners[i].
@@ -734,12 +739,18 @@ def holds_drafts(state: RequestState) -> bool:
     return state.status != RequestStatus.RUNNING and bool(state.spec_token_ids)
 
 
+#: What the engine needs back from a candidate's calls (reference.candidate.Candidate).
+_RETURNS: dict[str, type] = {"schedule": SchedulerOutput, "update_from_output": UpdateResult,
+                             "snapshot": SchedulerSnapshot}
+
+
 class _Guarded:
     """Calls rank ``rank``'s candidate, turning anything it raises into
     CandidateCrash naming the method (so the engine's own errors and the
-    caller's callbacks pass through). Everything but KeyboardInterrupt and
-    GeneratorExit is caught: a candidate's ``sys.exit(0)`` is a crash, never a
-    successful end of the command. A CandidateRefused (the candidate cannot
+    caller's callbacks pass through). Everything but KeyboardInterrupt is
+    caught: a candidate's ``sys.exit(0)`` is a crash, never a successful end
+    of the command, and so is a call returning the wrong type (``schedule()``
+    returning None). A CandidateRefused (the candidate cannot
     run this config) is a CandidateError, not a crash."""
 
     def __init__(self, candidate: Candidate, engine: Engine, rank: int = 0) -> None:
@@ -752,8 +763,14 @@ class _Guarded:
 
         def call(*args, **kwargs):
             try:
-                return method(*args, **kwargs)
-            except (KeyboardInterrupt, GeneratorExit):
+                result = method(*args, **kwargs)
+                expected = _RETURNS.get(name)
+                if expected is not None and not isinstance(result, expected):
+                    # The engine would fail on it a line later, far from the cause.
+                    raise TypeError(f"{name}() returned {type(result).__name__}, "
+                                    f"not a {expected.__name__}")
+                return result
+            except KeyboardInterrupt:
                 raise
             except CandidateRefused as exc:
                 # It cannot run this config: not a crash of the engine.

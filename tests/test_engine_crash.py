@@ -388,3 +388,57 @@ def test_a_vllm_crash_config_is_refused_for_the_reference_but_read_from_a_trace(
     assert EngineConfig.from_dict(data, accept_vllm_crash=True).long_prefill_token_threshold == 4
     with pytest.raises(ValueError, match="crashes vLLM"):
         EngineConfig.from_dict(data)  # accepted only while building that config
+
+
+BADCANDS = '''
+from reference.scheduler import Scheduler
+
+
+class _ReturnsNone(Scheduler):
+    def schedule(self, throttle_prefills=False):
+        return None
+
+
+class _GeneratorExit(Scheduler):
+    def schedule(self, throttle_prefills=False):
+        raise GeneratorExit()
+
+
+def returns_none(config):
+    return _ReturnsNone(config)
+
+
+def factory_none(config):
+    return None
+
+
+def generator_exit(config):
+    return _GeneratorExit(config)
+'''
+
+
+@pytest.mark.parametrize("factory, code, last", [
+    ("returns_none", 1, "engine crashed: badcands:returns_none: candidate raised TypeError in schedule() at step 0: "
+                        "schedule() returned NoneType, not a SchedulerOutput (the trace ends there; harness check "
+                        "reports ENGINE-CRASH)"),
+    ("generator_exit", 1, "engine crashed: badcands:generator_exit: candidate raised GeneratorExit in schedule() at "
+                          "step 0: `raise GeneratorExit()` (at badcands.py:12) (the trace ends there; harness "
+                          "check reports ENGINE-CRASH)"),
+    ("factory_none", 1, "error: badcands:factory_none: candidate raised TypeError at step 0: the candidate factory "
+                        "returned NoneType, not a scheduler (no schedule() method) (no trace written)"),
+])
+def test_regression_a_candidate_returning_the_wrong_thing_is_one_line_not_a_traceback(
+        tmp_path, monkeypatch, factory: str, code: int, last: str) -> None:
+    """Regression (a hostile user, issue 16/17): schedule() returning None, a
+    factory returning None and a GeneratorExit in schedule() each ended in a
+    Python traceback (exit 1, no trace)."""
+    (tmp_path / "badcands.py").write_text(BADCANDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        out_path = tmp_path / "t.parquet"
+        rc, out = run("record", REPO / "harness/scenarios/fcfs-tight.toml", "--engine", f"badcands:{factory}",
+                      "-o", out_path)
+        assert (rc, out.splitlines()[-1]) == (code, last)
+        assert out_path.exists() == (factory != "factory_none")
+    finally:
+        sys.modules.pop("badcands", None)

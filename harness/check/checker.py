@@ -705,25 +705,26 @@ def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str
     which are then not violations but not checked either.
     """
     profile = profile if profile is not None else reference_profile()
-    result = _check_steps(config, steps, profile)
+    observed = schema_version is None or schema_version >= OBSERVED_SINCE
+    result = _check_steps(config, steps, profile, observed)
     result.profile = profile.name
     result.notes += unobserved_notes(schema_version)
     return result
 
 
 def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
-                 profile: Profile) -> CheckResult:
+                 profile: Profile, observed: bool) -> CheckResult:
     dp = config.get("data_parallel_size", 1)
     if dp == 1:
-        checker = TraceChecker(config, profile)
+        checker = TraceChecker(config, profile, observed=observed)
         for step, events in steps:
             checker.check_step(step, events)
         return checker.finish()
-    checkers = [TraceChecker(config, profile) for _ in range(dp)]
+    checkers = [TraceChecker(config, profile, observed=observed) for _ in range(dp)]
     for checker in checkers:
         checker.interval = 1  # the cadence is the coordinator's throttle flag
         checker.dp_interval = config.get("prefill_schedule_interval", 1)
-    routing = TraceChecker(config, profile)  # collects coordinator violations only
+    routing = TraceChecker(config, profile, observed=observed)  # coordinator violations only
     num_steps = 0
     for step, events in steps:
         num_steps += 1

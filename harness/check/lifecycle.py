@@ -134,6 +134,9 @@ def check_request_data(m: TraceModel, ev: dict, scheduled: list[str]) -> None:
     them (schedule rows less withdrawn ones), each once."""
     data = ev.get("request_data_ids")
     if data is None:
+        if m.observed:  # schema 6 always records it: a null hides the request data
+            m.violate("SCHEDULED-HAS-DATA", None, "schedule_end has no request_data_ids, which schema 6 "
+                                                  "always records: the step's request data is unobserved")
         return
     twice = sorted({r for r in data if data.count(r) > 1})
     missing = [r for r in scheduled if r not in data]

@@ -152,7 +152,11 @@ class TraceModel:
     """The shadow state of one rank's scheduler and KV pool (see the module
     docstring); ``config`` is the trace's engine config dict."""
 
-    def __init__(self, config: dict[str, Any], profile: Profile | None = None) -> None:
+    def __init__(self, config: dict[str, Any], profile: Profile | None = None, *,
+                 observed: bool = True) -> None:
+        # The trace records what each step leaves behind (schema 6 or rows
+        # made in memory): a missing observation is then a violation.
+        self.observed = observed
         # The semantics profile: which version-design rules count, and how
         # the free queue takes freed blocks (harness.check.profiles).
         if profile is None:

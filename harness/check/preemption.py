@@ -110,8 +110,6 @@ def check_state_row(m: TraceModel, st: StepState, ev: dict, after: str) -> None:
                                          f"after schedule() (a resume must start from a fresh prefix lookup)")
 
 
-
-
 def check_reset_victims_reported(m: TraceModel, ev: dict, st: StepState) -> None:
     """RESET-PREEMPTS-RUNNING at ``schedule_end``: the victims of this step's
     forced prefix-cache reset are listed in preempted_req_ids (vLLM 0.33.0

@@ -95,8 +95,7 @@ def test_a_crash_row_fails_even_a_complete_trace(scenario_rows) -> None:
     assert check_steps(config, rows).by_invariant == {"ENGINE-CRASH": 1}
 def test_scheduled_has_data_fires_on_request_data_that_differs_from_num_scheduled_tokens(scenario_rows) -> None:
     """schedule_end's request_data_ids (schema 6) against the step's schedule
-    rows: an id twice, an id missing, an id not scheduled; null (an older
-    trace) is not checked."""
+    rows: an id twice, an id missing, an id not scheduled, none recorded."""
     config, rows = scenario_rows("fcfs-roomy")
     step, step_rows = next((s, r) for s, r in rows if any(x["kind"] == "schedule" for x in r))
     end = next(r for r in step_rows if r["kind"] == "schedule_end")
@@ -115,4 +114,21 @@ def test_scheduled_has_data_fires_on_request_data_that_differs_from_num_schedule
     assert witnesses(data + ["r999999"]) == [("SCHEDULED-HAS-DATA", step, "r999999",
                                               f"request data for ['r999999'], absent from "
                                               f"num_scheduled_tokens {data}")]
-    assert witnesses(None) == []
+    assert [w[0] for w in witnesses(None)] == ["SCHEDULED-HAS-DATA"]  # schema 6 always records it
+
+
+def test_scheduled_has_data_fires_on_a_schema_6_trace_without_request_data_ids(scenario_rows) -> None:
+    """Regression (a hostile user's doctored trace): a null request_data_ids on a
+    schema 6 schedule_end was skipped as if the trace were older, so the
+    check passed vacuously. Schema 6 always records it (the recorder derives
+    it when a candidate does not say): a null is a witness; an older trace
+    (schema_version 5) is still only a note."""
+    config, rows = scenario_rows("fcfs-roomy")
+    step, step_rows = next((s, r) for s, r in rows if any(x["kind"] == "schedule" for x in r))
+    end = next(r for r in step_rows if r["kind"] == "schedule_end")
+    end["request_data_ids"] = None
+    assert [(v.invariant, v.step, v.message) for v in check_steps(config, rows).violations] == [
+        ("SCHEDULED-HAS-DATA", step, "schedule_end has no request_data_ids, which schema 6 always records: "
+                                     "the step's request data is unobserved")]
+    older = check_steps(config, rows, schema_version=5)
+    assert older.ok and any(n.startswith("SCHEDULED-HAS-DATA: not checkable on schema 5") for n in older.notes)
