@@ -153,9 +153,9 @@ class TraceModel:
     docstring); ``config`` is the trace's engine config dict."""
 
     def __init__(self, config: dict[str, Any], profile: Profile | None = None, *,
-                 observed: bool = True) -> None:
-        # The trace records what each step leaves behind (schema 6 or rows
-        # made in memory): a missing observation is then a violation.
+                 observed: bool = False) -> None:
+        # The trace is known to record what each step leaves behind (schema
+        # 6 read from a file): a missing observation is then a violation.
         self.observed = observed
         # The semantics profile: which version-design rules count, and how
         # the free queue takes freed blocks (harness.check.profiles).

@@ -95,7 +95,7 @@ def test_a_crash_row_fails_even_a_complete_trace(scenario_rows) -> None:
     assert check_steps(config, rows).by_invariant == {"ENGINE-CRASH": 1}
 def test_scheduled_has_data_fires_on_request_data_that_differs_from_num_scheduled_tokens(scenario_rows) -> None:
     """schedule_end's request_data_ids (schema 6) against the step's schedule
-    rows: an id twice, an id missing, an id not scheduled, none recorded."""
+    rows: an id twice, an id missing, an id not scheduled."""
     config, rows = scenario_rows("fcfs-roomy")
     step, step_rows = next((s, r) for s, r in rows if any(x["kind"] == "schedule" for x in r))
     end = next(r for r in step_rows if r["kind"] == "schedule_end")
@@ -114,7 +114,7 @@ def test_scheduled_has_data_fires_on_request_data_that_differs_from_num_schedule
     assert witnesses(data + ["r999999"]) == [("SCHEDULED-HAS-DATA", step, "r999999",
                                               f"request data for ['r999999'], absent from "
                                               f"num_scheduled_tokens {data}")]
-    assert [w[0] for w in witnesses(None)] == ["SCHEDULED-HAS-DATA"]  # schema 6 always records it
+    assert witnesses(None) == []  # rows made in memory: see the schema 6 regression below
 
 
 def test_scheduled_has_data_fires_on_a_schema_6_trace_without_request_data_ids(scenario_rows) -> None:
@@ -127,7 +127,8 @@ def test_scheduled_has_data_fires_on_a_schema_6_trace_without_request_data_ids(s
     step, step_rows = next((s, r) for s, r in rows if any(x["kind"] == "schedule" for x in r))
     end = next(r for r in step_rows if r["kind"] == "schedule_end")
     end["request_data_ids"] = None
-    assert [(v.invariant, v.step, v.message) for v in check_steps(config, rows).violations] == [
+    result = check_steps(config, rows, schema_version=6)
+    assert [(v.invariant, v.step, v.message) for v in result.violations] == [
         ("SCHEDULED-HAS-DATA", step, "schedule_end has no request_data_ids, which schema 6 always records: "
                                      "the step's request data is unobserved")]
     older = check_steps(config, rows, schema_version=5)
