@@ -972,3 +972,17 @@ def test_fuzz_scenario_refuses_actions_and_bad_files(tmp_path):
     src.write_text('format_version = 1\n[[requests]]\nrequest_id = "A"\ncolour = 1\n')
     res = CliRunner().invoke(main, ["fuzz", "--scenario", str(src), "-o", str(tmp_path / "o")])
     assert res.exit_code == 2 and f"{src}:4: requests[0]: unknown key 'colour'" in res.output
+
+
+def test_regression_the_replay_hint_keeps_pythonpath_for_a_user_candidate(monkeypatch) -> None:
+    """Regression (a new user's walkthrough, issue 16): the fuzz witness's
+    `replay:` hint dropped PYTHONPATH, so a `module:factory` candidate could
+    not be found when the printed command was pasted into a new shell."""
+    from harness.fuzz.witness import _pythonpath_prefix
+
+    monkeypatch.setenv("PYTHONPATH", "/home/me/my sched")
+    assert _pythonpath_prefix("mysched.core:make") == "PYTHONPATH='/home/me/my sched' "
+    assert _pythonpath_prefix("mutant:leak-on-abort") == ""
+    assert _pythonpath_prefix("reference") == ""
+    monkeypatch.delenv("PYTHONPATH")
+    assert _pythonpath_prefix("mysched.core:make") == ""

@@ -9,7 +9,9 @@ reproduces it.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,14 @@ from harness.fuzz.run import FuzzResult
 
 def _slug(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", spec).strip("-") or "candidate"
+
+
+def _pythonpath_prefix(spec: str) -> str:
+    """``PYTHONPATH=... `` (shell-quoted, with its trailing space) for a
+    ``package.module:factory`` candidate when PYTHONPATH is set, else ""."""
+    pythonpath = os.environ.get("PYTHONPATH")
+    user_module = ":" in spec and not spec.startswith("mutant:")
+    return f"PYTHONPATH={shlex.quote(pythonpath)} " if user_module and pythonpath else ""
 
 
 def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, result: FuzzResult,
@@ -60,7 +70,9 @@ def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, res
         engine, rec_factory = "reference", Scheduler
     summary = record(case.workload(), case.engine_config(), trace_path, seed=case.seed,
                      engine=engine, candidate_factory=rec_factory)
-    command = f"harness replay {trace_path} --candidate {spec}"
+    # A module:factory candidate is found through PYTHONPATH: the hint keeps it.
+    env = _pythonpath_prefix(spec)
+    command = f"{env}harness replay {trace_path} --candidate {spec}"
     toml_path = out / f"{base}.toml"
     extraction = extract(open_trace(trace_path), verify_factory=rec_factory,
                          description=f"fuzz witness ({spec}, seed {seed}): {failure.kind}: {failure.message}",
@@ -68,7 +80,8 @@ def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, res
                                    + ("harness check T.parquet" if engine == spec
                                       else f"harness replay T.parquet --candidate {spec}")])
     extraction.write(toml_path)
-    record_command = f"harness record {toml_path} --engine {engine} -o {out / base}.rerecorded.parquet"
+    record_command = (f"{_pythonpath_prefix(engine)}harness record {toml_path} --engine {engine} "
+                      f"-o {out / base}.rerecorded.parquet")
     info = {"candidate": spec, "fuzz_seed": seed, "trace": str(trace_path), "trace_engine": engine,
             "replay_command": command, "scenario_file": str(toml_path), "record_command": record_command,
             "scenario_warnings": list(extraction.warnings), "failure": failure.to_dict(),
