@@ -83,7 +83,6 @@ class Profile:
     #: ``num_waiting > len(deferred_waiting)`` (1615-1616) with the skipped
     #: set the model tracks.
     victims_behind_skipped: bool = False
-    description: str = ""
 
     def __post_init__(self) -> None:
         unknown = sorted(self.semantics - set(SEMANTICS_IDS))
@@ -101,27 +100,27 @@ class Profile:
 
 _ALL = frozenset(SEMANTICS_IDS)
 
-SAFETY_ONLY = Profile("safety", (), frozenset(),
-                      description="the safety invariants only: what every correct engine satisfies")
+# The safety invariants only: what every correct engine satisfies.
+SAFETY_ONLY = Profile("safety", (), frozenset())
 
 #: Profiles by name. 0.33.0 is the reference's: every semantics rule.
 PROFILES: dict[str, Profile] = {p.name: p for p in (
-    Profile("0.33.0", ("0.33.0",), _ALL,
-            description="vLLM 0.33.0, the version the reference mirrors: every semantics rule"),
+    # vLLM 0.33.0, the version the reference mirrors: every semantics rule.
+    Profile("0.33.0", ("0.33.0",), _ALL),
     # Measured with bench/semantics_versions.py (real vLLM through the driver and the recording
     # scheduler on every canonical and bug-shape scenario it can run); each difference with its
     # source lines is in the README's "Safety invariants and version semantics".
+    # vLLM 0.29.0: no update-time caching in the synchronous scheduler,
+    # prefill_schedule_interval only through the DP coordinator, FCFS victims
+    # behind the skipped_waiting queue.
     Profile("0.29.0", ("0.29.0",), _ALL,
-            cache_at_update_with_spec=False, local_prefill_cadence=False, victims_behind_skipped=True,
-            description="vLLM 0.29.0: no update-time caching in the synchronous scheduler, "
-                        "prefill_schedule_interval only through the DP coordinator, "
-                        "FCFS victims behind the skipped_waiting queue"),
+            cache_at_update_with_spec=False, local_prefill_cadence=False, victims_behind_skipped=True),
+    # vLLM 0.20.2: every freed block to the tail of the free queue, no prefill
+    # gating, min_tokens before every other stop test, forced-reset victims
+    # not reported in preempted_req_ids.
     Profile("0.20.2", ("0.20.2",), _ALL - {"PREFILL-DEFER", "RESET-PREEMPTS-RUNNING"},
             free_unhashed_to_head=False, cache_at_update_with_spec=False, min_tokens_first=True,
-            victims_behind_skipped=True,
-            description="vLLM 0.20.2: every freed block to the tail of the free queue, no prefill "
-                        "gating, min_tokens before every other stop test, forced-reset victims "
-                        "not reported in preempted_req_ids"),
+            victims_behind_skipped=True),
     SAFETY_ONLY,
 )}
 

@@ -596,6 +596,19 @@ def _raw_steps(path: Path, notes: dict):
     inputs: list[tuple[str, dict]] = []
     current: dict | None = None
     crashed = False
+    number = 0
+
+    def finished_step():
+        """The step a new schedule (or a crashed one) ends, if any; it must have its update."""
+        if current is not None:
+            if current["update"] is None:
+                raise ConvertError(f"{path}:{number}: schedule without the previous update")
+            yield current
+
+    def new_step(schedule: dict | None, crash: dict | None) -> dict:
+        return {"line": number, "inputs": inputs, "schedule": schedule, "update": None,
+                "drafts": [], "draft_states": [], "crash": crash}
+
     for number, rec in _read_records(path):
         kind = rec["t"]
         if kind == "meta":
@@ -609,12 +622,8 @@ def _raw_steps(path: Path, notes: dict):
                 notes["mid_step_aborts"] += len(rec["finished"])
             inputs.append(("abort", rec))
         elif kind == "schedule":
-            if current is not None:
-                if current["update"] is None:
-                    raise ConvertError(f"{path}:{number}: schedule without the previous update")
-                yield current
-            current = {"line": number, "inputs": inputs, "schedule": rec, "update": None,
-                       "drafts": [], "draft_states": [], "crash": None}
+            yield from finished_step()
+            current = new_step(rec, None)
             inputs = []
         elif kind == "update":
             if current is None or current["update"] is not None:
@@ -634,12 +643,8 @@ def _raw_steps(path: Path, notes: dict):
         elif kind == "crash":
             call = rec.get("call")
             if call == "schedule":
-                if current is not None:
-                    if current["update"] is None:
-                        raise ConvertError(f"{path}:{number}: schedule without the previous update")
-                    yield current
-                current = {"line": number, "inputs": inputs, "schedule": None, "update": None,
-                           "drafts": [], "crash": rec}
+                yield from finished_step()
+                current = new_step(None, rec)
                 inputs = []
             elif call in ("update_from_output", "update_draft_token_ids") and current is not None \
                     and (current["update"] is None) == (call == "update_from_output"):
