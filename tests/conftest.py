@@ -77,6 +77,7 @@ def old_schema_copy(path: Path, out: Path, version: int) -> Path:
     meta[METADATA_KEY] = json.dumps(info, sort_keys=True).encode()
     summary = json.loads(source.metadata.metadata[SUMMARY_KEY])
     summary["events"] = len(kept)
+    summary.pop("trace_sha256", None)  # schema 7's digest: older versions had none
     schema = schema.with_metadata(meta)
     with pq.ParquetWriter(out, schema) as writer:
         writer.write_table(pa.Table.from_pylist([{c: r[c] for c in schema.names} for r in kept], schema=schema))

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from harness.cli import main
 from harness.diff import TraceStats, percentile
 from harness.trace import METADATA_KEY
+from harness.trace.writer import reseal
 
 TIGHT = ["--set", "num_gpu_blocks=30", "--set", "max_model_len=96", "--set", "max_num_seqs=4",
          "--set", "block_size=4", "--set", "max_num_batched_tokens=64"]
@@ -169,6 +170,7 @@ def _copy_with(src: Path, dst: Path, table: pa.Table | None = None, edit_meta=No
     if edit_meta is not None:
         kv[METADATA_KEY] = json.dumps(edit_meta(json.loads(kv[METADATA_KEY])))
     pq.write_table((table if table is not None else pq.read_table(src)).replace_schema_metadata(kv), dst)
+    reseal(dst, dst)  # a deliberate edit: a fresh digest, so diff sees the edited rows
     return dst
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +20,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.trace.schema import (COLUMNS, METADATA_KEY, READABLE_VERSIONS, SCHEMA_VERSION, SUMMARY_KEY,
-                                  absent_columns)
+from harness.trace.schema import (COLUMNS, DIGEST_SINCE, METADATA_KEY, READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION,
+                                  SUMMARY_KEY, absent_columns)
+from harness.trace.validate import RowError, StepValidator
+from harness.trace.writer import digest_of_file
 from reference.config import ConfigError, EngineConfig
 
 
@@ -31,7 +35,8 @@ class TraceError(Exception):
 class Trace:
     """An opened, validated trace: its path, ``meta`` (the metadata dict),
     ``config`` (validated, fingerprint verified) and ``summary`` (footer:
-    steps, events, and why the engine stalled, if it did)."""
+    steps, events, and why the engine stalled, if it did; the digest, once
+    verified, is ``digest``)."""
 
     path: Path
     meta: dict[str, Any]
@@ -39,6 +44,8 @@ class Trace:
     summary: dict[str, Any]
     num_rows: int
     _file: pq.ParquetFile
+    #: The footer's verified digest (schema 7 and later; None for older traces).
+    digest: str | None = None
 
     def iter_steps(self) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         """Yield (step, events of that step in order), reading one row group at
@@ -50,24 +57,32 @@ class Trace:
         events: list[dict[str, Any]] = []
         last_key = (-1, -1)
         num_steps = 0
+        validator = StepValidator(self.config.data_parallel_size)
         try:
             present = [c for c in COLUMNS if c in self._file.schema_arrow.names]
             absent = dict.fromkeys(c for c in COLUMNS if c not in present)
-            for batch in self._file.iter_batches(batch_size=65536, columns=present):
+            for batch in self._file.iter_batches(batch_size=BATCH_ROWS, columns=present):
                 for row in batch.to_pylist():
                     if absent:
                         row.update(absent)  # an older schema: its missing columns read as null
                     key = (row["step"], row["event_index"])
+                    if None in key:
+                        raise TraceError(f"{self.path}: a row without its step or event_index")
                     if key <= last_key:
                         raise TraceError(f"{self.path}: events out of order at step {key[0]} "
                                          f"event {key[1]}")
                     last_key = key
                     if row["step"] != current:
                         if current is not None:
+                            validator.check_step(current, events)
                             yield current, events
                         current, events = row["step"], []
                         num_steps += 1
                     events.append(row)
+            if current is not None:
+                validator.check_step(current, events)
+        except RowError as exc:
+            raise TraceError(f"{self.path}: bad row: {exc}") from None
         except (OSError, pa.ArrowException) as exc:
             raise TraceError(f"{self.path}: corrupt or truncated data ({_one_line(exc)})") from None
         if current is not None:
@@ -77,20 +92,49 @@ class Trace:
                              f"{self.summary['steps']} steps, the file holds {num_steps}")
 
 
+#: Rows turned into dicts at a time by ``iter_steps`` (bounded memory).
+BATCH_ROWS = 1024
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
 
 def open_trace(path: str | os.PathLike[str]) -> Trace:
-    """Open and validate a trace. Raises TraceError (missing file, not Parquet,
-    truncated, no metadata, unknown schema version, missing column)."""
+    """Open and validate a trace. Raises TraceError, one line naming the
+    file, for anything unusable: missing, not a regular file (a directory,
+    a FIFO: never opened), unreadable, not Parquet, truncated, no metadata,
+    unknown schema version, missing column or a column of the wrong type,
+    bad config, no rows, a digest (schema 7) that does not match the bytes,
+    a page whose checksum does not match. Never lets another exception out
+    for a bad file (OSError, UnicodeDecodeError, TypeError, RecursionError
+    become TraceError)."""
     p = Path(path)
-    if not p.exists():
-        raise TraceError(f"{p}: no such file")
-    if p.is_dir():
-        raise TraceError(f"{p}: is a directory, not a trace file")
     try:
-        pf = pq.ParquetFile(p)
+        return _open(p)
+    except TraceError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError,
+            pa.ArrowException) as exc:
+        raise TraceError(f"{p}: unreadable trace ({type(exc).__name__}: {_one_line(exc)})") from None
+
+
+def _open(p: Path) -> Trace:
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise TraceError(f"{p}: no such file") from None
+    except OSError as exc:
+        raise TraceError(f"{p}: cannot access ({exc.strerror or _one_line(exc)})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise TraceError(f"{p}: is a directory, not a trace file")
+    if not stat.S_ISREG(st.st_mode):
+        raise TraceError(f"{p}: not a regular file (a FIFO, device or socket is not a trace)")
+    if not os.access(p, os.R_OK):
+        raise TraceError(f"{p}: permission denied")
+    try:
+        pf = pq.ParquetFile(p, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
         raise TraceError(f"{p}: not a Parquet file or truncated ({_one_line(exc)})") from None
     raw = (pf.metadata.metadata or {}).get(METADATA_KEY)
@@ -113,6 +157,10 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
     missing = [c for c in COLUMNS if c not in names and c not in absent]
     if missing:
         raise TraceError(f"{p}: missing column(s) {', '.join(missing)}")
+    for name in COLUMNS:
+        if name in names and pf.schema_arrow.field(name).type != SCHEMA.field(name).type:
+            raise TraceError(f"{p}: column {name} has type {pf.schema_arrow.field(name).type}, "
+                             f"not {SCHEMA.field(name).type}")
     config = _validate_meta(p, meta)
     raw_summary = (pf.metadata.metadata or {}).get(SUMMARY_KEY)
     try:
@@ -126,7 +174,37 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
     if summary["events"] != pf.metadata.num_rows:
         raise TraceError(f"{p}: incomplete trace: the footer says {summary['events']} events, "
                          f"the file holds {pf.metadata.num_rows}")
-    return Trace(p, meta, config, summary, pf.metadata.num_rows, pf)
+    if pf.metadata.num_rows == 0 or summary["steps"] < 1:
+        raise TraceError(f"{p}: empty trace (no rows): nothing to check")
+    digest = None
+    if version >= DIGEST_SINCE:
+        _verify_digest(p, pf, summary)
+        digest = summary.pop("trace_sha256")  # verified; the summary keeps the run's figures only
+    else:
+        summary.pop("trace_sha256", None)  # an older version carries none that means anything
+    return Trace(p, meta, config, summary, pf.metadata.num_rows, pf, digest)
+
+
+def _verify_digest(p: Path, pf: pq.ParquetFile, summary: dict[str, Any]) -> None:
+    """The footer's ``trace_sha256`` must be the digest of the file's bytes (with
+    its own 64 characters read as ``0``: ``writer.digest_of_file``), so any
+    changed byte, data or footer, is refused."""
+    digest = summary.get("trace_sha256")
+    if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+        raise TraceError(f"{p}: the footer has no digest (schema {SCHEMA_VERSION} traces carry one)")
+    needle = f'"trace_sha256": "{digest}"'.encode()
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        f.seek(size - 8)
+        footer_len = int.from_bytes(f.read(4), "little")
+        f.seek(max(0, size - 8 - footer_len))
+        footer = f.read(footer_len)
+    index = footer.find(needle)
+    if index < 0:
+        raise TraceError(f"{p}: the footer's digest is not where this harness writes it (file rewritten?)")
+    at = size - 8 - footer_len + index + len(needle) - 65
+    if digest_of_file(p, at) != digest:
+        raise TraceError(f"{p}: digest mismatch: the file was changed after it was recorded")
 
 
 def _validate_meta(p: Path, meta: Any) -> EngineConfig:

@@ -14,7 +14,11 @@ import pyarrow as pa
 #: Schema 6 = schema 5 (whose scenario columns are now always present, null
 #: when unused) plus OBSERVED_COLUMNS and the ``request_state`` event kind:
 #: what each step's decisions leave behind, observed rather than assumed.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
+#: The version that first wrote page checksums and the footer digest
+#: (``trace_sha256`` in SUMMARY_KEY, writer.digest_of_file): schema 7 is schema 6's
+#: columns and rows with tamper evidence. Older traces are read without it.
+DIGEST_SINCE = 7
 #: Schema 5: schema 4 plus SCENARIO_COLUMNS (and the ``reset_prefix_cache``
 #: event kind); it was written only for runs that used a scenario input.
 SCENARIO_SCHEMA_VERSION = 5
@@ -26,7 +30,7 @@ OBSERVED_COLUMNS = ("request_data_ids",)
 #: lacks (read as null); every version below 5 also lacks SCENARIO_COLUMNS,
 #: every version below 6 OBSERVED_COLUMNS (and has no ``request_state`` rows).
 READABLE_VERSIONS = {3: ("num_external_tokens", "reserved_blocks", "mm_positions", "encoder_input_ids",
-                         "free_encoder_mm_hashes"), 4: (), 5: ()}
+                         "free_encoder_mm_hashes"), 4: (), 5: (), 6: ()}
 #: The version that first recorded the ``request_state`` rows and
 #: OBSERVED_COLUMNS (the checks that need them say "not checkable" below it).
 OBSERVED_SINCE = 6

@@ -1,17 +1,28 @@
-"""Write a trace as the run goes: row groups cut at step boundaries, atomic rename.
+"""Write a trace as the run goes: crash-safe segments, one atomic rename at the end.
 
-Rows go to a temporary name in the target folder (a row group per
-``rows_per_group`` events, never splitting a step) and the file is renamed
-into place only when the run ends, so a crashed run never leaves a file that
-looks complete. The key-value metadata (``sched_harness``) makes the trace
-self-contained: schema version, engine, full config and fingerprint, workload
-source and sha256, seed; the footer adds the run's summary.
+While the run goes, rows are written to a temporary folder beside the target
+(``.NAME.XXXX.tmp/``) as *segments*: each a complete, footed Parquet file of
+one row group (``seg-000000.parquet``, ...), cut at a step boundary once
+``rows_per_group`` rows or ``bytes_per_group`` estimated bytes are buffered,
+and itself written under a ``.part`` name and renamed, so a run killed at any
+instant (SIGKILL included) leaves only whole segments behind:
+``harness salvage`` (``harness.trace.salvage``) turns them into a trace.
+
+When the run ends, ``close`` copies the segments' row groups into one file
+(page checksums on, zstd), writes the footer summary with the file's digest
+(``SUMMARY_KEY``: ``trace_sha256``, the sha256 of the whole file with those 64 characters read
+as ``0``; ``digest_of_file``), and renames it into place, so the final path
+is never partial. The key-value metadata (``sched_harness``) makes the trace
+self-contained: schema version, engine, full config and fingerprint,
+workload source and sha256, seed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,74 +32,137 @@ import pyarrow.parquet as pq
 
 from harness.trace.schema import METADATA_KEY, SCHEMA, SCHEMA_VERSION, SUMMARY_KEY
 
+#: The digest's stand-in while the file is hashed: 64 zeros (a sha256 in hex).
+DIGEST_PLACEHOLDER = "0" * 64
+#: Segment file names inside the temporary folder, in order.
+SEGMENT_GLOB = "seg-*.parquet"
+# Parquet options of every file this harness writes (segments and traces).
+_PARQUET_OPTIONS = {"compression": "zstd", "write_page_checksum": True}
+
+
+def digest_of_file(path: Path, at: int) -> str:
+    """sha256 (hex) of the bytes of ``path`` with the 64 bytes at offset
+    ``at`` (where the digest itself is stored) read as ASCII ``0``.
+
+    Streams the file in 1 MiB reads (memory does not grow with the file).
+    Raises OSError if the file cannot be read."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        pos = 0
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            end = pos + len(chunk)
+            if pos < at + 64 and at < end:  # the digest's bytes fall in this chunk
+                buf = bytearray(chunk)
+                lo, hi = max(at, pos), min(at + 64, end)
+                buf[lo - pos:hi - pos] = b"0" * (hi - lo)
+                chunk = bytes(buf)
+            sha.update(chunk)
+            pos = end
+    return sha.hexdigest()
+
+
+def _row_bytes(row: dict[str, Any]) -> int:
+    """A rough size of one row once encoded (bytes): 8 per scalar, 4 per list
+    item, the length of each string (so a step's waiting list counts)."""
+    size = 0
+    for value in row.values():
+        if isinstance(value, list):
+            size += 4 * len(value) + sum(len(v) for v in value if isinstance(v, str))
+        elif isinstance(value, str):
+            size += len(value)
+        else:
+            size += 8
+    return size
+
 
 class TraceWriter:
-    """Streams event rows to ``path`` via a temporary file renamed on ``close``.
+    """Streams event rows to ``path`` via crash-safe segments, renamed on ``close``.
 
     Use as a context manager; an exception inside discards the temporary
-    file and leaves any existing ``path`` untouched. ``add_step(rows)`` takes
-    one step's rows (dicts keyed by column name; missing keys are null).
-    Every trace is written in schema ``SCHEMA_VERSION`` (all columns).
+    folder and leaves any existing ``path`` untouched (a SIGKILL leaves the
+    folder, whose complete segments ``harness salvage`` reads).
+    ``add_step(rows)`` takes one step's rows (dicts keyed by column name;
+    missing keys are null); a row group (segment) is cut after the step that
+    brings the buffer to ``rows_per_group`` rows or ``bytes_per_group``
+    estimated bytes, never inside a step. Every trace is written in schema
+    ``SCHEMA_VERSION`` (all columns). Raises OSError when the folder cannot
+    be written.
     """
 
     def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any],
-                 rows_per_group: int = 50_000) -> None:
+                 rows_per_group: int = 50_000, bytes_per_group: int = 8 << 20) -> None:
         self.path = Path(path)
         self.rows_per_group = rows_per_group
+        self.bytes_per_group = bytes_per_group
         meta = {"schema_version": SCHEMA_VERSION, **meta}
-        schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
+        self._schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        os.close(fd)
-        self._tmp = Path(tmp)
-        self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
-        self._schema = schema
-        self._columns = tuple(schema.names)
+        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent))
+        self._columns = tuple(self._schema.names)
         self._buffer: dict[str, list[Any]] = {c: [] for c in self._columns}
         self._buffered = 0
+        self._buffered_bytes = 0
+        self._segments: list[Path] = []
         self.num_rows = 0
         self._num_steps = 0
         self.stalled: str | None = None
         self.crashed: str | None = None  # the candidate raised (the footer's "crashed")
 
+    @property
+    def temp_dir(self) -> Path:
+        """The temporary folder holding the segments written so far."""
+        return self._tmp
+
     def add_step(self, rows: list[dict[str, Any]]) -> None:
+        """Buffer one step's rows; write a segment when the buffer is full."""
         self._num_steps += 1
         for row in rows:
             for column in self._columns:
                 self._buffer[column].append(row.get(column))
+            self._buffered_bytes += _row_bytes(row)
         self._buffered += len(rows)
-        if self._buffered >= self.rows_per_group:
+        if self._buffered >= self.rows_per_group or self._buffered_bytes >= self.bytes_per_group:
             self._flush()
 
     def _flush(self) -> None:
-        if self._buffered:
-            table = pa.Table.from_pydict(self._buffer, schema=self._schema)
-            self._writer.write_table(table)
-            self.num_rows += self._buffered
-            self._buffer = {c: [] for c in self._columns}
-            self._buffered = 0
+        """Write the buffer as the next segment (``.part``, then renamed)."""
+        if not self._buffered:
+            return
+        table = pa.Table.from_pydict(self._buffer, schema=self._schema)
+        final = self._tmp / f"seg-{len(self._segments):06d}.parquet"
+        part = final.with_suffix(".part")
+        pq.write_table(table, part, **_PARQUET_OPTIONS)
+        os.replace(part, final)
+        self._segments.append(final)
+        self.num_rows += self._buffered
+        self._buffer = {c: [] for c in self._columns}
+        self._buffered = 0
+        self._buffered_bytes = 0
 
     def close(self) -> None:
-        """Flush, write the footer summary, finish the file and rename it
-        into place (atomic)."""
-        self._flush()
-        summary = {"steps": self._num_steps, "events": self.num_rows, "stalled": self.stalled}
-        if self.crashed is not None:  # only then: every other footer keeps its bytes
-            summary["crashed"] = self.crashed
-        self._writer.add_key_value_metadata({SUMMARY_KEY: json.dumps(summary, sort_keys=True)})
-        self._writer.close()
-        # mkstemp creates 0600; give the trace the usual umask-based mode.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self._tmp, 0o666 & ~umask)
-        os.replace(self._tmp, self.path)
+        """Flush, join the segments into one file with the footer summary and
+        its digest, and rename it into place (atomic); the temporary folder
+        is removed. Raises OSError (the folder is then removed too)."""
+        try:
+            self._flush()
+            summary = {"steps": self._num_steps, "events": self.num_rows, "stalled": self.stalled}
+            if self.crashed is not None:  # only then: every other footer keeps its bytes
+                summary["crashed"] = self.crashed
+            joined = join_segments(self._segments, self._schema, summary, self._tmp / "trace.parquet")
+            # mkdtemp's folder is 0700 and files take the umask: the trace gets the usual mode.
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(joined, 0o666 & ~umask)
+            os.replace(joined, self.path)
+        finally:
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
     def abort(self) -> None:
-        """Discard the temporary file."""
-        try:
-            self._writer.close()
-        finally:
-            self._tmp.unlink(missing_ok=True)
+        """Discard the temporary folder."""
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
     def __enter__(self) -> TraceWriter:
         return self
@@ -98,3 +172,76 @@ class TraceWriter:
             self.close()
         else:
             self.abort()
+
+
+def join_segments(segments: list[Path], schema: pa.Schema, summary: dict[str, Any], out: Path) -> Path:
+    """Write the row groups of ``segments`` (in order, one row group each)
+    to ``out`` under ``schema`` (its metadata included), with ``summary`` in
+    the footer (``SUMMARY_KEY``) plus ``trace_sha256``: the digest of the finished
+    file (``digest_of_file``), patched in place of its placeholder. Returns
+    ``out``. Raises OSError or pyarrow.ArrowException for an unreadable
+    segment."""
+    summary = {**summary, "trace_sha256": DIGEST_PLACEHOLDER}
+    writer = pq.ParquetWriter(out, schema, **_PARQUET_OPTIONS)
+    try:
+        for segment in segments:
+            # One segment at a time: memory is bounded by a row group.
+            writer.write_table(pq.ParquetFile(segment).read())
+        writer.add_key_value_metadata({SUMMARY_KEY: json.dumps(summary, sort_keys=True)})
+    finally:
+        writer.close()
+    at = _placeholder_offset(out)
+    digest = digest_of_file(out, at)
+    with open(out, "r+b") as f:
+        f.seek(at)
+        f.write(digest.encode())
+        f.flush()
+        os.fsync(f.fileno())
+    return out
+
+
+def _placeholder_offset(path: Path) -> int:
+    """Where the digest's 64 characters start in the footer of ``path``."""
+    needle = f'"trace_sha256": "{DIGEST_PLACEHOLDER}"'.encode()
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(size - 8)
+        footer_len = int.from_bytes(f.read(4), "little")
+        start = size - 8 - footer_len
+        f.seek(start)
+        footer = f.read(footer_len)
+    index = footer.find(needle)
+    if index < 0 or footer.find(needle, index + 1) >= 0:
+        raise OSError(f"{path}: the footer's digest placeholder is not found once")
+    return start + index + len(needle) - 65
+
+
+def reseal(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
+    """Copy the Parquet file ``src`` (a trace edited with pyarrow, its
+    metadata and footer summary kept) to ``dst`` with page checksums and a
+    fresh digest: what a deliberate editor (a doctored test trace, a forger)
+    does. The digest is evidence that nobody changed the file after it was
+    written, not of who wrote it (README "Threat model"). Writes a temp file
+    beside ``dst`` and renames it. Raises OSError or pyarrow.ArrowException
+    for an unreadable ``src``, ValueError if it has no footer summary."""
+    src, dst = Path(src), Path(dst)
+    source = pq.ParquetFile(src)
+    kv = dict(source.metadata.metadata or {})
+    raw = kv.pop(SUMMARY_KEY, None)
+    if raw is None:
+        raise ValueError(f"{src}: no footer summary to reseal")
+    summary = json.loads(raw)
+    summary.pop("trace_sha256", None)
+    kv.pop(b"ARROW:schema", None)
+    table = source.read()
+    schema = table.schema.with_metadata(kv)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    os.close(fd)
+    try:
+        part = Path(tmp)
+        pq.write_table(table.replace_schema_metadata(kv), part, **_PARQUET_OPTIONS)
+        joined = join_segments([part], schema, summary, part.with_name(part.name + ".joined"))
+        os.replace(joined, dst)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return dst

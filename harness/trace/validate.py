@@ -1,0 +1,207 @@
+"""Validate a trace's rows against their kind before anything consumes them.
+
+The reader (``Trace.iter_steps``) runs ``StepValidator.check_step`` on every
+step, so ``check``, ``replay`` and ``diff`` see the same usable rows or the
+same one-line ``TraceError``. What is refused here is what no engine can
+record (a recording or editing artifact), never an engine's decision: an
+impossible *value* of a decision (a negative scheduled count, a block id out
+of the pool) is left to the invariants, which report it with a witness.
+
+Refused: an unknown or null ``kind``; ``event_index`` not 0, 1, ... within
+the step; a null or out-of-range ``rank`` (``0 <= rank <
+data_parallel_size``) or ranks out of order; a request-scoped row without a
+``request_id``; a non-finite or negative time (``clock_s``,
+``arrival_time_s``, ``abort_time_s``); an ``arrival``/``reject`` row that
+``RequestSpec`` refuses (so replay can rebuild the workload); an unknown
+status, finish reason or ``schedule_kind``; a null inside a list; rows out
+of the step's documented order (docs/trace-format.md "Row order"); a
+``schedule_begin`` without its ``schedule_end`` or an ``update_begin``
+without its ``update_end`` (unless the step ends on ``crash``); rows after
+a ``crash``, and steps after a crash step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from reference.request import RequestStatus
+from reference.workload import WorkloadError
+
+from harness.trace.rows import spec_from_row
+from harness.trace.schema import EVENT_KINDS
+
+Row = dict[str, Any]
+
+# Rows that name a request (request_id must be a non-empty string).
+_REQUEST_KINDS = frozenset({"arrival", "reject", "abort", "encoder_plan", "schedule", "withdraw", "preempt",
+                            "skip", "kv_load", "kv_promote", "output", "finish", "kv_finished", "kv_free",
+                            "draft", "request_state"})
+# Where each kind may appear inside one rank's rows: the phase it belongs to.
+# Phases only move forward (INPUT < DECIDE < SCHEDULED < UPDATE < END); the
+# begin/end rows open and close theirs. Inside UPDATE the rows keep the
+# update's order: free_drain, kv_invalid, output, finish, kv_finished and
+# kv_free, draft, request_state (the sub-rank).
+_INPUT, _DECIDE, _SCHEDULED, _UPDATE, _END = range(5)
+_INPUT_KINDS = frozenset({"arrival", "reject", "abort", "reset_prefix_cache"})
+_DECISION_KINDS = frozenset({"encoder_plan", "schedule", "withdraw", "preempt", "skip", "kv_load",
+                             "kv_promote"})
+_UPDATE_ORDER = {"free_drain": 0, "kv_invalid": 1, "output": 2, "finish": 3, "kv_finished": 4, "kv_free": 4,
+                 "draft": 5, "request_state": 6}
+_STATUSES = frozenset(s.name for s in RequestStatus)
+_FINISHED_STATUSES = frozenset(s.name for s in RequestStatus if RequestStatus.is_finished(s))
+_FINISH_REASONS = frozenset({"stop", "length", "abort", "error", "repetition"})
+_SCHEDULE_KINDS = frozenset({"new", "resumed", "running"})
+_TIME_COLUMNS = ("clock_s", "arrival_time_s", "abort_time_s")
+
+
+class RowError(ValueError):
+    """A row no engine records: ``str()`` says which row and what is wrong."""
+
+
+class StepValidator:
+    """Checks each step's rows in file order (``check_step``); remembers
+    across steps only whether a crash step was seen (O(1) memory).
+
+    ``num_ranks``: the config's ``data_parallel_size`` (ranks are
+    ``0 .. num_ranks - 1``)."""
+
+    def __init__(self, num_ranks: int) -> None:
+        self.num_ranks = num_ranks
+        self._crashed_at: int | None = None
+
+    def check_step(self, step: int, rows: list[Row]) -> None:
+        """Raise RowError naming the step and event of the first bad row."""
+        if self._crashed_at is not None:
+            raise RowError(f"step {step} follows the crash at step {self._crashed_at} (a crash ends the run)")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise RowError(f"step {step!r} is not an integer >= 0")
+        # A crash on one rank ends every rank's step where it stood.
+        crashed = any(row.get("kind") == "crash" for row in rows)
+        rank = -1
+        phase = _END
+        sub = 0
+        open_rows: list[str] = []
+        for index, row in enumerate(rows):
+            where = f"step {step} event {row.get('event_index')!r}"
+            if row.get("event_index") != index:
+                raise RowError(f"{where}: event_index must count 0, 1, ... within the step (expected {index})")
+            kind = row.get("kind")
+            if kind not in EVENT_KINDS:
+                raise RowError(f"{where}: unknown event kind {kind!r}")
+            r = row.get("rank")
+            if not isinstance(r, int) or not 0 <= r < self.num_ranks:
+                raise RowError(f"{where}: rank {r!r} is not in 0..{self.num_ranks - 1} "
+                               f"(data_parallel_size {self.num_ranks})")
+            if r != rank:
+                if r < rank:
+                    raise RowError(f"{where}: rank {r} after rank {rank} (each rank's rows in rank order)")
+                _close(where, open_rows, crashed)
+                rank, phase, sub, open_rows = r, _INPUT, 0, []
+            phase, sub = _advance(where, kind, phase, sub, open_rows)
+            _check_values(where, kind, row)
+            if kind == "crash":
+                self._crashed_at = step
+        _close(f"step {step}", open_rows, crashed)
+
+
+def _advance(where: str, kind: str, phase: int, sub: int, open_rows: list[str]) -> tuple[int, int]:
+    """The phase after a ``kind`` row in ``phase``; RowError if it cannot come there."""
+    if kind == "crash":
+        if phase == _END and open_rows == ["done"]:
+            raise RowError(f"{where}: crash row after update_end")
+        open_rows.clear()
+        open_rows.append("crashed")
+        return _END, 0
+    if open_rows == ["crashed"] or (phase == _END and open_rows == ["done"]):
+        raise RowError(f"{where}: {kind} row after the rank's last row")
+    if kind in _INPUT_KINDS or (kind == "preempt" and phase == _INPUT):
+        if phase != _INPUT:
+            raise RowError(f"{where}: input row {kind} after the step's scheduling began")
+        return _INPUT, 0
+    if kind == "schedule_begin":
+        if phase != _INPUT:
+            raise RowError(f"{where}: second schedule_begin or schedule_begin after the update began")
+        open_rows.append("schedule_end")
+        return _DECIDE, 0
+    if kind in _DECISION_KINDS:
+        if phase != _DECIDE:
+            raise RowError(f"{where}: decision row {kind} outside schedule_begin .. schedule_end")
+        return _DECIDE, 0
+    if kind == "schedule_end":
+        if phase != _DECIDE:
+            raise RowError(f"{where}: schedule_end without schedule_begin")
+        open_rows.remove("schedule_end")
+        return _SCHEDULED, 0
+    if kind == "update_begin":
+        if phase not in (_INPUT, _SCHEDULED) or "schedule_end" in open_rows:
+            raise RowError(f"{where}: update_begin out of place (second one, or before schedule_end)")
+        open_rows.append("update_end")
+        return _UPDATE, 0
+    if kind == "update_end":
+        if phase != _UPDATE:
+            raise RowError(f"{where}: update_end without update_begin")
+        open_rows.clear()
+        open_rows.append("done")
+        return _END, 0
+    if kind == "request_state" and phase == _SCHEDULED:
+        return _SCHEDULED, 0
+    rank = _UPDATE_ORDER.get(kind)
+    if rank is None or phase != _UPDATE:
+        raise RowError(f"{where}: {kind} row outside update_begin .. update_end")
+    if rank < sub:
+        raise RowError(f"{where}: {kind} row out of the update's order (free_drain, kv_invalid, output, "
+                       f"finish, kv_finished/kv_free, draft, request_state)")
+    return _UPDATE, rank
+
+
+def _close(where: str, open_rows: list[str], crashed: bool) -> None:
+    """RowError if a rank's rows opened a schedule or update they never
+    closed, in a step without a crash."""
+    if crashed:
+        return
+    missing = [name for name in open_rows if name in ("schedule_end", "update_end")]
+    if missing:
+        raise RowError(f"{where}: the rank's rows lack their {missing[0]} (and the step did not crash)")
+
+
+def _check_values(where: str, kind: str, row: Row) -> None:
+    """The row's own fields: ids, times, statuses, nulls in lists, request specs."""
+    if kind in _REQUEST_KINDS:
+        rid = row.get("request_id")
+        if not isinstance(rid, str) or not rid:
+            raise RowError(f"{where}: {kind} row without a request_id")
+    for column in _TIME_COLUMNS:
+        value = row.get(column)
+        if value is not None and (not math.isfinite(value) or value < 0):
+            raise RowError(f"{where}: {column} {value!r} is not a finite number >= 0")
+    if kind == "schedule_begin" and row.get("clock_s") is None:
+        raise RowError(f"{where}: schedule_begin without clock_s")
+    for column, value in row.items():
+        if isinstance(value, list) and None in value:
+            raise RowError(f"{where}: null inside {column}")
+    status = row.get("status")
+    if kind in ("finish", "abort"):
+        if status not in _FINISHED_STATUSES:
+            raise RowError(f"{where}: {kind} status {status!r} is not a finished request status")
+        if row.get("finish_reason") not in _FINISH_REASONS and row.get("finish_reason") is not None:
+            raise RowError(f"{where}: unknown finish_reason {row.get('finish_reason')!r}")
+    elif kind in ("preempt", "kv_promote", "request_state"):
+        if status not in _STATUSES:
+            raise RowError(f"{where}: unknown request status {status!r}")
+    elif kind == "reset_prefix_cache" and status not in ("succeeded", "refused"):
+        raise RowError(f"{where}: reset_prefix_cache status {status!r} is not succeeded or refused")
+    elif kind == "crash" and (not isinstance(status, str) or not row.get("message")):
+        raise RowError(f"{where}: crash row without its call (status) or message")
+    if kind == "schedule":
+        if row.get("schedule_kind") not in _SCHEDULE_KINDS:
+            raise RowError(f"{where}: schedule_kind {row.get('schedule_kind')!r} is not new, resumed or running")
+        for column in ("num_computed_tokens", "num_scheduled_tokens"):
+            if row.get(column) is None:
+                raise RowError(f"{where}: schedule row without {column}")
+    if kind in ("arrival", "reject"):
+        try:
+            spec_from_row(row)
+        except (WorkloadError, ValueError, TypeError, KeyError) as exc:
+            raise RowError(f"{where}: {kind} row is not a valid request ({' '.join(str(exc).split())[:160]})") \
+                from None
