@@ -581,7 +581,9 @@ class TraceChecker(TraceModel):
             return  # finished (e.g. stopped by an earlier batch) while in flight: ignored
         st.outputs.add(rid)
         drafts = st.batch.drafts.get(rid, [])
-        lifecycle.check_output_complete(self, req, st.batch.ends[rid], drafts, tokens)
+        end = st.batch.ends.get(rid)
+        if end is not None:  # None: its entry was not positive (BUDGET-TOKENS said so at schedule)
+            lifecycle.check_output_complete(self, req, end, drafts, tokens)
         stale = rid in st.stale
         accepted = len(tokens) - 1
         spec_decode.check_acceptance(self, rid, tokens, drafts)

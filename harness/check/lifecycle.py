@@ -63,7 +63,8 @@ def check_outputs_present(m: TraceModel, st: StepState) -> None:
     reached the end of its tokens sampled."""
     for rid in st.batch.scheduled:
         req = m.reqs.get(rid)
-        if req is None or rid in st.outputs:
+        # No end: its entry was not positive, reported as BUDGET-TOKENS at schedule.
+        if req is None or rid in st.outputs or rid not in st.batch.ends:
             continue
         end = st.batch.ends[rid] - len(st.batch.drafts.get(rid, []))
         if end >= req.num_tokens:
