@@ -373,9 +373,11 @@ def test_the_fuzzer_finds_the_crash_mutant() -> None:
 
 
 def test_footer_of_a_run_without_crash_keeps_its_bytes() -> None:
-    """Only a crashed run's footer has the ``crashed`` key: the goldens' are unchanged."""
+    """Only a crashed run's footer has the ``crashed`` key: the goldens' have
+    the run's figures and (schema 7) the file's digest only."""
     golden = pq.ParquetFile(REPO / "golden" / "fcfs-tight.parquet")
-    assert set(json.loads(golden.metadata.metadata[SUMMARY_KEY])) == {"steps", "events", "stalled"}
+    assert set(json.loads(golden.metadata.metadata[SUMMARY_KEY])) == {"steps", "events", "stalled",
+                                                                      "trace_sha256"}
 
 
 def test_a_vllm_crash_config_is_refused_for_the_reference_but_read_from_a_trace() -> None:
