@@ -683,5 +683,11 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     sys.exit(EXIT_FOUND)
 
 
+# Commands kept in their own modules.
+from harness.salvage_cli import salvage_cmd  # noqa: E402
+
+main.add_command(salvage_cmd)
+
+
 if __name__ == "__main__":
     main()

@@ -58,6 +58,10 @@ class _Diverged(Exception):
     pass
 
 
+class _Salvaged(Exception):
+    """The re-driven run passed the last step of a salvaged trace."""
+
+
 def workload_from_trace(trace: Trace) -> Workload:
     """Rebuild the recorded workload (arrivals and rejections, in order).
 
@@ -145,7 +149,8 @@ def replay(trace: Trace, candidate_factory: CandidateFactory) -> tuple[Divergenc
     that stalls or raises diverges at the step where it did: a crash as field
     ``exception``, kind ``crash``, at its ``crash`` row (``actual``: the
     crash's one line). A trace that ended in the same stall or crash (the
-    same rows) is matched, not diverged from.
+    same rows) is matched, not diverged from. A salvaged trace (its footer's
+    ``salvaged``: the recording was killed) is compared up to its last step.
     """
     config = trace.config
     workload = workload_from_trace(trace)
@@ -157,6 +162,8 @@ def replay(trace: Trace, candidate_factory: CandidateFactory) -> tuple[Divergenc
     def on_step_rows(step: int, rows: list[Row]) -> None:
         nonlocal compared
         expected_step, expected = next(recorded, (None, []))
+        if expected_step is None and trace.summary.get("salvaged") is not None:
+            raise _Salvaged()  # the recording was cut off here: nothing more to compare
         if expected_step is None:
             raise _Diverged(Divergence(step, None, "event", "end of trace", f"step {step}", 0, None,
                                        "", [], rows))
@@ -173,6 +180,8 @@ def replay(trace: Trace, candidate_factory: CandidateFactory) -> tuple[Divergenc
                     on_step_rows=on_step_rows, runner_factory=runner_factory)
     except _Diverged as d:
         return d.args[0], compared
+    except _Salvaged:
+        return None, compared
     except CandidateCrash as exc:
         # The crashed step was handed over (and compared) before the raise.
         if trace.summary.get("crashed") is not None and next(recorded, None) is None:

@@ -673,9 +673,12 @@ def check_trace(trace: Trace, semantics: str = "auto") -> CheckResult:
     schema version cannot show. Raises ProfileError for an unknown name,
     TraceError for an unreadable trace."""
     profile, reason = resolve_profile(semantics, trace.meta)
+    salvaged = trace.summary.get("salvaged")
     result = check_steps(trace.meta["config"], trace.iter_steps(), profile,
-                         schema_version=trace.meta.get("schema_version"))
+                         schema_version=trace.meta.get("schema_version"), truncated=salvaged is not None)
     result.profile_reason = reason
+    if salvaged is not None:
+        result.notes.append(f"{salvaged}: LIVENESS and the end-of-trace checks not run")
     return result
 
 
@@ -693,7 +696,8 @@ def unobserved_notes(schema_version: int | None) -> list[str]:
 
 
 def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
-                profile: Profile | None = None, *, schema_version: int | None = None) -> CheckResult:
+                profile: Profile | None = None, *, schema_version: int | None = None,
+                truncated: bool = False) -> CheckResult:
     """Run every invariant ``profile`` checks (default: the reference's,
     every rule of the vLLM version it mirrors) over ``steps`` (as yielded by
     ``Trace.iter_steps``; ``schema_version``: the trace's, for the notes on
@@ -704,25 +708,30 @@ def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str
     ranks (``harness.check.data_parallel``); the results are merged.
     ``schema_version``: the trace's (its metadata); below 6 the result's
     ``notes`` name the checks its rows cannot feed (``unobserved_notes``),
-    which are then not violations but not checked either.
+    which are then not violations but not checked either. ``truncated``:
+    the rows end where the run was cut off (a salvaged trace,
+    ``harness.trace.salvage``): as after a crash, the requests still live
+    at the end are not LIVENESS findings.
     """
     profile = profile if profile is not None else reference_profile()
     # A trace known to record what each step leaves behind (rows made in
     # memory, schema_version None, are the recorder's own: nothing to doubt).
     observed = schema_version is not None and schema_version >= OBSERVED_SINCE
-    result = _check_steps(config, steps, profile, observed)
+    result = _check_steps(config, steps, profile, observed, truncated)
     result.profile = profile.name
     result.notes += unobserved_notes(schema_version)
     return result
 
 
 def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
-                 profile: Profile, observed: bool) -> CheckResult:
+                 profile: Profile, observed: bool, truncated: bool = False) -> CheckResult:
     dp = config.get("data_parallel_size", 1)
     if dp == 1:
         checker = TraceChecker(config, profile, observed=observed)
         for step, events in steps:
             checker.check_step(step, events)
+        # A run cut off (salvaged) ended like a crashed one: no end-of-run findings.
+        checker.crashed = checker.crashed or truncated
         return checker.finish()
     checkers = [TraceChecker(config, profile, observed=observed) for _ in range(dp)]
     for checker in checkers:
@@ -741,7 +750,7 @@ def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[st
             if data_parallel.check_rank(routing, rank, dp):
                 checkers[rank].check_step(step, rank_events)
     # A crash on one rank ends every rank's run: none reports LIVENESS for it.
-    crashed = any(c.crashed for c in checkers)
+    crashed = truncated or any(c.crashed for c in checkers)
     for checker in checkers:
         checker.crashed = crashed
     results = [c.finish() for c in checkers] + [routing.result]

@@ -128,7 +128,10 @@ def _open(p: Path) -> Trace:
     except OSError as exc:
         raise TraceError(f"{p}: cannot access ({exc.strerror or _one_line(exc)})") from None
     if stat.S_ISDIR(st.st_mode):
-        raise TraceError(f"{p}: is a directory, not a trace file")
+        hint = ""
+        if any(p.glob("seg-*.parquet")):
+            hint = f" (a killed recording's segments: `harness salvage {p} -o TRACE.parquet`)"
+        raise TraceError(f"{p}: is a directory, not a trace file{hint}")
     if not stat.S_ISREG(st.st_mode):
         raise TraceError(f"{p}: not a regular file (a FIFO, device or socket is not a trace)")
     if not os.access(p, os.R_OK):

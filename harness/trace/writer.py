@@ -93,7 +93,7 @@ class TraceWriter:
     """
 
     def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any],
-                 rows_per_group: int = 50_000, bytes_per_group: int = 8 << 20) -> None:
+                 rows_per_group: int = 10_000, bytes_per_group: int = 4 << 20) -> None:
         self.path = Path(path)
         self.rows_per_group = rows_per_group
         self.bytes_per_group = bytes_per_group

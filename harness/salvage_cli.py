@@ -1,0 +1,45 @@
+"""``harness salvage``: turn a killed recording's temporary folder into a trace.
+
+Registered on the CLI's ``main`` group by ``harness/cli.py``; the work is
+``harness.trace.salvage.salvage``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from harness.trace import TraceError
+from harness.trace.salvage import salvage
+
+_err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+
+
+@click.command("salvage")
+@click.argument("folder", metavar="TMPDIR")
+@click.option("-o", "--output", "output", required=True, metavar="TRACE.parquet",
+              help="Where to write the salvaged trace (replaced only once it is whole).")
+def salvage_cmd(folder: str, output: str) -> None:
+    """Salvage the trace of a `harness record` that was killed (SIGKILL, SIGTERM, a crash of
+    the machine): TMPDIR is the temporary folder it left beside its -o path
+    (.NAME.XXXX.tmp/), whose complete row groups become TRACE.parquet, marked salvaged
+    (check and replay read it up to its last step, with a note). The rows after the last
+    complete row group are lost.
+
+    Exit 0 salvaged, 2 nothing to salvage (not such a folder, no complete row group)."""
+    try:
+        result = salvage(folder, output)
+    except TraceError as exc:
+        _err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(2)
+    except OSError as exc:
+        _err.print(f"[bold red]error:[/] {escape(output)}: cannot write ({exc.strerror or exc})", soft_wrap=True)
+        sys.exit(2)
+    for line in result.skipped:
+        _err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+    _err.print(f"[yellow]warning:[/] {escape(result.line)}", soft_wrap=True)
+    click.echo(f"salvaged {result.out}: {result.steps} steps, {result.events} events from "
+               f"{result.segments} row group(s), up to step {result.last_step}")
