@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.trace import METADATA_KEY, SCHEMA_VERSION, SUMMARY_KEY
+from harness.trace import METADATA_KEY, SCHEMA_VERSION, SUMMARY_KEY, open_trace
 from harness.trace.schema import absent_columns, rows_as_of
 
 pytest_plugins = ["pytester"]
@@ -66,10 +66,10 @@ def old_schema_copy(path: Path, out: Path, version: int) -> Path:
     source = pq.ParquetFile(path)
     table = source.read()
     schema = pa.schema([f for f in table.schema if f.name not in absent_columns(version)])
-    rows = table.to_pylist()
     kept: list[dict] = []
-    for step in dict.fromkeys(r["step"] for r in rows):
-        kept += rows_as_of(version, [r for r in rows if r["step"] == step])
+    # The reader's rows: queues whole (schema 8 stores them as changes, older versions whole).
+    for _, step_rows in open_trace(path).iter_steps():
+        kept += rows_as_of(version, step_rows)
     meta = dict(table.schema.metadata)
     info = json.loads(meta[METADATA_KEY])
     assert info["schema_version"] == SCHEMA_VERSION

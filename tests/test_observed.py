@@ -84,13 +84,13 @@ def test_a_victim_that_keeps_its_drafts_shows_them_after_schedule_and_after_the_
 
 
 def test_every_golden_has_one_state_row_per_victim_and_no_notes() -> None:
-    """The goldens (schema 7, schema 6's rows): the reference leaves no drafts outside running,
+    """The goldens (schema 8, schema 6's rows): the reference leaves no drafts outside running,
     so the state rows are exactly the victims (``preemptions`` of the manifest);
     every check runs."""
     manifest = read_manifest(CHECKOUT_DIR)
     for name in SCENARIOS:
         trace = open_trace(CHECKOUT_DIR / f"{name}.parquet")
-        assert trace.meta["schema_version"] == 7
+        assert trace.meta["schema_version"] == 8
         table = pq.read_table(trace.path, columns=["kind", "status", "num_computed_tokens", "spec_token_ids"],
                               filters=[("kind", "=", "request_state")]).to_pylist()
         assert len(table) == manifest[name]["preemptions"], name

@@ -77,7 +77,7 @@ def assert_unusable(path: Path, fragment: str, commands: tuple[str, ...] = ("che
 # -- the digest and the page checksums --------------------------------------------------
 def test_source_trace_carries_a_verified_digest() -> None:
     trace = open_trace(SOURCE)
-    assert trace.meta["schema_version"] == 7
+    assert trace.meta["schema_version"] == 8
     summary = json.loads(pq.ParquetFile(SOURCE).metadata.metadata[SUMMARY_KEY])
     assert trace.digest == summary["trace_sha256"] and len(trace.digest) == 64
     assert "trace_sha256" not in trace.summary  # the run's figures only

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict, deque
+from collections.abc import MutableSequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,7 @@ class ReqShadow:
     min_tokens: int
     eos_token_id: int | None
     stop_token_ids: tuple[int, ...]
-    token_ids: list[int]
+    token_ids: MutableSequence[int]  # array("q"): prompt then outputs
     status: str = "WAITING"
     num_computed_tokens: int = 0
     blocks: list[int] = field(default_factory=list)

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from harness.trace.schema import (COLUMNS, DIGEST_SINCE, METADATA_KEY, READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION,
                                   SUMMARY_KEY, absent_columns)
+from harness.trace.queues import QueueDecoder
 from harness.trace.validate import RowError, StepValidator
 from harness.trace.writer import digest_of_file
 from reference.config import ConfigError, EngineConfig
@@ -58,6 +59,7 @@ class Trace:
         last_key = (-1, -1)
         num_steps = 0
         validator = StepValidator(self.config.data_parallel_size)
+        queues = QueueDecoder()
         try:
             present = [c for c in COLUMNS if c in self._file.schema_arrow.names]
             absent = dict.fromkeys(c for c in COLUMNS if c not in present)
@@ -65,6 +67,10 @@ class Trace:
                 for row in batch.to_pylist():
                     if absent:
                         row.update(absent)  # an older schema: its missing columns read as null
+                    try:
+                        queues.decode_row(row)  # whole queues again (schema 8 stores changes)
+                    except ValueError as exc:
+                        raise RowError(f"step {row.get('step')} event {row.get('event_index')}: {exc}") from None
                     key = (row["step"], row["event_index"])
                     if None in key:
                         raise TraceError(f"{self.path}: a row without its step or event_index")

@@ -14,7 +14,12 @@ import pyarrow as pa
 #: Schema 6 = schema 5 (whose scenario columns are now always present, null
 #: when unused) plus OBSERVED_COLUMNS and the ``request_state`` event kind:
 #: what each step's decisions leave behind, observed rather than assumed.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
+#: Schema 8 = schema 7 with the queue snapshots stored as changes
+#: (QUEUE_DELTA_COLUMNS; harness.trace.queues): the version that first did.
+QUEUE_DELTA_SINCE = 8
+# Schema 8: a snapshot queue's kept slice of the previous one and the ids before it.
+QUEUE_DELTA_COLUMNS = ("waiting_kept", "waiting_head", "running_kept", "running_head")
 #: The version that first wrote page checksums and the footer digest
 #: (``trace_sha256`` in SUMMARY_KEY, writer.digest_of_file): schema 7 is schema 6's
 #: columns and rows with tamper evidence. Older traces are read without it.
@@ -30,7 +35,7 @@ OBSERVED_COLUMNS = ("request_data_ids",)
 #: lacks (read as null); every version below 5 also lacks SCENARIO_COLUMNS,
 #: every version below 6 OBSERVED_COLUMNS (and has no ``request_state`` rows).
 READABLE_VERSIONS = {3: ("num_external_tokens", "reserved_blocks", "mm_positions", "encoder_input_ids",
-                         "free_encoder_mm_hashes"), 4: (), 5: (), 6: ()}
+                         "free_encoder_mm_hashes"), 4: (), 5: (), 6: (), 7: ()}
 #: The version that first recorded the ``request_state`` rows and
 #: OBSERVED_COLUMNS (the checks that need them say "not checkable" below it).
 OBSERVED_SINCE = 6
@@ -43,6 +48,8 @@ def absent_columns(version: int) -> tuple[str, ...]:
         absent += SCENARIO_COLUMNS
     if version < OBSERVED_SINCE:
         absent += OBSERVED_COLUMNS
+    if version < QUEUE_DELTA_SINCE:
+        absent += QUEUE_DELTA_COLUMNS  # null: every queue stored whole
     return absent
 
 
@@ -143,6 +150,15 @@ SCHEMA = pa.schema([
     # scheduled_cached_reqs.req_ids), recorded apart from the schedule rows
     # (the keys of num_scheduled_tokens).
     pa.field("request_data_ids", _strs),
+    # Queue changes (schema 8; harness.trace.queues): on schedule_begin and
+    # schedule_end, waiting = waiting_head + previous waiting[start:start +
+    # length] + the ids in ``waiting`` (waiting_kept = [start, length]; null:
+    # ``waiting`` is the whole list); running alike. The reader rebuilds the
+    # whole lists.
+    pa.field("waiting_kept", _ids),
+    pa.field("waiting_head", _strs),
+    pa.field("running_kept", _ids),
+    pa.field("running_head", _strs),
 ])
 COLUMNS = tuple(SCHEMA.names)
 

@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from harness.trace.queues import QueueEncoder
 from harness.trace.schema import METADATA_KEY, SCHEMA, SCHEMA_VERSION, SUMMARY_KEY
 
 #: The digest's stand-in while the file is hashed: 64 zeros (a sha256 in hex).
@@ -106,6 +107,7 @@ class TraceWriter:
         self._buffered = 0
         self._buffered_bytes = 0
         self._segments: list[Path] = []
+        self._queues = QueueEncoder()  # snapshots stored as changes (schema 8)
         self.num_rows = 0
         self._num_steps = 0
         self.stalled: str | None = None
@@ -120,6 +122,7 @@ class TraceWriter:
         """Buffer one step's rows; write a segment when the buffer is full."""
         self._num_steps += 1
         for row in rows:
+            row = self._queues.encode_row(row)
             for column in self._columns:
                 self._buffer[column].append(row.get(column))
             self._buffered_bytes += _row_bytes(row)

@@ -1,0 +1,135 @@
+"""Queue snapshots stored as changes (schema 8): what keeps a trace's size and
+its reader's memory flat however long the backlog grows.
+
+Every ``schedule_begin`` and ``schedule_end`` row records the rank's
+``waiting`` and ``running`` queues. Written whole, a backlog of thousands of
+waiting requests is repeated in every row (the issue 17 finding: 11.2 GB RSS
+to check the whole Azure code trace). From schema 8 each such list is stored
+relative to the previous snapshot of the same queue on the same rank (the
+previous ``schedule_begin`` or ``schedule_end`` row, in file order):
+
+    queue = <queue>_head + previous[start : start + length] + <queue>
+
+with ``<queue>_kept = [start, length]``; a null ``<queue>_kept`` means the
+row holds the whole list in ``<queue>`` (the first snapshot, or when no
+slice of the previous one is kept). Admissions pop the head, preemptions
+push a few ids in front, arrivals append: each row stores only those.
+
+``QueueEncoder`` (the writer) and ``QueueDecoder`` (the reader) keep the
+previous lists of each (rank, queue); both cost a few C-speed list scans per
+row, no Python loop over the backlog. Rows of other kinds (a
+``reset_prefix_cache`` row's ``running``) are stored whole and are not part
+of the chain.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The snapshot columns stored as changes, and the kinds whose rows chain.
+QUEUE_COLUMNS = ("waiting", "running")
+SNAPSHOT_KINDS = frozenset({"schedule_begin", "schedule_end"})
+#: The columns a schema-8 row adds per queue (``waiting_kept``, ``waiting_head``, ...).
+DELTA_COLUMNS = tuple(f"{q}_{part}" for q in QUEUE_COLUMNS for part in ("kept", "head"))
+# Ids pushed in front of the kept slice that the encoder looks past (a step
+# preempts at most a few); beyond that the list is stored whole.
+_MAX_HEAD = 64
+
+Row = dict[str, Any]
+
+
+def _common_prefix(a: list[str], b: list[str]) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (binary search
+    over C-speed slice comparisons: O(n log n) element compares at C speed)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # invariant: a[:lo] == b[:lo] and a[:hi + 1] != b[:hi + 1]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def encode(previous: list[str] | None, queue: list[str]) -> tuple[list[int] | None, list[str] | None, list[str]]:
+    """(kept, head, tail) such that ``queue == head + previous[kept[0]:
+    kept[0] + kept[1]] + tail``; (None, None, queue) to store it whole."""
+    if not previous or not queue:
+        return None, None, queue
+    for h in range(min(len(queue), _MAX_HEAD)):
+        try:
+            start = previous.index(queue[h])
+        except ValueError:
+            continue  # pushed in front (a preempted request): part of the head
+        length = _common_prefix(queue[h:], previous[start:])
+        tail = queue[h + length:]
+        if len(tail) + h >= len(queue):
+            break
+        return [start, length], queue[:h], tail
+    return None, None, queue
+
+
+class QueueEncoder:
+    """Rewrites each snapshot row's queues as changes (``encode_row``), in
+    file order; keeps the previous full lists per (rank, queue)."""
+
+    def __init__(self) -> None:
+        self._previous: dict[tuple[int, str], list[str]] = {}
+
+    def encode_row(self, row: Row) -> Row:
+        """The row to store: ``row`` itself for other kinds, else a copy with
+        ``<queue>``, ``<queue>_kept`` and ``<queue>_head`` set."""
+        if row.get("kind") not in SNAPSHOT_KINDS:
+            return row
+        out = dict(row)
+        rank = row.get("rank") or 0
+        for name in QUEUE_COLUMNS:
+            queue = row.get(name)
+            if queue is None:
+                continue
+            queue = list(queue)
+            kept, head, tail = encode(self._previous.get((rank, name)), queue)
+            out[name], out[f"{name}_kept"], out[f"{name}_head"] = tail, kept, head
+            self._previous[(rank, name)] = queue
+        return out
+
+
+class QueueDecoder:
+    """Rebuilds the full queues of snapshot rows (``decode_row``), in file
+    order. Raises ValueError for a kept slice outside the previous list or a
+    change with no previous list to apply to."""
+
+    def __init__(self) -> None:
+        self._previous: dict[tuple[int, str], list[str]] = {}
+
+    def decode_row(self, row: Row) -> None:
+        """Replace the row's stored changes by the full lists, in place; the
+        ``*_kept`` and ``*_head`` keys are removed (rows read as the recorder
+        made them)."""
+        snapshot = row.get("kind") in SNAPSHOT_KINDS
+        rank = row.get("rank") or 0
+        for name in QUEUE_COLUMNS:
+            kept = row.pop(f"{name}_kept", None)
+            head = row.pop(f"{name}_head", None)
+            if not snapshot:
+                if kept is not None or head is not None:
+                    raise ValueError(f"{row.get('kind')} row stores {name} as a change (only snapshots do)")
+                continue
+            tail = row.get(name)
+            if tail is None:
+                if kept is not None or head is not None:
+                    raise ValueError(f"{name}_kept/{name}_head without {name}")
+                continue
+            if kept is not None:
+                previous = self._previous.get((rank, name))
+                if previous is None or len(kept) != 2 or kept[0] < 0 or kept[1] < 0 \
+                        or kept[0] + kept[1] > len(previous):
+                    had = "there is none" if previous is None else f"{len(previous)} ids"
+                    raise ValueError(f"{name}_kept {kept} is not a slice of the previous {name} ({had})")
+                tail = (head or []) + previous[kept[0]:kept[0] + kept[1]] + tail
+            elif head is not None:
+                raise ValueError(f"{name}_head without {name}_kept")
+            row[name] = tail
+            self._previous[(rank, name)] = list(tail)  # a copy: a consumer may edit the row's list
