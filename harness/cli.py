@@ -35,6 +35,7 @@ from reference.workload import WorkloadError
 from workloads.scenario import is_scenario_path, load_scenario
 
 from harness.candidates.resolve import CandidateSpecError, resolve_candidate
+from harness.signals import HarnessGroup
 from harness.check import PROFILES, CheckResult, ProfileError, check_trace
 from harness.check.invariants import INVARIANTS
 from harness.trace.recorder import record as record_run, record_inputs, requests_ended
@@ -78,7 +79,7 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=HarnessGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="sched-harness")
 def main() -> None:
     """Record, check and replay step traces of LLM-serving schedulers.

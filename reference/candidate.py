@@ -102,6 +102,34 @@ class CandidateError(RuntimeError):
         self.step = step
 
 
+class UserInterrupt(KeyboardInterrupt):
+    """The user's own interrupt (Ctrl-C, or SIGTERM from CI or ``timeout``),
+    raised by the harness's signal handler (``harness.signals``): the one
+    KeyboardInterrupt the engine's candidate guard lets through. A candidate
+    raising a plain KeyboardInterrupt has crashed; ``signum`` is the signal."""
+
+    def __init__(self, signum: int = 2) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def is_user_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` (a KeyboardInterrupt) is the user's and must stop the
+    run, rather than a candidate's crash: a ``UserInterrupt``, or any
+    KeyboardInterrupt while Python's default SIGINT handler is installed (a
+    library caller that installed no handler of its own cannot tell the two
+    apart, and Ctrl-C must still stop it). Under the harness's handler
+    (``harness.signals``) a candidate's ``raise KeyboardInterrupt`` is a crash."""
+    import signal
+
+    if isinstance(exc, UserInterrupt):
+        return True
+    try:
+        return signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    except (ValueError, TypeError):
+        return True
+
+
 class CandidateRefused(Exception):
     """Raised by a candidate that cannot run the config or workload it was
     given (a vLLM release without an option the config sets, a key its

@@ -36,8 +36,9 @@ mode, with the scripted model runner and a virtual clock instead of a GPU:
   Trace step numbers therefore skip idle stretches;
 * a step lasts ``step_fixed_s + step_per_token_s * total_num_scheduled_tokens``
   seconds of virtual time;
-* a candidate that raises (anything but KeyboardInterrupt and GeneratorExit:
-  a ``sys.exit`` inside ``schedule()`` is a crash, not an exit) ends the run
+* a candidate that raises (any BaseException but the user's own interrupt:
+  a ``sys.exit`` inside ``schedule()`` is a crash, not an exit; see
+  ``_Guarded``) or returns a value of the wrong shape ends the run
   in that step: the step's record so far, with its ``crash`` (``Crash``), goes
   to ``on_step`` and ``CandidateCrash`` is raised, as vLLM's ``EngineCore``
   dies on a scheduler exception.
@@ -48,6 +49,8 @@ it to the trace).
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,10 +61,12 @@ from reference.kv_connector import SimulatedKVWorker
 from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.runners.base import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
-from reference.candidate import Candidate, CandidateCrash, CandidateError, CandidateFactory, CandidateRefused
+from reference.candidate import (Candidate, CandidateCrash, CandidateError, CandidateFactory, CandidateRefused,
+                                 is_user_interrupt)
 from reference.output import (FinishedRequest, PrefixCacheReset, RequestState, SchedulerOutput, SchedulerSnapshot,
                               UpdateResult)
 from reference.scheduler import Scheduler
+from reference.validate import check_return
 from reference.workload import Action, RequestSpec, Workload
 
 
@@ -109,8 +114,13 @@ class Crash:
 def decisions_before_crash(exc: BaseException | None) -> tuple:
     """The decisions a reference ``Scheduler.schedule`` (the reference's own,
     or a subclass calling it) had taken when ``exc`` escaped it: its local
-    ``events`` list, read from the traceback's frame of that function. Empty
-    for any other candidate (its decisions are unknown until it returns)."""
+    ``events`` list, read from the traceback's frame of that function (or,
+    for a candidate in another process, the ``crash_decisions`` attribute
+    its proxy set from that process's traceback). Empty for any other
+    candidate (its decisions are unknown until it returns)."""
+    remote = getattr(exc, "crash_decisions", None)
+    if isinstance(remote, tuple):
+        return remote  # taken in the candidate's own process (harness.candidates.isolated)
     tb = exc.__traceback__ if exc is not None else None
     while tb is not None:
         if tb.tb_frame.f_code is Scheduler.schedule.__code__:
@@ -421,8 +431,10 @@ class Engine:
             # One scheduler (and KV pool) per data-parallel rank.
             self.schedulers: list[Candidate] = [candidate_factory(config)
                                                 for _ in range(config.data_parallel_size)]
-        except KeyboardInterrupt:
-            raise
+        except KeyboardInterrupt as exc:
+            if is_user_interrupt(exc):
+                raise
+            raise CandidateError(0, exc) from exc
         except BaseException as exc:  # a factory's sys.exit(0) is a failure too
             raise CandidateError(0, exc) from exc
         for sched in self.schedulers:
@@ -739,39 +751,64 @@ def holds_drafts(state: RequestState) -> bool:
     return state.status != RequestStatus.RUNNING and bool(state.spec_token_ids)
 
 
-#: What the engine needs back from a candidate's calls (reference.candidate.Candidate).
-_RETURNS: dict[str, type] = {"schedule": SchedulerOutput, "update_from_output": UpdateResult,
-                             "snapshot": SchedulerSnapshot}
+#: Modules whose schedulers' return values are not checked (``_Guarded``):
+#: the reference and the harness's mutants (deliberately wrong decisions, in
+#: the right types). Every other candidate's are, including one subclassing
+#: the reference.
+TRUSTED_MODULES = ("reference.", "harness.candidates.mutants.")
 
 
 class _Guarded:
     """Calls rank ``rank``'s candidate, turning anything it raises into
     CandidateCrash naming the method (so the engine's own errors and the
-    caller's callbacks pass through). Everything but KeyboardInterrupt is
-    caught: a candidate's ``sys.exit(0)`` is a crash, never a successful end
-    of the command, and so is a call returning the wrong type (``schedule()``
-    returning None). A CandidateRefused (the candidate cannot
-    run this config) is a CandidateError, not a crash."""
+    caller's callbacks pass through).
+
+    The boundary between the engine and untrusted candidate code:
+
+    * every BaseException is caught: a candidate's ``sys.exit(0)``,
+      ``GeneratorExit`` or ``KeyboardInterrupt`` is a crash, never a
+      successful (or interrupted) end of the command. Only the user's own
+      interrupt passes: a ``UserInterrupt`` (the harness's SIGINT/SIGTERM
+      handler raises it, ``reference.candidate``), or any KeyboardInterrupt
+      while Python's default SIGINT handler is in place (a library caller
+      that installed none: Ctrl-C must still stop it);
+    * every return value is checked (``reference.validate.check_return``:
+      types, integrality, int32 ranges, request ids this rank was given)
+      before the engine or the trace sees it: ``schedule()`` returning None
+      or 114.5 computed tokens is a crash row naming the value, not a
+      traceback a line later or a silently truncated count (not for the
+      schedulers of ``TRUSTED_MODULES``: ours);
+    * whatever the candidate prints goes to stderr (``sys.stdout`` is
+      redirected during each call), so ``--json`` output stays parseable.
+
+    A CandidateRefused (the candidate cannot run this config) is a
+    CandidateError, not a crash."""
 
     def __init__(self, candidate: Candidate, engine: Engine, rank: int = 0) -> None:
         self._candidate = candidate
         self._engine = engine
         self._rank = rank
+        self._known: set[str] = set()  # request ids given to add_request
+        # Our own schedulers (the reference, the mutants) return our own types:
+        # checking them would cost ~20 % of a golden replay for nothing.
+        self._check = not type(candidate).__module__.startswith(TRUSTED_MODULES)
 
     def __getattr__(self, name: str):
         method = getattr(self._candidate, name)
 
         def call(*args, **kwargs):
             try:
-                result = method(*args, **kwargs)
-                expected = _RETURNS.get(name)
-                if expected is not None and not isinstance(result, expected):
-                    # The engine would fail on it a line later, far from the cause.
-                    raise TypeError(f"{name}() returned {type(result).__name__}, "
-                                    f"not a {expected.__name__}")
+                with contextlib.redirect_stdout(sys.stderr):
+                    result = method(*args, **kwargs)
+                if name == "add_request" and args:
+                    self._known.add(getattr(args[0], "request_id", None))
+                if self._check:
+                    check_return(name, result, self._known)
                 return result
-            except KeyboardInterrupt:
-                raise
+            except KeyboardInterrupt as exc:
+                if is_user_interrupt(exc):
+                    raise
+                raise CandidateCrash(self._engine.current_step, exc, name, self._rank, skip=1) from exc
             except CandidateRefused as exc:
                 # It cannot run this config: not a crash of the engine.
                 raise CandidateError(self._engine.current_step, exc) from exc
