@@ -97,7 +97,8 @@ class CandidateError(RuntimeError):
     """The candidate raised; ``step`` is where, ``__cause__`` the exception."""
 
     def __init__(self, step: int, exc: BaseException) -> None:
-        super().__init__(f"candidate raised {type(exc).__name__} at step {step}: "
+        name = getattr(exc, "crash_type", None) or type(exc).__name__  # another process's exception
+        super().__init__(f"candidate raised {name} at step {step}: "
                          f"{' '.join(str(exc).split())[:300]}")
         self.step = step
 
