@@ -202,3 +202,99 @@ def test_regression_a_candidate_raising_keyboard_interrupt_is_a_crash(hostile) -
     assert json.loads(out)["divergence"]["actual"] == (
         f"candidate raised KeyboardInterrupt in schedule() at step 2: `raise KeyboardInterrupt` "
         f"(at hostile.py:{line})")
+
+
+# -- process isolation and the step timeout (issue 17) ------------------------------------
+
+def _line(text: str) -> int:
+    return HOSTILE.splitlines().index(text) + 1
+
+
+#: What each candidate's crash at step 2 reads like (``crash_line``'s text).
+ENDINGS = {
+    "Exit0": f"candidate raised SystemExit in schedule() at step 2: 0 (at hostile.py:{_line('        sys.exit(0)')})",
+    "OsExit0": "candidate raised CandidateDied in schedule() at step 2: the candidate process exited with code 0 "
+               "during schedule()",
+    "Hang": "candidate raised StepTimeout in schedule() at step 2: no answer from schedule() within 1 s "
+            "(--step-timeout; the candidate process was killed)",
+    "NoneRet": "candidate raised TypeError in schedule() at step 2: schedule() returned NoneType, not a "
+               "SchedulerOutput",
+}
+ENDING_IDS = sorted(ENDINGS)
+
+
+@pytest.mark.parametrize("name", ENDING_IDS)
+def test_regression_exit_hang_or_none_ends_replay_with_exit_1_naming_the_step(hostile, name) -> None:
+    """Regression (issue 17): os._exit(0) in schedule() made replay exit 0 with
+    nothing printed, a hang hung it for good."""
+    code, out, _ = run("replay", GOLDEN, "--candidate", f"hostile:{name}", "--step-timeout", 1)
+    assert (code, out.splitlines()[-1]) == (1, "not conformant (profile 0.33.0); the candidate crashed at step 2")
+    code, out, _ = run("replay", GOLDEN, "--candidate", f"hostile:{name}", "--step-timeout", 1, "--json")
+    assert code == 1 and json.loads(out)["divergence"]["actual"] == ENDINGS[name]
+
+
+@pytest.mark.parametrize("name", ENDING_IDS)
+def test_regression_exit_hang_or_none_ends_record_with_a_crash_row(hostile, tmp_path, name) -> None:
+    path = tmp_path / "t.parquet"
+    code, out, err = run("record", REPO / "harness/scenarios/fcfs-tight.toml", "--engine", f"hostile:{name}",
+                         "--step-timeout", 1, "-o", path)
+    assert code == 1
+    assert err.strip().splitlines() == [f"engine crashed: hostile:{name}: {ENDINGS[name]} (the trace ends there; "
+                                        f"harness check reports ENGINE-CRASH)"]
+    code, out, _ = run("check", path, "--json")
+    assert code == 1 and [v["invariant"] for v in json.loads(out)["violations"]] == ["ENGINE-CRASH"]
+
+
+@pytest.mark.parametrize("name", ENDING_IDS)
+def test_regression_exit_hang_or_none_fails_every_golden(hostile, name) -> None:
+    timeout = 0.5 if name == "Hang" else 1  # 20 goldens, each hangs once
+    code, out, _ = run("golden", "check", "--candidate", f"hostile:{name}", "--step-timeout", timeout)
+    num_goldens = len(list((REPO / "golden").glob("*.parquet")))
+    assert code == 1
+    assert out.splitlines()[-1] == f"0 ok, {num_goldens} failed ({REPO / 'golden'}, candidate hostile:{name})"
+
+
+@pytest.mark.parametrize("name", ENDING_IDS)
+def test_regression_exit_hang_or_none_is_found_by_fuzz(hostile, tmp_path, name) -> None:
+    """A one-request scenario keeps the shrinking (one run per attempt) short."""
+    code, out, _ = run("scenario", "extract", GOLDEN, "--requests", "r000000", "-o", tmp_path / "one.toml")
+    assert code == 0
+    code, out, _ = run("fuzz", "--candidate", f"hostile:{name}", "--step-timeout", 1, "--scenario",
+                       tmp_path / "one.toml", "--max-examples", 2, "-o", tmp_path / "fuzz")
+    text = ENDINGS[name].split(" at step 2: ", 1)[1]
+    kind = ENDINGS[name].split()[2]
+    where = f" at hostile.py:{_line('        sys.exit(0)')}" if name == "Exit0" else ""
+    text = text.rsplit(" (at ", 1)[0] if name == "Exit0" else text
+    assert code == 1
+    assert f"FOUND violation: ENGINE-CRASH at step 2: schedule() raised {kind}: {text}{where}\n" in out
+
+
+@pytest.mark.parametrize("name", ["OsExit0", "Hang"])
+def test_regression_exit_or_hang_fails_the_pytest_plugin(hostile, pytester: pytest.Pytester, name) -> None:
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "--harness-candidate",
+                                           f"hostile:{name}", "--harness-step-timeout", "1",
+                                           "-k", "fcfs-tight", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines([f"*fcfs-tight: run ended early: {ENDINGS[name]}*"])
+
+
+def test_a_segfault_in_the_candidate_is_a_crash_naming_the_signal(hostile) -> None:
+    code, out, _ = run("replay", GOLDEN, "--candidate", "hostile:Segv", "--json")
+    assert code == 1 and json.loads(out)["divergence"]["actual"] == (
+        "candidate raised CandidateDied in schedule() at step 2: the candidate process was killed by SIGSEGV "
+        "during schedule()")
+
+
+def test_an_isolated_candidate_records_the_reference_bytes(hostile, tmp_path) -> None:
+    """The same decisions through the pipe: the trace is byte-identical except for
+    the engine name in the metadata, and replays conformant."""
+    (tmp_path / "plain.py").write_text("from reference.scheduler import Scheduler\n\n"
+                                       "def make(config):\n    return Scheduler(config)\n")
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    assert run("record", REPO / "harness/scenarios/preemption-heavy.toml", "-o", a)[0] == 0
+    assert run("record", REPO / "harness/scenarios/preemption-heavy.toml", "--engine", "plain:make", "-o", b)[0] == 0
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(a).drop_columns([]).to_pylist() == pq.read_table(b).to_pylist()
+    code, out, _ = run("replay", REPO / "golden/preemption-heavy.parquet", "--candidate", "plain:make")
+    assert code == 0 and out.splitlines()[-1].startswith("conformant (profile 0.33.0)")
