@@ -703,4 +703,4 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="harness")

@@ -65,8 +65,24 @@ def _say(message: str) -> None:
     click.echo(f"error: {message}", err=True)
 
 
+class _Interrupted(Exception):
+    """Carries an interrupt past click's ``main`` (which would print a blank
+    line and "Aborted!" for a KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class HarnessGroup(click.Group):
     """The ``harness`` group: one-line errors and signal exits (module docstring)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; an interrupt leaves as ``_Interrupted``."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise _Interrupted(exc.signum if isinstance(exc, UserInterrupt) else signal.SIGINT) from None
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
@@ -81,9 +97,9 @@ class HarnessGroup(click.Group):
         except click.ClickException as exc:
             _say(_one_line(exc.format_message()))
             sys.exit(exc.exit_code if exc.exit_code != 1 else EXIT_UNUSABLE)
-        except (click.Abort, KeyboardInterrupt) as exc:
-            cause = exc if isinstance(exc, UserInterrupt) else (exc.__cause__ or exc.__context__)
-            signum = cause.signum if isinstance(cause, UserInterrupt) else signal.SIGINT
+        except (_Interrupted, click.Abort, KeyboardInterrupt) as exc:
+            cause = exc if isinstance(exc, (UserInterrupt, _Interrupted)) else (exc.__cause__ or exc.__context__)
+            signum = cause.signum if isinstance(cause, (UserInterrupt, _Interrupted)) else signal.SIGINT
             click.echo(f"interrupted by {signal.Signals(signum).name}", err=True)
             sys.exit(128 + signum)
         except SystemExit:
