@@ -57,10 +57,15 @@ def _fail(message: str) -> None:
 
 
 def _refuse_overwriting_input(output: str, source: str) -> None:
-    """Exit 2 if ``output`` names the same file as ``source`` (it would replace the input)."""
-    out, src = Path(output), Path(source)
-    if out.exists() and src.exists() and out.resolve() == src.resolve():
-        _fail(f"{output}: -o names the input file; it would be overwritten (choose another path)")
+    """Exit 2 if ``output`` is no place for the output file (``harness.paths``:
+    the input itself, a device or other non-regular file, under a file, a
+    name too long, ...)."""
+    from harness.paths import OutputPathError, check_output_file
+
+    try:
+        check_output_file(output, (source,))
+    except OutputPathError as exc:
+        _fail(str(exc))
 
 
 def _candidate(spec: str, step_timeout: float | None = None) -> CandidateFactory:
@@ -212,6 +217,8 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
             if runner_factory is None:
                 raise
             _fail(f"--model torch: {exc}")
+        except OSError as exc:  # no space left, a vanished folder, ...: the temp file is gone
+            _fail(f"{output}: cannot write the trace: {exc.strerror or exc}")
     console.print(f"recorded [bold]{output}[/]: {summary.steps} steps, {summary.requests} requests "
                   f"({summary.finished} finished, {summary.rejected} rejected, {summary.aborted} aborted), "
                   f"{summary.preemptions} preemptions, {summary.prefix_hit_tokens} prefix-hit tokens, "

@@ -84,9 +84,11 @@ class TraceWriter:
         os.replace(self._tmp, self.path)
 
     def abort(self) -> None:
-        """Discard the temporary file."""
+        """Discard the temporary file (even if closing the writer fails too)."""
         try:
             self._writer.close()
+        except Exception:  # noqa: BLE001 - the file is being discarded anyway
+            pass
         finally:
             self._tmp.unlink(missing_ok=True)
 
@@ -95,6 +97,12 @@ class TraceWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            self.close()
+            try:
+                self.close()
+            except BaseException:
+                # Regression (issue 17): a failure at close time (no space for the
+                # footer, an interrupt) left the temp file behind.
+                self.abort()
+                raise
         else:
             self.abort()
