@@ -48,6 +48,7 @@ import time
 import weakref
 from typing import Any
 
+from harness.candidates.isolated_child import MUTATING
 from reference.candidate import CandidateRefused
 from reference.config import EngineConfig
 from reference.output import SchedulerOutput
@@ -116,9 +117,10 @@ class _Child:
     def alive(self) -> bool:
         return self.broken is None and self.proc.poll() is None
 
-    def call(self, msg: tuple, timeout: float, what: str) -> Any:
+    def call(self, msg: tuple, timeout: float, what: str) -> tuple[Any, dict | None]:
         """Send ``msg``, wait up to ``timeout`` seconds for the answer; ``what``
-        names the call in errors. Returns the answer's value; raises
+        names the call in errors. Returns the answer's value and the state the
+        child sent with it (``isolated_child._state``); raises
         CandidateRaised, CandidateRefused or CandidateProcessError."""
         if self.broken is not None:
             raise CandidateProcessError("CandidateDied", self.broken)
@@ -134,9 +136,9 @@ class _Child:
                 # Interrupted mid-call (the user's Ctrl-C): the child's state is unknown.
                 self.kill("interrupted")
                 raise
-        kind, value = answer
+        kind, value, state = answer
         if kind == "ok":
-            return value
+            return value, state
         if kind == "refused":
             raise CandidateRefused(value)
         raise CandidateRaised(value)
@@ -180,7 +182,7 @@ class _Child:
             self.kill("protocol error")
             raise CandidateProcessError("ProtocolError", f"unreadable answer to {what}: "
                                                          f"{type(exc).__name__}: {exc}") from None
-        if not (isinstance(answer, tuple) and len(answer) == 2):
+        if not (isinstance(answer, tuple) and len(answer) == 3):
             self.kill("protocol error")
             raise CandidateProcessError("ProtocolError", f"malformed answer to {what}")
         return answer
@@ -265,16 +267,31 @@ class IsolatedCandidate:
         self._healthy = [True]
         self._finalizer = weakref.finalize(self, _release, self._child, self._healthy)
         self._outputs: list[tuple[SchedulerOutput, int]] = []  # returned, not yet updated
+        # The candidate's snapshot() and unfinished count after its last
+        # state-changing call, as the child sent them: the next queries are
+        # answered from here (no round trip) until the next change.
+        self._state: dict[str, Any] = {}
         self._call(("init", spec, config), max(START_TIMEOUT_S, step_timeout), f"the factory of {spec}")
 
     def _call(self, msg: tuple, timeout: float, what: str) -> Any:
+        changes = msg[0] == "init" or msg[1] in MUTATING
+        if changes:
+            self._state = {}
         try:
-            return self._child.call(msg, timeout, what)
+            value, state = self._child.call(msg, timeout, what)
         except (CandidateRaised, CandidateRefused):
             raise
         except BaseException:
             self._healthy[0] = False
             raise
+        if changes:
+            self._state = state or {}
+        return value
+
+    def _query(self, key: str, name: str) -> Any:
+        if key in self._state:
+            return self._state[key]
+        return self._forward(name)
 
     def close(self) -> None:
         """Give the child back (to the pool if healthy)."""
@@ -315,10 +332,10 @@ class IsolatedCandidate:
         return self._forward("has_request", request_id)
 
     def get_num_unfinished_requests(self):
-        return self._forward("get_num_unfinished_requests")
+        return self._query("num_unfinished", "get_num_unfinished_requests")
 
     def snapshot(self):
-        return self._forward("snapshot")
+        return self._query("snapshot", "snapshot")
 
 
 def isolated_factory(spec: str, step_timeout: float | None = None):

@@ -12,8 +12,13 @@ protocol or the harness's stdout. Frames:
   ``SchedulerOutput`` returned by ``schedule()`` is kept and answered with a
   token; ``update_from_output`` gets the kept object back for the token.
 
-Answers: ``("ok", value)``, ``("refused", message)`` (CandidateRefused), or
-``("raised", info)`` with the exception's ``type``, ``message``, ``where``
+Answers: ``("ok", value, state)``, ``("refused", message, None)``
+(CandidateRefused), or ``("raised", info, None)``. ``state``, after a call
+that changes the candidate (``MUTATING``), holds what ``snapshot()`` and
+``get_num_unfinished_requests()`` return right after it (the protocol's
+queries, free of side effects): the parent answers the engine's next
+queries from it, which saves most round trips (``bench/bench_isolation.py``).
+``info`` has the exception's ``type``, ``message``, ``where``
 (``reference.candidate.describe_exception``) and, from ``schedule()``, the
 ``decisions`` taken before it (``reference.engine.decisions_before_crash``).
 Every BaseException of the candidate is answered (``sys.exit`` included);
@@ -55,6 +60,24 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
+#: Calls that change the candidate's state: their answer carries the state
+#: after them (``_state``), which the parent serves the next queries from.
+MUTATING = frozenset({"add_request", "finish_requests", "reset_prefix_cache", "schedule", "update_from_output",
+                      "update_draft_token_ids"})
+
+
+def _state(candidate: Any) -> dict:
+    """``snapshot()`` and ``get_num_unfinished_requests()`` now, each left out
+    if it raises (the parent then asks, and the error comes from that call)."""
+    state: dict[str, Any] = {}
+    for key, name in (("snapshot", "snapshot"), ("num_unfinished", "get_num_unfinished_requests")):
+        try:
+            state[key] = getattr(candidate, name)()
+        except BaseException:  # noqa: B036 - reported when the parent asks
+            pass
+    return state
+
+
 def serve() -> None:
     """The loop (see the module docstring); returns at the end of stdin."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -78,13 +101,13 @@ def serve() -> None:
     outputs: dict[int, Any] = {}
     next_token = 0
 
-    def answer(kind: str, value: Any) -> None:
+    def answer(kind: str, value: Any, state: dict | None = None) -> None:
         try:
-            data = pickle.dumps((kind, value), protocol=pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps((kind, value, state), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # the candidate returned something that does not pickle
             data = pickle.dumps(("raised", {"type": "TypeError", "where": "",
                                             "message": f"TypeError: the return value cannot be sent to the "
-                                                       f"harness ({type(exc).__name__}: {exc})"}))
+                                                       f"harness ({type(exc).__name__}: {exc})"}, None))
         os.write(proto_out, _HEADER.pack(len(data)))
         view = memoryview(data)
         while view:
@@ -121,7 +144,7 @@ def serve() -> None:
                 outputs[next_token] = result
                 result = (result, next_token)
                 next_token += 1
-            answer("ok", result)
+            answer("ok", result, _state(candidate) if name in MUTATING else None)
         except CandidateRefused as exc:
             answer("refused", " ".join(str(exc).split()))
         except BaseException as exc:  # noqa: B036 - a candidate's sys.exit is a crash too
