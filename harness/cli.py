@@ -487,6 +487,11 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float) -> None:
                           f"{r.replayed_steps} replayed identically")
     failed = sum(not r.ok for r in results)
     skipped = sum(r.ok and bool(r.skipped) for r in results)
+    if results and skipped == len(results):
+        # Nothing was compared: no verdict to give, and certainly not exit 0 (issue 17).
+        console.print(f"[bold red]0 ok, {skipped} skipped, 0 failed[/] ({golden_dir}, candidate {candidate}): "
+                      f"the candidate refused every golden, nothing was compared")
+        sys.exit(EXIT_FOUND)
     colour = "red" if failed else "green"
     console.print(f"[bold {colour}]{len(results) - failed - skipped} ok, "
                   + (f"{skipped} skipped, " if skipped else "")

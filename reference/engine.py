@@ -782,13 +782,16 @@ class _Guarded:
       redirected during each call), so ``--json`` output stays parseable.
 
     A CandidateRefused (the candidate cannot run this config) is a
-    CandidateError, not a crash."""
+    CandidateError, not a crash, if it comes before the candidate's first
+    decision (its first ``schedule()`` returned); after it, a crash (a
+    refusal would otherwise let it skip the step where it diverges)."""
 
     def __init__(self, candidate: Candidate, engine: Engine, rank: int = 0) -> None:
         self._candidate = candidate
         self._engine = engine
         self._rank = rank
         self._known: set[str] = set()  # request ids given to add_request
+        self._decided = False  # schedule() has returned once: too late to refuse the run
         # Our own schedulers (the reference, the mutants) return our own types:
         # checking them would cost ~20 % of a golden replay for nothing.
         self._check = not type(candidate).__module__.startswith(TRUSTED_MODULES)
@@ -804,12 +807,18 @@ class _Guarded:
                     self._known.add(getattr(args[0], "request_id", None))
                 if self._check:
                     check_return(name, result, self._known)
+                if name == "schedule":
+                    self._decided = True
                 return result
             except KeyboardInterrupt as exc:
                 if is_user_interrupt(exc):
                     raise
                 raise CandidateCrash(self._engine.current_step, exc, name, self._rank, skip=1) from exc
             except CandidateRefused as exc:
+                if self._decided:
+                    # Regression (issue 17): refusing once decisions were made
+                    # (at the step it would diverge) turned a failure into a skip.
+                    raise CandidateCrash(self._engine.current_step, exc, name, self._rank, skip=1) from exc
                 # It cannot run this config: not a crash of the engine.
                 raise CandidateError(self._engine.current_step, exc) from exc
             except BaseException as exc:

@@ -95,6 +95,18 @@ class UnknownId(_At):
         return out
 
 
+class RefuseLate(_At):
+    def act(self, out):
+        from reference.candidate import CandidateRefused
+        raise CandidateRefused("not this step")
+
+
+class RefuseAll(Scheduler):
+    def __init__(self, config):
+        from reference.candidate import CandidateRefused
+        raise CandidateRefused("no config suits me")
+
+
 class HugeBlock(_At):
     def act(self, out):
         s = out.events[0]
@@ -298,3 +310,26 @@ def test_an_isolated_candidate_records_the_reference_rows(hostile, tmp_path) -> 
     assert pq.read_table(a).to_pylist() == pq.read_table(b).to_pylist()
     code, out, _ = run("replay", REPO / "golden/preemption-heavy.parquet", "--candidate", "plain:make")
     assert code == 0 and out.splitlines()[-1].startswith("conformant (profile 0.33.0)")
+
+
+def test_regression_a_refusal_after_the_first_decision_is_a_crash(hostile) -> None:
+    """Regression (issue 17): a candidate raising CandidateRefused at the step where
+    it would diverge turned every golden into "skip", exit 0."""
+    code, out, _ = run("golden", "check", "--candidate", "hostile:RefuseLate")
+    num_goldens = len(list((REPO / "golden").glob("*.parquet")))
+    assert code == 1
+    assert out.splitlines()[-1] == f"0 ok, {num_goldens} failed ({REPO / 'golden'}, candidate hostile:RefuseLate)"
+    code, out, _ = run("replay", GOLDEN, "--candidate", "hostile:RefuseLate", "--json")
+    line = _line('        raise CandidateRefused("not this step")')
+    assert code == 1 and json.loads(out)["divergence"]["actual"] == (
+        f"candidate raised CandidateRefused in schedule() at step 2: not this step (at hostile.py:{line})")
+
+
+def test_regression_golden_check_refused_everywhere_is_not_a_pass(hostile) -> None:
+    """Regression (issue 17): a candidate refusing every config passed golden check
+    ("0 ok, 20 skipped, 0 failed", exit 0) without one step compared."""
+    code, out, _ = run("golden", "check", "--candidate", "hostile:RefuseAll")
+    num_goldens = len(list((REPO / "golden").glob("*.parquet")))
+    assert code == 1
+    assert out.splitlines()[-1] == (f"0 ok, {num_goldens} skipped, 0 failed ({REPO / 'golden'}, candidate "
+                                    f"hostile:RefuseAll): the candidate refused every golden, nothing was compared")

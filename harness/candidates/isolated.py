@@ -92,6 +92,18 @@ class CandidateRaised(RuntimeError):
         self.crash_decisions = tuple(info.get("decisions") or ())
 
 
+class IsolatedRefused(CandidateRefused):
+    """The candidate refused the run in its process (``CandidateRefused``): the
+    message is its text; ``crash_*`` describe it should it count as a crash
+    (a refusal after the candidate's first decision, ``reference.engine``)."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        super().__init__(info["text"])
+        self.crash_type = info["type"]
+        self.crash_message = info["message"]
+        self.crash_where = info["where"]
+
+
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
@@ -140,7 +152,7 @@ class _Child:
         if kind == "ok":
             return value, state
         if kind == "refused":
-            raise CandidateRefused(value)
+            raise IsolatedRefused(value)
         raise CandidateRaised(value)
 
     def _died(self, what: str) -> CandidateProcessError:

@@ -12,8 +12,8 @@ protocol or the harness's stdout. Frames:
   ``SchedulerOutput`` returned by ``schedule()`` is kept and answered with a
   token; ``update_from_output`` gets the kept object back for the token.
 
-Answers: ``("ok", value, state)``, ``("refused", message, None)``
-(CandidateRefused), or ``("raised", info, None)``. ``state``, after a call
+Answers: ``("ok", value, state)``, ``("refused", info, None)``
+(CandidateRefused; ``info`` as below, plus its ``text``), or ``("raised", info, None)``. ``state``, after a call
 that changes the candidate (``MUTATING``), holds what ``snapshot()`` and
 ``get_num_unfinished_requests()`` return right after it (the protocol's
 queries, free of side effects): the parent answers the engine's next
@@ -146,7 +146,9 @@ def serve() -> None:
                 next_token += 1
             answer("ok", result, _state(candidate) if name in MUTATING else None)
         except CandidateRefused as exc:
-            answer("refused", " ".join(str(exc).split()))
+            exc_type, message, where = describe_exception(exc, skip=1)
+            answer("refused", {"type": exc_type, "message": message, "where": where,
+                               "text": " ".join(str(exc).split())})
         except BaseException as exc:  # noqa: B036 - a candidate's sys.exit is a crash too
             exc_type, message, where = describe_exception(exc, skip=1)
             info = {"type": exc_type, "message": message, "where": where}
