@@ -14,7 +14,7 @@ import importlib
 from reference.candidate import CandidateFactory
 from harness.candidates.mutants import MUTANTS
 from reference.scheduler import Scheduler
-from reference.engine import TRUSTED_MODULES
+from reference.guard import TRUSTED_MODULES
 
 
 class CandidateSpecError(ValueError):
@@ -28,7 +28,7 @@ def resolve_candidate(spec: str, *, step_timeout: float | None = None, isolate: 
     A ``module:factory`` candidate runs in its own process
     (``harness.candidates.isolated``), each call bounded by ``step_timeout``
     seconds (None: its default), unless the factory is ours (defined in
-    ``reference.engine.TRUSTED_MODULES``: ``reference.scheduler:Scheduler``);
+    ``reference.guard.TRUSTED_MODULES``: ``reference.scheduler:Scheduler``);
     ``isolate=False`` gives the factory itself (what that process calls)."""
     if spec == "reference":
         return Scheduler
