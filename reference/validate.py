@@ -1,7 +1,7 @@
 """Checks on what a candidate hands back, before the engine or the trace uses it.
 
 A candidate is untrusted code: the engine loop (``reference/engine.py``,
-``_Guarded``) passes every value a candidate call returns through
+through ``reference.guard.Guarded``) passes every value a candidate call returns through
 ``check_return`` first. A value of the wrong shape would otherwise fail a
 line later far from its cause (``"seven" - 1``), or, worse, be stored as
 something else (``114.5`` computed tokens written to an int32 column as 114,
@@ -87,25 +87,27 @@ def _name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _int_why(value: Any, field: str) -> str | None:
-    """Why ``value`` is not a valid int for ``field`` (None: it is)."""
+def _int_why(value: Any, non_negative: bool) -> str | None:
+    """Why ``value`` is not a valid int (None: it is); ``non_negative``: for a
+    count or a block id."""
     if type(value) is not int:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             return "not an int"
         value = int(value)  # numpy's integers and the like
     if not INT32_MIN <= value <= INT32_MAX:
         return "outside the int32 range of the trace's columns"
-    if value < 0 and field in _NON_NEGATIVE:
+    if value < 0 and non_negative:
         return "negative"
     return None
 
 
 def _non_negative(field: str) -> bool:
+    """Counts (``num_*``, ``token_budget``) and block ids (``*block_ids``) are
+    >= 0; draft ids may be -1 (async scheduling's placeholders)."""
     return field != "spec_token_ids" and (field.startswith("num_") or field == "token_budget"
                                           or field.endswith("block_ids"))
 
 
-_NON_NEGATIVE: set[str] = set()
 #: A compiled check: ``check(value, known)`` -> None, or ``(path parts, reason)``
 #: with the path innermost first (built only on failure).
 Check = Callable[[Any, Any], "tuple[list[str], str] | None"]
@@ -119,8 +121,6 @@ def _bad(value: Any, what: str) -> tuple[list[str], str]:
 def _compile(tp: Any, field: str) -> Check:
     """The check of annotation ``tp`` for a value of dataclass field ``field``
     (which picks the range and id rules), built once per (type, field)."""
-    if _non_negative(field):
-        _NON_NEGATIVE.add(field)
     origin = typing.get_origin(tp)
     if origin is typing.Union or origin is types.UnionType:
         options = [o for o in typing.get_args(tp) if o is not type(None)]
@@ -131,7 +131,8 @@ def _compile(tp: Any, field: str) -> Check:
             def check_union(value, known):
                 if value is None and nullable:
                     return None
-                sub = by_type.get(type(value))
+                sub = by_type.get(type(value)) or next(
+                    (c for o, c in by_type.items() if isinstance(value, o)), None)  # a subclass
                 if sub is None:
                     return _bad(value, f"not a {' or '.join(_name(o) for o in options)}")
                 return sub(value, known)
@@ -141,19 +142,18 @@ def _compile(tp: Any, field: str) -> Check:
         def check_any(value, known):
             if value is None and nullable:
                 return None
-            first = None
             for _, sub in subs:
-                why = sub(value, known)
-                if why is None:
+                if sub(value, known) is None:
                     return None
-                first = first or why
             return _bad(value, f"not a {' or '.join(_name(o) for o in options)}")
         return check_any
     if tp is int:
+        non_negative = _non_negative(field)
+
         def check_int(value, known):
-            if type(value) is int and INT32_MIN <= value <= INT32_MAX and (value >= 0 or field not in _NON_NEGATIVE):
+            if type(value) is int and INT32_MIN <= value <= INT32_MAX and (value >= 0 or not non_negative):
                 return None
-            why = _int_why(value, field)
+            why = _int_why(value, non_negative)
             return None if why is None else _bad(value, why)
         return check_int
     if tp is bool:
