@@ -14,13 +14,15 @@ The repository in layers, each importing only the layers above it in this list:
 - ``harness/check/``: the invariants, checked from a trace alone; imports
   ``reference`` and ``harness.trace``.
 - ``harness/candidates/``: the schedulers the harness drives (SPEC resolution,
-  the mutants, real vLLM in ``vllm/``); imports ``reference`` and ``harness.trace``.
+  the mutants, a ``module:factory`` candidate in its own process in
+  ``isolated``, real vLLM in ``vllm/``); imports ``reference`` and ``harness.trace``.
 - The tools, one module each, over all of the above: ``replay``, ``diff``,
   ``golden``, ``mutation``, ``fuzz``, ``outputs`` (the torch output oracle),
   ``conformance`` and ``pytest_plugin``; ``scenarios`` (the canonical scenarios
   they share: a package that loads one scenario file each,
   ``harness/scenarios/*.toml``); ``cli`` (the ``harness`` command: parse, call,
-  print).
+  print), with ``signals`` (how a command ends: SIGINT/SIGTERM, usage errors,
+  stray exceptions) and ``paths`` (where ``-o`` may write).
 
 The import rule, enforced by ``tests/test_layout.py``: imports only go downward.
 ``reference`` never imports ``harness`` or ``workloads``; ``workloads`` never

@@ -34,7 +34,9 @@ from reference.engine import check_workload_supported
 from reference.workload import WorkloadError
 from workloads.scenario import is_scenario_path, load_scenario
 
+from harness.candidates.isolated import DEFAULT_STEP_TIMEOUT_S
 from harness.candidates.resolve import CandidateSpecError, resolve_candidate
+from harness.signals import HarnessGroup
 from harness.check import PROFILES, CheckResult, ProfileError, check_trace
 from harness.check.invariants import INVARIANTS
 from harness.trace.recorder import record as record_run, record_inputs, requests_ended
@@ -55,15 +57,20 @@ def _fail(message: str) -> None:
 
 
 def _refuse_overwriting_input(output: str, source: str) -> None:
-    """Exit 2 if ``output`` names the same file as ``source`` (it would replace the input)."""
-    out, src = Path(output), Path(source)
-    if out.exists() and src.exists() and out.resolve() == src.resolve():
-        _fail(f"{output}: -o names the input file; it would be overwritten (choose another path)")
+    """Exit 2 if ``output`` is no place for the output file (``harness.paths``:
+    the input itself, a device or other non-regular file, under a file, a
+    name too long, ...)."""
+    from harness.paths import OutputPathError, check_output_file
 
-
-def _candidate(spec: str) -> CandidateFactory:
     try:
-        return resolve_candidate(spec)
+        check_output_file(output, (source,))
+    except OutputPathError as exc:
+        _fail(str(exc))
+
+
+def _candidate(spec: str, step_timeout: float | None = None) -> CandidateFactory:
+    try:
+        return resolve_candidate(spec, step_timeout=step_timeout)
     except CandidateSpecError as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -78,7 +85,17 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _step_timeout(command):
+    """The ``--step-timeout SECONDS`` option (a module:factory candidate's calls)."""
+    return click.option(
+        "--step-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_STEP_TIMEOUT_S,
+        show_default=True, metavar="SECONDS",
+        callback=lambda _ctx, _param, value: _finite_or_none(value, "--step-timeout"),
+        help="A module:factory candidate runs in its own process; a call into it that takes longer "
+             "ends the run as a hang at that step (exit 1).")(command)
+
+
+@click.group(cls=HarnessGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="sched-harness")
 def main() -> None:
     """Record, check and replay step traces of LLM-serving schedulers.
@@ -125,9 +142,11 @@ def main() -> None:
 @click.option("--verify-outputs", is_flag=True,
               help="Torch model: after recording, compare every request's tokens with a dense, "
                    "unbatched greedy forward (exit 1 on a mismatch).")
+@_step_timeout
 def record(workload: str, output: str, limit: int | None, time_scale: float, seed: int | None,
            priority_levels: int, sets: tuple[str, ...], stop_on_eos: bool, engine: str,
-           model: str, device: str | None, kv_integrity: bool, verify_outputs: bool) -> None:
+           model: str, device: str | None, kv_integrity: bool, verify_outputs: bool,
+           step_timeout: float) -> None:
     """Run WORKLOAD on the engine and write its step trace.
 
     WORKLOAD is an Azure LLM inference CSV, a Mooncake JSONL,
@@ -135,7 +154,7 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
     docs/scenario-format.md: it carries its config; --set still overrides).
     """
     _refuse_overwriting_input(output, workload)
-    factory = _candidate(engine)
+    factory = _candidate(engine, step_timeout)
     runner_factory = None
     if model != "torch":
         used = [flag for flag, on in (("--device", device is not None), ("--kv-integrity", kv_integrity),
@@ -198,6 +217,8 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
             if runner_factory is None:
                 raise
             _fail(f"--model torch: {exc}")
+        except OSError as exc:  # no space left, a vanished folder, ...: the temp file is gone
+            _fail(f"{output}: cannot write the trace: {exc.strerror or exc}")
     console.print(f"recorded [bold]{output}[/]: {summary.steps} steps, {summary.requests} requests "
                   f"({summary.finished} finished, {summary.rejected} rejected, {summary.aborted} aborted), "
                   f"{summary.preemptions} preemptions, {summary.prefix_hit_tokens} prefix-hit tokens, "
@@ -312,9 +333,10 @@ def check(trace_path: str, as_json: bool, semantics: str) -> None:
                    "'package.module:factory'.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
 @_SEMANTICS
-def replay(trace_path: str, candidate: str, as_json: bool, semantics: str) -> None:
+@_step_timeout
+def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_timeout: float) -> None:
     """Check TRACE, then re-drive CANDIDATE with its inputs and compare decisions step by step."""
-    factory = _candidate(candidate)
+    factory = _candidate(candidate, step_timeout)
     trace = _open(trace_path)
     result = _check(trace, semantics)
     try:
@@ -438,7 +460,8 @@ def golden() -> None:
 @click.option("--candidate", default="reference", show_default=True,
               help="Engine to re-drive with each golden's inputs: 'reference', 'mutant:NAME', "
                    "'vllm@VERSION' or 'package.module:factory'.")
-def golden_check(golden_dir: str, candidate: str) -> None:
+@_step_timeout
+def golden_check(golden_dir: str, candidate: str, step_timeout: float) -> None:
     """Check every scenario's golden: present, sha256 and config fingerprint as in the manifest,
     invariants hold, and CANDIDATE makes identical decisions. Exit 0 all ok, 1 any failure,
     2 unusable folder or manifest."""
@@ -447,7 +470,7 @@ def golden_check(golden_dir: str, candidate: str) -> None:
     from harness.golden import DEFAULT_DIR, GoldenError, check_goldens
 
     golden_dir = golden_dir or str(DEFAULT_DIR)
-    factory = _candidate(candidate)
+    factory = _candidate(candidate, step_timeout)
     try:
         results = check_goldens(golden_dir, factory)
     except GoldenError as exc:
@@ -464,6 +487,11 @@ def golden_check(golden_dir: str, candidate: str) -> None:
                           f"{r.replayed_steps} replayed identically")
     failed = sum(not r.ok for r in results)
     skipped = sum(r.ok and bool(r.skipped) for r in results)
+    if results and skipped == len(results):
+        # Nothing was compared: no verdict to give, and certainly not exit 0 (issue 17).
+        console.print(f"[bold red]0 ok, {skipped} skipped, 0 failed[/] ({golden_dir}, candidate {candidate}): "
+                      f"the candidate refused every golden, nothing was compared")
+        sys.exit(EXIT_FOUND)
     colour = "red" if failed else "green"
     console.print(f"[bold {colour}]{len(results) - failed - skipped} ok, "
                   + (f"{skipped} skipped, " if skipped else "")
@@ -631,8 +659,10 @@ def _finite_or_none(value: float | None, name: str) -> float | None:
                    "generated example).")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the minimal failing traces (Parquet) and their JSON descriptions.")
+@_step_timeout
 def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, workers: int,
-         report_known: bool, scenario_path: str | None, async_spec: bool, out_dir: str) -> None:
+         report_known: bool, scenario_path: str | None, async_spec: bool, out_dir: str,
+         step_timeout: float) -> None:
     """Fuzz CANDIDATE with small generated scenarios (hypothesis): check every invariant and,
     for a candidate other than the reference, compare its decisions with the reference's.
 
@@ -647,7 +677,7 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     from harness.fuzz import FuzzWorkerError, WorkerProgress, fuzz_parallel, write_witnesses
     from harness.fuzz.report import render_summary, render_witnesses
 
-    factory = _candidate(candidate)
+    factory = _candidate(candidate, step_timeout)
     if async_spec and scenario_path is not None:
         _fail("--async-spec does not apply to --scenario (the scenario file carries its config)")
     base = _fuzz_base(scenario_path) if scenario_path is not None else None
@@ -671,7 +701,8 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
         try:
             result = fuzz_parallel(candidate, workers=workers, max_examples=max_examples, seed=seed,
                                    time_budget_s=time_budget, on_progress=on_progress,
-                                   skip_known=not report_known, base=base, async_spec=async_spec)
+                                   skip_known=not report_known, base=base, async_spec=async_spec,
+                                   step_timeout=step_timeout)
         except FuzzWorkerError as exc:
             _fail(str(exc))
     render_summary(result, candidate, seed, console)
@@ -690,4 +721,4 @@ main.add_command(salvage_cmd)
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="harness")

@@ -10,6 +10,9 @@ Options:
   --harness-golden-dir DIR   golden traces (default: the repository's golden/)
   --harness-update-golden    re-record the goldens with the reference instead of failing
                              (like syrupy's --snapshot-update; only the reference writes goldens)
+  --harness-step-timeout S   seconds a call into a module:factory candidate (run in its own
+                             process) may take before the run ends as a hang at that step
+                             (default harness.candidates.isolated.DEFAULT_STEP_TIMEOUT_S)
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=f"golden trace folder (default {DEFAULT_GOLDEN_DIR})")
     group.addoption("--harness-update-golden", action="store_true",
                     help="re-record golden traces with the reference and report what changed")
+    group.addoption("--harness-step-timeout", default=None, type=float, metavar="SECONDS",
+                    help="seconds a call into a module:factory candidate may take (a hang ends "
+                         "that scenario's run at its step)")
 
 
 @pytest.fixture(scope="session")
@@ -37,12 +43,15 @@ def harness_candidate_spec(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def harness_candidate(harness_candidate_spec: str):
+def harness_candidate(harness_candidate_spec: str, request: pytest.FixtureRequest):
     """The candidate factory named by --harness-candidate."""
     from harness.candidates.resolve import CandidateSpecError, resolve_candidate
 
+    timeout = request.config.getoption("--harness-step-timeout")
+    if timeout is not None and not (timeout > 0 and timeout != float("inf")):
+        pytest.exit(f"--harness-step-timeout: {timeout} is not a positive number of seconds", returncode=4)
     try:
-        return resolve_candidate(harness_candidate_spec)
+        return resolve_candidate(harness_candidate_spec, step_timeout=timeout)
     except CandidateSpecError as exc:
         pytest.exit(f"--harness-candidate: {exc}", returncode=4)
 

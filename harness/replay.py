@@ -12,6 +12,7 @@ step.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from itertools import zip_longest
 from typing import Any
@@ -79,7 +80,12 @@ def workload_from_trace(trace: Trace) -> Workload:
         specs = tuple(spec_from_row(r) for r in table.to_pylist())
     except (ValueError, TypeError, KeyError) as exc:
         raise TraceError(f"{trace.path}: bad arrival row ({exc})") from None
-    w = trace.meta["workload"]
+    w = trace.meta.get("workload")
+    if not isinstance(w, dict) or not isinstance(w.get("source"), str) or not isinstance(w.get("sha256"), str) \
+            or not isinstance(w.get("params", {}), dict):
+        # Regression (issue 17): `workload: {}` in the metadata was a KeyError traceback.
+        raise TraceError(f"{trace.path}: metadata 'workload' needs a source and a sha256 (strings) and "
+                         f"params (an object), got {json.dumps(w)[:120]}")
     order = (w.get("params") or {}).get("request_order")
     if isinstance(order, list):
         position = {rid: i for i, rid in enumerate(order)}

@@ -6,8 +6,10 @@ module it mirrors: ``config`` (``EngineConfig``), ``request``,
 ``request_queue``, ``kv_cache_utils``, ``block_pool``, ``kv_cache_manager``,
 ``encoder_cache_manager``, ``kv_connector``, ``scheduler``, ``output`` (the
 normalised scheduler output and update types), ``candidate`` (the protocol a
-scheduler implements to be recorded or replayed), ``engine`` (the step loop
-with a virtual clock) and ``workload`` (the ``RequestSpec``/``Workload`` types
+scheduler implements to be recorded or replayed), ``guard`` and ``validate``
+(the engine's side of the candidate boundary: every call into a candidate
+guarded, its return values checked), ``engine`` (the step loop with a
+virtual clock) and ``workload`` (the ``RequestSpec``/``Workload`` types
 only; the loaders are in ``workloads/``). The model runners (scripted; a torch
 paged-attention runner) are in ``reference/runners/``.
 

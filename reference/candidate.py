@@ -97,9 +97,38 @@ class CandidateError(RuntimeError):
     """The candidate raised; ``step`` is where, ``__cause__`` the exception."""
 
     def __init__(self, step: int, exc: BaseException) -> None:
-        super().__init__(f"candidate raised {type(exc).__name__} at step {step}: "
+        name = getattr(exc, "crash_type", None) or type(exc).__name__  # another process's exception
+        super().__init__(f"candidate raised {name} at step {step}: "
                          f"{' '.join(str(exc).split())[:300]}")
         self.step = step
+
+
+class UserInterrupt(KeyboardInterrupt):
+    """The user's own interrupt (Ctrl-C, or SIGTERM from CI or ``timeout``),
+    raised by the harness's signal handler (``harness.signals``): the one
+    KeyboardInterrupt the engine's candidate guard lets through. A candidate
+    raising a plain KeyboardInterrupt has crashed; ``signum`` is the signal."""
+
+    def __init__(self, signum: int = 2) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def is_user_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` (a KeyboardInterrupt) is the user's and must stop the
+    run, rather than a candidate's crash: a ``UserInterrupt``, or any
+    KeyboardInterrupt while Python's default SIGINT handler is installed (a
+    library caller that installed no handler of its own cannot tell the two
+    apart, and Ctrl-C must still stop it). Under the harness's handler
+    (``harness.signals``) a candidate's ``raise KeyboardInterrupt`` is a crash."""
+    import signal
+
+    if isinstance(exc, UserInterrupt):
+        return True
+    try:
+        return signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    except (ValueError, TypeError):
+        return True
 
 
 class CandidateRefused(Exception):

@@ -40,6 +40,8 @@ OMITTED_AT_DEFAULT = ("draft_acceptance_pattern", "kv_connector", "kv_store_frac
 DERIVED_KEYS = ("max_concurrent_batches",)
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 MAX_NUM_GPU_BLOCKS = 4_194_304
+#: The largest int a trace column holds (int32): larger config values are refused.
+INT32_MAX = 2**31 - 1
 
 
 class ConfigError(ValueError):
@@ -241,6 +243,16 @@ class EngineConfig:
         for name in ("max_num_scheduled_tokens", "max_num_encoder_input_tokens", "encoder_cache_size"):
             if getattr(self, name) is not None:
                 positive(name)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            # Token counts and budgets reach the trace's int32 columns (token_budget, ...).
+            if isinstance(value, int) and not isinstance(value, bool) and value > INT32_MAX:
+                raise ConfigError(f"{f.name} {value} does not fit the trace's int32 columns "
+                                  f"(at most {INT32_MAX})")
+        if self.max_num_scheduled_tokens is not None and self.max_num_scheduled_tokens > self.max_num_batched_tokens:
+            # docs/trace-format.md: the per-step budget may only be lowered.
+            raise ConfigError(f"max_num_scheduled_tokens {self.max_num_scheduled_tokens} is above "
+                              f"max_num_batched_tokens {self.max_num_batched_tokens} (it must be <= it)")
         if self.num_gpu_blocks > MAX_NUM_GPU_BLOCKS:
             # A harness limit, not vLLM's: one Python object per block.
             raise ConfigError(f"num_gpu_blocks {self.num_gpu_blocks} is above this harness's "

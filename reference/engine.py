@@ -36,8 +36,9 @@ mode, with the scripted model runner and a virtual clock instead of a GPU:
   Trace step numbers therefore skip idle stretches;
 * a step lasts ``step_fixed_s + step_per_token_s * total_num_scheduled_tokens``
   seconds of virtual time;
-* a candidate that raises (anything but KeyboardInterrupt and GeneratorExit:
-  a ``sys.exit`` inside ``schedule()`` is a crash, not an exit) ends the run
+* a candidate that raises (any BaseException but the user's own interrupt:
+  a ``sys.exit`` inside ``schedule()`` is a crash, not an exit; see
+  ``reference.guard.Guarded``) or returns a value of the wrong shape ends the run
   in that step: the step's record so far, with its ``crash`` (``Crash``), goes
   to ``on_step`` and ``CandidateCrash`` is raised, as vLLM's ``EngineCore``
   dies on a scheduler exception.
@@ -58,7 +59,9 @@ from reference.kv_connector import SimulatedKVWorker
 from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.runners.base import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
-from reference.candidate import Candidate, CandidateCrash, CandidateError, CandidateFactory, CandidateRefused
+from reference.candidate import (Candidate, CandidateCrash, CandidateError, CandidateFactory, CandidateRefused,
+                                 is_user_interrupt)
+from reference.guard import Guarded as _Guarded
 from reference.output import (FinishedRequest, PrefixCacheReset, RequestState, SchedulerOutput, SchedulerSnapshot,
                               UpdateResult)
 from reference.scheduler import Scheduler
@@ -109,8 +112,13 @@ class Crash:
 def decisions_before_crash(exc: BaseException | None) -> tuple:
     """The decisions a reference ``Scheduler.schedule`` (the reference's own,
     or a subclass calling it) had taken when ``exc`` escaped it: its local
-    ``events`` list, read from the traceback's frame of that function. Empty
-    for any other candidate (its decisions are unknown until it returns)."""
+    ``events`` list, read from the traceback's frame of that function (or,
+    for a candidate in another process, the ``crash_decisions`` attribute
+    its proxy set from that process's traceback). Empty for any other
+    candidate (its decisions are unknown until it returns)."""
+    remote = getattr(exc, "crash_decisions", None)
+    if isinstance(remote, tuple):
+        return remote  # taken in the candidate's own process (harness.candidates.isolated)
     tb = exc.__traceback__ if exc is not None else None
     while tb is not None:
         if tb.tb_frame.f_code is Scheduler.schedule.__code__:
@@ -421,8 +429,10 @@ class Engine:
             # One scheduler (and KV pool) per data-parallel rank.
             self.schedulers: list[Candidate] = [candidate_factory(config)
                                                 for _ in range(config.data_parallel_size)]
-        except KeyboardInterrupt:
-            raise
+        except KeyboardInterrupt as exc:
+            if is_user_interrupt(exc):
+                raise
+            raise CandidateError(0, exc) from exc
         except BaseException as exc:  # a factory's sys.exit(0) is a failure too
             raise CandidateError(0, exc) from exc
         for sched in self.schedulers:
@@ -737,45 +747,3 @@ def holds_drafts(state: RequestState) -> bool:
     """A request outside the running queue that holds draft tokens: the
     trace records it (a correct scheduler never leaves one)."""
     return state.status != RequestStatus.RUNNING and bool(state.spec_token_ids)
-
-
-#: What the engine needs back from a candidate's calls (reference.candidate.Candidate).
-_RETURNS: dict[str, type] = {"schedule": SchedulerOutput, "update_from_output": UpdateResult,
-                             "snapshot": SchedulerSnapshot}
-
-
-class _Guarded:
-    """Calls rank ``rank``'s candidate, turning anything it raises into
-    CandidateCrash naming the method (so the engine's own errors and the
-    caller's callbacks pass through). Everything but KeyboardInterrupt is
-    caught: a candidate's ``sys.exit(0)`` is a crash, never a successful end
-    of the command, and so is a call returning the wrong type (``schedule()``
-    returning None). A CandidateRefused (the candidate cannot
-    run this config) is a CandidateError, not a crash."""
-
-    def __init__(self, candidate: Candidate, engine: Engine, rank: int = 0) -> None:
-        self._candidate = candidate
-        self._engine = engine
-        self._rank = rank
-
-    def __getattr__(self, name: str):
-        method = getattr(self._candidate, name)
-
-        def call(*args, **kwargs):
-            try:
-                result = method(*args, **kwargs)
-                expected = _RETURNS.get(name)
-                if expected is not None and not isinstance(result, expected):
-                    # The engine would fail on it a line later, far from the cause.
-                    raise TypeError(f"{name}() returned {type(result).__name__}, "
-                                    f"not a {expected.__name__}")
-                return result
-            except KeyboardInterrupt:
-                raise
-            except CandidateRefused as exc:
-                # It cannot run this config: not a crash of the engine.
-                raise CandidateError(self._engine.current_step, exc) from exc
-            except BaseException as exc:
-                # skip=1: this frame is the engine's, not the candidate's.
-                raise CandidateCrash(self._engine.current_step, exc, name, self._rank, skip=1) from exc
-        return call

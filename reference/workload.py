@@ -188,6 +188,13 @@ class RequestSpec:
             )
         _check_mm_positions(where, self.mm_positions, len(toks))
         self._check_steps(where)
+        # Every int the trace stores goes to an int32 column: a larger one
+        # could not be recorded (pyarrow refuses it at the first row group).
+        for name in ("max_tokens", "min_tokens", "priority", "scripted_output_len", "arrival_step", "abort_step"):
+            value = getattr(self, name)
+            if value is not None and not -(2**31) <= value <= MAX_TOKEN_ID:
+                raise WorkloadError(f"{where}: {name} {value} does not fit the trace's int32 columns "
+                                    f"(at most {MAX_TOKEN_ID})")
         # Normalise ints to floats so equal specs compare and serialise identically.
         object.__setattr__(self, "arrival_time", float(self.arrival_time))
         if self.abort_time is not None:

@@ -2,6 +2,8 @@
 
 - ``resolve``: turns a SPEC (``reference``, ``mutant:NAME``, ``vllm@VERSION``,
   ``package.module:factory``) into a factory.
+- ``isolated`` and ``isolated_child``: a ``package.module:factory``
+  candidate in its own process, each call bounded by ``--step-timeout``.
 - ``mutants``: deliberately broken schedulers, one fault each (the mutation
   self-test kills each with its target invariant).
 - ``vllm/``: real vLLM as a candidate (its environments, the subprocess driver,

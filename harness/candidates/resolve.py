@@ -14,15 +14,22 @@ import importlib
 from reference.candidate import CandidateFactory
 from harness.candidates.mutants import MUTANTS
 from reference.scheduler import Scheduler
+from reference.guard import TRUSTED_MODULES
 
 
 class CandidateSpecError(ValueError):
     """A candidate spec that names nothing loadable; the message says why."""
 
 
-def resolve_candidate(spec: str) -> CandidateFactory:
+def resolve_candidate(spec: str, *, step_timeout: float | None = None, isolate: bool = True) -> CandidateFactory:
     """Factory for ``spec``. Raises CandidateSpecError (unknown mutant, module
-    that does not import, missing or non-callable attribute, bad syntax)."""
+    that does not import, missing or non-callable attribute, bad syntax).
+
+    A ``module:factory`` candidate runs in its own process
+    (``harness.candidates.isolated``), each call bounded by ``step_timeout``
+    seconds (None: its default), unless the factory is ours (defined in
+    ``reference.guard.TRUSTED_MODULES``: ``reference.scheduler:Scheduler``);
+    ``isolate=False`` gives the factory itself (what that process calls)."""
     if spec == "reference":
         return Scheduler
     if spec.startswith("mutant:"):
@@ -48,6 +55,10 @@ def resolve_candidate(spec: str) -> CandidateFactory:
             raise CandidateSpecError(f"module {module_name!r} has no attribute {attr!r}")
     if not callable(factory):
         raise CandidateSpecError(f"{spec!r} is not callable")
+    if isolate and not (getattr(factory, "__module__", None) or "").startswith(TRUSTED_MODULES):
+        from harness.candidates.isolated import isolated_factory
+
+        return isolated_factory(spec, step_timeout)
     return factory
 
 

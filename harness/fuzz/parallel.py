@@ -28,6 +28,22 @@ class FuzzWorkerError(RuntimeError):
     the message names the worker and its last error line."""
 
 
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux
+    ``PR_SET_PDEATHSIG``; elsewhere nothing): a fuzz worker must not outlive
+    a ``harness fuzz`` killed with ``kill -9``. If the parent is already gone
+    (PID 1 adopted us), exit now."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:
+        os._exit(1)
+
+
 def available_cpus() -> int:
     """CPUs this process may run on (its affinity mask where the OS has one,
     else ``os.cpu_count()``; at least 1): what ``--workers 0`` / ``auto`` uses."""
@@ -131,18 +147,19 @@ class ParallelFuzzResult:
 
 def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, time_budget_s: float | None,
                  queue: Any, skip_known: bool = False, base: FuzzCase | None = None,
-                 async_spec: bool = False) -> None:
+                 async_spec: bool = False, step_timeout: float | None = None) -> None:
     """Body of one worker process (top level, so ``spawn`` can import it).
 
     Resolves ``spec`` itself (factories need not pickle), runs ``fuzz`` and
     puts on ``queue``: ``("progress", worker, n, shrinking)`` at most every
     0.1 s and on every change of phase, then ``("done", worker, FuzzResult)``
     or ``("error", worker, message)``; on KeyboardInterrupt it exits with
-    status 130 and puts nothing."""
+    status 130 and puts nothing. It dies with its parent (``die_with_parent``)."""
+    die_with_parent()
     try:
         from harness.candidates.resolve import resolve_candidate
 
-        factory = None if spec == "reference" else resolve_candidate(spec)
+        factory = None if spec == "reference" else resolve_candidate(spec, step_timeout=step_timeout)
         last = {"t": 0.0, "shrinking": False}
 
         def on_example(n: int, shrinking: bool) -> None:
@@ -167,7 +184,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
                   time_budget_s: float | None = None,
                   on_progress: Callable[[list[WorkerProgress]], None] | None = None,
                   skip_known: bool = False, base: FuzzCase | None = None,
-                  async_spec: bool = False) -> ParallelFuzzResult:
+                  async_spec: bool = False, step_timeout: float | None = None) -> ParallelFuzzResult:
     """Fuzz the candidate named ``spec`` (``reference``, ``mutant:NAME``,
     ``module:factory``, ...) on ``workers`` processes.
 
@@ -183,6 +200,10 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     (``fuzz(known=known_reference_finding)``). ``base``: fuzz subsets of that
     case's requests instead of generated scenarios (``fuzz(base=...)``).
     ``async_spec``: only async scheduling with drafts (``fuzz(async_spec=True)``).
+    ``step_timeout``: seconds a module:factory candidate's call may take
+    (``resolve_candidate``). A SIGTERM or SIGINT here (the harness's handler
+    raises UserInterrupt) terminates the workers on the way out; a worker
+    whose parent dies without that (``kill -9``) is killed by the kernel.
     Raises ValueError for ``workers`` outside 1..MAX_WORKERS or
     ``max_examples`` < 1, CandidateSpecError for a bad ``spec`` (checked here
     first), FuzzWorkerError if a worker fails.
@@ -193,7 +214,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
         raise ValueError(f"workers must be an integer in 1..{MAX_WORKERS}, got {workers!r}")
     shares = split_examples(max_examples, workers)
     seeds = [worker_seed(seed, i) for i in range(len(shares))]
-    factory = None if spec == "reference" else resolve_candidate(spec)
+    factory = None if spec == "reference" else resolve_candidate(spec, step_timeout=step_timeout)
     progress = [WorkerProgress(0, share) for share in shares]
     start = time.monotonic()
 
@@ -215,7 +236,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     queue = ctx.Queue()
     procs = [ctx.Process(target=_fuzz_worker, name=f"harness-fuzz-{i}", daemon=True,
                          args=(spec, i, seeds[i], shares[i], time_budget_s, queue, skip_known, base,
-                               async_spec))
+                               async_spec, step_timeout))
              for i in range(len(shares))]
     results: dict[int, FuzzResult] = {}
     try:

@@ -172,7 +172,13 @@ class TraceWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            self.close()
+            try:
+                self.close()
+            except BaseException:
+                # Regression (issue 17): a failure at close time (no space for the
+                # footer, an interrupt) left the temp file behind.
+                self.abort()
+                raise
         else:
             self.abort()
 

@@ -1,0 +1,363 @@
+"""A ``module:factory`` candidate in its own process, bounded in time per call.
+
+A user's candidate is untrusted code. In the harness's process it could end
+the command itself (``os._exit(0)``: exit 0, nothing printed), crash it (a
+segfault in an extension), hang it, or corrupt the interpreter. So, as the
+vLLM driver already is (``harness/candidates/vllm/candidate.py``), it runs in
+a child process and every call crosses a pipe:
+
+* ``IsolatedCandidate`` implements ``reference.candidate.Candidate`` here and
+  forwards each call (method name, arguments) to the child
+  (``harness/candidates/isolated_child.py``), which calls the real candidate
+  and answers with its return value or a description of what it raised.
+  Frames are pickled (both sides run this project's Python and types; the
+  vLLM driver needs JSON only because it runs another interpreter);
+* a call not answered within ``step_timeout`` seconds (``--step-timeout``;
+  ``DEFAULT_STEP_TIMEOUT_S``) kills the child and raises
+  ``CandidateProcessError`` (``StepTimeout``); a child that exits
+  (``os._exit(0)``) or is killed by a signal (SIGSEGV) mid-call raises it
+  too (``CandidateDied``). The engine's guard turns either into a crash of
+  that step (a ``crash`` row, exit 1, one line naming the step);
+* the child's stdout is its stderr (fd 1 is pointed at fd 2 before the
+  candidate is imported): what it prints, even from C, never reaches the
+  harness's stdout;
+* the child dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and every
+  child is killed at exit or when its candidate is dropped after a
+  failure); healthy children go back to a small pool per spec and are
+  re-initialised with the next config (``fuzz`` builds thousands of
+  candidates).
+
+The reference and the mutants stay in the harness's process: they are ours.
+A crash inside ``schedule()`` still reports the decisions taken before it
+(``reference.engine.decisions_before_crash``, computed in the child).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import pickle
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+from harness.candidates.isolated_child import MUTATING
+from reference.candidate import CandidateRefused
+from reference.config import EngineConfig
+from reference.output import SchedulerOutput
+
+#: Seconds a candidate call may take before the run is ended as a hang.
+DEFAULT_STEP_TIMEOUT_S = 60.0
+#: Seconds allowed for the child's start (Python, the candidate's import, the factory).
+START_TIMEOUT_S = 60.0
+#: Idle children kept per spec (2: a data-parallel run with two ranks).
+POOL_SIZE = 2
+_HEADER = struct.Struct("!I")
+_BOOT = ("import json, os, sys; sys.path[:] = json.loads(os.environ['HARNESS_ISOLATED_SYS_PATH']); "
+         "from harness.candidates.isolated_child import serve; serve()")
+
+
+class CandidateProcessError(RuntimeError):
+    """The candidate's process hung, died or broke the protocol during a call.
+
+    ``crash_type`` (``StepTimeout``, ``CandidateDied``, ``ProtocolError``),
+    ``crash_message`` and ``crash_where`` are what the engine records as the
+    crash (``reference.candidate.describe_exception``)."""
+
+    def __init__(self, kind: str, text: str) -> None:
+        super().__init__(text)
+        self.crash_type = kind
+        self.crash_message = f"{kind}: {text}"
+        self.crash_where = ""
+
+
+class CandidateRaised(RuntimeError):
+    """The candidate raised inside its process: ``crash_type``,
+    ``crash_message``, ``crash_where`` describe its exception and
+    ``crash_decisions`` the decisions ``schedule()`` had taken before it."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        text = info["message"]
+        super().__init__(text.removeprefix(f"{info['type']}: ") if text != info["type"] else "")
+        self.crash_type = info["type"]
+        self.crash_message = info["message"]
+        self.crash_where = info["where"]
+        self.crash_decisions = tuple(info.get("decisions") or ())
+
+
+class IsolatedRefused(CandidateRefused):
+    """The candidate refused the run in its process (``CandidateRefused``): the
+    message is its text; ``crash_*`` describe it should it count as a crash
+    (a refusal after the candidate's first decision, ``reference.engine``)."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        super().__init__(info["text"])
+        self.crash_type = info["type"]
+        self.crash_message = info["message"]
+        self.crash_where = info["where"]
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class _Child:
+    """One child process: start, call (one pickled frame each way), kill."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        env = dict(os.environ)
+        env["HARNESS_ISOLATED_SYS_PATH"] = json.dumps([p if p else os.getcwd() for p in sys.path])
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=None, env=env,
+                                     start_new_session=True)
+        self.broken: str | None = None
+        self.lock = threading.Lock()
+        _ALL.add(self)
+
+    def alive(self) -> bool:
+        return self.broken is None and self.proc.poll() is None
+
+    def call(self, msg: tuple, timeout: float, what: str) -> tuple[Any, dict | None]:
+        """Send ``msg``, wait up to ``timeout`` seconds for the answer; ``what``
+        names the call in errors. Returns the answer's value and the state the
+        child sent with it (``isolated_child._state``); raises
+        CandidateRaised, CandidateRefused or CandidateProcessError."""
+        if self.broken is not None:
+            raise CandidateProcessError("CandidateDied", self.broken)
+        with self.lock:
+            try:
+                data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+                self.proc.stdin.write(_HEADER.pack(len(data)) + data)
+                self.proc.stdin.flush()
+                answer = self._read(timeout, what)
+            except (BrokenPipeError, OSError, ValueError):
+                raise self._died(what) from None
+            except BaseException:
+                # Interrupted mid-call (the user's Ctrl-C): the child's state is unknown.
+                self.kill("interrupted")
+                raise
+        kind, value, state = answer
+        if kind == "ok":
+            return value, state
+        if kind == "refused":
+            raise IsolatedRefused(value)
+        raise CandidateRaised(value)
+
+    def _died(self, what: str) -> CandidateProcessError:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        how = (f"was killed by {_signal_name(code)}" if code is not None and code < 0
+               else f"exited with code {code}")
+        self.kill(f"the candidate process {how}")
+        return CandidateProcessError("CandidateDied", f"the candidate process {how} during {what}")
+
+    def _read_exact(self, n: int, deadline: float, timeout: float, what: str, sel) -> bytes:
+        fd = self.proc.stdout.fileno()
+        chunks, got = [], 0
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                self.kill(f"no answer from {what} within {timeout:g} s")
+                raise CandidateProcessError(
+                    "StepTimeout", f"no answer from {what} within {timeout:g} s (--step-timeout; the "
+                                   f"candidate process was killed)")
+            chunk = os.read(fd, min(n - got, 1 << 20))
+            if not chunk:
+                raise OSError("end of stream")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def _read(self, timeout: float, what: str) -> tuple[str, Any]:
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout.fileno(), selectors.EVENT_READ)
+            (size,) = _HEADER.unpack(self._read_exact(_HEADER.size, deadline, timeout, what, sel))
+            data = self._read_exact(size, deadline, timeout, what, sel)
+        try:
+            answer = pickle.loads(data)
+        except Exception as exc:
+            self.kill("protocol error")
+            raise CandidateProcessError("ProtocolError", f"unreadable answer to {what}: "
+                                                         f"{type(exc).__name__}: {exc}") from None
+        if not (isinstance(answer, tuple) and len(answer) == 3):
+            self.kill("protocol error")
+            raise CandidateProcessError("ProtocolError", f"malformed answer to {what}")
+        return answer
+
+    def kill(self, why: str = "closed") -> None:
+        """Kill the child and its process group (idempotent)."""
+        if self.broken is None:
+            self.broken = why
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                try:
+                    self.proc.kill()
+                except OSError:
+                    pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        _ALL.discard(self)
+        for idle in _IDLE.values():
+            if self in idle:
+                idle.remove(self)
+
+
+_ALL: set[_Child] = set()
+_IDLE: dict[str, list[_Child]] = {}
+
+
+def _release(child: _Child, healthy: list[bool]) -> None:
+    idle = _IDLE.setdefault(child.spec, [])
+    if healthy[0] and child.alive() and len(idle) < POOL_SIZE:
+        idle.append(child)
+    else:
+        child.kill()
+
+
+def _acquire(spec: str) -> _Child:
+    idle = _IDLE.get(spec, [])
+    while idle:
+        child = idle.pop()
+        if child.alive():
+            return child
+        child.kill()
+    return _Child(spec)
+
+
+@atexit.register
+def kill_all() -> None:
+    """Kill every child (at exit; the signal handlers' unwinding gets here too)."""
+    for child in list(_ALL):
+        child.kill()
+
+
+class _OutputRef:
+    """Stands for a ``SchedulerOutput`` the child returned (``update_from_output``
+    must get back the very object its ``schedule()`` made)."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+
+class IsolatedCandidate:
+    """The candidate ``spec`` (``module:factory``) built for ``config`` in a child
+    process; implements ``reference.candidate.Candidate`` by forwarding.
+    Raises CandidateRaised / CandidateProcessError / CandidateRefused from any
+    call (the engine's guard reports them as a crash or a refusal)."""
+
+    def __init__(self, spec: str, config: EngineConfig, step_timeout: float = DEFAULT_STEP_TIMEOUT_S) -> None:
+        self.spec = spec
+        self.step_timeout = step_timeout
+        self._child = _acquire(spec)
+        self._healthy = [True]
+        self._finalizer = weakref.finalize(self, _release, self._child, self._healthy)
+        self._outputs: list[tuple[SchedulerOutput, int]] = []  # returned, not yet updated
+        # The candidate's snapshot() and unfinished count after its last
+        # state-changing call, as the child sent them: the next queries are
+        # answered from here (no round trip) until the next change.
+        self._state: dict[str, Any] = {}
+        self._call(("init", spec, config), max(START_TIMEOUT_S, step_timeout), f"the factory of {spec}")
+
+    def _call(self, msg: tuple, timeout: float, what: str) -> Any:
+        changes = msg[0] == "init" or msg[1] in MUTATING
+        if changes:
+            self._state = {}
+        try:
+            value, state = self._child.call(msg, timeout, what)
+        except (CandidateRaised, CandidateRefused):
+            raise
+        except BaseException:
+            self._healthy[0] = False
+            raise
+        if changes:
+            self._state = state or {}
+        return value
+
+    def _query(self, key: str, name: str) -> Any:
+        if key in self._state:
+            return self._state[key]
+        return self._forward(name)
+
+    def close(self) -> None:
+        """Give the child back (to the pool if healthy)."""
+        self._finalizer()
+
+    def _forward(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._call(("call", name, args, kwargs), self.step_timeout, f"{name}()")
+
+    # -- Candidate protocol --------------------------------------------------------
+    def add_request(self, request):
+        return self._forward("add_request", request)
+
+    def finish_requests(self, request_ids, finished_status):
+        return self._forward("finish_requests", list(request_ids), finished_status)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False):
+        return self._forward("reset_prefix_cache", reset_running_requests)
+
+    def schedule(self, throttle_prefills: bool = False):
+        result = self._forward("schedule", throttle_prefills) if throttle_prefills else self._forward("schedule")
+        if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], SchedulerOutput):
+            output, token = result
+            self._outputs.append((output, token))
+            return output
+        return result  # not a SchedulerOutput: the engine's check names it
+
+    def update_from_output(self, output, sampled_token_ids, kv_connector_output=None):
+        index = next((i for i, (o, _) in enumerate(self._outputs) if o is output), None)
+        ref = output if index is None else _OutputRef(self._outputs.pop(index)[1])
+        if kv_connector_output is None:
+            return self._forward("update_from_output", ref, sampled_token_ids)
+        return self._forward("update_from_output", ref, sampled_token_ids, kv_connector_output)
+
+    def update_draft_token_ids(self, draft_token_ids):
+        return self._forward("update_draft_token_ids", draft_token_ids)
+
+    def has_request(self, request_id):
+        return self._forward("has_request", request_id)
+
+    def get_num_unfinished_requests(self):
+        return self._query("num_unfinished", "get_num_unfinished_requests")
+
+    def snapshot(self):
+        return self._query("snapshot", "snapshot")
+
+
+def isolated_factory(spec: str, step_timeout: float | None = None):
+    """``factory(config) -> IsolatedCandidate`` for ``spec`` (``module:factory``),
+    each call bounded by ``step_timeout`` seconds (None: ``DEFAULT_STEP_TIMEOUT_S``)."""
+    timeout = DEFAULT_STEP_TIMEOUT_S if step_timeout is None else float(step_timeout)
+
+    def factory(config: EngineConfig) -> IsolatedCandidate:
+        return IsolatedCandidate(spec, config, timeout)
+
+    factory.__name__ = factory.__qualname__ = f"isolated:{spec}"
+    factory.isolated_spec = spec  # type: ignore[attr-defined]
+    return factory

@@ -1,0 +1,76 @@
+"""Where a command may write its output file (``-o``): refused before any work.
+
+Every trace and scenario is written to a temp file beside its destination and
+renamed over it (``harness/trace/writer.py``), so a destination that is not a
+plain file would be *replaced*: ``-o /dev/full`` as root turned the device
+node into a trace, ``-o`` naming the workload replaced the workload.
+``check_output_file`` refuses, with one line naming the path and the problem
+(``OutputPathError``, exit 2 in the CLI):
+
+* an empty path;
+* a path that exists and is not a regular file (a device, FIFO, socket or
+  folder), or that is the same file as one of the command's inputs;
+* a parent that exists but is not a folder (``-o some_file/x.parquet``), or
+  a folder this process cannot write in;
+* a file name too long for the file system, counting the temp file's
+  (``.<name>.XXXXXXXX.tmp``, 14 characters more).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+#: Characters the temp file adds to the destination's name (tempfile.mkstemp in the writer).
+TEMP_NAME_EXTRA = 14
+
+
+class OutputPathError(ValueError):
+    """``-o`` names a destination the command refuses; the message is one line."""
+
+
+def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
+    """Raise OutputPathError unless ``output`` can be written as a new or
+    replaced regular file, and is none of ``inputs`` (paths that may not
+    exist: a ``synthetic:N`` workload is no file)."""
+    if not output or not output.strip():
+        raise OutputPathError("-o: the output path is empty")
+    out = Path(output)
+    try:
+        st = os.stat(out)
+    except FileNotFoundError:
+        st = None
+    except NotADirectoryError:
+        st = None
+    except OSError as exc:
+        raise OutputPathError(f"{output}: cannot use as output: {exc.strerror or exc}") from None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
+                    or stat.S_ISBLK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file")
+            raise OutputPathError(f"{output}: -o names {kind}, not a regular file; refusing to replace it")
+        for source in inputs:
+            try:
+                if os.path.samefile(source, out):
+                    raise OutputPathError(f"{output}: -o names the input file; it would be overwritten "
+                                          f"(choose another path)")
+            except OSError:
+                continue
+    parent = out.parent
+    ancestor = parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputPathError(f"{output}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{output}: cannot write in {ancestor} (permission denied)")
+    try:
+        name_max = os.pathconf(ancestor, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    longest = max([len(os.fsencode(out.name)) + TEMP_NAME_EXTRA]
+                  + [len(os.fsencode(p)) for p in parent.parts[len(ancestor.parts):]])
+    if longest > name_max:
+        raise OutputPathError(f"{output[:60]}...: file name too long ({len(os.fsencode(out.name))} bytes; "
+                              f"this file system allows {name_max - TEMP_NAME_EXTRA} for a trace)")
