@@ -683,5 +683,10 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     sys.exit(EXIT_FOUND)
 
 
+# `harness report` and `harness export` live with the views (harness/view/cli.py).
+from harness.view.cli import register as _register_views  # noqa: E402
+
+_register_views(main)
+
 if __name__ == "__main__":
     main()
