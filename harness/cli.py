@@ -293,14 +293,35 @@ _SEMANTICS = click.option(
          "'safety' (none), or a profile: " + ", ".join(p for p in PROFILES if p != "safety") + ".")
 
 
+_HTML_REPORT = click.option(
+    "--report", "html_report", metavar="FILE", type=click.Path(dir_okay=False),
+    help="Also write the HTML report (as `harness report`) to FILE.")
+
+
+def _checked(trace: Trace, semantics: str, html_report: str | None) -> tuple[CheckResult, Any]:
+    """The check's result, and the report's series when --report asks for one
+    (derived in the same pass as the check)."""
+    if html_report is None:
+        return _check(trace, semantics), None
+    from harness.view.cli import derive_with_progress
+
+    series = derive_with_progress(trace, semantics, "checking")
+    return series.result, series
+
+
 @main.command()
 @click.argument("trace_path", metavar="TRACE")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
 @_SEMANTICS
-def check(trace_path: str, as_json: bool, semantics: str) -> None:
+@_HTML_REPORT
+def check(trace_path: str, as_json: bool, semantics: str, html_report: str | None) -> None:
     """Check every invariant of TRACE from the trace alone."""
     trace = _open(trace_path)
-    result = _check(trace, semantics)
+    result, series = _checked(trace, semantics, html_report)
+    if html_report is not None:
+        from harness.view.cli import write_report
+
+        write_report(html_report, trace, semantics, series=series)
     _report(result, None, as_json, trace)
     sys.exit(EXIT_OK if result.ok else EXIT_FOUND)
 
@@ -312,11 +333,12 @@ def check(trace_path: str, as_json: bool, semantics: str) -> None:
                    "'package.module:factory'.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
 @_SEMANTICS
-def replay(trace_path: str, candidate: str, as_json: bool, semantics: str) -> None:
+@_HTML_REPORT
+def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, html_report: str | None) -> None:
     """Check TRACE, then re-drive CANDIDATE with its inputs and compare decisions step by step."""
     factory = _candidate(candidate)
     trace = _open(trace_path)
-    result = _check(trace, semantics)
+    result, series = _checked(trace, semantics, html_report)
     try:
         divergence, compared = replay_trace(trace, factory)
     except TraceError as exc:
@@ -325,6 +347,10 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str) -> No
         _fail(f"{candidate} cannot replay {trace.path}: {exc}")
     except ConfigError as exc:
         _fail(f"{trace.path}: bad config in trace metadata: {exc}")
+    if html_report is not None:
+        from harness.view.cli import divergence_of_replay, write_report
+
+        write_report(html_report, trace, semantics, series=series, divergence=divergence_of_replay(divergence))
     _report(result, divergence, as_json, trace,
             {"candidate": candidate, "replayed_steps": compared})
     sys.exit(EXIT_OK if result.ok and divergence is None else EXIT_FOUND)
@@ -359,7 +385,8 @@ def invariants(layer: str | None, why: bool, as_json: bool) -> None:
 @click.argument("trace_a", metavar="A")
 @click.argument("trace_b", metavar="B")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
-def diff(trace_a: str, trace_b: str, as_json: bool) -> None:
+@_HTML_REPORT
+def diff(trace_a: str, trace_b: str, as_json: bool, html_report: str | None) -> None:
     """Compare two traces of the same workload step by step (A: expected, B: actual).
 
     Reports config differences, the first divergent step and summary deltas.
@@ -372,6 +399,10 @@ def diff(trace_a: str, trace_b: str, as_json: bool) -> None:
         result = diff_traces(a, b)
     except TraceError as exc:
         _fail(str(exc))
+    if html_report is not None:
+        from harness.view.cli import divergence_of_diff, write_report
+
+        write_report(html_report, a, against=b, divergence=divergence_of_diff(result))
     if as_json:
         click.echo(json.dumps(result.to_dict(), default=str))
     else:

@@ -202,3 +202,33 @@ def test_export_needs_something_to_do() -> None:
     assert r.exit_code == 2 and "nothing to export" in r.output
     r = CliRunner().invoke(main, ["export", "--perfetto", str(MUTANT_TRACE)])
     assert r.exit_code == 2 and "--perfetto needs -o FILE" in r.output
+
+
+def test_report_option_on_check_replay_and_diff(tmp_path) -> None:
+    """`--report FILE` on check, replay and diff writes the same report as
+    `harness report`, the exit code and the verdict line stay the command's own."""
+    out = tmp_path / "check.html"
+    r = CliRunner().invoke(main, ["check", str(MUTANT_TRACE), "--report", str(out)])
+    assert r.exit_code == 1
+    assert r.output.splitlines()[-1] == "2 violations of 1 invariant: MAX-NUM-SEQS ×2 (profile 0.33.0)"
+    direct = tmp_path / "direct.html"
+    CliRunner().invoke(main, ["report", str(MUTANT_TRACE), "-o", str(direct)])
+    assert out.read_bytes() == direct.read_bytes()
+    golden = str(GOLDEN / "fcfs-tight.parquet")
+    out = tmp_path / "replay.html"
+    r = CliRunner().invoke(main, ["replay", golden, "--candidate", "mutant:preempt-head", "--report", str(out)])
+    assert r.exit_code == 1
+    assert r.output.splitlines()[-1] == "not conformant (profile 0.33.0); first divergence at step 148"
+    assert (b"First divergence at step 148</b>: replay: event #2 (preempt), request r000025, field event"
+            in out.read_bytes())
+    mut = tmp_path / "mut.parquet"
+    CliRunner().invoke(main, ["record", str(ROOT / "harness/scenarios/fcfs-tight.toml"),
+                              "--engine", "mutant:preempt-head", "-o", str(mut)])
+    out = tmp_path / "diff.html"
+    r = CliRunner().invoke(main, ["diff", golden, str(mut), "--report", str(out)])
+    assert r.exit_code == 1
+    assert r.output.splitlines()[-1] == "different: first divergence at step 148"
+    assert figure_data(out.read_bytes())["timeline"]["data"][-1]["x"] == [148]
+    out = tmp_path / "same.html"
+    r = CliRunner().invoke(main, ["diff", golden, golden, "--report", str(out)])
+    assert r.exit_code == 0 and b"The two runs made identical decisions." in out.read_bytes()

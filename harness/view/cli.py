@@ -58,11 +58,12 @@ def derive_with_progress(trace: Trace, semantics: str = "auto", what: str = "rea
 
 
 def write_report(path: str, trace: Trace, semantics: str = "auto", *, series: Series | None = None,
-                 against: Trace | None = None, divergence: Any = None) -> tuple[Series, Any]:
+                 against: Trace | None = None, divergence: Any = "find") -> tuple[Series, Any]:
     """Draw the HTML report of ``trace`` (``series`` if already derived)
     into ``path`` atomically; ``against``: a second run to overlay, whose
     first divergence from ``trace`` (``harness.diff``) is highlighted unless
-    ``divergence`` is given (a ``harness.view.html.Divergence``). Returns
+    ``divergence`` is given (a ``harness.view.html.Divergence``, or None:
+    none). Returns
     the series and the divergence shown. Exits 2 if the file cannot be
     written or the traces are not the same workload."""
     from harness.report import report_dict
@@ -73,8 +74,10 @@ def write_report(path: str, trace: Trace, semantics: str = "auto", *, series: Se
     if against is not None:
         b_series = derive_with_progress(against, semantics)
         b_summary = report_dict(b_series.result, None, against)
-        if divergence is None:
+        if divergence == "find":
             divergence = first_divergence(trace, against)
+    if divergence == "find":
+        divergence = None
     page = render(series, report_dict(series.result, None, trace), against=b_series,
                   against_summary=b_summary, divergence=divergence)
     try:
