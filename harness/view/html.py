@@ -140,7 +140,7 @@ def _columns(series: Series) -> dict[str, list[Any]]:
         "waiting": [p.waiting for p in pts], "running": [p.running for p in pts],
         "prefill": [p.prefill_tokens for p in pts], "decode": [p.decode_tokens for p in pts],
         "drafts": [p.draft_tokens for p in pts],
-        "preemptions": [p.preemptions for p in pts],
+        "preemptions": [p.preemptions or None for p in pts],  # a marker only where some happened
         "victims": [", ".join(p.victims) or "-" for p in pts],
         "hit_rate": rate,
         "step_hit_rate": [round(p.prefix_hit_tokens / p.lookup_tokens, 6) if p.lookup_tokens else None
@@ -155,9 +155,9 @@ def _columns(series: Series) -> dict[str, list[Any]]:
 _TRACES = ((1, "free", "free blocks", "line"), (1, "held", "held blocks", "line"),
            (1, "cached", "cached free blocks", "line"),
            (2, "waiting", "waiting", "line"), (2, "running", "running", "line"),
-           (3, "prefill", "prefill tokens", "bar"), (3, "decode", "decode tokens", "bar"),
-           (3, "drafts", "draft tokens", "bar"),
-           (4, "preemptions", "preemptions", "bar"),
+           (3, "prefill", "prefill tokens", "stack"), (3, "decode", "decode tokens", "stack"),
+           (3, "drafts", "draft tokens", "stack"),
+           (4, "preemptions", "preemptions", "marker"),
            (5, "hit_rate", "prefix hit rate (cumulative)", "line"),
            (5, "step_hit_rate", "prefix hit rate (admissions of the step)", "marker"),
            (5, "acceptance", "draft acceptance (step)", "marker"),
@@ -175,19 +175,23 @@ def _timeline(a: Series, b: Series | None, divergence: Divergence | None) -> go.
         for row, key, label, kind in _TRACES:
             name = f"{label} ({tag})" if b is not None else label
             common: dict[str, Any] = {"x": cols["step"], "y": cols[key], "name": name,
-                                      "legendgroup": tag, "customdata": hover_x}
+                                      "legend": "legend" if row == 1 else f"legend{row}",
+                                      "customdata": hover_x}
             tip = "%{customdata}<br>" + label + ": %{y}"
             if key == "preemptions":
                 common["text"] = cols["victims"]
                 tip += "<br>victims: %{text}"
-                common["textposition"] = "none"
             common["hovertemplate"] = tip + "<extra></extra>"
             if kind == "bar":
                 trace = go.Bar(**common, opacity=0.85 if tag == "A" else 0.5)
             elif kind == "marker":
-                trace = go.Scatter(**common, mode="markers", marker={"size": 4})
-            else:
-                trace = go.Scatter(**common, mode="lines", line={"dash": dash, "shape": "hv"})
+                trace = go.Scatter(**common, mode="markers", marker={"size": 4 if key != "preemptions" else 8})
+            elif kind == "stack":  # stacked areas: readable at any number of steps, unlike bars
+                trace = go.Scatter(**common, mode="lines", stackgroup=f"tokens{tag}",
+                                   line={"width": 0.5, "dash": dash, "shape": "hv"})
+            else:  # cached free blocks are part of the free ones: dotted, so both show
+                trace = go.Scatter(**common, mode="lines", line={"dash": "dot" if key == "cached" else dash,
+                                                                   "shape": "hv"})
             fig.add_trace(trace, row=row, col=1)
             xs["step"].append(cols["step"])
             xs["clock_s"].append(cols["clock_s"])
@@ -203,8 +207,12 @@ def _timeline(a: Series, b: Series | None, divergence: Divergence | None) -> go.
                       row=1, col=1)
         xs["step"].append(steps)
         xs["clock_s"].append([clock.get(s, 0.0) for s in steps])
-    fig.update_layout(barmode="stack", height=1500, hovermode="x unified",
-                      legend={"orientation": "v"}, margin={"t": 60, "l": 60, "r": 20, "b": 40},
+    # One legend per panel, beside it (plotly >= 5.15).
+    legends = {("legend" if i == 1 else f"legend{i}"): {
+        "y": fig.layout[f"yaxis{'' if i == 1 else i}"].domain[1], "yanchor": "top", "x": 1.01,
+        "traceorder": "normal"} for i in range(1, len(PANELS) + 1)}
+    fig.update_layout(barmode="stack", height=1500, hovermode="x unified", **legends,
+                      margin={"t": 60, "l": 60, "r": 20, "b": 40},
                       shapes=_lines(marks, {}),
                       updatemenus=[_axis_switch(xs, marks, a)])
     for i, (_, ytitle) in enumerate(PANELS, start=1):
