@@ -37,6 +37,7 @@ from workloads.scenario import is_scenario_path, load_scenario
 from harness.candidates.resolve import CandidateSpecError, resolve_candidate
 from harness.check import PROFILES, CheckResult, ProfileError, check_trace
 from harness.check.invariants import INVARIANTS
+from harness.progress import every_steps, progress
 from harness.trace.recorder import record as record_run, record_inputs, requests_ended
 from harness.replay import Divergence, replay as replay_trace
 from harness.report import render_report as render_check_report, report_dict
@@ -266,9 +267,13 @@ def _open(path: str) -> Trace:
     raise AssertionError
 
 
-def _check(trace: Trace, semantics: str = "auto") -> CheckResult:
+def _check(trace: Trace, semantics: str = "auto", show_progress: bool = False) -> CheckResult:
+    """Check ``trace``, with a progress bar on a terminal when ``show_progress``."""
     try:
-        return check_trace(trace, semantics)
+        with progress(f"checking {trace.path.name}", trace.summary.get("steps"),
+                      enabled=show_progress) as update:
+            return check_trace(trace, semantics,
+                               observe=every_steps(update))
     except ProfileError as exc:
         _fail(str(exc))
     except TraceError as exc:
@@ -298,11 +303,12 @@ _HTML_REPORT = click.option(
     help="Also write the HTML report (as `harness report`) to FILE.")
 
 
-def _checked(trace: Trace, semantics: str, html_report: str | None) -> tuple[CheckResult, Any]:
+def _checked(trace: Trace, semantics: str, html_report: str | None,
+             as_json: bool = False) -> tuple[CheckResult, Any]:
     """The check's result, and the report's series when --report asks for one
     (derived in the same pass as the check)."""
     if html_report is None:
-        return _check(trace, semantics), None
+        return _check(trace, semantics, show_progress=not as_json), None
     from harness.view.cli import derive_with_progress
 
     series = derive_with_progress(trace, semantics, "checking")
@@ -317,7 +323,7 @@ def _checked(trace: Trace, semantics: str, html_report: str | None) -> tuple[Che
 def check(trace_path: str, as_json: bool, semantics: str, html_report: str | None) -> None:
     """Check every invariant of TRACE from the trace alone."""
     trace = _open(trace_path)
-    result, series = _checked(trace, semantics, html_report)
+    result, series = _checked(trace, semantics, html_report, as_json)
     if html_report is not None:
         from harness.view.cli import write_report
 
@@ -338,9 +344,11 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, html_
     """Check TRACE, then re-drive CANDIDATE with its inputs and compare decisions step by step."""
     factory = _candidate(candidate)
     trace = _open(trace_path)
-    result, series = _checked(trace, semantics, html_report)
+    result, series = _checked(trace, semantics, html_report, as_json)
     try:
-        divergence, compared = replay_trace(trace, factory)
+        with progress(f"replaying {trace.path.name} on {candidate}", trace.summary.get("steps"),
+                      enabled=not as_json) as update:
+            divergence, compared = replay_trace(trace, factory, on_step=every_steps(update))
     except TraceError as exc:
         _fail(str(exc))
     except CandidateRefused as exc:
@@ -379,6 +387,8 @@ def invariants(layer: str | None, why: bool, as_json: bool) -> None:
     for inv in chosen:
         table.add_row(inv.id, inv.layer, inv.spec, inv.why if why else inv.statement)
     console.print(table)
+    safety = sum(inv.layer == "safety" for inv in chosen)
+    console.print(f"{len(chosen)} invariants: {safety} safety, {len(chosen) - safety} semantics")
 
 
 @main.command()
@@ -396,7 +406,9 @@ def diff(trace_a: str, trace_b: str, as_json: bool, html_report: str | None) -> 
 
     a, b = _open(trace_a), _open(trace_b)
     try:
-        result = diff_traces(a, b)
+        with progress(f"comparing {a.path.name} and {b.path.name}",
+                      max(a.summary.get("steps", 0), b.summary.get("steps", 0)), enabled=not as_json) as update:
+            result = diff_traces(a, b, on_step=every_steps(update))
     except TraceError as exc:
         _fail(str(exc))
     if html_report is not None:
@@ -476,11 +488,13 @@ def golden_check(golden_dir: str, candidate: str) -> None:
     from rich.markup import escape
 
     from harness.golden import DEFAULT_DIR, GoldenError, check_goldens
+    from harness.scenarios import SCENARIOS
 
     golden_dir = golden_dir or str(DEFAULT_DIR)
     factory = _candidate(candidate)
     try:
-        results = check_goldens(golden_dir, factory)
+        with progress(f"checking goldens on {candidate}", len(SCENARIOS)) as update:
+            results = check_goldens(golden_dir, factory, on_result=lambda r: update(advance=1))
     except GoldenError as exc:
         _fail(str(exc))
     width = max(len(r.scenario) for r in results)
@@ -530,6 +544,11 @@ def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool) -> None:
                       f"{c.scenario:<{width}}{first}".rstrip())
         for line in c.details[1:]:
             console.print(f"          {' ' * width}  {escape(line)}")
+    counts: dict[str, int] = {}
+    for c in changes:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    console.print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "nothing to update",
+                  markup=False)
     sys.exit(EXIT_FOUND if any(c.status == "refused" for c in changes) else EXIT_OK)
 
 
@@ -561,7 +580,12 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
     for name in scenario_names:
         if name not in MUTATION_SCENARIOS:
             raise click.BadParameter(f"unknown scenario {name!r}", param_hint="--scenario")
-    report = run_mutation(list(mutant_names) or None, list(scenario_names) or None)
+    chosen = list(mutant_names) or list(MUTANTS_AND_TARGETS)
+    scenarios = list(scenario_names) or list(MUTATION_SCENARIOS)
+    with progress("running mutants", (len(chosen) + 1) * len(scenarios), enabled=not as_json) as update:
+        def on_cell(mutant: str, scenario: str) -> None:
+            update(advance=1, description=f"running mutants: {mutant} on {scenario}")
+        report = run_mutation(list(mutant_names) or None, list(scenario_names) or None, on_cell=on_cell)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
@@ -582,13 +606,17 @@ def vllm_env(version: str, force: bool) -> None:
     from harness.candidates.vllm.env import VLLMEnvError, ensure_env
 
     try:
-        python = ensure_env(version, log=lambda line: err.print(f"[dim]vllm-env:[/] {escape(line)}"),
-                            force=force)
+        with progress(f"vLLM {version} env", None) as update:
+            def log(line: str) -> None:
+                err.print(f"[dim]vllm-env:[/] {escape(line)}")
+                update(description=f"vLLM {version} env: {line}")
+            python = ensure_env(version, log=log, force=force)
     except VLLMEnvError as exc:
         _fail(str(exc))
     except OSError as exc:
         _fail(f"cannot build the vLLM {version} env: {exc}")
-    console.print(str(python))
+    # The verdict, ending on the env's Python (scripts take the last word).
+    console.print(f"vLLM {version} env ready: {python}", markup=False)
 
 
 class _Workers(click.ParamType):
@@ -711,6 +739,8 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
         sys.exit(EXIT_OK)
     witnesses = write_witnesses(out_dir, candidate, factory, result)
     render_witnesses(result, witnesses, console)
+    console.print(f"found: {len(witnesses)} witness{'es' * (len(witnesses) != 1)} written to {out_dir}",
+                  style="bold red", markup=False)
     sys.exit(EXIT_FOUND)
 
 

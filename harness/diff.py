@@ -26,6 +26,7 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from itertools import zip_longest
+from collections.abc import Callable
 from typing import Any
 
 from deepdiff import DeepDiff
@@ -316,8 +317,9 @@ def _schedule_end(rows: list[Row] | None) -> Row | None:
     return next((r for r in rows or () if r["kind"] == "schedule_end"), None)
 
 
-def diff_traces(a: Trace, b: Trace) -> DiffResult:
-    """Stream both traces step by step; see the module docstring.
+def diff_traces(a: Trace, b: Trace, on_step: Callable[[int], object] | None = None) -> DiffResult:
+    """Stream both traces step by step; see the module docstring
+    (``on_step(i)`` after the i-th pair of steps: progress).
 
     Raises WorkloadMismatch (not the same workload) or TraceError (a trace
     turned out unreadable while streaming).
@@ -330,7 +332,9 @@ def diff_traces(a: Trace, b: Trace) -> DiffResult:
     prev_b: list[Row] | None = None
     # Traces of two schema versions compare in what the older one records.
     version = min(t.meta.get("schema_version", SCHEMA_VERSION) for t in (a, b))
-    for item_a, item_b in zip_longest(a.iter_steps(), b.iter_steps()):
+    for i, (item_a, item_b) in enumerate(zip_longest(a.iter_steps(), b.iter_steps())):
+        if on_step is not None:
+            on_step(i)
         if item_a is not None:
             stats_a.add_step(*item_a)
             req_a.add_step(item_a[1])

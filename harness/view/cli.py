@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness.check import ProfileError
+from harness.progress import every_steps, progress
 from harness.trace import Trace, TraceError, open_trace
 from harness.view.files import write_atomic
 from harness.view.series import Series, derive
@@ -41,19 +41,11 @@ def _open(path: str) -> Trace:
 def derive_with_progress(trace: Trace, semantics: str = "auto", what: str = "reading") -> Series:
     """``derive`` with a progress bar on a terminal's stderr (none when piped).
     Exits 2 on an unknown profile or an unreadable trace."""
-    total = trace.summary.get("steps") or None
-    with Progress(TextColumn(f"{what} {trace.path.name}"), BarColumn(),
-                  TextColumn("step {task.completed}/{task.total}"), TimeElapsedColumn(),
-                  console=err, transient=True, disable=not err.is_terminal) as progress:
-        task = progress.add_task(what, total=total)
-
-        def on_step(step: int) -> None:
-            if step % 64 == 0:
-                progress.update(task, completed=step)
-        try:
-            return derive(trace, semantics, on_step)
-        except (ProfileError, TraceError) as exc:
-            _fail(str(exc))
+    try:
+        with progress(f"{what} {trace.path.name}", trace.summary.get("steps")) as update:
+            return derive(trace, semantics, every_steps(update))
+    except (ProfileError, TraceError) as exc:
+        _fail(str(exc))
     raise AssertionError
 
 
