@@ -29,7 +29,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from reference.config import ConfigError
-from reference.candidate import CandidateError, CandidateFactory, CandidateRefused
+from reference.candidate import CandidateError, CandidateFactory, CandidateRefused, crash_site
 from reference.engine import check_workload_supported
 from reference.workload import WorkloadError
 from workloads.scenario import is_scenario_path, load_scenario
@@ -126,9 +126,13 @@ def main() -> None:
 @click.option("--verify-outputs", is_flag=True,
               help="Torch model: after recording, compare every request's tokens with a dense, "
                    "unbatched greedy forward (exit 1 on a mismatch).")
+@click.option("--traceback", "show_traceback", is_flag=True,
+              help="When the candidate raises (its factory, or a step), print its full Python "
+                   "traceback to stderr too (the report names only the innermost file and line).")
 def record(workload: str, output: str, limit: int | None, time_scale: float, seed: int | None,
            priority_levels: int, sets: tuple[str, ...], stop_on_eos: bool, engine: str,
-           model: str, device: str | None, kv_integrity: bool, verify_outputs: bool) -> None:
+           model: str, device: str | None, kv_integrity: bool, verify_outputs: bool,
+           show_traceback: bool) -> None:
     """Run WORKLOAD on the engine and write its step trace.
 
     WORKLOAD is an Azure LLM inference CSV, a Mooncake JSONL,
@@ -184,16 +188,26 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
             done += requests_ended(rec)
             if rec.step % 64 == 0:
                 progress.update(task, completed=done, step=rec.step)
+        crashes: list[BaseException] = []
         try:
             summary = record_run(wl, config, output, seed=seed, engine=engine,
                                  candidate_factory=factory, on_progress=on_progress,
                                  runner_factory=runner_factory,
-                                 model=runner_factory.metadata() if runner_factory else None)
+                                 model=runner_factory.metadata() if runner_factory else None,
+                                 on_crash=crashes.append)
         except CandidateError as exc:
             if isinstance(exc.__cause__, CandidateRefused):
                 # The candidate cannot run this config: unusable input, not a finding.
                 _fail(f"{engine} refused the run: {exc.__cause__} (no trace written)")
-            err.print(f"[bold red]error:[/] {engine}: {exc} (no trace written)")
+            cause = exc.__cause__ or exc
+            # Where the candidate's code raised (not the engine's own check of what a factory returned).
+            where = crash_site(cause.__traceback__)
+            where = "" if where.startswith("reference/engine.py") else f" (at {where})"
+            progress.stop()
+            if show_traceback:
+                _print_traceback(cause)
+            err.print(f"[bold red]error:[/] {engine}: {escape(str(exc))}{escape(where)} (no trace written)",
+                      soft_wrap=True)
             sys.exit(EXIT_FOUND)
         except ValueError as exc:
             if runner_factory is None:
@@ -212,10 +226,19 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
         err.print(f"[bold red]engine stalled:[/] {summary.stalled} (the trace ends there)")
         sys.exit(EXIT_FOUND)
     if summary.crashed:
+        if show_traceback and crashes:
+            _print_traceback(crashes[0].__cause__ or crashes[0])
         err.print(f"[bold red]engine crashed:[/] {engine}: {escape(summary.crashed)} "
                   f"(the trace ends there; harness check reports ENGINE-CRASH)", soft_wrap=True)
         sys.exit(EXIT_FOUND)
     sys.exit(EXIT_FOUND if found else EXIT_OK)
+
+
+def _print_traceback(exc: BaseException) -> None:
+    """The candidate's exception with its whole traceback, on stderr (``--traceback``)."""
+    import traceback
+
+    err.print("".join(traceback.format_exception(exc)).rstrip(), markup=False, highlight=False)
 
 
 def _torch_report(runner_factory: Any, output: str, kv_integrity: bool, verify_outputs: bool) -> bool:
