@@ -42,6 +42,7 @@ from harness.trace.recorder import record as record_run, record_inputs, requests
 from harness.replay import Divergence, replay as replay_trace
 from harness.report import render_report as render_check_report, report_dict
 from harness.trace import Trace, TraceError, open_trace
+from harness.richtext import keep_words_whole
 
 console = Console(stderr=False, highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -409,7 +410,7 @@ def invariants(layer: str | None, why: bool, as_json: bool) -> None:
         column.no_wrap = True  # ids and layers whole, so they can be grepped
     for inv in chosen:
         table.add_row(inv.id, inv.layer, inv.spec, inv.why if why else inv.statement)
-    console.print(table)
+    console.print(keep_words_whole(table))
     safety = sum(inv.layer == "safety" for inv in chosen)
     console.print(f"{len(chosen)} invariants: {safety} safety, {len(chosen) - safety} semantics")
 

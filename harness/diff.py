@@ -39,6 +39,7 @@ from harness.trace.recorder import Row
 from harness.replay import first_difference
 from harness.trace import SCHEMA_VERSION, Trace, TraceError
 from harness.trace.schema import rows_as_of
+from harness.richtext import keep_words_whole
 
 # Decision rows (a "withdraw" row, where the trace format has it, takes back a schedule).
 DECISION_KINDS = ("preempt", "encoder_plan", "schedule", "withdraw", "schedule_end", "finish")
@@ -416,7 +417,7 @@ def render_report(result: DiffResult, console: Console) -> None:
     delta = result.delta
     for key in TraceStats.FIELDS:
         table.add_row(key, _fmt(result.stats_a[key]), _fmt(result.stats_b[key]), _fmt_delta(delta[key]))
-    console.print(table)
+    console.print(keep_words_whole(table))
     d = result.first_divergence
     if d is None:
         console.print(f"[bold green]same[/]: identical events on all {result.stats_a['steps']} steps")

@@ -23,6 +23,7 @@ from harness.check import CheckResult, check_steps
 from harness.check.invariants import INVARIANTS, SAFETY_IDS
 from harness.trace.recorder import run_to_rows
 from harness.scenarios import ACTION_SCENARIOS, SCENARIOS, Scenario
+from harness.richtext import keep_words_whole
 
 #: Every scenario the self-test may run: the canonical ones, then those with
 #: actions (prefix-cache resets), which alone can kill the reset mutants.
@@ -162,7 +163,7 @@ def render_matrix(report: MutationReport, console: Console) -> None:
         table.add_row(r.mutant, r.target, r.layer, ", ".join(hits) or "-",
                       "[green]yes[/]" if r.killed else "[bold red]SURVIVED[/]",
                       ", ".join(r.safety_catches) or "- (a semantics-only fault)")
-    console.print(table)
+    console.print(keep_words_whole(table))
     console.print("times the target invariant fired per scenario; * = the run ended early "
                   "(stalled or the candidate raised)")
     if report.dirty:

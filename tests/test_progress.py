@@ -57,3 +57,26 @@ def test_piped_commands_print_no_progress_and_end_on_their_verdict() -> None:
     r = CliRunner().invoke(main, ["mutants", "--mutant", "preempt-head", "--scenario", "preemption-heavy"])
     assert "running mutants" not in r.output
     assert r.output.splitlines()[-1] == "1/1 mutants killed"
+
+
+def test_regression_piped_tables_keep_names_whole() -> None:
+    """Regression (issue 16): piped, rich assumes 80 columns and cut names in
+    tables to "preempt-kee…"; the kill matrix and the catalogue keep them whole."""
+    r = CliRunner().invoke(main, ["mutants", "--mutant", "preempt-keeps-drafts", "--scenario", "spec-decode"])
+    assert "…" not in r.output
+    assert "│ preempt-keeps-drafts │ PREEMPTED-NO-DRAFTS │" in r.output
+    r = CliRunner().invoke(main, ["invariants"])
+    assert "…" not in r.output
+    assert all(f"│ {inv} " in r.output for inv in INVARIANTS)
+
+
+def test_keep_words_whole_widens_a_table_past_a_narrow_console() -> None:
+    from rich.table import Table
+
+    from harness.richtext import keep_words_whole
+
+    table = Table("name", "note")
+    table.add_row("a-very-long-unbreakable-name", "short words wrap fine")
+    out = io.StringIO()
+    Console(file=out, width=20, soft_wrap=True).print(keep_words_whole(table))  # as the CLI's consoles
+    assert "a-very-long-unbreakable-name" in out.getvalue() and "…" not in out.getvalue()
