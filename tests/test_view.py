@@ -138,13 +138,22 @@ def test_report_against_highlights_the_first_divergence(tmp_path) -> None:
     r = CliRunner().invoke(main, ["report", str(GOLDEN / "fcfs-tight.parquet"), "--against", str(mut),
                                   "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert r.output.splitlines()[-1].endswith(f"; first divergence at step {step}")
+    assert r.output.splitlines()[-1] == (
+        f"report written to {out}: 392 steps, 60 requests; A: conformant (profile 0.33.0); B: 2 violations "
+        f"of 2 invariants: FCFS-VICTIM-TAIL ×1, PRIORITY-GIVE-BACK ×1 (profile 0.33.0); first divergence "
+        f"at step {step}")
     page = out.read_bytes()
     assert f"First divergence at step {step}</b>".encode() in page
     timeline = figure_data(page)["timeline"]
     names = [t["name"] for t in timeline["data"]]
     assert "free blocks (A)" in names and "free blocks (B)" in names
-    assert timeline["data"][-1]["x"] == [step]
+    marks = timeline["data"][-1]
+    assert marks["x"] == [step, step, step]  # B's two witnesses, then the divergence
+    assert [t.split("<br>")[0] for t in marks["text"]] == [
+        "<b>PRIORITY-GIVE-BACK</b> (B) at step 148, request r000024",
+        "<b>FCFS-VICTIM-TAIL</b> (B) at step 148, request r000024", "<b>first divergence</b> at step 148"]
+    assert b"<h2>Violations (A)</h2><p>None: every invariant holds.</p>" in page
+    assert page.count(b'<div class="violation"><b>') == 2
 
 
 def test_report_refuses_unusable_input_and_keeps_the_old_file(tmp_path) -> None:
@@ -228,7 +237,7 @@ def test_report_option_on_check_replay_and_diff(tmp_path) -> None:
     r = CliRunner().invoke(main, ["diff", golden, str(mut), "--report", str(out)])
     assert r.exit_code == 1
     assert r.output.splitlines()[-1] == "different: first divergence at step 148"
-    assert figure_data(out.read_bytes())["timeline"]["data"][-1]["x"] == [148]
+    assert figure_data(out.read_bytes())["timeline"]["data"][-1]["x"] == [148, 148, 148]  # B's two witnesses, the divergence
     out = tmp_path / "same.html"
     r = CliRunner().invoke(main, ["diff", golden, golden, "--report", str(out)])
     assert r.exit_code == 0 and b"The two runs made identical decisions." in out.read_bytes()

@@ -50,13 +50,14 @@ def derive_with_progress(trace: Trace, semantics: str = "auto", what: str = "rea
 
 
 def write_report(path: str, trace: Trace, semantics: str = "auto", *, series: Series | None = None,
-                 against: Trace | None = None, divergence: Any = "find") -> tuple[Series, Any]:
+                 against: Trace | None = None, divergence: Any = "find") -> tuple[Series, Series | None, Any]:
     """Draw the HTML report of ``trace`` (``series`` if already derived)
     into ``path`` atomically; ``against``: a second run to overlay, whose
     first divergence from ``trace`` (``harness.diff``) is highlighted unless
     ``divergence`` is given (a ``harness.view.html.Divergence``, or None:
     none). Returns
-    the series and the divergence shown. Exits 2 if the file cannot be
+    the series of ``trace`` and of ``against`` (None without) and the
+    divergence shown. Exits 2 if the file cannot be
     written or the traces are not the same workload."""
     from harness.report import report_dict
     from harness.view.html import render
@@ -76,7 +77,7 @@ def write_report(path: str, trace: Trace, semantics: str = "auto", *, series: Se
         write_atomic(path, page)
     except OSError as exc:
         _fail(f"{path}: cannot write the report ({exc.strerror or exc})")
-    return series, divergence
+    return series, b_series, divergence
 
 
 def first_divergence(a: Trace, b: Trace) -> Any:
@@ -150,11 +151,13 @@ def report(trace_path: str, against_path: str | None, output: str, semantics: st
     """
     trace = _open(trace_path)
     against = _open(against_path) if against_path else None
-    series, divergence = write_report(output, trace, semantics, against=against)
+    series, b_series, divergence = write_report(output, trace, semantics, against=against)
     line = f"report written to {output}: {len(series.steps)} steps, {len(series.requests)} requests; "
-    line += _verdict(series)
-    if against is not None:
-        line += f"; first divergence at step {divergence.step}" if divergence else "; identical decisions"
+    if b_series is None:
+        line += _verdict(series)
+    else:
+        line += f"A: {_verdict(series)}; B: {_verdict(b_series)}; "
+        line += f"first divergence at step {divergence.step}" if divergence else "identical decisions"
     console.print(line, markup=False)
 
 

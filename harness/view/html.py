@@ -72,7 +72,9 @@ def render(series: Series, summary: dict[str, Any], *, against: Series | None = 
                          f"(by arrival) are drawn.</p>")
         parts.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
                                  include_mathjax=False, config={"displaylogo": False}))
-    parts.append(_violations(series))
+    parts.append(_violations(series, "Violations" + (" (A)" if against is not None else "")))
+    if against is not None:
+        parts.append(_violations(against, "Violations (B)"))
     body = "\n".join(parts)
     page = (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_e(name)}</title><style>{_CSS}</style>\n"
@@ -196,7 +198,7 @@ def _timeline(a: Series, b: Series | None, divergence: Divergence | None) -> go.
             xs["step"].append(cols["step"])
             xs["clock_s"].append(cols["clock_s"])
     # Violations: a marker per witness on the first panel, its witness on hover.
-    marks = _marks(a, divergence)
+    marks = _marks(a, divergence, b)
     if marks:
         clock = {p.step: p.clock_s for p in a.steps}
         top = max([p.free_blocks + p.held_blocks for p in a.steps] + [1])
@@ -221,12 +223,15 @@ def _timeline(a: Series, b: Series | None, divergence: Divergence | None) -> go.
     return fig
 
 
-def _marks(series: Series, divergence: Divergence | None) -> list[tuple[int, str]]:
-    """(step, hover text) of every violation witness and of the first divergence."""
+def _marks(series: Series, divergence: Divergence | None,
+           against: Series | None = None) -> list[tuple[int, str]]:
+    """(step, hover text) of every violation witness (of both runs with
+    ``against``: B's marked "(B)") and of the first divergence."""
     out = []
-    for v in series.violations:
+    runs = [("", series)] + ([(" (B)", against)] if against is not None else [])
+    for tag, v in ((tag, v) for tag, run in runs for v in run.violations):
         inv = INVARIANTS.get(v.invariant)
-        lines = [f"<b>{_e(v.invariant)}</b> at step {v.step}"
+        lines = [f"<b>{_e(v.invariant)}</b>{tag} at step {v.step}"
                  + (f", request {_e(v.request)}" if v.request else ""), _e(v.message)]
         if inv is not None:
             lines.append(f"rule ({inv.layer}): {_e(inv.statement)}")
@@ -282,11 +287,11 @@ def _gantt(series: Series) -> go.Figure:
     return fig
 
 
-def _violations(series: Series) -> str:
+def _violations(series: Series, title: str) -> str:
     vs = series.violations
     if not vs:
-        return "<h2>Violations</h2><p>None: every invariant holds.</p>"
-    parts = ["<h2>Violations</h2>"]
+        return f"<h2>{title}</h2><p>None: every invariant holds.</p>"
+    parts = [f"<h2>{title}</h2>"]
     if series.result.num_violations > len(vs):
         parts.append(f"<p>{series.result.num_violations} in all; the first few of each invariant "
                      f"are shown.</p>")
