@@ -167,6 +167,12 @@ def test_report_refuses_unusable_input_and_keeps_the_old_file(tmp_path) -> None:
                                   str(GOLDEN / "fcfs-tight.parquet"), "-o", str(out)])
     assert r.exit_code == 2 and "not the same workload" in r.output
     assert out.read_text() == "old"
+    copy = tmp_path / "t.parquet"
+    copy.write_bytes(MUTANT_TRACE.read_bytes())
+    for args in (["report", str(copy), "-o", str(copy)], ["export", "--perfetto", str(copy), "-o", str(copy)]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2 and "it would be overwritten" in r.output
+    assert copy.read_bytes() == MUTANT_TRACE.read_bytes()
 
 
 def test_perfetto_export(mutant, tmp_path) -> None:
@@ -189,6 +195,9 @@ def test_perfetto_export(mutant, tmp_path) -> None:
     r = CliRunner().invoke(main, ["export", "--perfetto", str(MUTANT_TRACE), "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert json.loads(out.read_text()) == json.loads(json.dumps(doc))
+    again = tmp_path / "again.json"
+    CliRunner().invoke(main, ["export", "--perfetto", str(MUTANT_TRACE), "-o", str(again)])
+    assert again.read_bytes() == out.read_bytes()  # deterministic
     assert r.output.splitlines()[-1].startswith("exported 71 steps, 12 requests; 2 violations")
 
 

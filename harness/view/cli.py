@@ -10,6 +10,7 @@ verdict.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -36,6 +37,15 @@ def _open(path: str) -> Trace:
     except TraceError as exc:
         _fail(str(exc))
     raise AssertionError
+
+
+def refuse_overwriting(output: str | None, *inputs: str | None) -> None:
+    """Exit 2 if ``output`` names one of the input traces (it would be replaced)."""
+    if output is None or not Path(output).exists():
+        return
+    for source in inputs:
+        if source is not None and Path(source).exists() and Path(output).resolve() == Path(source).resolve():
+            _fail(f"{output}: the output names the input trace {source}; it would be overwritten")
 
 
 def derive_with_progress(trace: Trace, semantics: str = "auto", what: str = "reading") -> Series:
@@ -149,6 +159,7 @@ def report(trace_path: str, against_path: str | None, output: str, semantics: st
     Exit 0 once written (the last line gives the check's verdict; `harness check`
     is the gate), 2 unusable input.
     """
+    refuse_overwriting(output, trace_path, against_path)
     trace = _open(trace_path)
     against = _open(against_path) if against_path else None
     series, b_series, divergence = write_report(output, trace, semantics, against=against)
@@ -184,6 +195,7 @@ def export(trace_path: str, perfetto: bool, output: str | None, tables_dir: str 
         _fail("--perfetto needs -o FILE")
     if output and not perfetto:
         _fail("-o is the --perfetto file; add --perfetto")
+    refuse_overwriting(output, trace_path)
     trace = _open(trace_path)
     series = derive_with_progress(trace, semantics)
     written: list[str] = []
