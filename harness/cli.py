@@ -29,7 +29,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from reference.config import ConfigError
-from reference.candidate import CandidateError, CandidateFactory, CandidateRefused
+from reference.candidate import CandidateError, CandidateFactory, CandidateRefused, crash_site
 from reference.engine import check_workload_supported
 from reference.workload import WorkloadError
 from workloads.scenario import is_scenario_path, load_scenario
@@ -39,10 +39,12 @@ from harness.candidates.resolve import CandidateSpecError, resolve_candidate
 from harness.signals import HarnessGroup
 from harness.check import PROFILES, CheckResult, ProfileError, check_trace
 from harness.check.invariants import INVARIANTS
+from harness.progress import every_steps, progress
 from harness.trace.recorder import record as record_run, record_inputs, requests_ended
 from harness.replay import Divergence, replay as replay_trace
 from harness.report import render_report as render_check_report, report_dict
 from harness.trace import Trace, TraceError, open_trace
+from harness.richtext import keep_words_whole
 
 console = Console(stderr=False, highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -143,10 +145,13 @@ def main() -> None:
               help="Torch model: after recording, compare every request's tokens with a dense, "
                    "unbatched greedy forward (exit 1 on a mismatch).")
 @_step_timeout
+@click.option("--traceback", "show_traceback", is_flag=True,
+              help="When the candidate raises (its factory, or a step), print its full Python "
+                   "traceback to stderr too (the report names only the innermost file and line).")
 def record(workload: str, output: str, limit: int | None, time_scale: float, seed: int | None,
            priority_levels: int, sets: tuple[str, ...], stop_on_eos: bool, engine: str,
            model: str, device: str | None, kv_integrity: bool, verify_outputs: bool,
-           step_timeout: float) -> None:
+           step_timeout: float, show_traceback: bool) -> None:
     """Run WORKLOAD on the engine and write its step trace.
 
     WORKLOAD is an Azure LLM inference CSV, a Mooncake JSONL,
@@ -202,16 +207,26 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
             done += requests_ended(rec)
             if rec.step % 64 == 0:
                 progress.update(task, completed=done, step=rec.step)
+        crashes: list[BaseException] = []
         try:
             summary = record_run(wl, config, output, seed=seed, engine=engine,
                                  candidate_factory=factory, on_progress=on_progress,
                                  runner_factory=runner_factory,
-                                 model=runner_factory.metadata() if runner_factory else None)
+                                 model=runner_factory.metadata() if runner_factory else None,
+                                 on_crash=crashes.append)
         except CandidateError as exc:
             if isinstance(exc.__cause__, CandidateRefused):
                 # The candidate cannot run this config: unusable input, not a finding.
                 _fail(f"{engine} refused the run: {exc.__cause__} (no trace written)")
-            err.print(f"[bold red]error:[/] {engine}: {exc} (no trace written)")
+            cause = exc.__cause__ or exc
+            # Where the candidate's code raised (not the engine's own check of what a factory returned).
+            where = crash_site(cause.__traceback__)
+            where = "" if where.startswith("reference/engine.py") else f" (at {where})"
+            progress.stop()
+            if show_traceback:
+                _print_traceback(cause)
+            err.print(f"[bold red]error:[/] {engine}: {escape(str(exc))}{escape(where)} (no trace written)",
+                      soft_wrap=True)
             sys.exit(EXIT_FOUND)
         except ValueError as exc:
             if runner_factory is None:
@@ -232,10 +247,19 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
         err.print(f"[bold red]engine stalled:[/] {summary.stalled} (the trace ends there)")
         sys.exit(EXIT_FOUND)
     if summary.crashed:
+        if show_traceback and crashes:
+            _print_traceback(crashes[0].__cause__ or crashes[0])
         err.print(f"[bold red]engine crashed:[/] {engine}: {escape(summary.crashed)} "
                   f"(the trace ends there; harness check reports ENGINE-CRASH)", soft_wrap=True)
         sys.exit(EXIT_FOUND)
     sys.exit(EXIT_FOUND if found else EXIT_OK)
+
+
+def _print_traceback(exc: BaseException) -> None:
+    """The candidate's exception with its whole traceback, on stderr (``--traceback``)."""
+    import traceback
+
+    err.print("".join(traceback.format_exception(exc)).rstrip(), markup=False, highlight=False)
 
 
 def _torch_report(runner_factory: Any, output: str, kv_integrity: bool, verify_outputs: bool) -> bool:
@@ -287,9 +311,13 @@ def _open(path: str) -> Trace:
     raise AssertionError
 
 
-def _check(trace: Trace, semantics: str = "auto") -> CheckResult:
+def _check(trace: Trace, semantics: str = "auto", show_progress: bool = False) -> CheckResult:
+    """Check ``trace``, with a progress bar on a terminal when ``show_progress``."""
     try:
-        return check_trace(trace, semantics)
+        with progress(f"checking {trace.path.name}", trace.summary.get("steps"),
+                      enabled=show_progress) as update:
+            return check_trace(trace, semantics,
+                               observe=every_steps(update))
     except ProfileError as exc:
         _fail(str(exc))
     except TraceError as exc:
@@ -314,14 +342,36 @@ _SEMANTICS = click.option(
          "'safety' (none), or a profile: " + ", ".join(p for p in PROFILES if p != "safety") + ".")
 
 
+_HTML_REPORT = click.option(
+    "--report", "html_report", metavar="FILE", type=click.Path(dir_okay=False),
+    help="Also write the HTML report (as `harness report`) to FILE.")
+
+
+def _checked(trace: Trace, semantics: str, html_report: str | None,
+             as_json: bool = False) -> tuple[CheckResult, Any]:
+    """The check's result, and the report's series when --report asks for one
+    (derived in the same pass as the check)."""
+    if html_report is None:
+        return _check(trace, semantics, show_progress=not as_json), None
+    from harness.view.cli import derive_with_progress
+
+    series = derive_with_progress(trace, semantics, "checking")
+    return series.result, series
+
+
 @main.command()
 @click.argument("trace_path", metavar="TRACE")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
 @_SEMANTICS
-def check(trace_path: str, as_json: bool, semantics: str) -> None:
+@_HTML_REPORT
+def check(trace_path: str, as_json: bool, semantics: str, html_report: str | None) -> None:
     """Check every invariant of TRACE from the trace alone."""
     trace = _open(trace_path)
-    result = _check(trace, semantics)
+    result, series = _checked(trace, semantics, html_report, as_json)
+    if html_report is not None:
+        from harness.view.cli import write_report
+
+        write_report(html_report, trace, semantics, series=series)
     _report(result, None, as_json, trace)
     sys.exit(EXIT_OK if result.ok else EXIT_FOUND)
 
@@ -334,19 +384,27 @@ def check(trace_path: str, as_json: bool, semantics: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
 @_SEMANTICS
 @_step_timeout
-def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_timeout: float) -> None:
+@_HTML_REPORT
+def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_timeout: float,
+           html_report: str | None) -> None:
     """Check TRACE, then re-drive CANDIDATE with its inputs and compare decisions step by step."""
     factory = _candidate(candidate, step_timeout)
     trace = _open(trace_path)
-    result = _check(trace, semantics)
+    result, series = _checked(trace, semantics, html_report, as_json)
     try:
-        divergence, compared = replay_trace(trace, factory)
+        with progress(f"replaying {trace.path.name} on {candidate}", trace.summary.get("steps"),
+                      enabled=not as_json) as update:
+            divergence, compared = replay_trace(trace, factory, on_step=every_steps(update))
     except TraceError as exc:
         _fail(str(exc))
     except CandidateRefused as exc:
         _fail(f"{candidate} cannot replay {trace.path}: {exc}")
     except ConfigError as exc:
         _fail(f"{trace.path}: bad config in trace metadata: {exc}")
+    if html_report is not None:
+        from harness.view.cli import divergence_of_replay, write_report
+
+        write_report(html_report, trace, semantics, series=series, divergence=divergence_of_replay(divergence))
     _report(result, divergence, as_json, trace,
             {"candidate": candidate, "replayed_steps": compared})
     sys.exit(EXIT_OK if result.ok and divergence is None else EXIT_FOUND)
@@ -374,14 +432,17 @@ def invariants(layer: str | None, why: bool, as_json: bool) -> None:
         column.no_wrap = True  # ids and layers whole, so they can be grepped
     for inv in chosen:
         table.add_row(inv.id, inv.layer, inv.spec, inv.why if why else inv.statement)
-    console.print(table)
+    console.print(keep_words_whole(table))
+    safety = sum(inv.layer == "safety" for inv in chosen)
+    console.print(f"{len(chosen)} invariants: {safety} safety, {len(chosen) - safety} semantics")
 
 
 @main.command()
 @click.argument("trace_a", metavar="A")
 @click.argument("trace_b", metavar="B")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
-def diff(trace_a: str, trace_b: str, as_json: bool) -> None:
+@_HTML_REPORT
+def diff(trace_a: str, trace_b: str, as_json: bool, html_report: str | None) -> None:
     """Compare two traces of the same workload step by step (A: expected, B: actual).
 
     Reports config differences, the first divergent step and summary deltas.
@@ -391,9 +452,15 @@ def diff(trace_a: str, trace_b: str, as_json: bool) -> None:
 
     a, b = _open(trace_a), _open(trace_b)
     try:
-        result = diff_traces(a, b)
+        with progress(f"comparing {a.path.name} and {b.path.name}",
+                      max(a.summary.get("steps", 0), b.summary.get("steps", 0)), enabled=not as_json) as update:
+            result = diff_traces(a, b, on_step=every_steps(update))
     except TraceError as exc:
         _fail(str(exc))
+    if html_report is not None:
+        from harness.view.cli import divergence_of_diff, write_report
+
+        write_report(html_report, a, against=b, divergence=divergence_of_diff(result))
     if as_json:
         click.echo(json.dumps(result.to_dict(), default=str))
     else:
@@ -468,11 +535,13 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float) -> None:
     from rich.markup import escape
 
     from harness.golden import DEFAULT_DIR, GoldenError, check_goldens
+    from harness.scenarios import SCENARIOS
 
     golden_dir = golden_dir or str(DEFAULT_DIR)
     factory = _candidate(candidate, step_timeout)
     try:
-        results = check_goldens(golden_dir, factory)
+        with progress(f"checking goldens on {candidate}", len(SCENARIOS)) as update:
+            results = check_goldens(golden_dir, factory, on_result=lambda r: update(advance=1))
     except GoldenError as exc:
         _fail(str(exc))
     width = max(len(r.scenario) for r in results)
@@ -527,6 +596,11 @@ def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool) -> None:
                       f"{c.scenario:<{width}}{first}".rstrip())
         for line in c.details[1:]:
             console.print(f"          {' ' * width}  {escape(line)}")
+    counts: dict[str, int] = {}
+    for c in changes:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    console.print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "nothing to update",
+                  markup=False)
     sys.exit(EXIT_FOUND if any(c.status == "refused" for c in changes) else EXIT_OK)
 
 
@@ -558,7 +632,12 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
     for name in scenario_names:
         if name not in MUTATION_SCENARIOS:
             raise click.BadParameter(f"unknown scenario {name!r}", param_hint="--scenario")
-    report = run_mutation(list(mutant_names) or None, list(scenario_names) or None)
+    chosen = list(mutant_names) or list(MUTANTS_AND_TARGETS)
+    scenarios = list(scenario_names) or list(MUTATION_SCENARIOS)
+    with progress("running mutants", (len(chosen) + 1) * len(scenarios), enabled=not as_json) as update:
+        def on_cell(mutant: str, scenario: str) -> None:
+            update(advance=1, description=f"running mutants: {mutant} on {scenario}")
+        report = run_mutation(list(mutant_names) or None, list(scenario_names) or None, on_cell=on_cell)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
@@ -579,13 +658,17 @@ def vllm_env(version: str, force: bool) -> None:
     from harness.candidates.vllm.env import VLLMEnvError, ensure_env
 
     try:
-        python = ensure_env(version, log=lambda line: err.print(f"[dim]vllm-env:[/] {escape(line)}"),
-                            force=force)
+        with progress(f"vLLM {version} env", None) as update:
+            def log(line: str) -> None:
+                err.print(f"[dim]vllm-env:[/] {escape(line)}")
+                update(description=f"vLLM {version} env: {line}")
+            python = ensure_env(version, log=log, force=force)
     except VLLMEnvError as exc:
         _fail(str(exc))
     except OSError as exc:
         _fail(f"cannot build the vLLM {version} env: {exc}")
-    console.print(str(python))
+    # The verdict, ending on the env's Python (scripts take the last word).
+    console.print(f"vLLM {version} env ready: {python}", markup=False)
 
 
 class _Workers(click.ParamType):
@@ -711,6 +794,8 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
         sys.exit(EXIT_OK)
     witnesses = write_witnesses(out_dir, candidate, factory, result)
     render_witnesses(result, witnesses, console)
+    console.print(f"found: {len(witnesses)} witness{'es' * (len(witnesses) != 1)} written to {out_dir}",
+                  style="bold red", markup=False)
     sys.exit(EXIT_FOUND)
 
 
@@ -719,6 +804,10 @@ from harness.salvage_cli import salvage_cmd  # noqa: E402
 
 main.add_command(salvage_cmd)
 
+# `harness report` and `harness export` live with the views (harness/view/cli.py).
+from harness.view.cli import register as _register_views  # noqa: E402
+
+_register_views(main)
 
 if __name__ == "__main__":
     main(prog_name="harness")

@@ -26,6 +26,7 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from itertools import zip_longest
+from collections.abc import Callable
 from typing import Any
 
 from deepdiff import DeepDiff
@@ -38,6 +39,7 @@ from harness.trace.recorder import Row
 from harness.replay import first_difference
 from harness.trace import SCHEMA_VERSION, Trace, TraceError
 from harness.trace.schema import rows_as_of
+from harness.richtext import keep_words_whole
 
 # Decision rows (a "withdraw" row, where the trace format has it, takes back a schedule).
 DECISION_KINDS = ("preempt", "encoder_plan", "schedule", "withdraw", "schedule_end", "finish")
@@ -316,8 +318,9 @@ def _schedule_end(rows: list[Row] | None) -> Row | None:
     return next((r for r in rows or () if r["kind"] == "schedule_end"), None)
 
 
-def diff_traces(a: Trace, b: Trace) -> DiffResult:
-    """Stream both traces step by step; see the module docstring.
+def diff_traces(a: Trace, b: Trace, on_step: Callable[[int], object] | None = None) -> DiffResult:
+    """Stream both traces step by step; see the module docstring
+    (``on_step(i)`` after the i-th pair of steps: progress).
 
     Raises WorkloadMismatch (not the same workload) or TraceError (a trace
     turned out unreadable while streaming).
@@ -330,7 +333,9 @@ def diff_traces(a: Trace, b: Trace) -> DiffResult:
     prev_b: list[Row] | None = None
     # Traces of two schema versions compare in what the older one records.
     version = min(t.meta.get("schema_version", SCHEMA_VERSION) for t in (a, b))
-    for item_a, item_b in zip_longest(a.iter_steps(), b.iter_steps()):
+    for i, (item_a, item_b) in enumerate(zip_longest(a.iter_steps(), b.iter_steps())):
+        if on_step is not None:
+            on_step(i)
         if item_a is not None:
             stats_a.add_step(*item_a)
             req_a.add_step(item_a[1])
@@ -412,7 +417,7 @@ def render_report(result: DiffResult, console: Console) -> None:
     delta = result.delta
     for key in TraceStats.FIELDS:
         table.add_row(key, _fmt(result.stats_a[key]), _fmt(result.stats_b[key]), _fmt_delta(delta[key]))
-    console.print(table)
+    console.print(keep_words_whole(table))
     d = result.first_divergence
     if d is None:
         console.print(f"[bold green]same[/]: identical events on all {result.stats_a['steps']} steps")

@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -241,8 +241,10 @@ def _check_summary(result: CheckResult) -> str:
 # ---------------------------------------------------------------- check
 
 def check_goldens(directory: str | os.PathLike[str],
-                  candidate_factory: CandidateFactory = Scheduler) -> list[GoldenResult]:
-    """Check every scenario's golden in ``directory`` (see the module docstring).
+                  candidate_factory: CandidateFactory = Scheduler,
+                  on_result: Callable[[GoldenResult], object] | None = None) -> list[GoldenResult]:
+    """Check every scenario's golden in ``directory`` (see the module docstring;
+    ``on_result`` sees each scenario's result as it comes: progress).
 
     One result per scenario in ``SCENARIOS`` order, then one per unused
     golden file or manifest entry (sorted). Raises GoldenError when the
@@ -250,8 +252,11 @@ def check_goldens(directory: str | os.PathLike[str],
     """
     directory = Path(directory)
     entries = read_manifest(directory)
-    results = [_check_one(directory, scenario, entries.get(name), candidate_factory)
-               for name, scenario in SCENARIOS.items()]
+    results = []
+    for name, scenario in SCENARIOS.items():
+        results.append(_check_one(directory, scenario, entries.get(name), candidate_factory))
+        if on_result is not None:
+            on_result(results[-1])
     files = {p.name[:-len(SUFFIX)] for p in directory.glob(f"*{SUFFIX}") if not p.name.startswith(".")}
     for name in sorted((files | set(entries)) - set(SCENARIOS)):
         where = [w for w, present in (("file", name in files), ("manifest entry", name in entries))

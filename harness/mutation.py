@@ -8,6 +8,7 @@ violate nothing anywhere. This is what proves each checker can fire.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -22,6 +23,7 @@ from harness.check import CheckResult, check_steps
 from harness.check.invariants import INVARIANTS, SAFETY_IDS
 from harness.trace.recorder import run_to_rows
 from harness.scenarios import ACTION_SCENARIOS, SCENARIOS, Scenario
+from harness.richtext import keep_words_whole
 
 #: Every scenario the self-test may run: the canonical ones, then those with
 #: actions (prefix-cache resets), which alone can kill the reset mutants.
@@ -75,9 +77,10 @@ def run_candidate(factory: CandidateFactory, scenario: Scenario) -> Cell:
     return Cell(check_steps(scenario.engine_config().to_dict(), steps), ended)
 
 
-def kill_matrix(mutants: list[str] | None = None,
-                scenarios: list[str] | None = None) -> list[MatrixRow]:
-    """Rows in ``MUTANTS_AND_TARGETS`` order. KeyError for an unknown name."""
+def kill_matrix(mutants: list[str] | None = None, scenarios: list[str] | None = None,
+                on_cell: Callable[[str, str], object] | None = None) -> list[MatrixRow]:
+    """Rows in ``MUTANTS_AND_TARGETS`` order (``on_cell(mutant, scenario)``
+    after each run: progress). KeyError for an unknown name."""
     names = mutants or list(MUTANTS_AND_TARGETS)
     chosen = [MUTATION_SCENARIOS[s] for s in (scenarios or MUTATION_SCENARIOS)]
     rows = []
@@ -86,6 +89,8 @@ def kill_matrix(mutants: list[str] | None = None,
         row = MatrixRow(name, target)
         for sc in chosen:
             row.cells[sc.name] = run_candidate(cls, sc)
+            if on_cell is not None:
+                on_cell(name, sc.name)
         rows.append(row)
     return rows
 
@@ -125,13 +130,19 @@ class MutationReport:
                                             for s, c in r.cells.items()}} for r in self.rows}}
 
 
-def run_mutation(mutants: list[str] | None = None, scenarios: list[str] | None = None) -> MutationReport:
+def run_mutation(mutants: list[str] | None = None, scenarios: list[str] | None = None,
+                 on_cell: Callable[[str, str], object] | None = None) -> MutationReport:
     """Run the clean reference and then every mutant (``kill_matrix``) on
     every scenario (all of ``MUTANTS_AND_TARGETS`` / ``MUTATION_SCENARIOS``
-    when None). KeyError for an unknown name."""
+    when None); ``on_cell(mutant, scenario)`` after each run ("reference"
+    for the clean runs). KeyError for an unknown name."""
     scenario_list = scenarios or list(MUTATION_SCENARIOS)
-    clean = {s: run_candidate(Scheduler, MUTATION_SCENARIOS[s]) for s in scenario_list}
-    return MutationReport(scenario_list, clean, kill_matrix(mutants or None, scenario_list))
+    clean = {}
+    for s in scenario_list:
+        clean[s] = run_candidate(Scheduler, MUTATION_SCENARIOS[s])
+        if on_cell is not None:
+            on_cell("reference", s)
+    return MutationReport(scenario_list, clean, kill_matrix(mutants or None, scenario_list, on_cell))
 
 
 def render_matrix(report: MutationReport, console: Console) -> None:
@@ -152,7 +163,7 @@ def render_matrix(report: MutationReport, console: Console) -> None:
         table.add_row(r.mutant, r.target, r.layer, ", ".join(hits) or "-",
                       "[green]yes[/]" if r.killed else "[bold red]SURVIVED[/]",
                       ", ".join(r.safety_catches) or "- (a semantics-only fault)")
-    console.print(table)
+    console.print(keep_words_whole(table))
     console.print("times the target invariant fired per scenario; * = the run ended early "
                   "(stalled or the candidate raised)")
     if report.dirty:

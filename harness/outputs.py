@@ -203,8 +203,11 @@ def render_outputs(report: OutputReport, console: Console) -> bool:
         console.print(f"[bold green]outputs: {report.requests} requests, {report.tokens} tokens, all "
                       f"equal to a dense unbatched forward[/]")
         return False
-    console.print(f"[bold red]outputs: {len(report.mismatches)} of {report.requests} requests differ "
-                  f"from a dense unbatched forward[/] ({report.tokens} tokens compared)")
+    verdict = (f"outputs: {len(report.mismatches)} of {report.requests} requests differ "
+               f"from a dense unbatched forward")
+    console.print(f"[bold red]{verdict}[/] ({report.tokens} tokens compared)")
     for m in report.mismatches[:5]:
         console.print("  " + escape(m.describe()))
+    if report.mismatches:
+        console.print(verdict, style="bold red", markup=False)  # the verdict again, last
     return True

@@ -24,6 +24,23 @@ import pytest
 from harness.golden import DEFAULT_DIR as DEFAULT_GOLDEN_DIR  # noqa: E402
 
 
+#: The conformance suite's module, and the file part its node ids always carry.
+CONFORMANCE_FILE = Path(__file__).resolve().parent / "conformance.py"
+CONFORMANCE_NODEID = "harness/conformance.py"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    """Collect the conformance suite under the node id ``harness/conformance.py``
+    wherever it is installed: run with ``--pyargs`` from a project whose
+    rootdir does not contain site-packages, pytest would give its tests node
+    ids without a file part (``::test_golden[fcfs-tight]``), which
+    ``--deselect``, ``-k`` reports and CI annotations cannot point at."""
+    if Path(module_path).resolve() != CONFORMANCE_FILE:
+        return None
+    return pytest.Module.from_parent(parent, path=Path(module_path), nodeid=CONFORMANCE_NODEID)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("sched-harness", "scheduler conformance (sched-harness)")
     group.addoption("--harness-candidate", default="reference", metavar="SPEC",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from itertools import zip_longest
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -148,8 +149,10 @@ def _brief(row: Row | None) -> str | None:
     return f"{row.get('kind')} {row.get('request_id') or ''}".strip()
 
 
-def replay(trace: Trace, candidate_factory: CandidateFactory) -> tuple[Divergence | None, int]:
-    """Re-drive ``candidate_factory`` with the trace's inputs.
+def replay(trace: Trace, candidate_factory: CandidateFactory,
+           on_step: Callable[[int], object] | None = None) -> tuple[Divergence | None, int]:
+    """Re-drive ``candidate_factory`` with the trace's inputs (``on_step(step)``
+    after each step compared: progress).
 
     Returns (first divergence or None, number of steps compared). A candidate
     that stalls or raises diverges at the step where it did: a crash as field
@@ -178,6 +181,8 @@ def replay(trace: Trace, candidate_factory: CandidateFactory) -> tuple[Divergenc
         # An older trace records less: compare what it records.
         found = first_difference(step, expected, rows_as_of(version, rows))
         compared += 1
+        if on_step is not None:
+            on_step(step)
         if found is not None:
             raise _Diverged(_as_crash(found, rows))
 

@@ -19,6 +19,7 @@ from harness.check import MAX_PER_INVARIANT, CheckResult
 from harness.check.invariants import INVARIANTS
 from harness.replay import Divergence
 from harness.trace import Trace
+from harness.richtext import keep_words_whole
 
 
 def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace,
@@ -72,7 +73,7 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
         rows.append(("remote KV loads (failed)", f"{result.remote_kv_loads} ({result.failed_kv_loads})"))
     for label, value in rows:
         table.add_row(label, str(value))
-    console.print(table)
+    console.print(keep_words_whole(table))
     for note in result.notes:
         console.print(f"[yellow]note[/] {escape(note)}")
     for v in result.violations:

@@ -444,3 +444,54 @@ def test_regression_a_candidate_returning_the_wrong_thing_is_one_line_not_a_trac
         assert out_path.exists() == (factory != "factory_none")
     finally:
         sys.modules.pop("badcands", None)
+
+
+RAISING = '''
+from reference.scheduler import Scheduler
+
+
+def raising_factory(config):
+    raise ValueError("bad factory config")
+
+
+class _Boom(Scheduler):
+    def schedule(self):
+        return _helper()
+
+
+def _helper():
+    raise RuntimeError("boom in schedule")
+
+
+def boom(config):
+    return _Boom(config)
+'''
+
+
+@pytest.mark.parametrize("factory, last, frames", [
+    ("raising_factory", "error: raisecands:raising_factory: candidate raised ValueError at step 0: bad factory "
+                        "config (at raisecands.py:6) (no trace written)", ["raising_factory"]),
+    ("boom", "engine crashed: raisecands:boom: candidate raised RuntimeError in schedule() at step 0: boom in "
+             "schedule (at raisecands.py:15) (the trace ends there; harness check reports ENGINE-CRASH)",
+     ["schedule", "_helper"]),
+])
+def test_regression_a_candidate_exception_names_its_file_and_line_and_traceback_shows_it_all(
+        tmp_path, monkeypatch, factory: str, last: str, frames: list[str]) -> None:
+    """Regression (issue 16): a factory's exception was reported without file
+    and line; `--traceback` prints the candidate's whole traceback, and
+    without it no traceback is printed."""
+    (tmp_path / "raisecands.py").write_text(RAISING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        args = ("record", REPO / "harness/scenarios/fcfs-tight.toml", "--engine", f"raisecands:{factory}",
+                "-o", tmp_path / "t.parquet")
+        rc, out = run(*args)
+        assert (rc, out.splitlines()[-1]) == (1, last)
+        assert "Traceback" not in out
+        rc, out = run(*args, "--traceback")
+        assert (rc, out.splitlines()[-1]) == (1, last)
+        assert "Traceback (most recent call last):" in out
+        for name in frames:
+            assert f'raisecands.py", line' in out and f"in {name}" in out
+    finally:
+        sys.modules.pop("raisecands", None)

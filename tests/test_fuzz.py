@@ -986,3 +986,59 @@ def test_regression_the_replay_hint_keeps_pythonpath_for_a_user_candidate(monkey
     assert _pythonpath_prefix("reference") == ""
     monkeypatch.delenv("PYTHONPATH")
     assert _pythonpath_prefix("mysched.core:make") == ""
+
+
+def test_regression_time_budget_overshoot_no_calls_after_the_stop(monkeypatch):
+    """Regression (issue 16): the stop at the end of --time-budget was an
+    Exception, which hypothesis took for a failure and shrank, calling the
+    property again and again after the budget was spent (about 1 s over
+    here). On a fake clock that advances 1 s per example, a 2.5 s budget
+    runs exactly 3 examples and reads the clock once more (the elapsed
+    time), nothing after."""
+    import harness.fuzz.run as run_module
+
+    clock = {"t": 0.0, "reads": 0, "stopped_at": None}
+
+    class FakeTime:
+        @staticmethod
+        def monotonic() -> float:
+            clock["reads"] += 1
+            if clock["t"] > 2.5 and clock["stopped_at"] is None:
+                clock["stopped_at"] = clock["reads"]
+            return clock["t"]
+
+    def one_second_example(factory, case):
+        clock["t"] += 1.0
+        return None
+
+    monkeypatch.setattr(run_module, "time", FakeTime)
+    monkeypatch.setattr(run_module, "evaluate", one_second_example)
+    result = run_module.fuzz(None, max_examples=1000, seed=0, time_budget_s=2.5)
+    assert (result.examples, result.budget_exhausted, result.elapsed_s) == (3, True, 3.0)
+    assert clock["reads"] - clock["stopped_at"] == 1
+
+
+def test_regression_time_budget_counts_a_spawned_workers_start_up(monkeypatch):
+    """Regression (issue 16): each spawned worker got the whole budget from
+    its own start, after its imports (a 5 s budget on 2 workers took 12 s);
+    it now gets what is left of the run's deadline."""
+    import queue
+    import time
+
+    import harness.fuzz.parallel as parallel
+
+    seen = {}
+
+    def fake_fuzz(factory, *, time_budget_s, **kwargs):
+        seen["budget"] = time_budget_s
+        return parallel.FuzzResult(0, 0.0, budget_exhausted=True)
+
+    monkeypatch.setattr(parallel, "fuzz", fake_fuzz)
+    q = queue.Queue()
+    parallel._fuzz_worker("reference", 0, 0, 10, time.time() + 10.0, q)
+    assert 9.0 < seen["budget"] <= 10.0
+    parallel._fuzz_worker("reference", 0, 0, 10, time.time() - 5.0, q)
+    assert seen["budget"] == 0.0
+    parallel._fuzz_worker("reference", 0, 0, 10, None, q)
+    assert seen["budget"] is None
+    assert [m[0] for m in (q.get(), q.get(), q.get())] == ["done", "done", "done"]

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("reference", "workloads", "harness")
 # The tool modules: each is one command or plugin over the layers below it.
 TOOLS = ("harness.cli", "harness.fuzz", "harness.golden", "harness.mutation", "harness.replay", "harness.diff",
-         "harness.conformance", "harness.pytest_plugin", "harness.outputs")
+         "harness.conformance", "harness.pytest_plugin", "harness.outputs", "harness.view")
 
 # importer prefix -> imported prefixes it must never import.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
@@ -41,7 +41,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 
 # Folders and where their one paragraph lives.
 FOLDERS = ("reference", "reference/runners", "workloads", "harness", "harness/trace", "harness/check",
-           "harness/candidates", "harness/candidates/vllm", "tests", "bench", "golden", "traces", "docs")
+           "harness/candidates", "harness/candidates/vllm", "harness/view", "tests", "bench", "golden", "traces", "docs")
 
 
 def _module_name(path: Path) -> str:

@@ -57,3 +57,19 @@ def test_missing_golden_folder_fails_instead_of_skipping(pytester: pytest.Pytest
     result.assert_outcomes(errors=N + 1, deselected=N)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([f"*no golden folder at {tmp_path / 'none'}*"])
+
+
+def test_regression_node_ids_have_a_file_part(pytester: pytest.Pytester) -> None:
+    """Regression (issue 16): run from a project whose rootdir does not hold
+    the installed suite, the node ids had no file part
+    (``::test_golden[fcfs-tight]``), so ``--deselect`` could not name one."""
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "--co", "-q",
+                                           "-p", "no:cacheprovider")
+    ids = [line for line in result.stdout.lines if "::" in line]
+    assert len(ids) == 2 * N + 1
+    assert ids[0] == f"harness/conformance.py::test_invariants[{sorted(SCENARIOS)[0]}]"
+    assert all(i.startswith("harness/conformance.py::") for i in ids)
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "--co", "-q", "-p",
+                                           "no:cacheprovider", "--deselect",
+                                           "harness/conformance.py::test_golden[fcfs-tight]")
+    result.stdout.fnmatch_lines([f"{2 * N}/{2 * N + 1} tests collected (1 deselected)*"])

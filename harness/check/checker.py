@@ -18,8 +18,7 @@ by side; the checks themselves are in the family modules.
 from __future__ import annotations
 
 from array import array
-
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from harness.check import (
@@ -670,16 +669,17 @@ class TraceChecker(TraceModel):
         return self.result
 
 
-def check_trace(trace: Trace, semantics: str = "auto") -> CheckResult:
+def check_trace(trace: Trace, semantics: str = "auto", *, observe: Observer | None = None) -> CheckResult:
     """Check ``trace`` under the profile ``semantics`` names (``auto``: from
     its metadata; ``safety``; a profile name, ``harness.check.profiles``).
     The result says which profile ran and why, and (``notes``) what its
-    schema version cannot show. Raises ProfileError for an unknown name,
-    TraceError for an unreadable trace."""
+    schema version cannot show. ``observe``: see ``check_steps``. Raises
+    ProfileError for an unknown name, TraceError for an unreadable trace."""
     profile, reason = resolve_profile(semantics, trace.meta)
     salvaged = trace.summary.get("salvaged")
     result = check_steps(trace.meta["config"], trace.iter_steps(), profile,
-                         schema_version=trace.meta.get("schema_version"), truncated=salvaged is not None)
+                         schema_version=trace.meta.get("schema_version"), truncated=salvaged is not None,
+                         observe=observe)
     result.profile_reason = reason
     if salvaged is not None:
         result.notes.append(f"{salvaged}: LIVENESS and the end-of-trace checks not run")
@@ -699,9 +699,15 @@ def unobserved_notes(schema_version: int | None) -> list[str]:
             for inv, (part, why) in family.NEEDS_OBSERVED.items()]
 
 
+#: Called after each step is checked with (step, its rows, the per-rank
+#: checkers, rank 0 first): what the shadow state holds then (the report's
+#: series read block ownership and cached content from it; harness.view).
+Observer = Callable[[int, list[dict[str, Any]], list[TraceChecker]], None]
+
+
 def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
                 profile: Profile | None = None, *, schema_version: int | None = None,
-                truncated: bool = False) -> CheckResult:
+                truncated: bool = False, observe: Observer | None = None) -> CheckResult:
     """Run every invariant ``profile`` checks (default: the reference's,
     every rule of the vLLM version it mirrors) over ``steps`` (as yielded by
     ``Trace.iter_steps``; ``schema_version``: the trace's, for the notes on
@@ -715,25 +721,29 @@ def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str
     which are then not violations but not checked either. ``truncated``:
     the rows end where the run was cut off (a salvaged trace,
     ``harness.trace.salvage``): as after a crash, the requests still live
-    at the end are not LIVENESS findings.
+    at the end are not LIVENESS findings. ``observe`` (optional) sees the
+    shadow state after every step; it must not change it.
     """
     profile = profile if profile is not None else reference_profile()
     # A trace known to record what each step leaves behind (rows made in
     # memory, schema_version None, are the recorder's own: nothing to doubt).
     observed = schema_version is not None and schema_version >= OBSERVED_SINCE
-    result = _check_steps(config, steps, profile, observed, truncated)
+    result = _check_steps(config, steps, profile, observed, truncated, observe)
     result.profile = profile.name
     result.notes += unobserved_notes(schema_version)
     return result
 
 
 def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
-                 profile: Profile, observed: bool, truncated: bool = False) -> CheckResult:
+                 profile: Profile, observed: bool, truncated: bool = False,
+                 observe: Observer | None = None) -> CheckResult:
     dp = config.get("data_parallel_size", 1)
     if dp == 1:
         checker = TraceChecker(config, profile, observed=observed)
         for step, events in steps:
             checker.check_step(step, events)
+            if observe is not None:
+                observe(step, events, [checker])
         # A run cut off (salvaged) ended like a crashed one: no end-of-run findings.
         checker.crashed = checker.crashed or truncated
         return checker.finish()
@@ -753,6 +763,8 @@ def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[st
         for rank, rank_events in sorted(by_rank.items()):
             if data_parallel.check_rank(routing, rank, dp):
                 checkers[rank].check_step(step, rank_events)
+        if observe is not None:
+            observe(step, events, checkers)
     # A crash on one rank ends every rank's run: none reports LIVENESS for it.
     crashed = truncated or any(c.crashed for c in checkers)
     for checker in checkers:

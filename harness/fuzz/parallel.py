@@ -145,10 +145,14 @@ class ParallelFuzzResult:
                                          w.worker))
 
 
-def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, time_budget_s: float | None,
+def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline: float | None,
                  queue: Any, skip_known: bool = False, base: FuzzCase | None = None,
                  async_spec: bool = False, step_timeout: float | None = None) -> None:
     """Body of one worker process (top level, so ``spawn`` can import it).
+
+    ``deadline``: the wall-clock time (``time.time()``) at which the run's
+    time budget ends, or None; the worker's own budget is what is left of it
+    once it has started (its start-up is part of the budget).
 
     Resolves ``spec`` itself (factories need not pickle), runs ``fuzz`` and
     puts on ``queue``: ``("progress", worker, n, shrinking)`` at most every
@@ -168,6 +172,7 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, time_budg
                 last["t"], last["shrinking"] = now, shrinking
                 queue.put(("progress", worker, n, shrinking))
 
+        time_budget_s = None if deadline is None else max(0.0, deadline - time.time())
         result = fuzz(factory, max_examples=max_examples, seed=seed, time_budget_s=time_budget_s,
                       on_example=on_example, known=known_reference_finding if skip_known else None,
                       base=base, async_spec=async_spec)
@@ -189,8 +194,10 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     ``module:factory``, ...) on ``workers`` processes.
 
     Worker i runs ``fuzz`` with hypothesis seed ``worker_seed(seed, i)`` on its
-    ``split_examples(max_examples, workers)`` share, each with the whole
-    ``time_budget_s`` (seconds of wall time); at most ``max_examples``
+    ``split_examples(max_examples, workers)`` share, all within
+    ``time_budget_s`` (seconds of wall time from this call: a spawned
+    worker's start-up counts, so the run ends near the budget, not a
+    start-up later; regression, issue 16); at most ``max_examples``
     workers are used. Every worker runs to its own end (its first failure,
     shrunk, or its share), so without a time budget the result depends only
     on (spec, workers, max_examples, seed). One worker runs in this process;
@@ -232,10 +239,11 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
         return ParallelFuzzResult(seed, [WorkerResult(0, seeds[0], shares[0], result)],
                                   time.monotonic() - start)
 
+    deadline = None if time_budget_s is None else time.time() + time_budget_s
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_fuzz_worker, name=f"harness-fuzz-{i}", daemon=True,
-                         args=(spec, i, seeds[i], shares[i], time_budget_s, queue, skip_known, base,
+                         args=(spec, i, seeds[i], shares[i], deadline, queue, skip_known, base,
                                async_spec, step_timeout))
              for i in range(len(shares))]
     results: dict[int, FuzzResult] = {}

@@ -178,8 +178,13 @@ def known_reference_finding(case: FuzzCase, failure: Failure) -> str | None:
 
 # ----------------------------------------------------------------- the search
 
-class _StopFuzz(Exception):
-    """Raised inside the property to end generation when the time budget is spent."""
+class _StopFuzz(BaseException):
+    """Raised inside the property to end generation when the time budget is spent.
+
+    A BaseException, not an Exception: hypothesis takes an Exception for a
+    failure and shrinks it, calling the property again and again after the
+    budget was spent (the ``--time-budget`` overshoot, issue 16); a
+    BaseException (like KeyboardInterrupt) leaves it at once."""
 
 
 class _Found(AssertionError):

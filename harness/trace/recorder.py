@@ -270,7 +270,8 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
            engine: str = "reference", candidate_factory: CandidateFactory = Scheduler,
            on_progress: Callable[[StepRecord], None] | None = None,
            runner_factory: RunnerFactory | None = None,
-           model: dict[str, Any] | None = None) -> EngineSummary:
+           model: dict[str, Any] | None = None,
+           on_crash: Callable[[BaseException], None] | None = None) -> EngineSummary:
     """Run ``workload`` on the engine and write the trace to ``out_path``.
 
     The file appears only when the run completes (temp file + rename); on any
@@ -283,7 +284,8 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
     (also in the footer) and ``harness check`` reports ENGINE-CRASH; a
     factory that raises (CandidateError) writes nothing. ``runner_factory`` (e.g. the
     torch runner's) replaces the scripted model; ``model`` describes it in
-    the metadata.
+    the metadata. ``on_crash`` (optional) is handed the CandidateCrash (its
+    ``__cause__`` the candidate's own exception: ``harness record --traceback``).
     """
     meta = trace_metadata(workload, config, seed, engine, model)
     engine_obj = Engine(config, seed=seed, candidate_factory=candidate_factory,
@@ -301,6 +303,8 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
         except CandidateCrash as exc:
             summary = engine_obj.summary
             summary.crashed = writer.crashed = str(exc)
+            if on_crash is not None:
+                on_crash(exc)
     return summary
 
 
