@@ -163,6 +163,42 @@ class DriverError(Exception):
     """A request the driver cannot honour (bad op, unsupported config, ...)."""
 
 
+class SchedulerClassError(Exception):
+    """The ``scheduler_cls`` of ``init`` cannot be used: its module does not
+    import, it is not a subclass of vLLM's ``Scheduler`` (the hooks need its
+    internals), or its ``__init__`` raised. The harness reports it in one line."""
+
+
+def load_scheduler_class(name: str, base: type) -> type:
+    """``module:Class`` (or vLLM's dotted ``module.Class``) imported from this
+    process's ``sys.path`` (the caller's ``PYTHONPATH``), as vLLM's
+    ``SchedulerConfig.get_scheduler_cls`` resolves ``scheduler_cls`` with
+    ``resolve_obj_by_qualname``. Raises SchedulerClassError (one line) when the
+    module does not import, lacks the attribute, or it is not a subclass of
+    ``base`` (vLLM's ``vllm.v1.core.sched.scheduler.Scheduler``)."""
+    import importlib
+
+    module_name, sep, attr = name.partition(":")
+    if not sep:
+        module_name, _, attr = name.rpartition(".")
+    try:
+        obj = importlib.import_module(module_name)
+    except BaseException as exc:  # an import can fail in any way, SystemExit included
+        raise SchedulerClassError(f"scheduler_cls {name}: module {module_name!r} does not import: "
+                                  f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise SchedulerClassError(f"scheduler_cls {name}: module {module_name!r} has no "
+                                      f"attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, type) or not issubclass(obj, base):
+        what = f"class {obj.__module__}.{obj.__qualname__}" if isinstance(obj, type) else \
+            f"a {type(obj).__name__}"
+        raise SchedulerClassError(f"scheduler_cls {name} is {what}, not a subclass of "
+                                  f"vllm.v1.core.sched.scheduler.Scheduler")
+    return obj
+
+
 # The hooks and the normalisation are shared with the recording scheduler.
 NormalisationError = ev.NormalisationError
 
@@ -386,8 +422,14 @@ class Driver:
         platforms._current_platform = CpuPlatform()
 
     # -- init -----------------------------------------------------------------
-    def init(self, config: dict, seed: int) -> dict:
+    def init(self, config: dict, seed: int, scheduler_cls: str | None = None) -> dict:
+        """Build the scheduler for ``config`` (an EngineConfig dict); with
+        ``scheduler_cls`` (``module:Class``) that Scheduler subclass instead of
+        vLLM's (SchedulerClassError if unusable). DriverError: a config this
+        vLLM cannot express, one option per message."""
         self.sched = None
+        custom_cls = (load_scheduler_class(scheduler_cls, self.Scheduler)
+                      if scheduler_cls else None)
         unknown = sorted(set(config) - MAPPED_KEYS - HARNESS_ONLY_KEYS - KV_CONNECTOR_KEYS)
         if unknown:
             # A new EngineConfig field must be mapped here, never ignored.
@@ -509,9 +551,18 @@ class Driver:
             except ImportError:
                 raise DriverError(f"vLLM {self.version} has no AsyncScheduler") from None
             scheduler_cls = AsyncScheduler
+            if custom_cls is not None and not issubclass(custom_cls, AsyncScheduler):
+                # vLLM uses a custom class as given, async or not; a synchronous
+                # Scheduler under async scheduling is not a run vLLM supports.
+                raise DriverError(f"async_scheduling needs an AsyncScheduler subclass; "
+                                  f"scheduler_cls {scheduler_cls_name(custom_cls)} is not one")
             # What a GPU platform leaves on (the scheduler itself only reads the
             # class; VllmConfig.max_concurrent_batches reads the flag).
             sc.async_scheduling = True
+        if custom_cls is not None:
+            # Built directly, like AsyncScheduler above (what vLLM's
+            # SchedulerConfig.get_scheduler_cls returns for scheduler_cls).
+            scheduler_cls = custom_cls
         # Batches in flight: vLLM's own derivation (EngineCore.batch_queue_size),
         # from pipeline_parallel_size and async_scheduling as now set (a vLLM
         # without the property: its V1 runner's rule, the same numbers).
@@ -540,7 +591,14 @@ class Driver:
         sched_kwargs = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                             structured_output_manager=self.StructuredOutputManager(vllm_config),
                             block_size=block_size, log_stats=False, include_finished_set=False)
-        sched = scheduler_cls(**ev.kwargs_for(scheduler_cls, sched_kwargs))
+        try:
+            sched = scheduler_cls(**ev.kwargs_for(scheduler_cls, sched_kwargs))
+        except Exception as exc:
+            if custom_cls is None:
+                raise
+            raise SchedulerClassError(
+                f"scheduler_cls {scheduler_cls_name(custom_cls)}: __init__ raised "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
         connector = getattr(sched, "connector", None)
         if self.kv_connector:
             self._check_connector(sched)
@@ -573,6 +631,7 @@ class Driver:
         self.num_unfinished_local = 0
         return {"vllm_version": self.version, "use_v2_model_runner": self.use_v2,
                 "scheduler_class": type(sched).__name__,
+                "scheduler_cls": scheduler_cls_name(custom_cls) if custom_cls else None,
                 "kv_connector": type(connector).__name__ if connector is not None else None,
                 "recompute_kv_load_failures": bool(getattr(sched, "recompute_kv_load_failures",
                                                            True)),
@@ -853,6 +912,11 @@ class Driver:
         return {"stored": stored, "snapshot": self.snapshot()}
 
 
+def scheduler_cls_name(cls: type) -> str:
+    """``module.Class``: vLLM's qualname spelling of a scheduler class."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _one_line(exc: BaseException) -> str:
     """``Type: message``; for a bare ``assert`` (no message), where it failed."""
     text = " ".join(str(exc).split())
@@ -885,7 +949,8 @@ def _serve(inp, out) -> int:
                 resp = {"vllm_version": driver.version, "protocol": PROTOCOL,
                         "import_s": round(driver.import_s, 3), "pid": os.getpid()}
             elif op == "init":
-                resp = driver.init(msg["config"], int(msg.get("seed", 0)))
+                resp = driver.init(msg["config"], int(msg.get("seed", 0)),
+                                   msg.get("scheduler_cls"))
             elif op == "add":
                 resp = driver.add(msg["request"])
             elif op == "abort":
