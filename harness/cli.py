@@ -112,7 +112,7 @@ def main() -> None:
                    "doubled) instead of on max_tokens with ignore_eos.")
 @click.option("--engine", default="reference", show_default=True,
               help="Engine to record: 'reference', 'mutant:NAME' (a deliberately broken one), "
-                   "'vllm@VERSION' (real vLLM; build its env with `harness vllm-env VERSION`) "
+                   "'vllm@VERSION' (a release; build its env with `harness vllm-env VERSION`), 'vllm@PATH' (the vLLM a Python interpreter or venv at PATH imports), either with ',scheduler_cls=package.module:Class' (a vLLM Scheduler subclass, found on PYTHONPATH) "
                    "or 'package.module:factory'.")
 @click.option("--model", type=click.Choice(["scripted", "torch"]), default="scripted", show_default=True,
               help="Model runner: 'scripted' (seeded tokens, decisions only) or 'torch' (a tiny "
@@ -308,7 +308,7 @@ def check(trace_path: str, as_json: bool, semantics: str) -> None:
 @main.command()
 @click.argument("trace_path", metavar="TRACE")
 @click.option("--candidate", default="reference", show_default=True,
-              help="Engine to re-drive: 'reference', 'mutant:NAME', 'vllm@VERSION' or "
+              help="Engine to re-drive: 'reference', 'mutant:NAME', 'vllm@VERSION' (a release; build its env with `harness vllm-env VERSION`), 'vllm@PATH' (the vLLM a Python interpreter or venv at PATH imports), either with ',scheduler_cls=package.module:Class' (a vLLM Scheduler subclass, found on PYTHONPATH) or "
                    "'package.module:factory'.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
 @_SEMANTICS
@@ -437,7 +437,7 @@ def golden() -> None:
               help="Folder holding the goldens and MANIFEST.json (default: the repository's golden/).")
 @click.option("--candidate", default="reference", show_default=True,
               help="Engine to re-drive with each golden's inputs: 'reference', 'mutant:NAME', "
-                   "'vllm@VERSION' or 'package.module:factory'.")
+                   "'vllm@VERSION' (a release; build its env with `harness vllm-env VERSION`), 'vllm@PATH' (the vLLM a Python interpreter or venv at PATH imports), either with ',scheduler_cls=package.module:Class' (a vLLM Scheduler subclass, found on PYTHONPATH) or 'package.module:factory'.")
 def golden_check(golden_dir: str, candidate: str) -> None:
     """Check every scenario's golden: present, sha256 and config fingerprint as in the manifest,
     invariants hold, and CANDIDATE makes identical decisions. Exit 0 all ok, 1 any failure,
@@ -604,7 +604,8 @@ def _finite_or_none(value: float | None, name: str) -> float | None:
 
 @main.command()
 @click.option("--candidate", default="reference", show_default=True,
-              help="Engine to fuzz: 'reference', 'mutant:NAME', 'vllm@VERSION' or 'package.module:factory'.")
+              help="Engine to fuzz: 'reference', 'mutant:NAME', 'vllm@VERSION' (a release; build its env with `harness vllm-env VERSION`), 'vllm@PATH' (the vLLM a Python interpreter or venv at PATH imports), either with ',scheduler_cls=package.module:Class' (a vLLM Scheduler subclass, found on PYTHONPATH) "
+                   "or 'package.module:factory'.")
 @click.option("--max-examples", type=click.IntRange(min=1), default=200, show_default=True,
               help="Generated scenarios to try, shared equally by the workers (shrinking runs come "
                    "on top).")
