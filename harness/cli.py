@@ -684,5 +684,12 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     sys.exit(EXIT_FOUND)
 
 
+# `harness bisect` lives in its own module (harness/bisect/cli.py).
+from harness.bisect.cli import bisect as _bisect  # noqa: E402
+
+main.add_command(_bisect)
+
+
 if __name__ == "__main__":
     main()
+

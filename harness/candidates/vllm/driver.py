@@ -503,10 +503,25 @@ class Driver:
             if getattr(parallel_config, name, 1) != value:
                 raise DriverError(f"vLLM {self.version}'s ParallelConfig did not take {name}={value}")
         kv_transfer_config = self._kv_transfer_config(config) if self.kv_connector else None
-        vllm_config = self.VllmConfig(**ev.kwargs_for(self.VllmConfig, dict(
-            model_config=model_config, cache_config=cache_config,
-            scheduler_config=scheduler_config, speculative_config=speculative_config,
-            parallel_config=parallel_config, kv_transfer_config=kv_transfer_config)))
+        vllm_parts = dict(model_config=model_config, cache_config=cache_config,
+                          scheduler_config=scheduler_config, speculative_config=speculative_config,
+                          parallel_config=parallel_config, kv_transfer_config=kv_transfer_config)
+        self.platform_block_size = None
+        try:
+            vllm_config = self.VllmConfig(**ev.kwargs_for(self.VllmConfig, vllm_parts))
+        except RuntimeError as exc:
+            # Feature probe: before 0.11 the CPU platform's check_and_update_config
+            # refuses any block size but 16 without IPEX (its attention
+            # kernels' constraint, vllm/platforms/cpu.py). The scheduler and
+            # the KV-cache manager take the block size from the KVCacheConfig
+            # built below, so the config is built at 16 and ours restored
+            # after post-init (as for any field post-init adjusts).
+            if "--block-size" not in str(exc) or block_size == 16:
+                raise DriverError(f"vLLM {self.version} refuses the config: "
+                                  f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+            self.platform_block_size = 16
+            cache_config.block_size = 16
+            vllm_config = self.VllmConfig(**ev.kwargs_for(self.VllmConfig, vllm_parts))
         if self.kv_connector and getattr(vllm_config, "kv_transfer_config", None) is None:
             raise DriverError(f"vLLM {self.version}'s VllmConfig takes no kv_transfer_config")
         if self.num_spec:
@@ -632,6 +647,8 @@ class Driver:
         return {"vllm_version": self.version, "use_v2_model_runner": self.use_v2,
                 "scheduler_class": type(sched).__name__,
                 "scheduler_cls": scheduler_cls_name(custom_cls) if custom_cls else None,
+                # Set when the CPU platform only took this block size (see init).
+                "platform_block_size": self.platform_block_size,
                 "kv_connector": type(connector).__name__ if connector is not None else None,
                 "recompute_kv_load_failures": bool(getattr(sched, "recompute_kv_load_failures",
                                                            True)),
