@@ -379,7 +379,12 @@ class Driver:
             DraftTokenIds = None
         self.SpeculativeConfig, self.DraftTokenIds = SpeculativeConfig, DraftTokenIds
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.kv_cache_utils import init_none_hash
+
+        try:  # feature probe: the Request hashes its own blocks (0.10.1 on)
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+        except ImportError:  # 0.10.0: the KV-cache manager hashes them
+            get_request_block_hasher = None
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.outputs import ModelRunnerOutput
@@ -636,7 +641,8 @@ class Driver:
         self.sched = sched
         if getattr(self.sched, "use_v2_model_runner", self.use_v2) != self.use_v2:
             self.use_v2 = bool(self.sched.use_v2_model_runner)
-        self.block_hasher = self.get_request_block_hasher(block_size, self.sha256)
+        self.block_hasher = (None if self.get_request_block_hasher is None
+                             else self.get_request_block_hasher(block_size, self.sha256))
         self.max_num_scheduled_tokens = self.sched.max_num_scheduled_tokens
         self._schedule_sig = inspect.signature(self.sched.schedule).parameters
         self._request_params = set(inspect.signature(self.Request).parameters)
@@ -724,6 +730,13 @@ class Driver:
             params.update_from_generation_config({}, eos)
         if "eos_token_id" in self._request_params:  # 0.10-era Request
             kwargs["eos_token_id"] = eos
+        for name in ("multi_modal_inputs", "multi_modal_hashes", "multi_modal_placeholders",
+                     "mm_features"):
+            # Feature probe: releases whose Request takes the multimodal
+            # fields as required arguments (0.10.0) get "none", as a
+            # text-only prompt has.
+            if name in self._request_params:
+                kwargs.setdefault(name, None)
         request = self.Request(**{k: v for k, v in kwargs.items() if k in self._request_params})
         if req["request_id"] in sched.requests:
             raise DriverError(f"duplicate request id {req['request_id']!r}")

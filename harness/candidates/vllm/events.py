@@ -59,6 +59,17 @@ def blocks_of(kv_blocks) -> list[int]:
     return list(ids[0]) if ids else []
 
 
+def table_of(kv_cache_manager, request_id: str) -> list[int]:
+    """The request's whole block table (single group). Feature probe:
+    ``KVCacheManager.get_blocks`` from 0.10.1 on, ``get_block_ids`` (a tuple
+    of per-group id lists) in 0.10.0. KeyError for an unknown request."""
+    get_blocks = getattr(kv_cache_manager, "get_blocks", None)
+    if get_blocks is not None:
+        return blocks_of(get_blocks(request_id))
+    ids = kv_cache_manager.get_block_ids(request_id)
+    return list(ids[0]) if ids else []
+
+
 def kwargs_for(callable_obj, wanted: dict) -> dict:
     """The subset of ``wanted`` that ``callable_obj`` accepts."""
     params = inspect.signature(callable_obj).parameters
@@ -180,7 +191,7 @@ class DecisionHooks:
                     hooks.seq.append(("remote_load", request.request_id, status_before,
                                       bound.get("num_new_computed_tokens", 0),
                                       bound.get("num_external_computed_tokens", 0),
-                                      blocks_of(kvm.get_blocks(request.request_id)),
+                                      table_of(kvm, request.request_id),
                                       bound.get("reserved_blocks", 0), n_new))
                     return result
                 # Drafts a running request gets verified (vLLM picks them right
@@ -194,7 +205,7 @@ class DecisionHooks:
                 hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
                                   n_new, bound.get("num_new_computed_tokens", 0),
                                   blocks_of(result), spec,
-                                  blocks_of(kvm.get_blocks(request.request_id))))
+                                  table_of(kvm, request.request_id)))
             return result
 
         @functools.wraps(orig_free)  # keeps the signature for whoever wraps us
@@ -202,7 +213,7 @@ class DecisionHooks:
             if not hooks.active:
                 return orig_free(request, *args, **kwargs)
             try:
-                table = blocks_of(kvm.get_blocks(request.request_id))
+                table = table_of(kvm, request.request_id)
             except KeyError:
                 table = []
             computed_before = request.num_computed_tokens
