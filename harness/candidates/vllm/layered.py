@@ -40,8 +40,16 @@ from harness.candidates.vllm.env import (MARKER, PINS_FILE, TORCH_VERSION, VLLME
                                          _pins_sha256, read_pins)
 
 #: Free space a layered build needs, in GB (the wheel ~0.45, vLLM unpacked
-#: ~1.3 before its CUDA kernels go; the shared layer ~1.4 once).
-MIN_FREE_GB = float(os.environ.get("HARNESS_VLLM_MIN_FREE_GB", "3"))
+#: ~1.3 before its CUDA kernels go; the shared layer ~1.1 once); read at each
+#: build from HARNESS_VLLM_MIN_FREE_GB.
+MIN_FREE_GB = 3.0
+
+
+def _min_free_gb() -> float:
+    try:
+        return float(os.environ.get("HARNESS_VLLM_MIN_FREE_GB", MIN_FREE_GB))
+    except ValueError:
+        raise VLLMEnvError("HARNESS_VLLM_MIN_FREE_GB must be a number of GB") from None
 SHARED = ".shared"
 WHEELS = ".wheels"
 _PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -99,7 +107,7 @@ def shared_layer(root: Path, *, log: Callable[[str], None]) -> Path:
     with _lock("shared-layer"):
         if (target / ".complete").exists():
             return target
-        _check_space(root, MIN_FREE_GB)
+        _check_space(root, _min_free_gb())
         tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -141,20 +149,21 @@ def build_layered(version: str, root: Path, *, log: Callable[[str], None]) -> Pa
     version's lock and found it not ready); return its Python. Raises
     VLLMEnvError (one line) and leaves nothing behind on any failure."""
     root.mkdir(parents=True, exist_ok=True)
-    _check_space(root, MIN_FREE_GB)
+    _check_space(root, _min_free_gb())
     started = time.monotonic()
-    shared = shared_layer(root, log=log)
     target = root / version
     tmp = root / f".tmp-{version}-{os.getpid()}"
     log_path = root / f"{version}.build.log"
     log_path.write_text(f"building vLLM {version} (layered) at {target}\n")
     shutil.rmtree(tmp, ignore_errors=True)
+    wheels = root / WHEELS
     try:
-        wheels = root / WHEELS
         wheels.mkdir(exist_ok=True)
+        # The release first: one missing on PyPI fails before any layer is built.
         log(f"downloading vllm=={version} ...")
         _pip(["download", "-q", "--no-deps", "--only-binary", ":all:", "-d", str(wheels),
               f"vllm=={version}"], log_path, f"downloading vllm=={version}")
+        shared = shared_layer(root, log=log)
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp)], check=True,
                        capture_output=True)
         site = tmp / "lib" / _PY / "site-packages"
@@ -186,6 +195,8 @@ def build_layered(version: str, root: Path, *, log: Callable[[str], None]) -> Pa
         os.replace(tmp, target)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        for wheel in wheels.glob(f"vllm-{version}-*.whl"):
+            wheel.unlink()
         if isinstance(exc, OSError) and getattr(exc, "errno", None) == 28:
             raise VLLMEnvError(f"building vLLM {version} failed: no space left on device "
                                f"under {root}") from None
