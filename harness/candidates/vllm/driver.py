@@ -646,6 +646,8 @@ class Driver:
         self.max_num_scheduled_tokens = self.sched.max_num_scheduled_tokens
         self._schedule_sig = inspect.signature(self.sched.schedule).parameters
         self._request_params = set(inspect.signature(self.Request).parameters)
+        self._request_mm_params = sorted(p for p in self._request_params
+                                         if p.startswith(("multi_modal", "mm_")))
         self._install_hooks()
         # vLLM SchedulerOutputs in flight, oldest first (EngineCore.batch_queue).
         self.in_flight: deque = deque()
@@ -730,13 +732,12 @@ class Driver:
             params.update_from_generation_config({}, eos)
         if "eos_token_id" in self._request_params:  # 0.10-era Request
             kwargs["eos_token_id"] = eos
-        for name in ("multi_modal_inputs", "multi_modal_hashes", "multi_modal_placeholders",
-                     "mm_features"):
+        for name in self._request_mm_params:
             # Feature probe: releases whose Request takes the multimodal
-            # fields as required arguments (0.10.0) get "none", as a
-            # text-only prompt has.
-            if name in self._request_params:
-                kwargs.setdefault(name, None)
+            # fields as arguments (0.10.0: multi_modal_inputs/_hashes/
+            # _placeholders, 0.10.1: multi_modal_kwargs, ...) get "none", as
+            # a text-only prompt has.
+            kwargs.setdefault(name, None)
         request = self.Request(**{k: v for k, v in kwargs.items() if k in self._request_params})
         if req["request_id"] in sched.requests:
             raise DriverError(f"duplicate request id {req['request_id']!r}")
