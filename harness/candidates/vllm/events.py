@@ -167,7 +167,7 @@ class DecisionHooks:
         orig_alloc = kvm.allocate_slots
         alloc_sig = inspect.signature(orig_alloc)
         orig_free = kvm.free
-        # Feature probe: releases before _preempt_request (0.10-era) preempt
+        # Feature probe: releases before _preempt_request (before 0.12.0) preempt
         # inline in schedule(): running.pop(), kv_cache_manager.free(victim),
         # then status PREEMPTED and num_computed_tokens = 0. There, a free
         # inside schedule() of a RUNNING request is that preemption (nothing
