@@ -543,9 +543,13 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
 @click.option("--force", is_flag=True, help="Rebuild even if the env is ready.")
 def vllm_env(version: str, force: bool) -> None:
     """Build (or find) the CPU-only virtual environment of vLLM VERSION under .vllm-envs/
-    (a checkout's; installed: ~/.cache/sched-harness/vllm-envs; HARNESS_VLLM_ENVS overrides),
-    needed by the candidate `vllm@VERSION`. Idempotent; prints progress and the env's Python.
-    Exit 2 with a one-line message on failure."""
+    (a checkout's; installed: ~/.cache/sched-harness/vllm-envs; HARNESS_VLLM_ENVS overrides,
+    several folders joined with ':' are searched, the first built in), needed by the candidate
+    `vllm@VERSION`. Any release with the v1 engine core, 0.10.0 through 0.33.x (0.10.1.1 too):
+    0.33.0, 0.29.0 and 0.20.2 as full venvs, the others layered over one shared torch 2.13.0 CPU
+    + pins layer. Idempotent; prints progress and the env's Python. Exit 2 with a one-line
+    message on failure (no such release on PyPI, no disk space, a release that does not run
+    with torch 2.13.0), leaving no half-built env."""
     from rich.markup import escape
 
     from harness.candidates.vllm.env import VLLMEnvError, ensure_env
