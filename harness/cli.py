@@ -131,7 +131,7 @@ def main() -> None:
                    "doubled) instead of on max_tokens with ignore_eos.")
 @click.option("--engine", default="reference", show_default=True,
               help="Engine to record: 'reference', 'mutant:NAME' (a deliberately broken one), "
-                   "'vllm@VERSION' (real vLLM; build its env with `harness vllm-env VERSION`) "
+                   "'vllm@VERSION' (a release; build its env with `harness vllm-env VERSION`), 'vllm@PATH' (the vLLM a Python interpreter or venv at PATH imports), either with ',scheduler_cls=package.module:Class' (a vLLM Scheduler subclass, found on PYTHONPATH) "
                    "or 'package.module:factory'.")
 @click.option("--model", type=click.Choice(["scripted", "torch"]), default="scripted", show_default=True,
               help="Model runner: 'scripted' (seeded tokens, decisions only) or 'torch' (a tiny "
@@ -379,7 +379,7 @@ def check(trace_path: str, as_json: bool, semantics: str, html_report: str | Non
 @main.command()
 @click.argument("trace_path", metavar="TRACE")
 @click.option("--candidate", default="reference", show_default=True,
-              help="Engine to re-drive: 'reference', 'mutant:NAME', 'vllm@VERSION' or "
+              help="Engine to re-drive: 'reference', 'mutant:NAME', 'vllm@VERSION' (a release; build its env with `harness vllm-env VERSION`), 'vllm@PATH' (the vLLM a Python interpreter or venv at PATH imports), either with ',scheduler_cls=package.module:Class' (a vLLM Scheduler subclass, found on PYTHONPATH) or "
                    "'package.module:factory'.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
 @_SEMANTICS
@@ -526,7 +526,7 @@ def golden() -> None:
               help="Folder holding the goldens and MANIFEST.json (default: the repository's golden/).")
 @click.option("--candidate", default="reference", show_default=True,
               help="Engine to re-drive with each golden's inputs: 'reference', 'mutant:NAME', "
-                   "'vllm@VERSION' or 'package.module:factory'.")
+                   "'vllm@VERSION' (a release; build its env with `harness vllm-env VERSION`), 'vllm@PATH' (the vLLM a Python interpreter or venv at PATH imports), either with ',scheduler_cls=package.module:Class' (a vLLM Scheduler subclass, found on PYTHONPATH) or 'package.module:factory'.")
 @_step_timeout
 def golden_check(golden_dir: str, candidate: str, step_timeout: float) -> None:
     """Check every scenario's golden: present, sha256 and config fingerprint as in the manifest,
@@ -650,9 +650,13 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
 @click.option("--force", is_flag=True, help="Rebuild even if the env is ready.")
 def vllm_env(version: str, force: bool) -> None:
     """Build (or find) the CPU-only virtual environment of vLLM VERSION under .vllm-envs/
-    (a checkout's; installed: ~/.cache/sched-harness/vllm-envs; HARNESS_VLLM_ENVS overrides),
-    needed by the candidate `vllm@VERSION`. Idempotent; prints progress and the env's Python.
-    Exit 2 with a one-line message on failure."""
+    (a checkout's; installed: ~/.cache/sched-harness/vllm-envs; HARNESS_VLLM_ENVS overrides,
+    several folders joined with ':' are searched, the first built in), needed by the candidate
+    `vllm@VERSION`. Any release with the v1 engine core, 0.10.0 through 0.33.x (0.10.1.1 too):
+    0.33.0, 0.29.0 and 0.20.2 as full venvs, the others layered over one shared torch 2.13.0 CPU
+    + pins layer. Idempotent; prints progress and the env's Python. Exit 2 with a one-line
+    message on failure (no such release on PyPI, no disk space, a release that does not run
+    with torch 2.13.0), leaving no half-built env."""
     from rich.markup import escape
 
     from harness.candidates.vllm.env import VLLMEnvError, ensure_env
@@ -715,7 +719,8 @@ def _finite_or_none(value: float | None, name: str) -> float | None:
 
 @main.command()
 @click.option("--candidate", default="reference", show_default=True,
-              help="Engine to fuzz: 'reference', 'mutant:NAME', 'vllm@VERSION' or 'package.module:factory'.")
+              help="Engine to fuzz: 'reference', 'mutant:NAME', 'vllm@VERSION' (a release; build its env with `harness vllm-env VERSION`), 'vllm@PATH' (the vLLM a Python interpreter or venv at PATH imports), either with ',scheduler_cls=package.module:Class' (a vLLM Scheduler subclass, found on PYTHONPATH) "
+                   "or 'package.module:factory'.")
 @click.option("--max-examples", type=click.IntRange(min=1), default=200, show_default=True,
               help="Generated scenarios to try, shared equally by the workers (shrinking runs come "
                    "on top).")
@@ -803,6 +808,11 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
 from harness.salvage_cli import salvage_cmd  # noqa: E402
 
 main.add_command(salvage_cmd)
+
+# `harness bisect` (harness/bisect/cli.py).
+from harness.bisect.cli import bisect as _bisect  # noqa: E402
+
+main.add_command(_bisect)
 
 # `harness report` and `harness export` live with the views (harness/view/cli.py).
 from harness.view.cli import register as _register_views  # noqa: E402

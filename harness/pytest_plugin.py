@@ -6,7 +6,9 @@ wherever sched-harness is installed. Usage in a user's project::
     pytest --pyargs harness.conformance --harness-candidate mymod:make_scheduler
 
 Options:
-  --harness-candidate SPEC   candidate to test (reference, mutant:NAME, package.module:factory)
+  --harness-candidate SPEC   candidate to test (reference, mutant:NAME, vllm@VERSION, vllm@PATH
+                             -- e.g. vllm@$(which python) --, either with
+                             ,scheduler_cls=package.module:Class, or package.module:factory)
   --harness-golden-dir DIR   golden traces (default: the repository's golden/)
   --harness-update-golden    re-record the goldens with the reference instead of failing
                              (like syrupy's --snapshot-update; only the reference writes goldens)
@@ -44,7 +46,9 @@ def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("sched-harness", "scheduler conformance (sched-harness)")
     group.addoption("--harness-candidate", default="reference", metavar="SPEC",
-                    help="candidate scheduler: reference, mutant:NAME or package.module:factory")
+                    help="candidate scheduler: reference, mutant:NAME, vllm@VERSION, vllm@PATH "
+                         "(an interpreter or venv importing vllm), either with "
+                         ",scheduler_cls=package.module:Class, or package.module:factory")
     group.addoption("--harness-golden-dir", default=None, metavar="DIR",
                     help=f"golden trace folder (default {DEFAULT_GOLDEN_DIR})")
     group.addoption("--harness-update-golden", action="store_true",

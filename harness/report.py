@@ -46,7 +46,20 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
             "violations_by_invariant": result.by_invariant,
             "violations": [v.to_dict() for v in result.violations],
             "notes": list(result.notes),
-            "divergence": divergence.to_dict() if divergence else None, **(extra or {})}
+            "divergence": divergence.to_dict() if divergence else None,
+            # vllm@PATH / scheduler_cls: the version found, git commit and dirty flag, the class.
+            **({"vllm_source": trace.meta["vllm_source"]} if trace.meta.get("vllm_source") else {}),
+            **(extra or {})}
+
+
+def _vllm_source_line(source: dict[str, Any]) -> str:
+    """``0.33.0 at /x/bin/python, git 1a2b3c4d5e6f (dirty), scheduler_cls m:C``."""
+    parts = [str(source.get("version", "?")) + (f" at {source['python']}" if source.get("python") else "")]
+    if source.get("git_commit"):
+        parts.append(f"git {str(source['git_commit'])[:12]}" + (" (dirty)" if source.get("git_dirty") else ""))
+    if source.get("scheduler_cls"):
+        parts.append(f"scheduler_cls {source['scheduler_cls']}")
+    return ", ".join(parts)
 
 
 def render_report(result: CheckResult, divergence: Divergence | None, trace: Trace, console: Console,
@@ -58,6 +71,8 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
     ok = result.ok and divergence is None
     table = Table(show_header=False, box=None)
     rows = [("trace", str(trace.path)), ("engine", trace.meta.get("engine")),
+            *([("vLLM", _vllm_source_line(trace.meta["vllm_source"]))]
+              if isinstance(trace.meta.get("vllm_source"), dict) else []),
             ("steps", result.steps), ("requests", result.requests),
             ("finished", result.finished), ("rejected", result.rejected),
             ("aborted", result.aborted), ("preemptions", result.preemptions),

@@ -2,7 +2,10 @@
 
 Specs: ``reference`` (the reference scheduler), ``mutant:NAME`` (a
 deliberately broken one from ``harness/candidates/mutants/``), ``vllm@VERSION``
-(real vLLM's scheduler in a subprocess, ``harness/candidates/vllm/candidate.py``), or
+(real vLLM's scheduler in a subprocess, ``harness/candidates/vllm/candidate.py``),
+``vllm@PATH`` (the vLLM importable by the Python interpreter or venv at PATH),
+either with ``,scheduler_cls=package.module:Class`` (a vLLM ``Scheduler``
+subclass built instead of vLLM's, ``harness/candidates/vllm/spec.py``), or
 ``package.module:factory`` where ``factory(config: EngineConfig)`` returns an
 object satisfying ``reference.candidate.Candidate``.
 """
@@ -63,17 +66,27 @@ def resolve_candidate(spec: str, *, step_timeout: float | None = None, isolate: 
 
 
 def _vllm_factory(spec: str) -> CandidateFactory:
-    """``vllm@VERSION``: real vLLM behind a driver subprocess; its env must be built."""
-    from harness.candidates.vllm.env import VLLMEnvError, check_version, env_dir, is_ready
+    """``vllm@VERSION`` / ``vllm@PATH`` (``,scheduler_cls=...``): real vLLM
+    behind a driver subprocess; a release's env must be built, a path must
+    import vllm. A scheduler class is built once here (on the default config)
+    so that one that does not import, is not a ``Scheduler`` or raises in
+    ``__init__`` is a CandidateSpecError before any run."""
+    from harness.candidates.vllm.spec import VLLMSpecError, parse_vllm_spec
 
-    version = spec.split("@", 1)[1]
     try:
-        check_version(version)
-    except VLLMEnvError as exc:
-        raise CandidateSpecError(f"candidate {spec!r}: {exc}") from None
-    if not is_ready(version):
-        raise CandidateSpecError(f"candidate {spec!r}: the vLLM {version} env is not built "
-                                 f"({env_dir(version)}); run `harness vllm-env {version}`")
-    from harness.candidates.vllm.candidate import make_factory
+        target = parse_vllm_spec(spec)
+    except VLLMSpecError as exc:
+        raise CandidateSpecError(str(exc)) from None
+    from harness.candidates.vllm.candidate import (VLLMDriverError, VLLMRefused, VLLMSchedulerClassError,
+                                                   make_factory, probe_scheduler_class)
 
-    return make_factory(version)
+    if target.scheduler_cls is not None:
+        try:
+            probe_scheduler_class(target)
+        except VLLMSchedulerClassError as exc:
+            raise CandidateSpecError(f"candidate {spec!r}: {exc}") from None
+        except VLLMRefused:
+            pass  # the default config is not one this vLLM expresses; the class loaded
+        except VLLMDriverError as exc:
+            raise CandidateSpecError(f"candidate {spec!r}: {exc}") from None
+    return make_factory(target)

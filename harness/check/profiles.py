@@ -151,11 +151,23 @@ def resolve(semantics: str, meta: dict[str, Any]) -> tuple[Profile, str]:
             return profile, f"{who} mirrors vLLM {version}"
         return SAFETY_ONLY, f"{who} mirrors vLLM {version or '?'}, for which no profile was measured"
     if engine.startswith("vllm@"):
-        version = engine.split("@", 1)[1]
-        profile = _measured(version)
+        # engine_version is the version found (vllm@PATH names a path; a
+        # scheduler_cls suffix follows a comma); older traces: the spec's.
+        version = str(meta.get("engine_version") or engine.split("@", 1)[1].split(",")[0])
+        source = meta.get("vllm_source") if isinstance(meta.get("vllm_source"), dict) else {}
+        how = f"recorded by vLLM {version}"
+        if source.get("python"):
+            how += f" at {source['python']}"
+        if source.get("git_commit"):
+            how += f" (git {str(source['git_commit'])[:12]}{', dirty' if source.get('git_dirty') else ''})"
+        if source.get("scheduler_cls"):
+            # A Scheduler subclass: held to its base release's semantics, so
+            # what it changes is what the check reports.
+            how += f" with scheduler_cls {source['scheduler_cls']}"
+        profile = _measured(version.split("+", 1)[0])
         if profile is not None:
-            return profile, f"recorded by vLLM {version}"
-        return SAFETY_ONLY, f"recorded by vLLM {version}: no semantics profile was measured for it"
+            return profile, how
+        return SAFETY_ONLY, f"{how}: no semantics profile was measured for it"
     return SAFETY_ONLY, f"engine {engine or '?'} is of unknown origin: safety invariants only"
 
 

@@ -288,6 +288,9 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
     ``__cause__`` the candidate's own exception: ``harness record --traceback``).
     """
     meta = trace_metadata(workload, config, seed, engine, model)
+    # A factory may describe what it runs (vllm@PATH: the version found, the
+    # git commit; a scheduler class): harness/candidates/vllm/candidate.py.
+    meta.update(getattr(candidate_factory, "trace_metadata", None) or {})
     engine_obj = Engine(config, seed=seed, candidate_factory=candidate_factory,
                         runner_factory=runner_factory)
     with TraceWriter(out_path, meta) as writer:

@@ -40,7 +40,8 @@ from reference.output import (FinishedRequest, KVTransferFree, Preemption, Prefi
                               UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus
 
-from harness.candidates.vllm.env import VLLMEnvError, check_version, env_python, is_ready
+from harness.candidates.vllm.env import VLLMEnvError, is_ready
+from harness.candidates.vllm.spec import VLLMTarget, release_target
 
 DRIVER = Path(__file__).with_name("driver.py")
 #: Seconds allowed for the first answer (vLLM import + scheduler construction).
@@ -82,20 +83,32 @@ class VLLMRefused(CandidateRefused):
     release lacks or a key it cannot map); the message is one line."""
 
 
+class VLLMSchedulerClassError(VLLMRefused):
+    """The ``scheduler_cls`` cannot be used (``SchedulerClassError`` in the
+    driver): its module does not import, it is not a vLLM ``Scheduler``
+    subclass, or its ``__init__`` raised; the message is one line."""
+
+
 class _DriverProcess:
     """One driver subprocess: start, call (one JSON line each way), kill."""
 
-    def __init__(self, version: str) -> None:
-        self.version = version
-        self.key = _pool_key(version)
-        python = env_python(version)
-        if not is_ready(version):
+    def __init__(self, target: VLLMTarget) -> None:
+        self.target = target
+        self.version = version = target.version
+        self.key = _pool_key(target)
+        python = target.python
+        if target.release and not is_ready(version):
             raise VLLMEnvError(f"the vLLM {version} env is not built ({python.parent.parent}): "
                                f"run `harness vllm-env {version}`")
         self._log = tempfile.NamedTemporaryFile(prefix=f"sched-harness-vllm-{version}-",
                                                 suffix=".log", delete=False)
         env = dict(os.environ)
-        env.pop("PYTHONPATH", None)  # the driver must not see this project's packages
+        # The driver must not see this project's packages; a scheduler_cls
+        # module is found on the caller's PYTHONPATH (made absolute: the
+        # driver runs in another folder), as `vllm serve --scheduler-cls` would.
+        env.pop("PYTHONPATH", None)
+        if target.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join(target.pythonpath)
         env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
@@ -130,7 +143,7 @@ class _DriverProcess:
             raise VLLMDriverError(self.broken)
         if timeout is None:
             timeout = CALL_TIMEOUT_S if self.started else START_TIMEOUT_S
-        who = f"vLLM {self.version} driver (pid {self.pid})"
+        who = f"{self.target.label} driver (pid {self.pid})"
         with self.lock:
             try:
                 self.proc.stdin.write(json.dumps(msg, separators=(",", ":")).encode() + b"\n")
@@ -148,7 +161,7 @@ class _DriverProcess:
             raise self._fail(f"{who} sent a malformed answer to '{op}': {line[:120]!r}")
         self.started = True
         if not answer["ok"]:
-            raise VLLMRaised(f"vLLM {self.version} raised during '{op}': "
+            raise VLLMRaised(f"{self.target.label} raised during '{op}': "
                              f"{answer.get('error', 'unknown error')}", answer)
         return answer
 
@@ -215,9 +228,10 @@ _IDLE: dict[str, list[_DriverProcess]] = {}
 _EXITING = False
 
 
-def _pool_key(version: str) -> str:
-    """Drivers are interchangeable when version and model-runner layout agree."""
-    return f"{version}/v2={os.environ.get('VLLM_USE_V2_MODEL_RUNNER', '0')}"
+def _pool_key(target: VLLMTarget) -> str:
+    """Drivers are interchangeable when interpreter, PYTHONPATH and
+    model-runner layout agree."""
+    return f"{target.pool_key}/v2={os.environ.get('VLLM_USE_V2_MODEL_RUNNER', '0')}"
 
 
 def _release(proc: _DriverProcess, reuse: bool) -> None:
@@ -229,14 +243,14 @@ def _release(proc: _DriverProcess, reuse: bool) -> None:
         proc.kill()
 
 
-def _acquire(version: str) -> _DriverProcess:
-    idle = _IDLE.get(_pool_key(version), [])
+def _acquire(target: VLLMTarget) -> _DriverProcess:
+    idle = _IDLE.get(_pool_key(target), [])
     while idle:
         proc = idle.pop()
         if proc.alive():
             return proc
         proc.kill()
-    return _DriverProcess(version)
+    return _DriverProcess(target)
 
 
 @atexit.register
@@ -326,7 +340,8 @@ def _output(data: dict[str, Any]) -> SchedulerOutput:
 
 
 class VLLMCandidate:
-    """vLLM ``version``'s real Scheduler behind a driver subprocess.
+    """vLLM's real Scheduler (``target``: a ``VLLMTarget``, or a release
+    version string) behind a driver subprocess.
 
     Implements ``reference.candidate.Candidate``. ``has_request`` and
     ``get_num_unfinished_requests`` are answered locally (and cross-checked
@@ -334,10 +349,11 @@ class VLLMCandidate:
     answered from the state the driver returns with each schedule and update.
     """
 
-    def __init__(self, config: EngineConfig, version: str, *, seed: int = 0,
+    def __init__(self, config: EngineConfig, version: str | VLLMTarget, *, seed: int = 0,
                  reuse: bool = True) -> None:
         self.config = config
-        self.version = check_version(version)
+        self.target = version if isinstance(version, VLLMTarget) else release_target(version)
+        self.version = self.target.version
         self.seed = seed
         self.reuse = reuse
         self._proc: _DriverProcess | None = None
@@ -352,19 +368,25 @@ class VLLMCandidate:
     # -- process ---------------------------------------------------------------
     def _driver(self) -> _DriverProcess:
         if self._proc is None:
-            proc = _acquire(self.version)
+            proc = _acquire(self.target)
             self._proc = proc
             self._finalizer = weakref.finalize(self, _release, proc, self.reuse)
+            msg: dict[str, Any] = {"op": "init", "config": driver_config(self.config),
+                                   "seed": self.seed}
+            if self.target.scheduler_cls:
+                msg["scheduler_cls"] = self.target.scheduler_cls
             try:
-                self.info = proc.call({"op": "init", "config": driver_config(self.config),
-                                       "seed": self.seed})
+                self.info = proc.call(msg)
             except VLLMRaised as exc:
+                if exc.crash_type == "SchedulerClassError":
+                    text = exc.crash_message.removeprefix("SchedulerClassError: ")
+                    raise VLLMSchedulerClassError(text) from None
                 if exc.crash_type != "DriverError":
                     raise
                 # The driver refused the config (an option this release
                 # lacks, a key it cannot map): a refusal, not a crash of vLLM.
                 text = exc.crash_message.removeprefix("DriverError: ")
-                raise VLLMRefused(f"vLLM {self.version} cannot run this config: {text}") from None
+                raise VLLMRefused(f"{self.target.label} cannot run this config: {text}") from None
             self._snap = None
             self._in_flight.clear()
         return self._proc
@@ -481,13 +503,36 @@ class VLLMCandidate:
         return self._snap
 
 
-def make_factory(version: str):
-    """The candidate factory for ``vllm@version``: ``factory(config) -> VLLMCandidate``."""
-    check_version(version)
+def make_factory(version: str | VLLMTarget):
+    """The candidate factory for ``vllm@version`` (or a ``VLLMTarget``):
+    ``factory(config) -> VLLMCandidate``. The factory carries
+    ``vllm_version``, ``vllm_target`` and ``trace_metadata`` (what the
+    recorder adds to a trace's metadata: ``engine_version`` the version found,
+    ``vllm_source`` for a path or a scheduler class)."""
+    target = version if isinstance(version, VLLMTarget) else release_target(version)
 
     def factory(config: EngineConfig) -> VLLMCandidate:
-        return VLLMCandidate(config, version)
+        return VLLMCandidate(config, target)
 
-    factory.__name__ = factory.__qualname__ = f"vllm_{version.replace('.', '_')}"
-    factory.vllm_version = version  # type: ignore[attr-defined]
+    factory.__name__ = factory.__qualname__ = f"vllm_{target.version.replace('.', '_')}"
+    factory.vllm_version = target.version  # type: ignore[attr-defined]
+    factory.vllm_target = target  # type: ignore[attr-defined]
+    extra: dict[str, Any] = {"engine_version": target.version}
+    if target.metadata():
+        extra["vllm_source"] = target.metadata()
+    factory.trace_metadata = extra  # type: ignore[attr-defined]
     return factory
+
+
+def probe_scheduler_class(target: VLLMTarget, config: EngineConfig | None = None) -> dict[str, Any]:
+    """Build ``target``'s scheduler class once on ``config`` (default
+    ``EngineConfig()``) in a driver, so a class that does not import, is not a
+    ``Scheduler`` or raises in ``__init__`` is reported before any run. Returns
+    the driver's ``init`` answer; raises VLLMSchedulerClassError (one line) or
+    VLLMDriverError. The driver goes back to the pool for the run that follows."""
+    candidate = VLLMCandidate(config or EngineConfig(), target)
+    try:
+        candidate._driver()
+        return dict(candidate.info)
+    finally:
+        candidate.close()

@@ -163,6 +163,42 @@ class DriverError(Exception):
     """A request the driver cannot honour (bad op, unsupported config, ...)."""
 
 
+class SchedulerClassError(Exception):
+    """The ``scheduler_cls`` of ``init`` cannot be used: its module does not
+    import, it is not a subclass of vLLM's ``Scheduler`` (the hooks need its
+    internals), or its ``__init__`` raised. The harness reports it in one line."""
+
+
+def load_scheduler_class(name: str, base: type) -> type:
+    """``module:Class`` (or vLLM's dotted ``module.Class``) imported from this
+    process's ``sys.path`` (the caller's ``PYTHONPATH``), as vLLM's
+    ``SchedulerConfig.get_scheduler_cls`` resolves ``scheduler_cls`` with
+    ``resolve_obj_by_qualname``. Raises SchedulerClassError (one line) when the
+    module does not import, lacks the attribute, or it is not a subclass of
+    ``base`` (vLLM's ``vllm.v1.core.sched.scheduler.Scheduler``)."""
+    import importlib
+
+    module_name, sep, attr = name.partition(":")
+    if not sep:
+        module_name, _, attr = name.rpartition(".")
+    try:
+        obj = importlib.import_module(module_name)
+    except BaseException as exc:  # an import can fail in any way, SystemExit included
+        raise SchedulerClassError(f"scheduler_cls {name}: module {module_name!r} does not import: "
+                                  f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise SchedulerClassError(f"scheduler_cls {name}: module {module_name!r} has no "
+                                      f"attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, type) or not issubclass(obj, base):
+        what = f"class {obj.__module__}.{obj.__qualname__}" if isinstance(obj, type) else \
+            f"a {type(obj).__name__}"
+        raise SchedulerClassError(f"scheduler_cls {name} is {what}, not a subclass of "
+                                  f"vllm.v1.core.sched.scheduler.Scheduler")
+    return obj
+
+
 # The hooks and the normalisation are shared with the recording scheduler.
 NormalisationError = ev.NormalisationError
 
@@ -343,7 +379,12 @@ class Driver:
             DraftTokenIds = None
         self.SpeculativeConfig, self.DraftTokenIds = SpeculativeConfig, DraftTokenIds
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.kv_cache_utils import init_none_hash
+
+        try:  # feature probe: the Request hashes its own blocks (0.10.1 on)
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+        except ImportError:  # 0.10.0: the KV-cache manager hashes them
+            get_request_block_hasher = None
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.outputs import ModelRunnerOutput
@@ -386,8 +427,14 @@ class Driver:
         platforms._current_platform = CpuPlatform()
 
     # -- init -----------------------------------------------------------------
-    def init(self, config: dict, seed: int) -> dict:
+    def init(self, config: dict, seed: int, scheduler_cls: str | None = None) -> dict:
+        """Build the scheduler for ``config`` (an EngineConfig dict); with
+        ``scheduler_cls`` (``module:Class``) that Scheduler subclass instead of
+        vLLM's (SchedulerClassError if unusable). DriverError: a config this
+        vLLM cannot express, one option per message."""
         self.sched = None
+        custom_cls = (load_scheduler_class(scheduler_cls, self.Scheduler)
+                      if scheduler_cls else None)
         unknown = sorted(set(config) - MAPPED_KEYS - HARNESS_ONLY_KEYS - KV_CONNECTOR_KEYS)
         if unknown:
             # A new EngineConfig field must be mapped here, never ignored.
@@ -461,10 +508,25 @@ class Driver:
             if getattr(parallel_config, name, 1) != value:
                 raise DriverError(f"vLLM {self.version}'s ParallelConfig did not take {name}={value}")
         kv_transfer_config = self._kv_transfer_config(config) if self.kv_connector else None
-        vllm_config = self.VllmConfig(**ev.kwargs_for(self.VllmConfig, dict(
-            model_config=model_config, cache_config=cache_config,
-            scheduler_config=scheduler_config, speculative_config=speculative_config,
-            parallel_config=parallel_config, kv_transfer_config=kv_transfer_config)))
+        vllm_parts = dict(model_config=model_config, cache_config=cache_config,
+                          scheduler_config=scheduler_config, speculative_config=speculative_config,
+                          parallel_config=parallel_config, kv_transfer_config=kv_transfer_config)
+        self.platform_block_size = None
+        try:
+            vllm_config = self.VllmConfig(**ev.kwargs_for(self.VllmConfig, vllm_parts))
+        except RuntimeError as exc:
+            # Feature probe: before 0.11 the CPU platform's check_and_update_config
+            # refuses any block size but 16 without IPEX (its attention
+            # kernels' constraint, vllm/platforms/cpu.py). The scheduler and
+            # the KV-cache manager take the block size from the KVCacheConfig
+            # built below, so the config is built at 16 and ours restored
+            # after post-init (as for any field post-init adjusts).
+            if "--block-size" not in str(exc) or block_size == 16:
+                raise DriverError(f"vLLM {self.version} refuses the config: "
+                                  f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+            self.platform_block_size = 16
+            cache_config.block_size = 16
+            vllm_config = self.VllmConfig(**ev.kwargs_for(self.VllmConfig, vllm_parts))
         if self.kv_connector and getattr(vllm_config, "kv_transfer_config", None) is None:
             raise DriverError(f"vLLM {self.version}'s VllmConfig takes no kv_transfer_config")
         if self.num_spec:
@@ -509,9 +571,18 @@ class Driver:
             except ImportError:
                 raise DriverError(f"vLLM {self.version} has no AsyncScheduler") from None
             scheduler_cls = AsyncScheduler
+            if custom_cls is not None and not issubclass(custom_cls, AsyncScheduler):
+                # vLLM uses a custom class as given, async or not; a synchronous
+                # Scheduler under async scheduling is not a run vLLM supports.
+                raise DriverError(f"async_scheduling needs an AsyncScheduler subclass; "
+                                  f"scheduler_cls {scheduler_cls_name(custom_cls)} is not one")
             # What a GPU platform leaves on (the scheduler itself only reads the
             # class; VllmConfig.max_concurrent_batches reads the flag).
             sc.async_scheduling = True
+        if custom_cls is not None:
+            # Built directly, like AsyncScheduler above (what vLLM's
+            # SchedulerConfig.get_scheduler_cls returns for scheduler_cls).
+            scheduler_cls = custom_cls
         # Batches in flight: vLLM's own derivation (EngineCore.batch_queue_size),
         # from pipeline_parallel_size and async_scheduling as now set (a vLLM
         # without the property: its V1 runner's rule, the same numbers).
@@ -540,7 +611,14 @@ class Driver:
         sched_kwargs = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                             structured_output_manager=self.StructuredOutputManager(vllm_config),
                             block_size=block_size, log_stats=False, include_finished_set=False)
-        sched = scheduler_cls(**ev.kwargs_for(scheduler_cls, sched_kwargs))
+        try:
+            sched = scheduler_cls(**ev.kwargs_for(scheduler_cls, sched_kwargs))
+        except Exception as exc:
+            if custom_cls is None:
+                raise
+            raise SchedulerClassError(
+                f"scheduler_cls {scheduler_cls_name(custom_cls)}: __init__ raised "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
         connector = getattr(sched, "connector", None)
         if self.kv_connector:
             self._check_connector(sched)
@@ -563,16 +641,22 @@ class Driver:
         self.sched = sched
         if getattr(self.sched, "use_v2_model_runner", self.use_v2) != self.use_v2:
             self.use_v2 = bool(self.sched.use_v2_model_runner)
-        self.block_hasher = self.get_request_block_hasher(block_size, self.sha256)
+        self.block_hasher = (None if self.get_request_block_hasher is None
+                             else self.get_request_block_hasher(block_size, self.sha256))
         self.max_num_scheduled_tokens = self.sched.max_num_scheduled_tokens
         self._schedule_sig = inspect.signature(self.sched.schedule).parameters
         self._request_params = set(inspect.signature(self.Request).parameters)
+        self._request_mm_params = sorted(p for p in self._request_params
+                                         if p.startswith(("multi_modal", "mm_")))
         self._install_hooks()
         # vLLM SchedulerOutputs in flight, oldest first (EngineCore.batch_queue).
         self.in_flight: deque = deque()
         self.num_unfinished_local = 0
         return {"vllm_version": self.version, "use_v2_model_runner": self.use_v2,
                 "scheduler_class": type(sched).__name__,
+                "scheduler_cls": scheduler_cls_name(custom_cls) if custom_cls else None,
+                # Set when the CPU platform only took this block size (see init).
+                "platform_block_size": self.platform_block_size,
                 "kv_connector": type(connector).__name__ if connector is not None else None,
                 "recompute_kv_load_failures": bool(getattr(sched, "recompute_kv_load_failures",
                                                            True)),
@@ -648,6 +732,12 @@ class Driver:
             params.update_from_generation_config({}, eos)
         if "eos_token_id" in self._request_params:  # 0.10-era Request
             kwargs["eos_token_id"] = eos
+        for name in self._request_mm_params:
+            # Feature probe: releases whose Request takes the multimodal
+            # fields as arguments (0.10.0: multi_modal_inputs/_hashes/
+            # _placeholders, 0.10.1: multi_modal_kwargs, ...) get "none", as
+            # a text-only prompt has.
+            kwargs.setdefault(name, None)
         request = self.Request(**{k: v for k, v in kwargs.items() if k in self._request_params})
         if req["request_id"] in sched.requests:
             raise DriverError(f"duplicate request id {req['request_id']!r}")
@@ -853,6 +943,11 @@ class Driver:
         return {"stored": stored, "snapshot": self.snapshot()}
 
 
+def scheduler_cls_name(cls: type) -> str:
+    """``module.Class``: vLLM's qualname spelling of a scheduler class."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _one_line(exc: BaseException) -> str:
     """``Type: message``; for a bare ``assert`` (no message), where it failed."""
     text = " ".join(str(exc).split())
@@ -885,7 +980,8 @@ def _serve(inp, out) -> int:
                 resp = {"vllm_version": driver.version, "protocol": PROTOCOL,
                         "import_s": round(driver.import_s, 3), "pid": os.getpid()}
             elif op == "init":
-                resp = driver.init(msg["config"], int(msg.get("seed", 0)))
+                resp = driver.init(msg["config"], int(msg.get("seed", 0)),
+                                   msg.get("scheduler_cls"))
             elif op == "add":
                 resp = driver.add(msg["request"])
             elif op == "abort":

@@ -28,10 +28,12 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-#: Versions whose scheduler the driver supports. 0.33.0 is what the reference
-#: mirrors; 0.29.0 and 0.20.2 are older releases the driver also handles (an
-#: EngineConfig field the version lacks is refused unless it has that
-#: version's behaviour, e.g. ``watermark`` on 0.20.2).
+#: Releases built as full venvs (torch and the pins in each), as CI builds
+#: them: 0.33.0 is what the reference mirrors; 0.29.0 and 0.20.2 are older
+#: releases with measured profiles. Every other release from 0.10.0 on is
+#: built layered (``layered.py``): vLLM alone over one shared dependency layer.
+#: An EngineConfig field a release lacks is refused unless it has that
+#: release's behaviour (the driver probes; e.g. ``watermark`` on 0.20.2).
 SUPPORTED_VERSIONS = ("0.33.0", "0.29.0", "0.20.2")
 TORCH_VERSION = "2.13.0"
 PINS_FILE = Path(__file__).with_name("pins.txt")
@@ -39,36 +41,66 @@ MARKER = ".harness-env.json"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
+#: The v1 engine core's releases: the oldest one the driver drives, and the
+#: newest series it knows (a later one is refused until probed).
+OLDEST_VERSION, NEWEST_SERIES = (0, 10, 0), (0, 33)
+
+
 class VLLMEnvError(RuntimeError):
     """A vLLM env that cannot be built or used; the message is one line."""
 
 
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"0.10.1.1"`` -> ``(0, 10, 1, 1)`` (a release's numeric parts only)."""
+    return tuple(int(p) for p in version.split("."))
+
+
 def check_version(version: str) -> str:
-    """``version`` if supported, else VLLMEnvError naming the supported ones."""
-    if not re.fullmatch(r"\d+\.\d+\.\d+", version or ""):
-        raise VLLMEnvError(f"bad vLLM version {version!r}: expected e.g. 0.33.0")
-    if version not in SUPPORTED_VERSIONS:
-        raise VLLMEnvError(f"vLLM {version} is not supported; supported: "
-                           f"{', '.join(SUPPORTED_VERSIONS)}")
+    """``version`` if it is a vLLM release with the v1 engine core the driver
+    knows (0.10.0 through 0.33.x; three or four parts, e.g. 0.10.1.1), else
+    VLLMEnvError. Whether PyPI has it is found when it is built."""
+    if not re.fullmatch(r"\d+\.\d+\.\d+(\.\d+)?", version or ""):
+        raise VLLMEnvError(f"bad vLLM version {version!r}: expected e.g. 0.33.0 or 0.10.1.1")
+    parts = version_tuple(version)
+    if parts < OLDEST_VERSION:
+        raise VLLMEnvError(f"vLLM {version} is not supported: it predates 0.10.0, the first "
+                           f"release whose engine core is v1 only")
+    if parts[:2] > NEWEST_SERIES:
+        raise VLLMEnvError(f"vLLM {version} is not supported: newer than the "
+                           f"{'.'.join(map(str, NEWEST_SERIES))} series the driver was probed on")
     return version
 
 
-def envs_root() -> Path:
-    """Folder holding one venv per version: ``HARNESS_VLLM_ENVS`` if set; else, in a
-    checkout, ``<repo>/.vllm-envs``; else (a non-editable install, where the "repo"
-    would be site-packages) ``$XDG_CACHE_HOME/sched-harness/vllm-envs`` (default
+def envs_roots() -> list[Path]:
+    """Folders holding one venv per version, in lookup order; new envs are
+    built in the first. ``HARNESS_VLLM_ENVS`` if set (several folders joined
+    with ``os.pathsep``: e.g. ``/work/vllm-envs-extra:/repo/.vllm-envs`` builds
+    in the first and finds envs in either); else, in a checkout,
+    ``<repo>/.vllm-envs``; else (a non-editable install, where the "repo" would
+    be site-packages) ``$XDG_CACHE_HOME/sched-harness/vllm-envs`` (default
     ``~/.cache``)."""
     override = os.environ.get("HARNESS_VLLM_ENVS")
     if override:
-        return Path(override).expanduser().resolve()
+        return [Path(p).expanduser().resolve() for p in override.split(os.pathsep) if p]
     if (REPO_ROOT / "pyproject.toml").is_file():
-        return REPO_ROOT / ".vllm-envs"
+        return [REPO_ROOT / ".vllm-envs"]
     cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(cache).expanduser().resolve() / "sched-harness" / "vllm-envs"
+    return [Path(cache).expanduser().resolve() / "sched-harness" / "vllm-envs"]
+
+
+def envs_root() -> Path:
+    """Where new envs are built: the first of ``envs_roots()``."""
+    return envs_roots()[0]
 
 
 def env_dir(version: str) -> Path:
-    return envs_root() / check_version(version)
+    """``version``'s env: the first root holding a ready one, else where it
+    would be built."""
+    check_version(version)
+    for root in envs_roots():
+        if _ready_at(root / version, version):
+            return root / version
+    return envs_root() / version
 
 
 def env_python(version: str) -> Path:
@@ -86,15 +118,18 @@ def read_pins() -> list[str]:
     return [ln for ln in lines if ln]
 
 
-def is_ready(version: str) -> bool:
-    """True when the venv was built completely with the current pins."""
-    marker = env_dir(version) / MARKER
+def _ready_at(target: Path, version: str) -> bool:
     try:
-        data = json.loads(marker.read_text())
+        data = json.loads((target / MARKER).read_text())
     except (OSError, ValueError):
         return False
     return (data.get("version") == version and data.get("pins_sha256") == _pins_sha256()
-            and env_python(version).exists())
+            and (target / "bin" / "python").exists())
+
+
+def is_ready(version: str) -> bool:
+    """True when the venv was built completely with the current pins."""
+    return _ready_at(env_dir(version), version)
 
 
 @contextmanager
@@ -138,6 +173,12 @@ def ensure_env(version: str, *, log: Callable[[str], None] | None = None,
         if is_ready(version) and not force:
             say(f"vLLM {version} env ready: {env_dir(version)}")
             return env_python(version)
+        if version not in SUPPORTED_VERSIONS:
+            # Every other release: vLLM alone over one shared dependency
+            # layer (harness/candidates/vllm/layered.py).
+            from harness.candidates.vllm.layered import build_layered
+
+            return build_layered(version, envs_root(), log=say)
         target = env_dir(version)
         if target.exists():
             say(f"removing incomplete env {target}")

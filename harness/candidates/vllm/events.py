@@ -59,6 +59,17 @@ def blocks_of(kv_blocks) -> list[int]:
     return list(ids[0]) if ids else []
 
 
+def table_of(kv_cache_manager, request_id: str) -> list[int]:
+    """The request's whole block table (single group). Feature probe:
+    ``KVCacheManager.get_blocks`` from 0.10.1 on, ``get_block_ids`` (a tuple
+    of per-group id lists) in 0.10.0. KeyError for an unknown request."""
+    get_blocks = getattr(kv_cache_manager, "get_blocks", None)
+    if get_blocks is not None:
+        return blocks_of(get_blocks(request_id))
+    ids = kv_cache_manager.get_block_ids(request_id)
+    return list(ids[0]) if ids else []
+
+
 def kwargs_for(callable_obj, wanted: dict) -> dict:
     """The subset of ``wanted`` that ``callable_obj`` accepts."""
     params = inspect.signature(callable_obj).parameters
@@ -107,7 +118,9 @@ class DecisionHooks:
     """Wraps, on one scheduler instance, ``kv_cache_manager.allocate_slots``
     (each successful call inside ``schedule()`` is a scheduling decision),
     ``kv_cache_manager.free`` (the blocks a request releases, tail first) and
-    ``_preempt_request`` (a preemption, with the blocks it freed).
+    ``_preempt_request`` (a preemption, with the blocks it freed; a release
+    without it preempts inline, seen as the free of a RUNNING request inside
+    ``schedule()``).
 
     ``seq`` collects the current schedule's decisions (``begin()`` resets it);
     ``freed`` maps request id -> blocks released by its last free (pop them);
@@ -154,7 +167,13 @@ class DecisionHooks:
         orig_alloc = kvm.allocate_slots
         alloc_sig = inspect.signature(orig_alloc)
         orig_free = kvm.free
-        orig_preempt = sched._preempt_request
+        # Feature probe: releases before _preempt_request (before 0.12.0) preempt
+        # inline in schedule(): running.pop(), kv_cache_manager.free(victim),
+        # then status PREEMPTED and num_computed_tokens = 0. There, a free
+        # inside schedule() of a RUNNING request is that preemption (nothing
+        # else frees during schedule() in those releases).
+        orig_preempt = getattr(sched, "_preempt_request", None)
+        self.inline_preempt = orig_preempt is None
         hooks = self
 
         @functools.wraps(orig_alloc)  # keeps the signature for whoever wraps us
@@ -172,7 +191,7 @@ class DecisionHooks:
                     hooks.seq.append(("remote_load", request.request_id, status_before,
                                       bound.get("num_new_computed_tokens", 0),
                                       bound.get("num_external_computed_tokens", 0),
-                                      blocks_of(kvm.get_blocks(request.request_id)),
+                                      table_of(kvm, request.request_id),
                                       bound.get("reserved_blocks", 0), n_new))
                     return result
                 # Drafts a running request gets verified (vLLM picks them right
@@ -186,7 +205,7 @@ class DecisionHooks:
                 hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
                                   n_new, bound.get("num_new_computed_tokens", 0),
                                   blocks_of(result), spec,
-                                  blocks_of(kvm.get_blocks(request.request_id))))
+                                  table_of(kvm, request.request_id)))
             return result
 
         @functools.wraps(orig_free)  # keeps the signature for whoever wraps us
@@ -194,14 +213,20 @@ class DecisionHooks:
             if not hooks.active:
                 return orig_free(request, *args, **kwargs)
             try:
-                table = blocks_of(kvm.get_blocks(request.request_id))
+                table = table_of(kvm, request.request_id)
             except KeyError:
                 table = []
+            computed_before = request.num_computed_tokens
+            inline_victim = (hooks.inline_preempt and hooks.in_schedule
+                             and request.status.name == "RUNNING")
             orig_free(request, *args, **kwargs)
             hooks.freed[request.request_id] = table[::-1]
             hooks.fences.pop(request.request_id, None)
             if hooks.free_order is not None:
                 hooks.free_order.append(request.request_id)
+            if inline_victim:
+                hooks.freed.pop(request.request_id, None)
+                hooks.seq.append(("preempt", request.request_id, computed_before, table[::-1], None))
 
         orig_pop = getattr(kvm, "pop_blocks_for_free", None)
 
@@ -307,7 +332,8 @@ class DecisionHooks:
             kvm.pop_blocks_for_free = pop_blocks_for_free
         if orig_drain is not None:
             sched._drain_deferred_frees = _drain_deferred_frees
-        sched._preempt_request = _preempt_request
+        if orig_preempt is not None:
+            sched._preempt_request = _preempt_request
         if isinstance(getattr(sched, "deferred_waiting", None), set):
             sched.deferred_waiting = _SkipRecordingSet(sched.deferred_waiting)
         elif (getattr(sched, "skipped_waiting", None) is not None

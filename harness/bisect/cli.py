@@ -1,0 +1,141 @@
+"""``harness bisect SCENARIO|TRACE --versions A..B``: the command (see ``core``).
+
+Exit codes: 0 every release that ran is clean with the same decisions as the
+one before it; 1 a verdict or the decisions change somewhere (the row named
+on the last line); 2 unusable input (a bad range, an unreadable scenario or
+trace, no release could run it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from harness.bisect.core import BisectError, BisectResult, parse_versions, run_bisect
+
+
+def _fail(err: Console, message: str) -> None:
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    sys.exit(2)
+
+
+def _inputs(source: str, err: Console):
+    """(workload, config, seed) of a scenario file or of a trace's inputs."""
+    from reference.config import ConfigError
+    from reference.workload import WorkloadError
+    from workloads.scenario import is_scenario_path, load_scenario
+
+    from harness.replay import workload_from_trace
+    from harness.trace import TraceError, open_trace
+
+    try:
+        if is_scenario_path(source):
+            scenario = load_scenario(source)
+            return scenario.workload, scenario.engine_config({}), scenario.seed
+        from reference.config import EngineConfig
+
+        trace = open_trace(source)
+        return (workload_from_trace(trace), EngineConfig.from_dict(trace.meta["config"]),
+                int(trace.meta["seed"]))
+    except (ConfigError, WorkloadError, TraceError, OSError) as exc:
+        _fail(err, str(exc))
+    raise AssertionError
+
+
+def _divergence_text(row) -> str:
+    if row.same_as_previous is None:
+        return "-" if row.status != "ran" else "(first)"
+    if row.same_as_previous:
+        return f"same as {row.compared_with}"
+    d = row.divergence or {}
+    return (f"vs {row.compared_with}: step {d.get('step')} {d.get('kind') or ''} "
+            f"{d.get('request') or ''} {d.get('field')}: {d.get('a')!s:.40} -> {d.get('b')!s:.40}")
+
+
+def render(result: BisectResult, console: Console) -> None:
+    """The table, one row per release, and the closing verdict line."""
+    table = Table(title=f"bisect {result.source}"
+                  + (f" (scheduler_cls {result.scheduler_cls})" if result.scheduler_cls else ""))
+    for col in ("release", "verdict", "profile", "steps", "decisions", "s"):
+        table.add_column(col, overflow="fold")
+    for row in result.rows:
+        verdict = row.verdict if row.status == "ran" else f"{row.status}: {row.reason}"
+        table.add_row(row.version, verdict, row.profile or "-", str(row.steps or "-"),
+                      _divergence_text(row), f"{row.seconds:.0f}")
+    console.print(table)
+    console.print(verdict_line(result), soft_wrap=True)
+
+
+def verdict_line(result: BisectResult) -> str:
+    ran = [r for r in result.rows if r.status == "ran"]
+    change = result.first_change
+    head = f"{len(ran)} of {len(result.rows)} releases ran"
+    if change is None:
+        last = ran[-1].verdict if ran else "-"
+        return f"{head}: no change from {ran[0].version} to {ran[-1].version} ({last})" if ran else head
+    what = []
+    prev = next(r for r in result.rows if r.version == change.compared_with)
+    if change.verdict != prev.verdict:
+        what.append(f"verdict {prev.verdict} -> {change.verdict}")
+    if not change.same_as_previous:
+        d = change.divergence or {}
+        what.append(f"decisions diverge at step {d.get('step')}")
+    return f"{head}: first change at {change.version} (since {prev.version}): {'; '.join(what)}"
+
+
+@click.command("bisect")
+@click.argument("source", metavar="SCENARIO|TRACE")
+@click.option("--versions", required=True, metavar="A..B|V1,V2,...",
+              help="Releases to run: a range of the known v1-engine releases (0.10.0..0.33.0, "
+                   "four-part ones included) or a comma list.")
+@click.option("--candidate-class", "scheduler_cls", metavar="package.module:Class", default=None,
+              help="Run this vLLM Scheduler subclass on every release (found on PYTHONPATH), "
+                   "as vllm@VERSION,scheduler_cls=... does.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+def bisect(source: str, versions: str, scheduler_cls: str | None, as_json: bool) -> None:
+    """Record SCENARIO (or TRACE's inputs) on each vLLM release of --versions, building
+    envs as needed (HARNESS_VLLM_ENVS), check each under its own profile and compare its
+    decisions with the previous release's; name the first release where the verdict or
+    the decisions change. Exit 0 no change, 1 a change, 2 unusable input."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    console = Console(highlight=False, soft_wrap=True, emoji=False)
+    try:
+        chosen = parse_versions(versions)
+    except BisectError as exc:
+        _fail(err, str(exc))
+    if scheduler_cls is not None:
+        from harness.candidates.vllm.spec import VLLMSpecError, normalise_class_name
+
+        try:
+            scheduler_cls = normalise_class_name(scheduler_cls)
+        except VLLMSpecError as exc:
+            _fail(err, f"--candidate-class: {exc}")
+    workload, config, seed = _inputs(source, err)
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total} releases"), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task("bisect", total=len(chosen))
+
+        def on_row(version, row) -> None:
+            if row is None:
+                progress.update(task, description=f"vLLM {version}")
+            else:
+                progress.advance(task)
+
+        result = run_bisect(source, workload, config, seed, chosen, scheduler_cls=scheduler_cls,
+                            on_row=on_row,
+                            log=lambda line: progress.update(task, description=line[:60]))
+    if not any(r.status == "ran" for r in result.rows):
+        reasons = "; ".join(f"{r.version}: {r.reason}" for r in result.rows)
+        _fail(err, f"{source}: no release could run it ({reasons[:400]})")
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), default=str))
+    else:
+        render(result, console)
+    sys.exit(0 if result.first_change is None else 1)

@@ -1,0 +1,235 @@
+"""``harness bisect``: run one workload on a range of vLLM releases, find where it changes.
+
+For each release (oldest first) the workload (a scenario file, or a trace's
+inputs: workload, config, seed) is recorded with ``vllm@VERSION`` (with
+``scheduler_cls`` when given), building the release's env when missing
+(``env.ensure_env``); the recording is checked under ``--semantics auto``
+(that release's measured profile, or the safety layer where none was
+measured) and compared, step by step, with the previous release's recording
+(``harness.diff.diff_traces``: the first divergent decision). A release that
+cannot express the config is a ``refused`` row (its reason), one that cannot
+be built a ``unavailable`` row; neither breaks the chain of comparisons.
+
+The first release whose verdict (clean, or violations by invariant) or
+decisions differ from the previous one's is the ``first_change``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reference.candidate import CandidateError, CandidateRefused
+from reference.config import EngineConfig
+from reference.workload import Workload
+
+from harness.candidates.vllm.env import VLLMEnvError, check_version, ensure_env, version_tuple
+
+#: vLLM's releases with the v1 engine core, oldest first (PyPI's list as of
+#: 0.33.0; a range ``A..B`` selects from it, a comma list may name others).
+RELEASES = (
+    "0.10.0", "0.10.1", "0.10.1.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0",
+    "0.14.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1",
+    "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0",
+    "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
+    "0.31.0", "0.32.0", "0.33.0",
+)
+
+
+class BisectError(ValueError):
+    """Unusable arguments (a bad version range); the message is one line."""
+
+
+def parse_versions(text: str) -> list[str]:
+    """``A..B`` (the releases of ``RELEASES`` from A to B, both included) or
+    ``V1,V2,...`` (exactly those, sorted). Raises BisectError."""
+    text = text.strip()
+    try:
+        if ".." in text:
+            lo, _, hi = text.partition("..")
+            lo_t, hi_t = version_tuple(check_version(lo)), version_tuple(check_version(hi))
+            if lo_t > hi_t:
+                raise BisectError(f"--versions {text}: {lo} is newer than {hi}")
+            chosen = [v for v in RELEASES if lo_t <= version_tuple(v) <= hi_t]
+        else:
+            chosen = sorted({check_version(v.strip()) for v in text.split(",") if v.strip()},
+                            key=version_tuple)
+    except VLLMEnvError as exc:
+        raise BisectError(f"--versions {text}: {exc}") from None
+    if len(chosen) < 2:
+        raise BisectError(f"--versions {text}: names {len(chosen)} release(s); bisect needs two or more")
+    return chosen
+
+
+@dataclass
+class Row:
+    """One release: ``status`` is ``ran``, ``refused`` (it cannot express the
+    config), ``unavailable`` (its env could not be built) or ``failed`` (the
+    candidate raised at construction); ``verdict`` "clean" or "ID ×n, ...";
+    ``violations`` by invariant; ``same_as_previous`` (None for the first
+    release that ran); ``divergence`` vs the previous release that ran;
+    ``seconds``: wall time of the row (build included)."""
+
+    version: str
+    status: str
+    verdict: str = ""
+    violations: dict[str, int] = field(default_factory=dict)
+    profile: str = ""
+    steps: int = 0
+    same_as_previous: bool | None = None
+    compared_with: str | None = None
+    divergence: dict[str, Any] | None = None
+    reason: str = ""
+    seconds: float = 0.0
+    build_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "status": self.status, "verdict": self.verdict,
+                "violations": dict(self.violations), "profile": self.profile, "steps": self.steps,
+                "same_as_previous": self.same_as_previous, "compared_with": self.compared_with,
+                "divergence": self.divergence, "reason": self.reason,
+                "seconds": round(self.seconds, 1), "build_seconds": round(self.build_seconds, 1)}
+
+
+@dataclass
+class BisectResult:
+    """All rows, and the first release whose verdict or decisions changed."""
+
+    source: str
+    scheduler_cls: str | None
+    rows: list[Row]
+
+    @property
+    def first_change(self) -> Row | None:
+        previous: Row | None = None
+        for row in self.rows:
+            if row.status != "ran":
+                continue
+            if previous is not None and (row.verdict != previous.verdict or not row.same_as_previous):
+                return row
+            previous = row
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        change = self.first_change
+        return {"source": self.source, "scheduler_cls": self.scheduler_cls,
+                "rows": [r.to_dict() for r in self.rows],
+                "first_change": None if change is None else {
+                    "version": change.version, "previous": change.compared_with,
+                    "verdict_changed": change.verdict != self._previous_verdict(change),
+                    "decisions_changed": not change.same_as_previous}}
+
+    def _previous_verdict(self, row: Row) -> str:
+        prev = next(r for r in self.rows if r.version == row.compared_with)
+        return prev.verdict
+
+
+def first_divergence(a, b) -> dict[str, Any] | None:
+    """The first step where traces ``a`` and ``b`` (of one workload) differ, as
+    ``{step, event_index, kind, request, field, a, b}``, or None: the rows of
+    every step compared as ``harness replay`` compares them
+    (``replay.first_difference``; a step only one trace has is a divergence,
+    e.g. after a crash)."""
+    from itertools import zip_longest
+
+    from harness.replay import first_difference
+
+    for item_a, item_b in zip_longest(a.iter_steps(), b.iter_steps()):
+        if item_a is None or item_b is None:
+            step = (item_a or item_b)[0]
+            return {"step": step, "event_index": 0, "kind": None, "request": None, "field": "event",
+                    "a": "end of trace" if item_a is None else f"step {step}",
+                    "b": "end of trace" if item_b is None else f"step {step}"}
+        d = first_difference(item_a[0], item_a[1], item_b[1])
+        if d is not None:
+            return {"step": d.step, "event_index": d.event_index, "kind": d.kind,
+                    "request": d.request, "field": d.field, "a": d.expected, "b": d.actual}
+    return None
+
+
+def identical_steps(a, b) -> tuple[int, int]:
+    """``(steps of a whose rows b repeats exactly, steps of a)``: the fidelity
+    share of ``bench/vllm_fidelity.py``."""
+    from itertools import zip_longest
+
+    from harness.replay import first_difference
+
+    same = total = 0
+    for item_a, item_b in zip_longest(a.iter_steps(), b.iter_steps()):
+        if item_a is None:
+            break
+        total += 1
+        if item_b is not None and first_difference(item_a[0], item_a[1], item_b[1]) is None:
+            same += 1
+    return same, total
+
+
+def verdict_of(by_invariant: dict[str, int]) -> str:
+    """``clean`` or ``ID ×n, ...`` (most frequent first, then by id)."""
+    if not by_invariant:
+        return "clean"
+    items = sorted(by_invariant.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{k} ×{n}" for k, n in items)
+
+
+def run_bisect(source: str, workload: Workload, config: EngineConfig, seed: int, versions: list[str],
+               *, scheduler_cls: str | None = None,
+               on_row: Callable[[str, Row | None], None] | None = None,
+               log: Callable[[str], None] | None = None) -> BisectResult:
+    """Record ``workload`` on every release of ``versions`` (oldest first) and
+    compare each with the previous one that ran; see the module docstring.
+    ``on_row(version, None)`` is called when a release starts, ``on_row(version,
+    row)`` when it is done. Recordings are temporary files, removed after use."""
+    from harness.candidates.resolve import CandidateSpecError, resolve_candidate
+    from harness.check import check_trace
+    from harness.trace import open_trace
+    from harness.trace.recorder import record
+
+    rows: list[Row] = []
+    notify = on_row or (lambda _v, _r: None)
+    with tempfile.TemporaryDirectory(prefix="sched-harness-bisect-") as tmp:
+        previous: tuple[Row, Path] | None = None
+        for version in versions:
+            notify(version, None)
+            t0 = time.monotonic()
+            row = Row(version, "ran")
+            try:
+                ensure_env(version, log=log)
+            except (VLLMEnvError, OSError) as exc:
+                row.status, row.reason = "unavailable", " ".join(str(exc).split())
+            row.build_seconds = time.monotonic() - t0
+            if row.status == "ran":
+                spec = f"vllm@{version}" + (f",scheduler_cls={scheduler_cls}" if scheduler_cls else "")
+                out = Path(tmp) / f"{version}.parquet"
+                try:
+                    factory = resolve_candidate(spec)
+                    record(workload, config, out, seed=seed, engine=spec, candidate_factory=factory)
+                except CandidateSpecError as exc:
+                    row.status, row.reason = "failed", str(exc)
+                except CandidateError as exc:
+                    cause = exc.__cause__
+                    if isinstance(cause, CandidateRefused):
+                        row.status, row.reason = "refused", " ".join(str(cause).split())
+                    else:
+                        row.status, row.reason = "failed", " ".join(str(exc).split())
+            if row.status == "ran":
+                trace = open_trace(out)
+                checked = check_trace(trace, "auto")
+                row.violations = dict(checked.by_invariant)
+                row.verdict = verdict_of(row.violations)
+                row.profile = checked.profile
+                row.steps = checked.steps
+                if previous is not None:
+                    found = first_divergence(open_trace(previous[1]), trace)
+                    row.compared_with = previous[0].version
+                    row.same_as_previous = found is None
+                    row.divergence = found
+                previous = (row, out)
+            row.seconds = time.monotonic() - t0
+            rows.append(row)
+            notify(version, row)
+    return BisectResult(source, scheduler_cls, rows)
