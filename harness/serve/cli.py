@@ -200,7 +200,8 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                 res = serve_workload(wl, config, output, model, seed=seed, time_limit_s=time_limit,
                                      on_event=on_event, say=lambda m: err.print(f"[dim]serve:[/] {escape(m)}"))
                 line = (f"vLLM {res.vllm_version} server: {res.answered}/{res.requests} answered "
-                        f"({res.aborted} aborted by disconnect, {res.failed} failed), {res.output_tokens} "
+                        f"({res.aborted} aborted by disconnect, {res.rejected} refused, {res.failed} "
+                        f"failed), {res.output_tokens} "
                         f"output tokens in {res.serve_s:.1f} s ({res.tokens_per_s:.0f} tokens/s)")
         except KeyboardInterrupt:
             err.print(f"interrupted: vLLM stopped; log kept at {log_path}")
@@ -221,6 +222,8 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                   f"{conv['preemptions']} preemptions, {conv['prefix_hit_tokens']} prefix-hit tokens")
     from harness.cli import _check, _open, _report
 
+    for req_id, why in sorted(getattr(res, "errors", {}).items())[:5]:
+        err.print(f"[yellow]request {req_id}:[/] {escape(why)}")
     failed = getattr(res, "failed", 0)
     if failed:
         err.print(f"[bold red]{failed} request(s) were not answered[/] (log: {escape(str(log_path))})")

@@ -52,6 +52,16 @@ def side_files(trace_path: str | Path) -> tuple[Path, Path]:
     return p.with_suffix(".jsonl"), p.with_suffix(".log")
 
 
+def finished_or_salvaged(jsonl: Path) -> tuple[Path | None, bool]:
+    """``(recording, salvaged)``: ``jsonl`` if the recording scheduler finished it,
+    else its newest temporary file (``.NAME.<pid>.tmp``: written and flushed every
+    step, so a killed engine leaves one whose complete steps convert), else None."""
+    if jsonl.is_file():
+        return jsonl, False
+    tmps = sorted(jsonl.parent.glob(f".{jsonl.name}.*.tmp"), key=lambda p: p.stat().st_mtime)
+    return (tmps[-1], True) if tmps else (None, False)
+
+
 def log_tail(log_path: Path, lines: int = 15) -> str:
     """The last ``lines`` non-empty lines of ``log_path`` (for a failure message)."""
     try:
@@ -75,20 +85,22 @@ def child_env(trace_jsonl: Path | None) -> dict[str, str]:
 
 
 def stop_process(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """Stop ``proc`` (started with ``start_new_session``) by its PID: SIGINT, then
-    SIGTERM, then SIGKILL to its process group; returns once it has exited."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+    """Stop ``proc`` (started with ``start_new_session``) by its PID: SIGINT to it
+    alone (vLLM's server then drains and stops its EngineCore itself, whose
+    scheduler finishes the recording), then SIGTERM and SIGKILL to its process
+    group; returns once it has exited, with nothing of its group left."""
+    if proc.poll() is None:
+        for sig, wait, group in ((signal.SIGINT, grace_s, False), (signal.SIGTERM, 5.0, True),
+                                 (signal.SIGKILL, 5.0, True)):
+            try:
+                os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
     try:  # whatever it left in its group (vLLM's workers)
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -206,7 +218,7 @@ def record_offline(wl: Workload, config: EngineConfig, out_path: str | Path, mod
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     jsonl, log_path = side_files(out)
-    for stale in (jsonl,):
+    for stale in [jsonl, *jsonl.parent.glob(f".{jsonl.name}.*.tmp")]:  # an earlier run's
         stale.unlink(missing_ok=True)
     result = OfflineResult(requests=len(wl.requests))
     started = time.monotonic()
