@@ -206,7 +206,7 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
         except KeyboardInterrupt:
             err.print(f"interrupted: vLLM stopped; log kept at {log_path}")
             sys.exit(130)
-        except (ServeError, ServeConfigError) as exc:
+        except (ServeError, ServeConfigError, VLLMEnvError, ModelError) as exc:
             from harness.serve.offline import log_tail
 
             tail = log_tail(log_path)

@@ -460,6 +460,47 @@ class _Recorder:
         self.close()
 
 
+# -- aborts that arrive between schedule() and update_from_output() ---------
+#
+# vLLM's EngineCore.step processes the aborts that came in while the model ran
+# (``_process_aborts_queue``) after ``schedule()`` and before
+# ``update_from_output()``. The trace's step has no such point: its aborts are
+# inputs before ``schedule()``. Recorded where they happen, such an abort would
+# leave a step whose request reached the end of its tokens but sampled
+# nothing, with blocks freed under the step (OUTPUT-ONLY-COMPLETE and
+# BLOCK-CONSERVATION on a correct server). So by default (``SCHED_HARNESS_MID_STEP_ABORTS``
+# unset or ``defer``) the recording scheduler applies such an abort right after
+# ``update_from_output()`` instead, as if the client had gone away a moment
+# later (when a disconnect reaches the engine is a race anyway): the request
+# gets this step's token (or finishes by itself) and is aborted before the
+# next ``schedule()``, where the trace has it. ``record`` keeps vLLM's timing
+# and the converter moves the abort to the next step with a warning.
+
+ENV_MID_STEP_ABORTS = "SCHED_HARNESS_MID_STEP_ABORTS"
+
+
+def _defer_mid_step_abort(rec, request_ids, finished_status) -> bool:
+    """True (and the ids kept for later) when this ``finish_requests`` call is an
+    abort between schedule() and update_from_output() that is to be deferred."""
+    if not (rec.enabled and rec.mid_step and os.environ.get(ENV_MID_STEP_ABORTS, "defer") == "defer"):
+        return False
+    if getattr(finished_status, "name", "") != "FINISHED_ABORTED" or request_ids is None:
+        return False
+    ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+    pending = rec.__dict__.setdefault("deferred_aborts", [])
+    pending.append((ids, finished_status))
+    return True
+
+
+def _apply_deferred_aborts(sched, rec) -> None:
+    """Apply the aborts ``_defer_mid_step_abort`` kept (in arrival order), now that
+    the step's update is done; they are recorded as inputs of the next step."""
+    pending = rec.__dict__.pop("deferred_aborts", None)
+    rec.mid_step = False
+    for ids, status in pending or ():
+        sched.finish_requests(ids, status)
+
+
 def _build_recording_scheduler():
     from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -482,6 +523,8 @@ def _build_recording_scheduler():
             rec = self._sched_harness
             if rec.in_abort:  # re-entered (e.g. from add_request): outer call records
                 return super().finish_requests(request_ids, finished_status)
+            if _defer_mid_step_abort(rec, request_ids, finished_status):
+                return []
             live = rec.guard(rec.begin_abort, request_ids) or {}
             rec.in_abort = True
             try:
@@ -523,6 +566,7 @@ def _build_recording_scheduler():
                 raise
             if pre is not None:
                 rec.guard(rec.after_update, pre)
+            _apply_deferred_aborts(self, rec)
             return outputs
 
         def update_draft_token_ids(self, draft_token_ids) -> None:
