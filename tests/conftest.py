@@ -37,6 +37,8 @@ ONE_WORKER_MODULES = {
     "tests/test_finding_vllm_0_20_2_resume_before_stale_output.py": "vllm-pool",
     "tests/test_vllm_versions.py": "vllm-pool",
     "tests/test_vllm_recording.py": "vllm-recording",
+    # Real vLLM serving a tiny model: one serving env, one model, CPU-heavy runs in sequence.
+    "tests/test_serve.py": "vllm-serve",
 }
 
 

@@ -9,6 +9,7 @@ a one-line message; 130 on Ctrl-C (after the server is stopped).
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -175,6 +176,7 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
         _fail(str(exc))
     total = len(wl.requests)
     jsonl, log_path = side_files(output)
+    started_at = time.time() - 1
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} requests done"), TimeElapsedColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as progress:
@@ -209,7 +211,8 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
         except (ServeError, ServeConfigError, VLLMEnvError, ModelError) as exc:
             from harness.serve.offline import log_tail
 
-            tail = log_tail(log_path)
+            fresh = log_path.is_file() and log_path.stat().st_mtime >= started_at
+            tail = log_tail(log_path) if fresh else ""
             if tail:
                 err.print(f"[dim]--- last lines of {escape(str(log_path))} ---[/]\n{escape(tail)}")
             _fail(str(exc))
