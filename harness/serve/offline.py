@@ -139,7 +139,10 @@ class OfflineEngine:
         return resp
 
     def _died(self, op: str) -> ServeError:
-        code = self.proc.poll()
+        try:  # its pipe closed as it exited: give the exit a moment to be reaped
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
         self.log.flush()
         last = log_tail(self.log_path, 1)
         return ServeError(f"vLLM exited (code {code}) during {op!r}: {last[:300]} (log: {self.log_path})")

@@ -81,8 +81,13 @@ What ``convert`` does with them (the trace is replayable because of it):
 * ``scripted_output_len`` is the output length of a request that stopped on
   EOS (the scripted model emits EOS there); null otherwise.
 * ``finish_requests`` calls between ``schedule()`` and ``update_from_output()``
-  (vLLM's ``_process_aborts_queue``) cannot be placed in the trace's step
-  order; they are moved to the next step and counted in
+  (vLLM's ``_process_aborts_queue``: a client that disconnected while the
+  model ran) cannot be placed in the trace's step order. By default the
+  recording scheduler applies such an abort right after
+  ``update_from_output()`` (``_defer_mid_step_abort``: as if the disconnect had
+  reached the engine a moment later), so it is recorded before the next
+  ``schedule()``; with ``SCHED_HARNESS_MID_STEP_ABORTS=record`` vLLM's timing is
+  kept, and convert moves those aborts to the next step and counts them in
   ``vllm_recording.warnings``.
 
 One file over ~500 lines on purpose: it is loaded inside vLLM's engine-core
@@ -947,7 +952,10 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                 raise ConvertError(f"{src}:{where}: request {req_id!r} in status {status} "
                                    f"(the reference has no such status)")
             out.append(RequestState(rid(req_id, where), RequestStatus[status], computed, tuple(drafts)))
-        return out
+        # By trace id, as the engine loop lists them: the recorder sorted vLLM's own ids, and a
+        # server's ids (``cmpl-<random>-0``) do not sort in add order (regression: replay of a
+        # served recording diverged on the order of two victims' request_state rows).
+        return sorted(out, key=lambda st: st.request_id)
 
     def decision(e: dict, where: int):
         if e["type"] == "schedule":
