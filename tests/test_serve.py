@@ -320,3 +320,29 @@ def test_ctrl_c_stops_the_server(model, tmp_path) -> None:
         except OSError:
             continue
     assert [pid for pid in leftover if _alive(int(pid))] == []
+
+
+@pytest.mark.vllm
+def test_a_recorder_that_cannot_start_leaves_vllm_serving(model, tmp_path) -> None:
+    """SCHED_HARNESS_TRACE under a file (no folder can be made there): vLLM logs it once and serves."""
+    from harness.serve.config import engine_args
+    from harness.serve.offline import OfflineEngine
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    engine = OfflineEngine(blocker / "trace.jsonl", tmp_path / "vllm.log")
+    try:
+        engine.call({"op": "init", "model": str(model), "record": True,
+                     "engine_args": engine_args(EngineConfig(block_size=32, num_gpu_blocks=16,
+                                                             max_model_len=256))}, timeout=600)
+        engine.call({"op": "add", "request": {"request_id": "r000000", "prompt_token_ids": [11, 12, 13],
+                                              "max_tokens": 5}})
+        finished = []
+        for _ in range(10):
+            finished += engine.call({"op": "step"})["finished"]
+        assert [(f[0].split("-")[0], len(f[1]), f[2]) for f in finished] == [("r000000", 5, "length")]
+    finally:
+        engine.close()
+    log = (tmp_path / "vllm.log").read_text()
+    assert log.count("sched-harness recording could not start (FileExistsError") == 1, log[-2000:]
+    assert not (blocker / "trace.jsonl").exists()

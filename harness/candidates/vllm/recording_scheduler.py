@@ -465,6 +465,47 @@ class _Recorder:
         self.close()
 
 
+# -- a recorder that cannot start must not stop the server -----------------
+
+class _NotRecording:
+    """Stands in for ``_Recorder`` when it could not start: every hook is a no-op,
+    so the scheduler is vLLM's own."""
+
+    enabled = False
+    closed = True
+    in_abort = False
+    mid_step = False
+    steps = 0
+
+    def guard(self, fn, *args):
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def __getattr__(self, name: str):  # on_add, begin_abort, ...: never called through guard
+        return lambda *args, **kwargs: None
+
+
+def _start_recorder(sched):
+    """The scheduler's ``_Recorder``; a configuration it refuses (``RecordingError``:
+    async scheduling, several batches in flight) still stops the start-up, so that
+    a run nobody can check is not mistaken for a recorded one, but any other
+    failure to start (an unwritable ``SCHED_HARNESS_TRACE``, a vLLM attribute that
+    moved) is logged once and the server runs unrecorded (raised under
+    ``SCHED_HARNESS_STRICT=1``)."""
+    try:
+        return _Recorder(sched)
+    except RecordingError:
+        raise
+    except Exception as exc:
+        if os.environ.get(ENV_STRICT) == "1":
+            raise
+        _log.error("sched-harness recording could not start (%s: %s); serving without recording",
+                   type(exc).__name__, exc)
+        return _NotRecording()
+
+
 # -- aborts that arrive between schedule() and update_from_output() ---------
 #
 # vLLM's EngineCore.step processes the aborts that came in while the model ran
@@ -516,7 +557,7 @@ def _build_recording_scheduler():
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self._sched_harness = _Recorder(self)
+            self._sched_harness = _start_recorder(self)
 
         def add_request(self, request) -> None:
             rec = self._sched_harness
