@@ -235,7 +235,7 @@ def test_offline_recording_replays_with_the_recorded_tokens(offline_pair) -> Non
 def test_a_sigkilled_engine_leaves_a_checkable_prefix(model, tmp_path) -> None:
     from harness.candidates.vllm.recording_scheduler import convert
     from harness.serve.cli import load_serve_inputs
-    from harness.serve.offline import ServeError, finished_or_salvaged, record_offline, side_files
+    from harness.serve.offline import finished_or_salvaged, record_offline, side_files
 
     config, wl, seed = load_serve_inputs(str(SCENARIO), {}, None, 1.0, None, 1, False)
     out = tmp_path / "killed.parquet"
@@ -245,12 +245,14 @@ def test_a_sigkilled_engine_leaves_a_checkable_prefix(model, tmp_path) -> None:
         if step == 100:
             (tmp,) = jsonl.parent.glob(f".{jsonl.name}.*.tmp")
             os.kill(int(tmp.name.rsplit(".", 2)[1]), signal.SIGKILL)  # the engine's PID
-    with pytest.raises(ServeError, match=r"^vLLM exited \(code -9\) during 'step'"):
-        record_offline(wl, config, out, model, seed=seed, on_step=kill_at_100)
+    result = record_offline(wl, config, out, model, seed=seed, on_step=kill_at_100)
+    assert result.error.startswith("vLLM exited (code -9) during 'step'"), result.error
     found, salvaged = finished_or_salvaged(jsonl)
     assert salvaged and found.name.startswith(".killed.jsonl.")
-    summary = convert(found, out)
+    summary = result.convert  # the temporary file's complete steps, converted
     assert summary["steps"] == 100 and "no end record: the server did not shut down cleanly" in summary["warnings"]
+    assert summary["warnings"][-1] == f"vLLM did not finish the recording: converted the complete steps of {found.name}"
+    assert convert(found, tmp_path / "again.parquet")["steps"] == 100
     # Every invariant holds on the complete steps; only LIVENESS speaks, for exactly the requests the
     # kill left unfinished (a prefix cannot show them finishing: the trace has no end-of-run mark).
     r = CliRunner().invoke(main, ["check", str(out), "--json"])

@@ -217,6 +217,9 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                 err.print(f"[dim]--- last lines of {escape(str(log_path))} ---[/]\n{escape(tail)}")
             _fail(str(exc))
     console.print(line)
+    if res.error:
+        err.print(f"[bold red]vLLM failed mid-run:[/] {escape(res.error)}; the trace holds the steps "
+                  f"recorded up to it")
     conv = res.convert
     for warning in conv.get("warnings", ()):
         err.print(f"[yellow]warning:[/] {escape(warning)}")
@@ -233,7 +236,7 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
     trace = _open(output)
     result = _check(trace, semantics)
     _report(result, None, False, trace)
-    sys.exit(0 if result.ok and not failed else 1)
+    sys.exit(0 if result.ok and not failed and not res.error else 1)
 
 
 def register(main: click.Group) -> None:

@@ -178,6 +178,7 @@ class OfflineResult:
     sched_s: list[float] = field(default_factory=list)   # per step: schedule+update, recording included
     vllm_s: list[float] = field(default_factory=list)    # per step: vLLM's own methods
     convert: dict | None = None
+    error: str | None = None   # vLLM failed mid-run (the trace holds the steps up to it)
 
 
 def request_message(spec: RequestSpec, clock: float) -> dict:
@@ -230,15 +231,33 @@ def record_offline(wl: Workload, config: EngineConfig, out_path: str | Path, mod
         init = engine.call({"op": "init", "model": str(Path(model_dir).resolve()), "engine_args": args,
                             "record": record, "timing": timing}, timeout=600)
         result.vllm_version, result.init_s = init["vllm_version"], init["init_s"]
-        _drive(engine, wl, config, result, max_steps, started + time_limit_s, on_step)
+        try:
+            _drive(engine, wl, config, result, max_steps, started + time_limit_s, on_step)
+        except ServeError as exc:  # mid-run: what was recorded up to it is still a trace
+            if not record:
+                raise
+            result.error = str(exc)
     finally:
         engine.close()
     result.wall_s = time.monotonic() - started
     if record:
-        if not jsonl.is_file():
-            raise ServeError(f"vLLM wrote no finished recording at {jsonl} (log: {log_path})")
-        result.convert = convert(jsonl, out)
+        result.convert = convert_recording(jsonl, out, log_path, result.error)
     return result
+
+
+def convert_recording(jsonl: Path, out: Path, log_path: Path, error: str | None = None) -> dict:
+    """Convert the finished recording ``jsonl`` (or, if the engine died first, its
+    temporary file's complete steps) to trace ``out``; ``convert``'s summary, with a
+    warning when the temporary file was used. ServeError when there is neither
+    (with ``error``, the failure that came first, as its message)."""
+    found, salvaged = finished_or_salvaged(jsonl)
+    if found is None:
+        raise ServeError(error or f"vLLM left no recording at {jsonl} (log: {log_path})")
+    summary = convert(found, out)
+    if salvaged:
+        summary["warnings"].append(f"vLLM did not finish the recording: converted the complete steps "
+                                   f"of {found.name}")
+    return summary
 
 
 def _drive(engine: OfflineEngine, wl: Workload, config: EngineConfig, result: OfflineResult,

@@ -35,10 +35,9 @@ from pathlib import Path
 from reference.config import EngineConfig
 from reference.workload import RequestSpec, Workload
 
-from harness.candidates.vllm.recording_scheduler import convert
 from harness.serve.config import serve_flags
 from harness.serve.env import require_serving_env
-from harness.serve.offline import (ServeError, check_offline_workload, child_env, finished_or_salvaged, side_files,
+from harness.serve.offline import (ServeError, check_offline_workload, child_env, convert_recording, side_files,
                                    stop_process)
 
 RECORDING_CLS = "harness.candidates.vllm.recording_scheduler.RecordingScheduler"
@@ -73,6 +72,7 @@ class ServeResult:
     finish_reasons: dict[str, str | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     convert: dict | None = None
+    error: str | None = None   # the server failed mid-run (the trace holds the steps up to it)
 
     @property
     def tokens_per_s(self) -> float:
@@ -183,19 +183,18 @@ def serve_workload(wl: Workload, config: EngineConfig, out_path: str | Path, mod
             on_event("starting vllm serve", 0)
         _wait_ready(proc, port, deadline, log_path)
         result.startup_s = time.monotonic() - started
-        _send_all(wl, config, port, result, deadline, on_event, proc, log_path)
+        try:
+            _send_all(wl, config, port, result, deadline, on_event, proc, log_path)
+        except ServeError as exc:  # mid-run: what was recorded up to it is still a trace
+            if not record:
+                raise
+            result.error = str(exc)
     finally:
         if on_event:
             on_event("stopping vllm serve", result.answered + result.aborted + result.rejected + result.failed)
         stop_process(proc, grace_s=SHUTDOWN_TIMEOUT_S + 20)
     if record:
-        found, salvaged = finished_or_salvaged(jsonl)
-        if found is None:
-            raise ServeError(f"vllm serve left no recording at {jsonl} (log: {log_path})")
-        result.convert = convert(found, out)
-        if salvaged:
-            result.convert["warnings"].append(f"the server did not finish the recording: converted "
-                                              f"the complete steps of {found.name}")
+        result.convert = convert_recording(jsonl, out, log_path, result.error)
     return result
 
 
