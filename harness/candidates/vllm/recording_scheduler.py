@@ -107,7 +107,9 @@ import json
 import logging
 import math
 import os
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -183,6 +185,49 @@ def _output_path(vllm_config) -> Path:
     return path.absolute()
 
 
+_FLUSH = object()
+
+
+class _LineWriter:
+    """The recording's file, written by a background thread: ``write`` and ``flush``
+    only queue (the JSON text is made by the caller, so nothing of vLLM's state is
+    read later); the thread writes each line and flushes at each ``flush`` (the
+    end of every step), so the file and write syscalls stay out of the scheduler's
+    ``schedule()`` and ``update_from_output()`` calls. ``close`` waits for the
+    queue to drain. A write that fails is logged once; the rest is dropped."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = open(path, "w", encoding="utf-8")
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sched-harness-writer", daemon=True)
+        self._thread.start()
+
+    def write(self, text: str) -> None:
+        self._queue.put(text)
+
+    def flush(self) -> None:
+        self._queue.put(_FLUSH)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=60)
+        self._fh.close()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self.failed is not None:
+                continue
+            try:
+                self._fh.flush() if item is _FLUSH else self._fh.write(item)
+            except Exception as exc:  # a full disk: the server goes on
+                self.failed = exc
+                _log.error("sched-harness recording could not write %s: %s", self._fh.name, exc)
+
+
 class _Recorder:
     """The recording state of one RecordingScheduler (kept off vLLM's namespace)."""
 
@@ -204,7 +249,7 @@ class _Recorder:
         self.path = _output_path(vc)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        self.fh = open(self.tmp, "w", encoding="utf-8")
+        self.fh = _LineWriter(self.tmp)
         meta = {"t": "meta", "format": FORMAT, "vllm_version": vllm.__version__,
                 "pid": os.getpid(), "started_unix": time.time(), "path": str(self.path),
                 "config": self._engine_config(vc), "vllm_config": self._raw_config(vc),
