@@ -7,7 +7,8 @@ Two halves in one file:
   imports only the standard library, ``vllm`` and ``harness/candidates/vllm/events.py``
   (stdlib only): no pyarrow, no ``reference`` package. As the server runs it
   writes newline-delimited JSON (one file per engine core) and flushes it at
-  the end of every step.
+  the end of every step (at most every ``SCHED_HARNESS_FLUSH_S`` seconds when
+  that is set).
 * ``convert(jsonl_path, parquet_path)`` -- runs in this project's venv and
   turns that JSONL into a Parquet trace (``docs/trace-format.md``) that
   ``harness check`` and ``harness replay`` read. pyarrow is imported inside it.
@@ -31,7 +32,7 @@ Usage on a GPU server (vLLM 0.33.0; the engine must run synchronously)::
 ``SCHED_HARNESS_TRACE`` (default ``./sched-harness-trace.jsonl``, relative to
 the engine core's working directory) names the output; with data parallelism
 each rank writes ``NAME.dp<rank>.jsonl``. While the server runs the data goes
-to ``.NAME.<pid>.tmp`` in the same folder (flushed every step, so a killed
+to ``.NAME.<pid>.tmp`` in the same folder (flushed at step ends, so a killed
 server leaves a usable temporary file: ``convert`` accepts it and drops an
 incomplete last step). ``SCHED_HARNESS_STRICT=1`` makes recording errors raise
 (tests); by default a recording error is logged, written to the file as an
@@ -107,9 +108,7 @@ import json
 import logging
 import math
 import os
-import queue
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -131,6 +130,7 @@ FORMAT = 2
 READABLE_FORMATS = (1, FORMAT)
 ENV_PATH = "SCHED_HARNESS_TRACE"
 ENV_STRICT = "SCHED_HARNESS_STRICT"
+ENV_FLUSH_S = "SCHED_HARNESS_FLUSH_S"
 DEFAULT_PATH = "sched-harness-trace.jsonl"
 
 _log = logging.getLogger("sched_harness.vllm_recording")
@@ -185,47 +185,33 @@ def _output_path(vllm_config) -> Path:
     return path.absolute()
 
 
-_FLUSH = object()
-
-
 class _LineWriter:
-    """The recording's file, written by a background thread: ``write`` and ``flush``
-    only queue (the JSON text is made by the caller, so nothing of vLLM's state is
-    read later); the thread writes each line and flushes at each ``flush`` (the
-    end of every step), so the file and write syscalls stay out of the scheduler's
-    ``schedule()`` and ``update_from_output()`` calls. ``close`` waits for the
-    queue to drain. A write that fails is logged once; the rest is dropped."""
+    """The recording's file, flushed at the end of every step, or at most every
+    ``SCHED_HARNESS_FLUSH_S`` seconds when that is set above 0 (fewer write
+    syscalls inside ``update_from_output()``; a killed server then loses up to
+    that much of the tail, the complete steps before it still convert). Written
+    with a 1 MiB buffer."""
 
     def __init__(self, path: Path) -> None:
-        self._fh = open(path, "w", encoding="utf-8")
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.failed: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="sched-harness-writer", daemon=True)
-        self._thread.start()
+        self._fh = open(path, "w", encoding="utf-8", buffering=1 << 20)
+        try:
+            self.interval = max(0.0, float(os.environ.get(ENV_FLUSH_S, "0")))
+        except ValueError:
+            self.interval = 0.0
+        self._last = time.monotonic()
+        self.name = self._fh.name
 
     def write(self, text: str) -> None:
-        self._queue.put(text)
+        self._fh.write(text)
 
-    def flush(self) -> None:
-        self._queue.put(_FLUSH)
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last >= self.interval:
+            self._fh.flush()
+            self._last = now
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=60)
         self._fh.close()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if self.failed is not None:
-                continue
-            try:
-                self._fh.flush() if item is _FLUSH else self._fh.write(item)
-            except Exception as exc:  # a full disk: the server goes on
-                self.failed = exc
-                _log.error("sched-harness recording could not write %s: %s", self._fh.name, exc)
 
 
 class _Recorder:
@@ -255,7 +241,7 @@ class _Recorder:
                 "config": self._engine_config(vc), "vllm_config": self._raw_config(vc),
                 "warnings": self._warnings(vc)}
         self._write(meta)
-        self.fh.flush()
+        self.fh.flush(force=True)
         atexit.register(self.close)
 
     # -- configuration -----------------------------------------------------
@@ -361,7 +347,7 @@ class _Recorder:
             try:
                 self._write({"t": "error", "step": self.steps,
                              "error": f"{type(exc).__name__}: {exc}"[:500]})
-                self.fh.flush()
+                self.fh.flush(force=True)
             except Exception:
                 pass
             return None
