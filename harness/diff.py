@@ -14,6 +14,15 @@ tokens), and when their ``arrival``/``reject`` rows hold the same requests
 (ids, prompts and the other request fields); otherwise ``WorkloadMismatch``
 (a ``TraceError``: the CLI exits 2). Different configs are reported
 (``config_diff``) but compared anyway.
+
+Recordings of a real engine (workload source ``live``: converted by
+``recording_scheduler.convert``) are matched without what is particular to
+one run: the sha256 and params (vLLM's request ids, which carry a random
+suffix, and the wall-clock arrival times) are left out, and so are the
+requests' ``arrival_time_s``/``abort_time_s`` (the virtual time of the step in
+which vLLM saw the request, an outcome of the run, not an input). Requests are
+matched by the order they were added (``r000000`` is the first), which is the
+workload's order in an offline recording (``harness serve-record --offline``).
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ DECISION_KINDS = ("preempt", "encoder_plan", "schedule", "withdraw", "schedule_e
 # Request fields of arrival/reject rows besides request_id and the prompt.
 _REQUEST_FIELDS = ("arrival_time_s", "abort_time_s", "priority", "max_tokens", "min_tokens",
                    "ignore_eos", "eos_token_id", "stop_token_ids", "scripted_output_len", "mm_positions")
+#: The request fields that are inputs of a live recording (its times are outcomes).
+_LIVE_REQUEST_FIELDS = tuple(k for k in _REQUEST_FIELDS if k not in ("arrival_time_s", "abort_time_s"))
 _CONTEXT_ROWS = 24  # rows of the divergent step shown per side in the text report
 
 
@@ -168,15 +179,16 @@ class _RequestDigests:
     from ``arrival`` and ``reject`` rows (a request rejected under one config
     and admitted under another is still the same request)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fields: tuple[str, ...] = _REQUEST_FIELDS) -> None:
         self.digests: dict[str, tuple[bytes, bytes]] = {}
+        self.fields = fields
 
     def add_step(self, rows: list[Row]) -> None:
         for row in rows:
             if row["kind"] in ("arrival", "reject"):
                 prompt = hashlib.blake2b(array("i", row["prompt_token_ids"] or ()).tobytes(),
                                          digest_size=16).digest()
-                rest = hashlib.blake2b(json.dumps([row[k] for k in _REQUEST_FIELDS]).encode(),
+                rest = hashlib.blake2b(json.dumps([row[k] for k in self.fields]).encode(),
                                        digest_size=16).digest()
                 self.digests[row["request_id"]] = (prompt, rest)
 
@@ -187,10 +199,17 @@ def _workload_identity(trace: Trace) -> dict[str, Any]:
             "seed": trace.meta["seed"]}
 
 
+def is_live(trace: Trace) -> bool:
+    """A recording of a real engine (``recording_scheduler.convert``: workload source ``live``)."""
+    return trace.meta["workload"].get("source") == "live"
+
+
 def check_same_workload_meta(a: Trace, b: Trace) -> None:
-    """Raise WorkloadMismatch when the metadata name different workloads or seeds."""
+    """Raise WorkloadMismatch when the metadata name different workloads or seeds
+    (two live recordings: source and seed only; see the module docstring)."""
     wa, wb = _workload_identity(a), _workload_identity(b)
-    for key in ("source", "sha256", "params", "seed"):
+    keys = ("source", "seed") if is_live(a) and is_live(b) else ("source", "sha256", "params", "seed")
+    for key in keys:
         if wa[key] != wb[key]:
             what = "workload " + key if key != "seed" else "seed"
             raise WorkloadMismatch(f"{a.path} vs {b.path}: not the same workload "
@@ -327,7 +346,8 @@ def diff_traces(a: Trace, b: Trace, on_step: Callable[[int], object] | None = No
     """
     check_same_workload_meta(a, b)
     stats_a, stats_b = TraceStats(), TraceStats()
-    req_a, req_b = _RequestDigests(), _RequestDigests()
+    fields = _LIVE_REQUEST_FIELDS if is_live(a) and is_live(b) else _REQUEST_FIELDS
+    req_a, req_b = _RequestDigests(fields), _RequestDigests(fields)
     found: FirstDivergence | None = None
     prev_a: list[Row] | None = None
     prev_b: list[Row] | None = None

@@ -5,7 +5,9 @@ parameters) and the config come from the trace itself; the scripted model is
 re-created from the trace's seed, so the candidate sees the same model outputs
 for the same positions. A trace recorded with a real model (metadata key
 ``model``) is re-driven with its recorded outputs instead
-(``harness.trace.playback``): no torch needed. The candidate's steps are compared
+(``harness.trace.playback``): no torch needed; so is a recording of a real
+vLLM engine (workload source ``live``, ``recording_scheduler.convert``), whose
+tokens came from the model it ran. The candidate's steps are compared
 with the trace's as they are produced; the run stops at the first differing
 step.
 """
@@ -163,7 +165,9 @@ def replay(trace: Trace, candidate_factory: CandidateFactory,
     """
     config = trace.config
     workload = workload_from_trace(trace)
-    runner_factory = playback_factory(trace) if trace_model(trace) is not None else None
+    # A real model's tokens (a torch run, or a live vLLM recording) are played back.
+    played = trace_model(trace) is not None or trace.meta["workload"].get("source") == "live"
+    runner_factory = playback_factory(trace) if played else None
     recorded = trace.iter_steps()
     compared = 0
     version = trace.meta.get("schema_version", SCHEMA_VERSION)

@@ -40,6 +40,8 @@ ONE_WORKER_MODULES = {
     "tests/test_vllm_path.py": "vllm-pool",
     "tests/test_vllm_releases.py": "vllm-releases",
     "tests/test_vllm_recording.py": "vllm-recording",
+    # Real vLLM serving a tiny model: one serving env, one model, CPU-heavy runs in sequence.
+    "tests/test_serve.py": "vllm-serve",
 }
 
 

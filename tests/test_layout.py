@@ -41,7 +41,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 
 # Folders and where their one paragraph lives.
 FOLDERS = ("reference", "reference/runners", "workloads", "harness", "harness/trace", "harness/check",
-           "harness/candidates", "harness/candidates/vllm", "harness/view", "tests", "bench", "golden", "traces", "docs")
+           "harness/candidates", "harness/candidates/vllm", "harness/view", "harness/serve", "tests", "bench", "golden", "traces", "docs")
 
 
 def _module_name(path: Path) -> str:

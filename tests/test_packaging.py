@@ -33,10 +33,12 @@ OWN = {"reference", "workloads", "harness"}
 # Optional imports -> the files allowed to import them (lazily for torch: see below).
 OPTIONAL = {
     "torch": {"reference/runners/torch_model.py", "reference/runners/torch_runner.py", "harness/outputs.py",
-              "harness/candidates/vllm/driver.py"},
+              "harness/candidates/vllm/driver.py", "harness/serve/tiny_model_script.py"},
+    # The serving env's own libraries, imported only by the scripts that run there (harness/serve/).
+    "transformers": {"harness/serve/tiny_model_script.py"},
     "pytest": {"harness/pytest_plugin.py", "harness/conformance.py"},
     "vllm": {"harness/candidates/vllm/driver.py", "harness/candidates/vllm/events.py",
-             "harness/candidates/vllm/recording_scheduler.py"},
+             "harness/candidates/vllm/recording_scheduler.py", "harness/serve/offline_runner.py"},
 }
 
 

@@ -444,8 +444,13 @@ def request_states(sched, preempted_req_ids=()) -> list[list]:
     ``Request``): every unfinished request that is not RUNNING and holds
     draft tokens, and every request of ``preempted_req_ids`` still known
     (the latest ``schedule()``'s victims), each once."""
+    # Without speculative decoding no request holds drafts: skip the scan of every
+    # request (twice a step in the recording scheduler; most of its per-step cost
+    # with many requests waiting).
+    drafting = getattr(sched, "num_spec_tokens", 1) != 0
     shown = {r.request_id: r for r in sched.requests.values()
-             if r.status.name != "RUNNING" and not r.is_finished() and getattr(r, "spec_token_ids", None)}
+             if r.status.name != "RUNNING" and not r.is_finished() and getattr(r, "spec_token_ids", None)
+             } if drafting else {}
     for req_id in preempted_req_ids:
         request = sched.requests.get(req_id)
         if request is not None:

