@@ -36,12 +36,15 @@ DEMO = ["--seed", "0", "--set", "num_gpu_blocks=600", "--set", "max_num_seqs=64"
 HARNESS = [sys.executable, "-m", "harness.cli"]
 
 
-def measure(args: list[str]) -> tuple[float, float, int]:
-    """Run ``args`` (output discarded); (wall seconds, max RSS in MiB, exit code)."""
+def measure(args: list[str]) -> tuple[float, float, float, int]:
+    """Run ``args`` (output discarded); (wall seconds, CPU seconds (user +
+    system: what a shared machine's load does not inflate), max RSS in MiB,
+    exit code)."""
     start = time.perf_counter()
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
     _, status, usage = os.wait4(proc.pid, 0)
-    return time.perf_counter() - start, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+    return (time.perf_counter() - start, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
+            os.waitstatus_to_exitcode(status))
 
 
 def main() -> int:
@@ -57,7 +60,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     commands = args.commands.split(",")
-    results: list[tuple[str, str, str, int, int, float, float, float, int]] = []
+    results: list[tuple[str, str, str, int, int, float, float, float, float, int]] = []
     for scale in args.time_scales.split(","):
         for size in args.sizes.split(","):
             trace = out / f"azure-code-{size}-ts{scale}.parquet"
@@ -72,32 +75,34 @@ def main() -> int:
             if "record" not in commands and not trace.is_file():
                 commands = ["record", *commands]
             for command in [c for c in plan if c in commands]:
-                seconds, rss, code = measure(plan[command])
+                seconds, cpu, rss, code = measure(plan[command])
                 meta = pq.ParquetFile(trace).metadata if trace.is_file() else None
                 steps = len(pq.read_table(trace, columns=["step"]).column("step").unique()) if meta else 0
                 rows = meta.num_rows if meta else 0
                 mib = trace.stat().st_size / 2**20 if meta else 0.0
-                results.append((command, size, scale, steps, rows, mib, seconds, rss, code))
+                results.append((command, size, scale, steps, rows, mib, seconds, cpu, rss, code))
                 print(f"{command:7} {size:>5} requests, time-scale {scale:>3}: {steps} steps, {rows} rows, "
-                      f"{mib:.1f} MiB trace: {seconds:.1f} s, max RSS {rss:.0f} MiB (exit {code})", flush=True)
+                      f"{mib:.1f} MiB trace: {seconds:.1f} s wall, {cpu:.1f} s CPU, max RSS {rss:.0f} MiB "
+                      f"(exit {code})", flush=True)
     print()
-    print(f"{'command':8}{'requests':>9}{'scale':>6}{'steps':>8}{'rows':>10}{'MiB':>7}{'s':>8}{'RSS MiB':>9}")
-    for command, size, scale, steps, rows, mib, seconds, rss, code in results:
-        print(f"{command:8}{size:>9}{scale:>6}{steps:>8}{rows:>10}{mib:>7.1f}{seconds:>8.1f}{rss:>9.0f}")
+    print(f"{'command':8}{'requests':>9}{'scale':>6}{'steps':>8}{'rows':>10}{'MiB':>7}{'wall s':>8}{'CPU s':>8}"
+          f"{'RSS MiB':>9}")
+    for command, size, scale, steps, rows, mib, seconds, cpu, rss, code in results:
+        print(f"{command:8}{size:>9}{scale:>6}{steps:>8}{rows:>10}{mib:>7.1f}{seconds:>8.1f}{cpu:>8.1f}{rss:>9.0f}")
     ok = True
     for command in commands:
-        rss = [r[7] for r in results if r[0] == command]
+        rss = [r[8] for r in results if r[0] == command]
         if rss and max(rss) > 2 * min(rss):
             ok = False
             print(f"{command}: RSS grows {max(rss) / min(rss):.1f}x smallest to largest (goal: within 2x)")
-    check_rss = [r[7] for r in results if r[0] == "check"]
+    check_rss = [r[8] for r in results if r[0] == "check"]
     if check_rss and max(check_rss) >= 1024:
         ok = False
         print(f"check: max RSS {max(check_rss):.0f} MiB (goal: under 1 GiB)")
-    if any(r[8] not in (0,) for r in results):
+    if any(r[9] != 0 for r in results):
         ok = False
-        print("a command exited non-zero: " + ", ".join(f"{r[0]} {r[1]}/ts{r[2]} exit {r[8]}"
-                                                        for r in results if r[8] != 0))
+        print("a command exited non-zero: " + ", ".join(f"{r[0]} {r[1]}/ts{r[2]} exit {r[9]}"
+                                                        for r in results if r[9] != 0))
     print("goal met: RSS within 2x and check under 1 GiB" if ok else "goal not met (see above)")
     return 0
 

@@ -80,7 +80,9 @@ def workload_from_trace(trace: Trace) -> Workload:
     except Exception as exc:  # pyarrow raises several types for bad files
         raise TraceError(f"{trace.path}: cannot read arrivals ({' '.join(str(exc).split())[:200]})") from None
     try:
-        specs = tuple(spec_from_row(r) for r in table.to_pylist())
+        # A few rows at a time: the whole workload as Python lists at once would double the peak.
+        specs = tuple(spec_from_row(r) for batch in table.to_batches(max_chunksize=256)
+                      for r in batch.to_pylist())
     except (ValueError, TypeError, KeyError) as exc:
         raise TraceError(f"{trace.path}: bad arrival row ({exc})") from None
     w = trace.meta.get("workload")

@@ -95,8 +95,7 @@ def test_forced_reset_preempts_running_tail_first_and_the_step_still_admits(tmp_
         (3, "preempt", "B", "RUNNING", None, None, [4, 2, 1], None),
         (3, "preempt", "A", "RUNNING", None, None, [3, 2, 1], None),
     ]
-    rows = pq.read_table(out).to_pylist()
-    step3 = [r for r in rows if r["step"] == 3]
+    step3 = dict(open_trace(out).iter_steps())[3]  # whole queues (schema 8 stores changes)
     begin = next(r for r in step3 if r["kind"] == "schedule_begin")
     assert (begin["running"], begin["waiting"], begin["num_free_blocks"]) == ([], ["A", "B"], 31)
     # Both re-admitted in the same step (the reset's preemptions are not the
@@ -239,7 +238,7 @@ def test_the_action_scenario_kills_the_reset_mutants_and_is_clean_on_the_referen
     assert hits == {"reset-while-held": 1, "reset-keeps-cache": 21, "reset-preempts-head": 1}
 
 
-def test_every_trace_is_written_in_schema_6_with_the_scenario_columns(tmp_path: Path) -> None:
+def test_every_trace_is_written_in_the_current_schema_with_the_scenario_columns(tmp_path: Path) -> None:
     """One schema going forward: a plain recording has the scenario columns
     too (null), as a scenario recording does."""
     from harness.scenarios import SCENARIOS
@@ -247,7 +246,7 @@ def test_every_trace_is_written_in_schema_6_with_the_scenario_columns(tmp_path: 
     out = tmp_path / "plain.parquet"
     record_trace(sc.make_workload(), sc.engine_config(), out, seed=sc.seed)
     trace = open_trace(out)
-    assert trace.meta["schema_version"] == SCHEMA_VERSION == 6
+    assert trace.meta["schema_version"] == SCHEMA_VERSION == 8
     names = set(pq.read_schema(out).names)
     assert {"arrival_step", "after", "abort_step", "output_token_ids", "draft_acceptance_pattern",
             "request_data_ids"} <= names

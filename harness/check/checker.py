@@ -91,7 +91,8 @@ class TraceChecker(TraceModel):
             encoder.on_finish(self, req)
         # A finished request leaves whichever queue it was in.
         self.prev_running = [r for r in self.prev_running if r != rid]
-        self.prev_waiting = [r for r in self.prev_waiting if r != rid]
+        if rid in self.prev_waiting:  # a C-speed test first: the backlog is long, a finish rarely in it
+            self.prev_waiting = [r for r in self.prev_waiting if r != rid]
         req.status = ev["status"]
         self.finished_since_schedule.add(rid)
         self.note(req, f"{kind}: {ev['status']} ({ev['finish_reason']})")
@@ -360,11 +361,12 @@ class TraceChecker(TraceModel):
         waiting = list(ev["waiting"])
         # Two queues, examined kv-holding first (spec 10.2): a skipped request
         # returns to the head of the queue it now belongs to, in the order met.
-        rest = [r for r in st.waiting_before if r not in st.admitted and r not in st.skipped]
+        rest = queues.remaining(st.waiting_before, st.admitted, st.skipped)
         skipped_kv = [r for r in st.skipped if self.holds_kv(r)]
-        kv_after = skipped_kv + [r for r in rest if r in self.kv_queue]
+        # (Each list below walks the backlog only when a KV queue exists.)
+        kv_after = skipped_kv + ([r for r in rest if r in self.kv_queue] if self.kv_queue else [])
         wait_after = ([r for r in st.skipped if r not in skipped_kv]
-                      + [r for r in rest if r not in self.kv_queue])
+                      + ([r for r in rest if r not in self.kv_queue] if self.kv_queue else rest))
         self.kv_queue = set(kv_after)
         num_kv = len(kv_after)
         if self.policy == "fcfs":
@@ -372,8 +374,9 @@ class TraceChecker(TraceModel):
             # (profile knob: behind the requests skipped earlier, which a
             # release with a skipped_waiting queue serves first).
             held = ([r for r in wait_after if r in self.deferred_waiting]
-                    if self.profile.victims_behind_skipped else [])
-            wait_after = [r for r in wait_after if r not in held]
+                    if self.profile.victims_behind_skipped and self.deferred_waiting else [])
+            if held:
+                wait_after = [r for r in wait_after if r not in held]
             if preemption.check_fcfs_victims_at_head(self, st, waiting, num_kv + len(held)):
                 queues.check_waiting_after_fcfs(self, waiting,
                                                 kv_after + held + st.preempted[::-1] + wait_after)
@@ -397,7 +400,8 @@ class TraceChecker(TraceModel):
         self.result.deferred_prefill_steps += bool(ev["defer_prefills"])
         budget.check_defer_flag(self, ev, st)
         if not st.preempted and not st.defer:
-            self.capacity_bound = len(waiting) > len(self.deferred_waiting & set(waiting))
+            self.capacity_bound = len(waiting) > (len(self.deferred_waiting.intersection(waiting))
+                                                  if self.deferred_waiting else 0)
         budget.check_capacity_flag(self, ev, waiting)
         if st.total > 0:
             self.num_executed += 1

@@ -1,8 +1,12 @@
 """Traces: the Parquet file every run is recorded to, and the runs that make them.
 
 - ``schema``: columns, event kinds, schema versions, footer keys (pure data).
-- ``reader``: ``open_trace`` validates a file and streams its steps.
-- ``writer``: ``TraceWriter`` writes row groups to a temp file, renames at the end.
+- ``reader``: ``open_trace`` validates a file (digest, page checksums, types) and streams its steps.
+- ``validate``: every step's rows checked against their kind before use.
+- ``queues``: the queue snapshots stored as changes (schema 8) and rebuilt.
+- ``writer``: ``TraceWriter`` writes crash-safe segments, joins them with the digest, renames.
+- ``salvage``: a killed run's complete segments made into a trace.
+- ``rows``: ``spec_from_row``, the workload's request from an arrival row.
 - ``recorder``: turns engine steps into rows; ``record`` runs a workload to a trace.
 - ``playback``: a model runner that replays a trace's recorded tokens.
 
