@@ -39,9 +39,15 @@ class TraceWriter:
         schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        os.close(fd)
         self._tmp = Path(tmp)
-        self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
+        try:
+            os.close(fd)
+            self._writer = pq.ParquetWriter(self._tmp, schema, compression="zstd")
+        except BaseException:
+            # Regression (issue 17): an interrupt (SIGTERM) right after the temp
+            # file was made, before the context manager was entered, left it behind.
+            self._tmp.unlink(missing_ok=True)
+            raise
         self._schema = schema
         self._columns = tuple(schema.names)
         self._buffer: dict[str, list[Any]] = {c: [] for c in self._columns}
