@@ -243,6 +243,10 @@ class EngineConfig:
         for name in ("max_num_scheduled_tokens", "max_num_encoder_input_tokens", "encoder_cache_size"):
             if getattr(self, name) is not None:
                 positive(name)
+        if self.num_gpu_blocks > MAX_NUM_GPU_BLOCKS:
+            # A harness limit, not vLLM's: one Python object per block.
+            raise ConfigError(f"num_gpu_blocks {self.num_gpu_blocks} is above this harness's "
+                              f"limit of {MAX_NUM_GPU_BLOCKS}")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             # Token counts and budgets reach the trace's int32 columns (token_budget, ...).
@@ -253,10 +257,6 @@ class EngineConfig:
             # docs/trace-format.md: the per-step budget may only be lowered.
             raise ConfigError(f"max_num_scheduled_tokens {self.max_num_scheduled_tokens} is above "
                               f"max_num_batched_tokens {self.max_num_batched_tokens} (it must be <= it)")
-        if self.num_gpu_blocks > MAX_NUM_GPU_BLOCKS:
-            # A harness limit, not vLLM's: one Python object per block.
-            raise ConfigError(f"num_gpu_blocks {self.num_gpu_blocks} is above this harness's "
-                              f"limit of {MAX_NUM_GPU_BLOCKS}")
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 0:
             raise ConfigError("num_speculative_tokens must be an integer >= 0")
         if not 0.0 <= self.draft_acceptance_rate <= 1.0:
