@@ -12,7 +12,9 @@ full block caches), not from a second model of our own.
 Units: ``step`` is the engine step number (from 0); ``*_s`` are seconds of
 the trace's virtual clock; token counts are tokens; block counts are KV
 blocks (the null block 0 excluded). With data parallelism every per-step
-figure is summed over the ranks.
+figure is summed over the ranks. Memory grows with the trace (one record
+per step, per ``schedule`` row, per request and per span), unlike
+``harness check``'s, which a view needs whole to draw.
 """
 
 from __future__ import annotations
