@@ -220,8 +220,10 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
                 _fail(f"{engine} refused the run: {exc.__cause__} (no trace written)")
             cause = exc.__cause__ or exc
             # Where the candidate's code raised (not the engine's own check of what a factory returned).
-            where = crash_site(cause.__traceback__)
-            where = "" if where.startswith("reference/engine.py") else f" (at {where})"
+            # (An isolated candidate's exception names its own site: ``crash_where``.)
+            where = (cause.crash_where if hasattr(cause, "crash_where")
+                     else crash_site(cause.__traceback__))
+            where = "" if not where or where.startswith("reference/engine.py") else f" (at {where})"
             progress.stop()
             if show_traceback:
                 _print_traceback(cause)
@@ -259,7 +261,9 @@ def _print_traceback(exc: BaseException) -> None:
     """The candidate's exception with its whole traceback, on stderr (``--traceback``)."""
     import traceback
 
-    err.print("".join(traceback.format_exception(exc)).rstrip(), markup=False, highlight=False)
+    # An isolated candidate's exception stands for the one its process raised.
+    text = getattr(exc, "crash_traceback", "") or "".join(traceback.format_exception(exc))
+    err.print(text.rstrip(), markup=False, highlight=False)
 
 
 def _torch_report(runner_factory: Any, output: str, kv_integrity: bool, verify_outputs: bool) -> bool:

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.trace.schema import METADATA_KEY, SUMMARY_KEY
+from harness.trace.writer import reseal
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "golden" / "fcfs-tight.parquet"
@@ -36,7 +37,8 @@ def _key(k) -> bytes:
 
 def _rewrite(src: Path, dst: Path, *, meta=None, column=None) -> None:
     """Copy trace ``src`` to ``dst`` with its metadata changed by ``meta(dict)``
-    or one column's values by ``column = (name, fn(list) -> list)``, keeping the footer."""
+    or one column's values by ``column = (name, fn(list) -> list)``, keeping the footer,
+    resealed (a fresh digest: a deliberate edit, so the row checks are what refuse it)."""
     table = pq.read_table(src)
     if meta is not None:
         md = dict(table.schema.metadata)
@@ -47,9 +49,12 @@ def _rewrite(src: Path, dst: Path, *, meta=None, column=None) -> None:
         i = table.schema.get_field_index(name)
         table = table.set_column(i, name, pa.array(fn(table.column(name).to_pylist()), table.schema.field(name).type))
     footer = pq.ParquetFile(src).metadata.metadata[_key(SUMMARY_KEY)].decode()
-    with pq.ParquetWriter(dst, table.schema) as writer:
+    edited = dst.with_name(dst.name + ".edited")
+    with pq.ParquetWriter(edited, table.schema) as writer:
         writer.write_table(table)
         writer.add_key_value_metadata({SUMMARY_KEY: footer})
+    reseal(edited, dst)
+    edited.unlink()
 
 
 LONG = "a" * 300
@@ -121,8 +126,9 @@ def test_regression_replay_refuses_an_arrival_row_request_spec_refuses(tmp_path)
     _rewrite(GOLDEN, path, column=("max_tokens", lambda col: [0 if v == 11 and i == 0 else v
                                                              for i, v in enumerate(col)]))
     code, _, err = run("replay", path)
-    assert (code, err.splitlines()) == (2, [f"error: {path}: bad arrival row (RequestSpec r000000: max_tokens "
-                                            f"must be an int >= 1, got 0)"])
+    assert (code, err.splitlines()) == (2, [f"error: {path}: bad row: step 0 event 0: arrival row is not a "
+                                            f"valid request (RequestSpec r000000: max_tokens must be an int >= 1, "
+                                            f"got 0)"])
 
 
 def test_an_unforeseen_exception_is_one_line_exit_2(monkeypatch) -> None:

@@ -67,7 +67,7 @@ def checkout(env_python, tmp_path_factory) -> dict:
 
 
 def _invoke(*args: str):
-    return CliRunner().invoke(main, list(args))
+    return CliRunner().invoke(main, list(args), prog_name="harness")
 
 
 def _steps(path: Path) -> list:
@@ -145,9 +145,9 @@ def test_interpreter_without_vllm_is_one_line_exit_2(tmp_path):
         resolve_candidate(f"vllm@{python}")
     result = _invoke("replay", str(GOLDEN / "fcfs-roomy.parquet"), "--candidate", f"vllm@{python}")
     assert result.exit_code == 2
-    assert [ln for ln in result.output.splitlines() if ln.startswith("Error:")] == [
-        f"Error: Invalid value: 'vllm@{python}': `import vllm` fails under {python}: "
-        f"No module named 'vllm'"]
+    assert [ln for ln in result.output.splitlines() if ln.startswith("error:")] == [
+        f"error: Invalid value: 'vllm@{python}': `import vllm` fails under {python}: "
+        f"No module named 'vllm' (harness replay --help)"]
 
 
 @pytest.mark.parametrize("make,problem", [

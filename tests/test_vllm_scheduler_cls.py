@@ -52,7 +52,7 @@ def classes_env():
 
 
 def _invoke(*args: str):
-    return CliRunner().invoke(main, list(args))
+    return CliRunner().invoke(main, list(args), prog_name="harness")
 
 
 @vllm
@@ -148,8 +148,9 @@ def test_unusable_scheduler_class_is_one_line_exit_2(classes_env, tmp_path, case
             "golden": ["golden", "check", "--candidate", candidate]}[command]
     result = _invoke(*args)
     assert result.exit_code == 2, result.output
-    errors = [ln for ln in result.output.splitlines() if ln.startswith("Error:")]
-    assert errors == [f"Error: Invalid value: candidate {candidate!r}: {message}"]
+    errors = [ln for ln in result.output.splitlines() if ln.startswith("error:")]
+    usage = {"replay": "replay", "record": "record", "golden": "golden check"}[command]
+    assert errors == [f"error: Invalid value: candidate {candidate!r}: {message} (harness {usage} --help)"]
     assert not (tmp_path / "x.parquet").exists()
 
 

@@ -80,8 +80,9 @@ class CandidateProcessError(RuntimeError):
 
 class CandidateRaised(RuntimeError):
     """The candidate raised inside its process: ``crash_type``,
-    ``crash_message``, ``crash_where`` describe its exception and
-    ``crash_decisions`` the decisions ``schedule()`` had taken before it."""
+    ``crash_message``, ``crash_where`` describe its exception,
+    ``crash_decisions`` the decisions ``schedule()`` had taken before it and
+    ``crash_traceback`` its traceback as the child formatted it."""
 
     def __init__(self, info: dict[str, Any]) -> None:
         text = info["message"]
@@ -90,6 +91,8 @@ class CandidateRaised(RuntimeError):
         self.crash_message = info["message"]
         self.crash_where = info["where"]
         self.crash_decisions = tuple(info.get("decisions") or ())
+        # The child's formatted traceback (``record --traceback`` prints it).
+        self.crash_traceback = info.get("traceback", "")
 
 
 class IsolatedRefused(CandidateRefused):

@@ -34,6 +34,7 @@ import pickle
 import signal
 import struct
 import sys
+import traceback
 from typing import Any
 
 _HEADER = struct.Struct("!I")
@@ -151,7 +152,8 @@ def serve() -> None:
                                "text": " ".join(str(exc).split())})
         except BaseException as exc:  # noqa: B036 - a candidate's sys.exit is a crash too
             exc_type, message, where = describe_exception(exc, skip=1)
-            info = {"type": exc_type, "message": message, "where": where}
+            info = {"type": exc_type, "message": message, "where": where,
+                    "traceback": "".join(traceback.format_exception(exc))}
             if msg[0] == "call" and msg[1] == "schedule":
                 info["decisions"] = decisions_before_crash(exc)
             answer("raised", info)
