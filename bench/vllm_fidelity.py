@@ -28,14 +28,18 @@ import time
 from itertools import zip_longest
 from pathlib import Path
 
-from reference.candidate import CandidateError, CandidateRefused
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # importable even without the editable install
+    sys.path.insert(0, str(REPO))
 
-from harness.candidates.resolve import CandidateSpecError, resolve_candidate
-from harness.golden import DEFAULT_DIR
-from harness.replay import first_difference
-from harness.scenarios import SCENARIOS
-from harness.trace import open_trace
-from harness.trace.recorder import record
+from reference.candidate import CandidateError, CandidateRefused  # noqa: E402
+
+from harness.candidates.resolve import CandidateSpecError, resolve_candidate  # noqa: E402
+from harness.golden import DEFAULT_DIR  # noqa: E402
+from harness.replay import first_difference  # noqa: E402
+from harness.scenarios import SCENARIOS  # noqa: E402
+from harness.trace import open_trace  # noqa: E402
+from harness.trace.recorder import record  # noqa: E402
 
 
 def _strip_bound(rows):

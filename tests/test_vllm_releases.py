@@ -180,3 +180,19 @@ def test_bisect_over_two_releases_with_a_scheduler_class(tmp_path, monkeypatch):
         ("0.29.0", "ran", "MAX-NUM-SEQS ×6", "0.29.0", 371, None),
         ("0.33.0", "ran", "MAX-NUM-SEQS ×6", "0.33.0", 371, True)]
     assert payload["first_change"] is None
+
+
+@vllm
+@needs_vllm
+def test_inline_preemption_before_0_12_is_observed(old_env, tmp_path):
+    """0.10.2 has no _preempt_request: its preemptions (the free of a RUNNING
+    request inside schedule()) are recorded, and every safety invariant holds."""
+    out = tmp_path / "old.parquet"
+    result = CliRunner().invoke(main, ["record", str(REPO / "harness/scenarios/no-prefix-caching.toml"),
+                                       "-o", str(out), "--engine", f"vllm@{OLD}"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["check", str(out), "--json"])
+    payload = json.loads(result.output)
+    assert result.exit_code == 0, result.output
+    assert (payload["steps"], payload["preemptions"], payload["profile"]) == (256, 5, "safety")
+    assert payload["profile_reason"] == f"recorded by vLLM {OLD}: no semantics profile was measured for it"

@@ -424,7 +424,17 @@ class Driver:
         import vllm.platforms as platforms
         from vllm.platforms.cpu import CpuPlatform
 
-        platforms._current_platform = CpuPlatform()
+        platform = CpuPlatform()
+        import torch
+
+        if hasattr(platform, "import_kernels") and \
+                not hasattr(getattr(torch._C, "_cpu", None), "_is_avx512_supported"):
+            # Feature probe: some releases (0.17.1) pick their CPU kernels with
+            # torch._C._cpu._is_avx512_supported, which torch 2.13.0 lacks. The
+            # scheduler needs no kernel (layered envs ship none), so the
+            # platform loads none.
+            platform.import_kernels = lambda: None
+        platforms._current_platform = platform
 
     # -- init -----------------------------------------------------------------
     def init(self, config: dict, seed: int, scheduler_cls: str | None = None) -> dict:
