@@ -152,6 +152,11 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
     (token-id prompts, max_tokens, ignore_eos, priority under --set policy=priority;
     an abort_time is a client disconnect); the server is drained and stopped by its
     PID on every path, Ctrl-C included.
+
+    Exit 0: conformant and every request answered; 1: a violation, an
+    unanswered request, or vLLM failing mid-run (what it recorded is still
+    converted and checked); 2: unusable input, or vLLM that cannot start;
+    130: interrupted (the server is stopped first).
     """
     from harness.candidates.vllm.env import VLLMEnvError
     from harness.cli import _parse_sets
