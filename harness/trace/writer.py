@@ -112,6 +112,9 @@ class TraceWriter:
         self._num_steps = 0
         self.stalled: str | None = None
         self.crashed: str | None = None  # the candidate raised (the footer's "crashed")
+        # The rows end where the run was cut off (the footer's "salvaged", as
+        # ``harness.trace.salvage`` writes it): a recording without its end.
+        self.salvaged: str | None = None
 
     @property
     def temp_dir(self) -> Path:
@@ -154,6 +157,8 @@ class TraceWriter:
             summary = {"steps": self._num_steps, "events": self.num_rows, "stalled": self.stalled}
             if self.crashed is not None:  # only then: every other footer keeps its bytes
                 summary["crashed"] = self.crashed
+            if self.salvaged is not None:
+                summary["salvaged"] = self.salvaged
             joined = join_segments(self._segments, self._schema, summary, self._tmp / "trace.parquet")
             # mkdtemp's folder is 0700 and files take the umask: the trace gets the usual mode.
             umask = os.umask(0)

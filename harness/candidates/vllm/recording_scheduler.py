@@ -1048,6 +1048,13 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                "preemptions": 0, "prefix_hit_tokens": 0}
     carry: set[str] = set()
     with TraceWriter(parquet_path, meta) as writer:
+        # A recording that ends before the run did (no end record: the server was cut
+        # off; or the recorder stopped early): requests still live at its end are not
+        # LIVENESS findings (``harness check`` says why in a note).
+        if notes["error"]:
+            writer.salvaged = f"a vLLM recording stopped early ({notes['error']})"
+        elif not notes["complete"]:
+            writer.salvaged = "a vLLM recording without its end record (the server was cut off)"
         index = 0
         for step, idle in _steps(src, _new_notes()):
             where, sched_rec, update_rec = step["line"], step["schedule"], step["update"]
