@@ -103,7 +103,8 @@ def main() -> None:
     """Record, check and replay step traces of LLM-serving schedulers.
 
     The reference engine mirrors vLLM 0.33.0's v1 scheduler and KV-cache
-    manager. Exit codes: 0 ok, 1 violation or divergence, 2 unusable input.
+    manager. Exit codes: 0 ok, 1 violation or divergence, 2 unusable input,
+    130 interrupted (SIGINT), 143 terminated (SIGTERM).
     """
 
 

@@ -117,6 +117,13 @@ def bisect(source: str, versions: str, scheduler_cls: str | None, as_json: bool)
         except VLLMSpecError as exc:
             _fail(err, f"--candidate-class: {exc}")
     workload, config, seed = _inputs(source, err)
+    from harness.candidates.vllm.env import envs_root, is_ready
+
+    # Say up front which envs a range will build (minutes, disk), piped or not.
+    to_build = [v for v in chosen if not is_ready(v)]
+    if to_build:
+        err.print(f"bisect: building the vLLM env of {len(to_build)} release(s) not yet built under "
+                  f"{envs_root()}: {', '.join(to_build)} (35-90 s and 16-170 MB each)", soft_wrap=True)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} releases"), TimeElapsedColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as progress:
