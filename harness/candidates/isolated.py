@@ -237,14 +237,19 @@ class _Child:
         """Kill the child and its process group (idempotent)."""
         if self.broken is None:
             self.broken = why
-        if self.proc.poll() is None:
+        # The group even when the child itself has exited (os._exit, a crash):
+        # what it forked is still in it (its own session, start_new_session).
+        if not getattr(self, "_group_killed", False):
+            self._group_killed = True
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except OSError:
-                try:
-                    self.proc.kill()
-                except OSError:
-                    pass
+                pass
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
