@@ -59,6 +59,8 @@ def test_regression_candidate_pickled_answer_cannot_call_os_exit(tmp_path: Path)
 
 @pytest.mark.parametrize("payload", [
     (os._exit, (0,)), (getattr, ("x", "upper")), (eval, ("1",)),
+    (__import__("harness.trace.writer", fromlist=["TraceWriter"]).TraceWriter, ("/tmp/x.parquet", {})),
+    (__import__("reference.scheduler", fromlist=["Scheduler"]).Scheduler, (None,)),
 ])
 def test_regression_answer_unpickler_refuses_callables(payload) -> None:
     class Evil:

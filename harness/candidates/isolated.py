@@ -35,6 +35,8 @@ A crash inside ``schedule()`` still reports the decisions taken before it
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import enum
 import json
 import os
 import pickle
@@ -68,6 +70,8 @@ _BOOT = ("import json, os, sys; sys.path[:] = json.loads(os.environ['HARNESS_ISO
 _SAFE_BUILTINS = frozenset({"set", "frozenset", "list", "dict", "tuple", "int", "float", "complex", "str",
                             "bytes", "bytearray", "bool", "range", "slice"})
 _SAFE_COLLECTIONS = frozenset({"OrderedDict", "defaultdict", "deque", "Counter"})
+#: The modules of the values the protocol returns (reference/output.py's types, RequestStatus).
+_RESULT_MODULES = frozenset({"reference.output", "reference.request"})
 
 
 class _AnswerUnpickler(pickle.Unpickler):
@@ -75,18 +79,21 @@ class _AnswerUnpickler(pickle.Unpickler):
 
     ``pickle.loads`` would call whatever callable the answer names (an object
     whose ``__reduce__`` returns ``(os._exit, (0,))`` would end the harness
-    with exit 0): only classes of ``reference``/``harness`` and plain builtin
-    containers may be named; anything else is a ``ProtocolError``."""
+    with exit 0): only the dataclasses and enums of ``reference.output`` and
+    ``reference.request`` and plain builtin containers may be named; anything
+    else is a ``ProtocolError``."""
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "builtins" and name in _SAFE_BUILTINS:
             return super().find_class(module, name)
         if module == "collections" and name in _SAFE_COLLECTIONS:
             return super().find_class(module, name)
-        if (module.split(".")[0] in ("reference", "harness") and "." not in name
-                and not name.startswith("_")):
+        if module in _RESULT_MODULES and "." not in name and not name.startswith("_"):
             obj = super().find_class(module, name)
-            if isinstance(obj, type) and getattr(obj, "__module__", "") == module:
+            # Data only: a dataclass or an enum of the result modules, never a
+            # class whose construction does something (a writer, a process).
+            if (isinstance(obj, type) and getattr(obj, "__module__", "") == module
+                    and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))):
                 return obj
         raise pickle.UnpicklingError(f"the answer names {module}.{name}, which is not one of the "
                                      f"harness's result types")
