@@ -209,6 +209,9 @@ def export(trace_path: str, perfetto: bool, output: str | None, tables_dir: str 
     if output and not perfetto:
         _fail("-o is the --perfetto file; add --perfetto")
     refuse_overwriting(output, trace_path)
+    if tables_dir:
+        for name in ("steps", "scheduled", "requests"):  # harness.view.tables.write_tables
+            refuse_overwriting(str(Path(tables_dir) / f"{name}.parquet"), trace_path, output)
     trace = _open(trace_path)
     series = derive_with_progress(trace, semantics)
     written: list[str] = []
