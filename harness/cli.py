@@ -70,6 +70,14 @@ def _refuse_overwriting_input(output: str, source: str) -> None:
         _fail(str(exc))
 
 
+def _refuse_report_path(html_report: str | None, *inputs: str) -> None:
+    """Exit 2 before any work if ``--report FILE`` is no place for the report."""
+    if html_report is not None:
+        from harness.view.cli import refuse_overwriting
+
+        refuse_overwriting(html_report, *inputs)
+
+
 def _candidate(spec: str, step_timeout: float | None = None) -> CandidateFactory:
     try:
         return resolve_candidate(spec, step_timeout=step_timeout)
@@ -371,6 +379,7 @@ def _checked(trace: Trace, semantics: str, html_report: str | None,
 @_HTML_REPORT
 def check(trace_path: str, as_json: bool, semantics: str, html_report: str | None) -> None:
     """Check every invariant of TRACE from the trace alone."""
+    _refuse_report_path(html_report, trace_path)
     trace = _open(trace_path)
     result, series = _checked(trace, semantics, html_report, as_json)
     if html_report is not None:
@@ -393,6 +402,7 @@ def check(trace_path: str, as_json: bool, semantics: str, html_report: str | Non
 def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_timeout: float,
            html_report: str | None) -> None:
     """Check TRACE, then re-drive CANDIDATE with its inputs and compare decisions step by step."""
+    _refuse_report_path(html_report, trace_path)
     factory = _candidate(candidate, step_timeout)
     trace = _open(trace_path)
     result, series = _checked(trace, semantics, html_report, as_json)
@@ -455,6 +465,7 @@ def diff(trace_a: str, trace_b: str, as_json: bool, html_report: str | None) -> 
     """
     from harness.diff import diff_traces, render_report
 
+    _refuse_report_path(html_report, trace_a, trace_b)
     a, b = _open(trace_a), _open(trace_b)
     try:
         with progress(f"comparing {a.path.name} and {b.path.name}",

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from harness.trace import TraceError
 from harness.trace.salvage import salvage
+from harness.trace.writer import SEGMENT_GLOB
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
@@ -30,6 +31,18 @@ def salvage_cmd(folder: str, output: str) -> None:
     complete row group are lost.
 
     Exit 0 salvaged, 2 nothing to salvage (not such a folder, no complete row group)."""
+    from pathlib import Path
+
+    from harness.paths import OutputPathError, check_output_file
+
+    segments = tuple(str(p) for p in Path(folder).glob("*")) if Path(folder).is_dir() else ()
+    try:
+        check_output_file(output, segments)
+        if any(Path(folder).glob(SEGMENT_GLOB)) and Path(output).resolve().parent == Path(folder).resolve():
+            raise OutputPathError(f"{output}: -o is inside the folder being salvaged; choose another path")
+    except OutputPathError as exc:
+        _err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(2)
     try:
         result = salvage(folder, output)
     except TraceError as exc:

@@ -35,6 +35,8 @@ A crash inside ``schedule()`` still reports the decisions taken before it
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import enum
 import json
 import os
 import pickle
@@ -62,6 +64,45 @@ POOL_SIZE = 2
 _HEADER = struct.Struct("!I")
 _BOOT = ("import json, os, sys; sys.path[:] = json.loads(os.environ['HARNESS_ISOLATED_SYS_PATH']); "
          "from harness.candidates.isolated_child import serve; serve()")
+
+
+#: Builtin types an answer may contain besides this project's own classes.
+_SAFE_BUILTINS = frozenset({"set", "frozenset", "list", "dict", "tuple", "int", "float", "complex", "str",
+                            "bytes", "bytearray", "bool", "range", "slice"})
+_SAFE_COLLECTIONS = frozenset({"OrderedDict", "defaultdict", "deque", "Counter"})
+#: The modules of the values the protocol returns (reference/output.py's types, RequestStatus).
+_RESULT_MODULES = frozenset({"reference.output", "reference.request"})
+
+
+class _AnswerUnpickler(pickle.Unpickler):
+    """Reads the child's answer without running the candidate's code here.
+
+    ``pickle.loads`` would call whatever callable the answer names (an object
+    whose ``__reduce__`` returns ``(os._exit, (0,))`` would end the harness
+    with exit 0): only the dataclasses and enums of ``reference.output`` and
+    ``reference.request`` and plain builtin containers may be named; anything
+    else is a ``ProtocolError``."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "builtins" and name in _SAFE_BUILTINS:
+            return super().find_class(module, name)
+        if module == "collections" and name in _SAFE_COLLECTIONS:
+            return super().find_class(module, name)
+        if module in _RESULT_MODULES and "." not in name and not name.startswith("_"):
+            obj = super().find_class(module, name)
+            # Data only: a dataclass or an enum of the result modules, never a
+            # class whose construction does something (a writer, a process).
+            if (isinstance(obj, type) and getattr(obj, "__module__", "") == module
+                    and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))):
+                return obj
+        raise pickle.UnpicklingError(f"the answer names {module}.{name}, which is not one of the "
+                                     f"harness's result types")
+
+
+def _loads_answer(data: bytes) -> Any:
+    import io
+
+    return _AnswerUnpickler(io.BytesIO(data)).load()
 
 
 class CandidateProcessError(RuntimeError):
@@ -192,7 +233,7 @@ class _Child:
             (size,) = _HEADER.unpack(self._read_exact(_HEADER.size, deadline, timeout, what, sel))
             data = self._read_exact(size, deadline, timeout, what, sel)
         try:
-            answer = pickle.loads(data)
+            answer = _loads_answer(data)
         except Exception as exc:
             self.kill("protocol error")
             raise CandidateProcessError("ProtocolError", f"unreadable answer to {what}: "
@@ -206,14 +247,19 @@ class _Child:
         """Kill the child and its process group (idempotent)."""
         if self.broken is None:
             self.broken = why
-        if self.proc.poll() is None:
+        # The group even when the child itself has exited (os._exit, a crash):
+        # what it forked is still in it (its own session, start_new_session).
+        if not getattr(self, "_group_killed", False):
+            self._group_killed = True
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except OSError:
-                try:
-                    self.proc.kill()
-                except OSError:
-                    pass
+                pass
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -210,9 +210,15 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                         f"({res.aborted} aborted by disconnect, {res.rejected} refused, {res.failed} "
                         f"failed), {res.output_tokens} "
                         f"output tokens in {res.serve_s:.1f} s ({res.tokens_per_s:.0f} tokens/s)")
-        except KeyboardInterrupt:
-            err.print(f"interrupted: vLLM stopped; log kept at {log_path}")
-            sys.exit(130)
+        except KeyboardInterrupt as exc:
+            import signal as _signal
+
+            signum = getattr(exc, "signum", _signal.SIGINT)
+            if signum == _signal.SIGTERM:
+                err.print(f"interrupted by SIGTERM: vLLM stopped; log kept at {log_path}")
+            else:
+                err.print(f"interrupted: vLLM stopped; log kept at {log_path}")
+            sys.exit(128 + int(signum))
         except (ServeError, ServeConfigError, VLLMEnvError, ModelError) as exc:
             from harness.serve.offline import log_tail
 

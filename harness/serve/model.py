@@ -48,6 +48,10 @@ def read_vocab_size(path: str | Path) -> int | None:
         return None
 
 
+#: What a tiny-model folder holds (tiny_model_script.py): all that --force may replace.
+MODEL_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors"})
+
+
 def build_tiny_model(out: str | Path, *, seed: int = 0, arch: str = "llama",
                      vocab: int = DEFAULT_VOCAB, force: bool = False) -> dict:
     """Write a tiny ``arch`` model with random weights drawn from ``seed`` to folder ``out``.
@@ -63,6 +67,17 @@ def build_tiny_model(out: str | Path, *, seed: int = 0, arch: str = "llama",
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())) and not force:
         raise ModelError(f"{target}: exists and is not empty (pass --force to replace it)")
+    if force and (target.exists() or target.is_symlink()):
+        # --force replaces a folder this command wrote, never anything else
+        # (`-o . --force` removed the current folder, `-o / --force` would try /).
+        if target.is_symlink() or not target.is_dir():
+            raise ModelError(f"{target}: --force replaces a tiny-model folder; this is not a folder")
+        foreign = sorted(p.name for p in target.iterdir() if p.name not in MODEL_FILES or not p.is_file()
+                         or p.is_symlink())
+        if foreign:
+            raise ModelError(f"{target}: --force replaces only a tiny-model folder, and it holds "
+                             f"{foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''} "
+                             f"(choose a new or empty folder)")
     python = require_serving_env()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

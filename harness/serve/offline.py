@@ -84,6 +84,26 @@ def child_env(trace_jsonl: Path | None) -> dict[str, str]:
     return env
 
 
+def die_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGTERM when this process dies, even by
+    SIGKILL (``PR_SET_PDEATHSIG``; Linux), so a killed ``harness serve-record``
+    leaves no vLLM server or runner behind (vLLM stops its EngineCore on
+    SIGTERM). Elsewhere a no-op: the ``finally`` blocks still stop it."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def stop_process(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     """Stop ``proc`` (started with ``start_new_session``) by its PID: SIGINT to it
     alone (vLLM's server then drains and stops its EngineCore itself, whose
@@ -116,7 +136,8 @@ class OfflineEngine:
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen([str(python), str(RUNNER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=child_env(jsonl), start_new_session=True, bufsize=1)
+                                     env=child_env(jsonl), start_new_session=True, bufsize=1,
+                                     preexec_fn=die_with_parent())
 
     def call(self, msg: dict, timeout: float = 300.0) -> dict:
         """Send ``msg``, return the answer; ServeError (with the log's last line) on a

@@ -37,7 +37,7 @@ from reference.workload import RequestSpec, Workload
 
 from harness.serve.config import serve_flags
 from harness.serve.env import require_serving_env
-from harness.serve.offline import (ServeError, check_offline_workload, child_env, convert_recording, side_files,
+from harness.serve.offline import (ServeError, die_with_parent, check_offline_workload, child_env, convert_recording, side_files,
                                    stop_process)
 
 RECORDING_CLS = "harness.candidates.vllm.recording_scheduler.RecordingScheduler"
@@ -175,7 +175,8 @@ def serve_workload(wl: Workload, config: EngineConfig, out_path: str | Path, mod
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=child_env(jsonl if record else None), start_new_session=True)
+                                env=child_env(jsonl if record else None), start_new_session=True,
+                                preexec_fn=die_with_parent())
     result.pid = proc.pid
     note(f"vllm serve pid {proc.pid} on 127.0.0.1:{port} (log: {log_path})")
     try:

@@ -127,7 +127,8 @@ class QueueDecoder:
                 if previous is None or len(kept) != 2 or kept[0] < 0 or kept[1] < 0 \
                         or kept[0] + kept[1] > len(previous):
                     had = "there is none" if previous is None else f"{len(previous)} ids"
-                    raise ValueError(f"{name}_kept {kept} is not a slice of the previous {name} ({had})")
+                    shown = kept if len(kept) <= 4 else f"[{', '.join(map(str, kept[:4]))}, ... ({len(kept)} values)]"
+                    raise ValueError(f"{name}_kept {shown} is not a slice of the previous {name} ({had})")
                 tail = (head or []) + previous[kept[0]:kept[0] + kept[1]] + tail
             elif head is not None:
                 raise ValueError(f"{name}_head without {name}_kept")

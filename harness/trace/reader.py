@@ -216,8 +216,34 @@ def _verify_digest(p: Path, pf: pq.ParquetFile, summary: dict[str, Any]) -> None
         raise TraceError(f"{p}: digest mismatch: the file was changed after it was recorded")
 
 
+def _control_in(value: Any, where: str = "") -> str | None:
+    """The path of the first string inside ``value`` holding a control
+    character (ESC, newline, ...), else None."""
+    if isinstance(value, str):
+        return where if any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _control_in(key, f"{where}.{key}" if where else str(key)) if isinstance(key, str) else None
+            found = found or _control_in(item, f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _control_in(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
 def _validate_meta(p: Path, meta: Any) -> EngineConfig:
     """Check the metadata's shape; return its config, validated and fingerprint-checked."""
+    if isinstance(meta, dict):
+        # No engine writes one, and printed raw it would drive the terminal
+        # (an ESC sequence hiding the verdict, a newline forging a line).
+        found = _control_in(meta)
+        if found:
+            raise TraceError(f"{p}: metadata {found!r} holds a control character (ESC, newline, ...); "
+                             f"no engine writes one")
     for key, kind in (("engine", str), ("config", dict), ("seed", int), ("workload", dict),
                       ("config_fingerprint", str)):
         if key not in meta:

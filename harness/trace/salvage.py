@@ -77,7 +77,13 @@ def salvage(folder: str | os.PathLike[str], out: str | os.PathLike[str]) -> Salv
         try:
             pf = pq.ParquetFile(segment, page_checksum_verification=True)
             seg_meta = (pf.schema_arrow.metadata or {}).get(METADATA_KEY)
-            step_column = pf.read(columns=["step"]).column("step").to_pylist()
+            # Every column, every page's CRC checked: the salvaged trace gets a
+            # fresh digest, so a changed byte must be caught here or never.
+            table = pf.read()
+            if "step" not in table.column_names:
+                raise TraceError(f"{segment}: not a trace segment (no step column)")
+            step_column = table.column("step").to_pylist()
+            del table
         except (OSError, pa.ArrowException) as exc:
             skipped.append(f"{segment.name}: unreadable ({_one_line(exc)})")
             break
@@ -86,6 +92,13 @@ def salvage(folder: str | os.PathLike[str], out: str | os.PathLike[str]) -> Salv
                              f"(not one run's folder)")
         if step_column and step_column[0] <= last_step:
             raise TraceError(f"{segment}: its steps do not follow the previous segment's")
+        if step_column and step_column[0] != last_step + 1 and not (last_step < 0 and step_column[0] == 0):
+            if last_step < 0:
+                raise TraceError(f"{segment}: the first segment starts at step {step_column[0]}, not 0 "
+                                 f"(the run's first segment is missing)")
+            skipped.append(f"{segment.name}: starts at step {step_column[0]}, not {last_step + 1} (a segment "
+                           f"before it is missing); the salvage stops before it")
+            break
         meta, schema = seg_meta, pf.schema_arrow
         steps += len(set(step_column))
         events += len(step_column)

@@ -37,6 +37,9 @@ Row = dict[str, Any]
 _REQUEST_KINDS = frozenset({"arrival", "reject", "abort", "encoder_plan", "schedule", "withdraw", "preempt",
                             "skip", "kv_load", "kv_promote", "output", "finish", "kv_finished", "kv_free",
                             "draft", "request_state"})
+# Columns holding request ids (printed in witnesses: no control characters).
+_ID_COLUMNS = ("request_id", "waiting", "running", "preempted_req_ids", "finished_req_ids", "request_data_ids",
+               "waiting_head", "running_head")
 # Where each kind may appear inside one rank's rows: the phase it belongs to.
 # Phases only move forward (INPUT < DECIDE < SCHEDULED < UPDATE < END); the
 # begin/end rows open and close theirs. Inside UPDATE the rows keep the
@@ -171,6 +174,11 @@ def _check_values(where: str, kind: str, row: Row) -> None:
         rid = row.get("request_id")
         if not isinstance(rid, str) or not rid:
             raise RowError(f"{where}: {kind} row without a request_id")
+    for column in _ID_COLUMNS:
+        value = row.get(column)
+        for rid in (value if isinstance(value, list) else [value]):
+            if isinstance(rid, str) and any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in rid):
+                raise RowError(f"{where}: {column} {rid[:40]!r} holds a control character (ESC, newline, ...)")
     for column in _TIME_COLUMNS:
         value = row.get(column)
         if value is not None and (not math.isfinite(value) or value < 0):

@@ -200,7 +200,7 @@ def join_segments(segments: list[Path], schema: pa.Schema, summary: dict[str, An
     try:
         for segment in segments:
             # One segment at a time: memory is bounded by a row group.
-            writer.write_table(pq.ParquetFile(segment).read())
+            writer.write_table(pq.ParquetFile(segment, page_checksum_verification=True).read())
         writer.add_key_value_metadata({SUMMARY_KEY: json.dumps(summary, sort_keys=True)})
     finally:
         writer.close()

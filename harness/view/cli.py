@@ -10,6 +10,7 @@ verdict.
 from __future__ import annotations
 
 import sys
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +41,24 @@ def _open(path: str) -> Trace:
 
 
 def refuse_overwriting(output: str | None, *inputs: str | None) -> None:
-    """Exit 2 if ``output`` names one of the input traces (it would be replaced)."""
-    if output is None or not Path(output).exists():
+    """Exit 2 if ``output`` is no place for the written file (``harness.paths``:
+    one of the input traces, a device, a FIFO or other non-regular file, under a
+    file, ...): it is written beside and renamed over, which would replace it."""
+    from harness.paths import OutputPathError, check_output_file
+
+    if output is None:
         return
     for source in inputs:
-        if source is not None and Path(source).exists() and Path(output).resolve() == Path(source).resolve():
-            _fail(f"{output}: the output names the input trace {source}; it would be overwritten")
+        try:
+            if source is not None and Path(source).exists() and Path(output).exists() \
+                    and os.path.samefile(source, output):
+                _fail(f"{output}: the output names the input trace {source}; it would be overwritten")
+        except OSError:
+            pass
+    try:
+        check_output_file(output, tuple(s for s in inputs if s is not None))
+    except OutputPathError as exc:
+        _fail(str(exc))
 
 
 def derive_with_progress(trace: Trace, semantics: str = "auto", what: str = "reading") -> Series:
@@ -196,6 +209,9 @@ def export(trace_path: str, perfetto: bool, output: str | None, tables_dir: str 
     if output and not perfetto:
         _fail("-o is the --perfetto file; add --perfetto")
     refuse_overwriting(output, trace_path)
+    if tables_dir:
+        for name in ("steps", "scheduled", "requests"):  # harness.view.tables.write_tables
+            refuse_overwriting(str(Path(tables_dir) / f"{name}.parquet"), trace_path, output)
     trace = _open(trace_path)
     series = derive_with_progress(trace, semantics)
     written: list[str] = []

@@ -23,6 +23,7 @@ import atexit
 import json
 import os
 import selectors
+import signal
 import subprocess
 import tempfile
 import threading
@@ -197,6 +198,14 @@ class _DriverProcess:
         self.kill()
 
     def kill(self) -> None:
+        # The whole group (start_new_session): vLLM's own subprocesses (the
+        # model registry probe, an engine core) must not outlive the driver.
+        if not getattr(self, "_group_killed", False):
+            self._group_killed = True
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
         if self.proc.poll() is None:
             try:
                 self.proc.kill()

@@ -191,16 +191,46 @@ def _python_of(target: str, spec: str) -> Path:
     return Path(os.path.abspath(path))
 
 
+def _kill_group(child: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        child.kill()
+    except OSError:
+        pass
+    try:
+        child.communicate(timeout=5)
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        pass
+
+
 def probe_python(python: Path, spec: str) -> dict[str, Any]:
     """Run the metadata probe under ``python``: ``{python, python_version,
     package_dir, version}``. Raises VLLMSpecError when it cannot run or finds no vLLM."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     try:
-        proc = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, env=env)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise VLLMSpecError(f"{spec!r}: cannot run {python}: {exc}") from None
+        # Its own process group: on a timeout, what it started (a wrapper
+        # script's children) is killed with it, not left running.
+        child = subprocess.Popen([str(python), "-c", _PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+    except OSError as exc:
+        raise VLLMSpecError(f"{spec!r}: cannot run {python}: {exc.strerror or exc}") from None
+    try:
+        stdout, stderr = child.communicate(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _kill_group(child)
+        raise VLLMSpecError(f"{spec!r}: {python} did not answer the version probe within "
+                            f"{PROBE_TIMEOUT_S:g} s (killed)") from None
+    except BaseException:
+        _kill_group(child)
+        raise
+    _kill_group(child)  # anything it left behind
+    proc = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
     lines = proc.stdout.strip().splitlines()
     try:
         data = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
