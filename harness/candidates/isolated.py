@@ -51,6 +51,7 @@ import weakref
 from typing import Any
 
 from harness.candidates.isolated_child import MUTATING
+from harness.candidates.process import stop_process_group
 from reference.candidate import CandidateRefused
 from reference.config import EngineConfig
 from reference.output import SchedulerOutput
@@ -248,28 +249,10 @@ class _Child:
         if self.broken is None:
             self.broken = why
         # The group even when the child itself has exited (os._exit, a crash):
-        # what it forked is still in it (its own session, start_new_session).
+        # what it forked is still in it (harness.candidates.process).
         if not getattr(self, "_group_killed", False):
             self._group_killed = True
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        if self.proc.poll() is None:
-            try:
-                self.proc.kill()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
+            stop_process_group(self.proc)
         _ALL.discard(self)
         for idle in _IDLE.values():
             if self in idle:

@@ -23,7 +23,6 @@ import atexit
 import json
 import os
 import selectors
-import signal
 import subprocess
 import tempfile
 import threading
@@ -41,6 +40,7 @@ from reference.output import (FinishedRequest, KVTransferFree, Preemption, Prefi
                               UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus
 
+from harness.candidates.process import stop_process_group
 from harness.candidates.vllm.env import VLLMEnvError, is_ready
 from harness.candidates.vllm.spec import VLLMTarget, release_target
 
@@ -198,29 +198,11 @@ class _DriverProcess:
         self.kill()
 
     def kill(self) -> None:
-        # The whole group (start_new_session): vLLM's own subprocesses (the
-        # model registry probe, an engine core) must not outlive the driver.
+        # The whole group: vLLM's own subprocesses (the model registry probe,
+        # an engine core) must not outlive the driver (harness.candidates.process).
         if not getattr(self, "_group_killed", False):
             self._group_killed = True
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        if self.proc.poll() is None:
-            try:
-                self.proc.kill()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
+            stop_process_group(self.proc)
         try:
             self._log.close()
             os.unlink(self._log.name)
