@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from processes import outlived
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "golden" / "fcfs-tight.parquet"
@@ -38,14 +39,6 @@ def make(config):
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_regression_candidate_exit_leaves_no_forked_child(tmp_path: Path) -> None:
     (tmp_path / "forker.py").write_text(FORKER)
     pid_file = tmp_path / "forked.pid"
@@ -56,10 +49,4 @@ def test_regression_candidate_exit_leaves_no_forked_child(tmp_path: Path) -> Non
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "the candidate process exited with code 3 during schedule()" in proc.stdout
     pid = int(pid_file.read_text())
-    deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    alive = _alive(pid)
-    if alive:
-        os.kill(pid, 9)
-    assert not alive, "the candidate's forked process outlived the harness"
+    assert not outlived(pid), "the candidate's forked process outlived the harness"

@@ -4,7 +4,6 @@ its child running, and the one-line error quoted the whole probe program."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -12,16 +11,9 @@ from click.testing import CliRunner
 
 import harness.candidates.vllm.spec as spec_mod
 from harness.cli import main
+from processes import outlived
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_regression_vllm_path_probe_timeout_kills_the_wrapper_children(tmp_path: Path, monkeypatch) -> None:
@@ -38,10 +30,4 @@ def test_regression_vllm_path_probe_timeout_kills_the_wrapper_children(tmp_path:
     assert result.output.strip() == (f"error: Invalid value: 'vllm@{script}': {script} did not answer the version "
                                      f"probe within 2 s (killed) (main replay --help)")
     pid = int(pid_file.read_text())
-    deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    alive = _alive(pid)
-    if alive:
-        os.kill(pid, 9)
-    assert not alive, "the probe's child outlived the refusal"
+    assert not outlived(pid), "the probe's child outlived the refusal"
