@@ -35,7 +35,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.serve.config import ServeConfigError, engine_args, serve_flags
-from harness.serve.offline import stop_process
+from harness.children import stop_gracefully
 from harness.serve.server import request_body, send_times
 from reference.config import EngineConfig
 from reference.workload import RequestSpec, Workload
@@ -125,7 +125,7 @@ def test_stop_process_leaves_nothing_of_the_group() -> None:
                             start_new_session=True)
     child = int(proc.stdout.readline())
     t0 = time.monotonic()
-    stop_process(proc, grace_s=0.5)
+    stop_gracefully(proc, grace_s=0.5)
     assert proc.returncode == -signal.SIGKILL and time.monotonic() - t0 < 15
     for _ in range(50):
         if not _alive(child):

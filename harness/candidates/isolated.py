@@ -51,7 +51,7 @@ import weakref
 from typing import Any
 
 from harness.candidates.isolated_child import MUTATING
-from harness.candidates.process import stop_process_group
+from harness.children import stop_process_group
 from reference.candidate import CandidateRefused
 from reference.config import EngineConfig
 from reference.output import SchedulerOutput
@@ -249,7 +249,7 @@ class _Child:
         if self.broken is None:
             self.broken = why
         # The group even when the child itself has exited (os._exit, a crash):
-        # what it forked is still in it (harness.candidates.process).
+        # what it forked is still in it (harness.children).
         if not getattr(self, "_group_killed", False):
             self._group_killed = True
             stop_process_group(self.proc)

@@ -37,17 +37,9 @@ import sys
 import traceback
 from typing import Any
 
+from harness.children import set_parent_death_signal
+
 _HEADER = struct.Struct("!I")
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the parent's atexit and finally blocks still kill it
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -82,7 +74,7 @@ def _state(candidate: Any) -> dict:
 def serve() -> None:
     """The loop (see the module docstring); returns at the end of stdin."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    set_parent_death_signal(signal.SIGKILL)  # not Linux: the parent's finally blocks still kill it
     proto_in = os.dup(0)
     proto_out = os.dup(1)
     os.dup2(2, 1)  # the candidate's stdout is our stderr

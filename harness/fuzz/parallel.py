@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness.children import set_parent_death_signal
 from harness.fuzz.run import FuzzResult, fuzz, known_reference_finding
 from harness.fuzz.strategies import FuzzCase
 
@@ -29,18 +30,12 @@ class FuzzWorkerError(RuntimeError):
 
 
 def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux
-    ``PR_SET_PDEATHSIG``; elsewhere nothing): a fuzz worker must not outlive
-    a ``harness fuzz`` killed with ``kill -9``. If the parent is already gone
-    (PID 1 adopted us), exit now."""
-    try:
-        import ctypes
-        import signal
+    """A fuzz worker must not outlive a ``harness fuzz`` killed with ``kill -9``:
+    SIGKILL this process when its parent dies (``harness.children``); if the
+    parent is already gone (PID 1 adopted us), exit now."""
+    import signal
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:
+    if set_parent_death_signal(signal.SIGKILL) and os.getppid() == 1:
         os._exit(1)
 
 

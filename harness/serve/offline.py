@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from reference.engine import _Arrivals
 from reference.workload import RequestSpec, Workload
 
 from harness.candidates.vllm.recording_scheduler import convert
+from harness.children import GroupWatchdog, die_with_parent, stop_gracefully
 from harness.serve.config import engine_args
 from harness.serve.env import require_serving_env
 
@@ -84,49 +84,6 @@ def child_env(trace_jsonl: Path | None) -> dict[str, str]:
     return env
 
 
-def die_with_parent() -> Callable[[], None]:
-    """A ``preexec_fn``: the child gets SIGTERM when this process dies, even by
-    SIGKILL (``PR_SET_PDEATHSIG``; Linux), so a killed ``harness serve-record``
-    leaves no vLLM server or runner behind (vLLM stops its EngineCore on
-    SIGTERM). Elsewhere a no-op: the ``finally`` blocks still stop it."""
-    parent = os.getpid()
-
-    def preexec() -> None:
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != parent:  # the parent died before prctl
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
-def stop_process(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """Stop ``proc`` (started with ``start_new_session``) by its PID: SIGINT to it
-    alone (vLLM's server then drains and stops its EngineCore itself, whose
-    scheduler finishes the recording), then SIGTERM and SIGKILL to its process
-    group; returns once it has exited, with nothing of its group left."""
-    if proc.poll() is None:
-        for sig, wait, group in ((signal.SIGINT, grace_s, False), (signal.SIGTERM, 5.0, True),
-                                 (signal.SIGKILL, 5.0, True)):
-            try:
-                os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    try:  # whatever it left in its group (vLLM's workers)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 class OfflineEngine:
     """The runner process: ``call`` one op, get its answer (JSON lines, see offline_runner.py)."""
 
@@ -138,6 +95,7 @@ class OfflineEngine:
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env=child_env(jsonl), start_new_session=True, bufsize=1,
                                      preexec_fn=die_with_parent())
+        self.watchdog = GroupWatchdog(self.proc.pid)
 
     def call(self, msg: dict, timeout: float = 300.0) -> dict:
         """Send ``msg``, return the answer; ServeError (with the log's last line) on a
@@ -177,7 +135,8 @@ class OfflineEngine:
         except (ServeError, subprocess.TimeoutExpired, ValueError, OSError):
             pass
         finally:
-            stop_process(self.proc)
+            stop_gracefully(self.proc)
+            self.watchdog.release()
             self.log.close()
 
 

@@ -17,7 +17,8 @@ A request with an ``abort_time`` disconnects that many seconds after it was sent
 (vLLM aborts a request whose client went away). Once every request is answered
 (or the time limit passes) the server gets SIGINT, drains and exits; it is
 stopped by its PID (its process group, escalating to SIGKILL) on every path,
-Ctrl-C included. vLLM's output goes to ``T.log`` beside the trace.
+Ctrl-C included, and by a watchdog if this process is SIGKILLed
+(``harness.children``). vLLM's output goes to ``T.log`` beside the trace.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from reference.workload import RequestSpec, Workload
 
 from harness.serve.config import serve_flags
 from harness.serve.env import require_serving_env
-from harness.serve.offline import (ServeError, die_with_parent, check_offline_workload, child_env, convert_recording, side_files,
-                                   stop_process)
+from harness.children import GroupWatchdog, die_with_parent, stop_gracefully
+from harness.serve.offline import ServeError, check_offline_workload, child_env, convert_recording, side_files
 
 RECORDING_CLS = "harness.candidates.vllm.recording_scheduler.RecordingScheduler"
 SERVED_NAME = "tiny"
@@ -177,6 +178,7 @@ def serve_workload(wl: Workload, config: EngineConfig, out_path: str | Path, mod
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=child_env(jsonl if record else None), start_new_session=True,
                                 preexec_fn=die_with_parent())
+    watchdog = GroupWatchdog(proc.pid)
     result.pid = proc.pid
     note(f"vllm serve pid {proc.pid} on 127.0.0.1:{port} (log: {log_path})")
     try:
@@ -193,7 +195,8 @@ def serve_workload(wl: Workload, config: EngineConfig, out_path: str | Path, mod
     finally:
         if on_event:
             on_event("stopping vllm serve", result.answered + result.aborted + result.rejected + result.failed)
-        stop_process(proc, grace_s=SHUTDOWN_TIMEOUT_S + 20)
+        stop_gracefully(proc, grace_s=SHUTDOWN_TIMEOUT_S + 20)
+        watchdog.release()
     if record:
         result.convert = convert_recording(jsonl, out, log_path, result.error)
     return result

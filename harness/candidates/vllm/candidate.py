@@ -40,7 +40,7 @@ from reference.output import (FinishedRequest, KVTransferFree, Preemption, Prefi
                               UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus
 
-from harness.candidates.process import stop_process_group
+from harness.children import stop_process_group
 from harness.candidates.vllm.env import VLLMEnvError, is_ready
 from harness.candidates.vllm.spec import VLLMTarget, release_target
 
@@ -199,7 +199,7 @@ class _DriverProcess:
 
     def kill(self) -> None:
         # The whole group: vLLM's own subprocesses (the model registry probe,
-        # an engine core) must not outlive the driver (harness.candidates.process).
+        # an engine core) must not outlive the driver (harness.children).
         if not getattr(self, "_group_killed", False):
             self._group_killed = True
             stop_process_group(self.proc)

@@ -1,0 +1,180 @@
+"""Child processes the harness starts, and why none of them outlives it.
+
+Invariant: when a harness command ends, by any path (return, exception,
+Ctrl-C, SIGTERM, SIGKILL), no process it started is left running. Three
+layers, each covering what the one before cannot:
+
+* ``finally`` blocks stop the child by its PID (``stop_gracefully``,
+  ``stop_process_group``): every path but SIGKILL of the harness;
+* the kernel signals the child when the harness dies (``PR_SET_PDEATHSIG``:
+  ``set_parent_death_signal`` in the child, ``die_with_parent`` as a
+  ``preexec_fn``): SIGKILL included, but only the direct child, and a child
+  may ignore or be slow to honour SIGTERM (vLLM's server, still starting up,
+  was seen alive 60 s after it);
+* a watchdog (``GroupWatchdog``): a tiny process in its own session that
+  holds the read end of a pipe only the harness writes; when the harness
+  dies the pipe reads EOF and the watchdog SIGTERMs the child's whole process
+  group, then SIGKILLs it after a grace period. This is what catches the
+  grandchildren (vLLM's EngineCore and workers) and a child that lingers.
+
+Children are started with ``start_new_session=True``, so each leads a process
+group holding everything it forks; the group id is the child's PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """In the calling process: ask Linux to send ``sig`` when the parent dies
+    (``prctl(PR_SET_PDEATHSIG)``). Returns False where that is not available
+    (not Linux); the caller's other layers still stop it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``sig`` when
+    the process that started it dies, even by SIGKILL; if that process already
+    died between fork and exec, the child sends ``sig`` to itself."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if set_parent_death_signal(sig) and os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group ``proc`` leads and ``proc`` itself, reap it
+    (up to 5 s) and close its stdin/stdout pipes. Call it once per process:
+    once ``proc`` is reaped its group id may be reused. Never raises OSError.
+    The group is killed even when ``proc`` itself has already exited
+    (``os._exit``, a crash), since what it forked may still be there."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    if proc.poll() is None:
+        try:
+            proc.kill()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass
+
+
+def stop_gracefully(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """Stop ``proc`` (started with ``start_new_session``): SIGINT to it alone
+    (vLLM's server then drains and stops its EngineCore itself, whose
+    scheduler finishes the recording), after ``grace_s`` seconds SIGTERM to its
+    process group, after 5 s more SIGKILL; returns once it has exited, with
+    nothing of its group left."""
+    if proc.poll() is None:
+        for sig, wait, group in ((signal.SIGINT, grace_s, False), (signal.SIGTERM, 5.0, True),
+                                 (signal.SIGKILL, 5.0, True)):
+            try:
+                os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    try:  # whatever it left in its group (vLLM's workers)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# The watchdog's whole program (run with ``python -I -S -c``: no site, no
+# user paths, nothing of ours imported): block on stdin until EOF, then, if
+# the group still has a process, SIGTERM it, wait, SIGKILL it.
+_WATCHDOG = r"""
+import os, signal, sys, time
+pgid, grace = int(sys.argv[1]), float(sys.argv[2])
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+try:
+    while os.read(0, 4096):
+        pass
+except OSError:
+    pass
+def alive():
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except OSError:
+        return False
+if alive():
+    os.killpg(pgid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while alive() and time.monotonic() < end:
+        time.sleep(0.2)
+    if alive():
+        os.killpg(pgid, signal.SIGKILL)
+"""
+
+
+class GroupWatchdog:
+    """Stops the process group ``pgid`` if this process dies first.
+
+    ``GroupWatchdog(proc.pid, grace_s)`` right after starting ``proc`` (with
+    ``start_new_session=True``); ``release()`` once ``proc`` has been stopped
+    and reaped. On release the watchdog reads EOF, finds the group empty and
+    exits; if this process dies instead (SIGKILL), the kernel closes the pipe
+    and the watchdog SIGTERMs the group, then SIGKILLs it after ``grace_s``
+    seconds. Never raises: without a watchdog (no fork possible), the other
+    layers of this module still apply."""
+
+    def __init__(self, pgid: int, grace_s: float = 10.0) -> None:
+        self._write_fd: int | None = None
+        self._proc: subprocess.Popen | None = None
+        try:
+            read_fd, write_fd = os.pipe()  # non-inheritable: only the watchdog gets the read end
+        except OSError:
+            return
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG, str(pgid), str(grace_s)],
+                                          stdin=read_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          start_new_session=True)
+            self._write_fd = write_fd
+        except OSError:
+            os.close(write_fd)
+        finally:
+            os.close(read_fd)
+
+    def release(self) -> None:
+        """Close the pipe (the watchdog exits without touching an empty group) and reap it."""
+        if self._write_fd is not None:
+            os.close(self._write_fd)
+            self._write_fd = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
