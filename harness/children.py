@@ -178,3 +178,72 @@ class GroupWatchdog:
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
+
+
+class ChildPool:
+    """Children kept for reuse, by key, and every live child killed at exit.
+
+    Starting a candidate's process costs 0.1 s (a ``module:factory``) to 5 s
+    (vLLM's imports), and ``golden check`` or ``fuzz`` build hundreds of
+    candidates in a row, so a child whose candidate is done goes back to an
+    idle list (at most ``size`` per key) for the next candidate with the same
+    key. Children must have ``alive() -> bool`` and ``kill()``; ``kill()``
+    calls ``forget(child)``. At interpreter exit (``atexit``; the signal
+    handlers' unwinding gets there too) every child still registered is killed
+    and nothing is put back any more. Used by ``harness.candidates.isolated``
+    and ``harness.candidates.vllm.candidate``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._live: set = set()
+        self._idle: dict[str, list] = {}
+        self._exiting = False
+        import atexit
+
+        atexit.register(self.kill_all)
+
+    def add(self, child) -> None:
+        """Register a newly started child (killed at exit unless forgotten)."""
+        self._live.add(child)
+
+    def forget(self, child) -> None:
+        """``child`` is dead: drop it from the registry and the idle lists."""
+        self._live.discard(child)
+        for idle in self._idle.values():
+            if child in idle:
+                idle.remove(child)
+
+    def live(self) -> set:
+        """The registered children (a copy)."""
+        return set(self._live)
+
+    def acquire(self, key: str, start: Callable[[], object]):
+        """An idle, still alive child for ``key``, else ``start()``'s new one."""
+        idle = self._idle.get(key, [])
+        while idle:
+            child = idle.pop()
+            if child.alive():
+                return child
+            child.kill()
+        return start()
+
+    def release(self, key: str, child, reusable: bool) -> None:
+        """The candidate is done with ``child``: keep it idle if ``reusable``,
+        alive, not exiting and there is room, else kill it."""
+        idle = self._idle.setdefault(key, [])
+        if reusable and not self._exiting and child.alive() and len(idle) < self.size:
+            idle.append(child)
+        else:
+            child.kill()
+
+    def kill_idle(self) -> None:
+        """Kill every idle child (tests: to measure a cold start)."""
+        for idle in list(self._idle.values()):
+            for child in list(idle):
+                child.kill()
+
+    def kill_all(self) -> None:
+        """Kill every registered child; from now on nothing is kept idle."""
+        self._exiting = True
+        for child in list(self._live):
+            child.kill()

@@ -15,7 +15,7 @@ import sys
 import time
 
 from harness.children import GroupWatchdog, die_with_parent
-from tests.processes import alive, outlived
+from processes import alive, outlived
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

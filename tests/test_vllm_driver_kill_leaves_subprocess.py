@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 import time
 
-from harness.candidates.vllm.candidate import _ALL, _DriverProcess
+from harness.candidates.vllm.candidate import POOL, _DriverProcess
 from processes import outlived
 
 
@@ -20,7 +20,7 @@ def test_regression_driver_kill_kills_its_subprocesses(tmp_path) -> None:
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     driver._log = tempfile.NamedTemporaryFile(prefix="breakit-", suffix=".log", delete=False)
     driver.broken = None
-    _ALL.add(driver)
+    POOL.add(driver)
     deadline = time.monotonic() + 10
     while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -28,4 +28,4 @@ def test_regression_driver_kill_kills_its_subprocesses(tmp_path) -> None:
     driver.kill()
     assert not outlived(child), "the driver's subprocess outlived kill()"
     assert driver.proc.returncode is not None
-    assert driver not in _ALL
+    assert driver not in POOL.live()

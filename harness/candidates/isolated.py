@@ -34,7 +34,6 @@ A crash inside ``schedule()`` still reports the decisions taken before it
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import enum
 import json
@@ -51,7 +50,7 @@ import weakref
 from typing import Any
 
 from harness.candidates.isolated_child import MUTATING
-from harness.children import stop_process_group
+from harness.children import ChildPool, stop_process_group
 from reference.candidate import CandidateRefused
 from reference.config import EngineConfig
 from reference.output import SchedulerOutput
@@ -169,7 +168,7 @@ class _Child:
                                      start_new_session=True)
         self.broken: str | None = None
         self.lock = threading.Lock()
-        _ALL.add(self)
+        POOL.add(self)
 
     def alive(self) -> bool:
         return self.broken is None and self.proc.poll() is None
@@ -253,39 +252,15 @@ class _Child:
         if not getattr(self, "_group_killed", False):
             self._group_killed = True
             stop_process_group(self.proc)
-        _ALL.discard(self)
-        for idle in _IDLE.values():
-            if self in idle:
-                idle.remove(self)
+        POOL.forget(self)
 
 
-_ALL: set[_Child] = set()
-_IDLE: dict[str, list[_Child]] = {}
+#: Every child, and the idle ones kept for the next candidate of the same spec.
+POOL = ChildPool(POOL_SIZE)
 
 
 def _release(child: _Child, healthy: list[bool]) -> None:
-    idle = _IDLE.setdefault(child.spec, [])
-    if healthy[0] and child.alive() and len(idle) < POOL_SIZE:
-        idle.append(child)
-    else:
-        child.kill()
-
-
-def _acquire(spec: str) -> _Child:
-    idle = _IDLE.get(spec, [])
-    while idle:
-        child = idle.pop()
-        if child.alive():
-            return child
-        child.kill()
-    return _Child(spec)
-
-
-@atexit.register
-def kill_all() -> None:
-    """Kill every child (at exit; the signal handlers' unwinding gets here too)."""
-    for child in list(_ALL):
-        child.kill()
+    POOL.release(child.spec, child, healthy[0])
 
 
 class _OutputRef:
@@ -307,7 +282,7 @@ class IsolatedCandidate:
     def __init__(self, spec: str, config: EngineConfig, step_timeout: float = DEFAULT_STEP_TIMEOUT_S) -> None:
         self.spec = spec
         self.step_timeout = step_timeout
-        self._child = _acquire(spec)
+        self._child = POOL.acquire(spec, lambda: _Child(spec))
         self._healthy = [True]
         self._finalizer = weakref.finalize(self, _release, self._child, self._healthy)
         self._outputs: list[tuple[SchedulerOutput, int]] = []  # returned, not yet updated

@@ -19,7 +19,6 @@ message (the engine reports it as a ``CandidateError`` naming the step).
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import selectors
@@ -40,7 +39,7 @@ from reference.output import (FinishedRequest, KVTransferFree, Preemption, Prefi
                               UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus
 
-from harness.children import stop_process_group
+from harness.children import ChildPool, stop_process_group
 from harness.candidates.vllm.env import VLLMEnvError, is_ready
 from harness.candidates.vllm.spec import VLLMTarget, release_target
 
@@ -120,7 +119,7 @@ class _DriverProcess:
         self.broken: str | None = None
         self.started = False  # answered once (vLLM imported)
         self.lock = threading.Lock()
-        _ALL.add(self)
+        POOL.add(self)
 
     def alive(self) -> bool:
         return self.broken is None and self.proc.poll() is None
@@ -208,15 +207,11 @@ class _DriverProcess:
             os.unlink(self._log.name)
         except OSError:
             pass
-        _ALL.discard(self)
-        for idle in _IDLE.values():
-            if self in idle:
-                idle.remove(self)
+        POOL.forget(self)
 
 
-_ALL: set[_DriverProcess] = set()
-_IDLE: dict[str, list[_DriverProcess]] = {}
-_EXITING = False
+#: Every driver, and the idle ones kept for the next candidate with the same key.
+POOL = ChildPool(POOL_SIZE)
 
 
 def _pool_key(target: VLLMTarget) -> str:
@@ -226,37 +221,14 @@ def _pool_key(target: VLLMTarget) -> str:
 
 
 def _release(proc: _DriverProcess, reuse: bool) -> None:
-    """A candidate is done with ``proc``: keep it for the next one, or kill it."""
-    idle = _IDLE.setdefault(proc.key, [])
-    if reuse and not _EXITING and proc.alive() and proc.started and len(idle) < POOL_SIZE:
-        idle.append(proc)
-    else:
-        proc.kill()
-
-
-def _acquire(target: VLLMTarget) -> _DriverProcess:
-    idle = _IDLE.get(_pool_key(target), [])
-    while idle:
-        proc = idle.pop()
-        if proc.alive():
-            return proc
-        proc.kill()
-    return _DriverProcess(target)
-
-
-@atexit.register
-def _kill_all() -> None:
-    global _EXITING
-    _EXITING = True
-    for proc in list(_ALL):
-        proc.kill()
+    """A candidate is done with ``proc``: keep it for the next one (once it has
+    answered: vLLM imported), or kill it."""
+    POOL.release(proc.key, proc, reuse and proc.started)
 
 
 def shutdown_pool() -> None:
     """Kill every idle driver (tests call this to measure a cold start)."""
-    for idle in list(_IDLE.values()):
-        for proc in list(idle):
-            proc.kill()
+    POOL.kill_idle()
 
 
 def _request_payload(request: Request) -> dict[str, Any]:
@@ -359,7 +331,7 @@ class VLLMCandidate:
     # -- process ---------------------------------------------------------------
     def _driver(self) -> _DriverProcess:
         if self._proc is None:
-            proc = _acquire(self.target)
+            proc = POOL.acquire(_pool_key(self.target), lambda: _DriverProcess(self.target))
             self._proc = proc
             self._finalizer = weakref.finalize(self, _release, proc, self.reuse)
             msg: dict[str, Any] = {"op": "init", "config": driver_config(self.config),
