@@ -101,8 +101,8 @@ def _step_timeout(command):
         "--step-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_STEP_TIMEOUT_S,
         show_default=True, metavar="SECONDS",
         callback=lambda _ctx, _param, value: _finite_or_none(value, "--step-timeout"),
-        help="A module:factory candidate runs in its own process; a call into it that takes longer "
-             "ends the run as a hang at that step (exit 1).")(command)
+        help="A module:factory candidate runs in its own process; a call into it (or an op of a "
+             "vllm@ candidate) that takes longer ends the run as a hang at that step (exit 1).")(command)
 
 
 @click.group(cls=HarnessGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -109,6 +109,24 @@ def test_higher_seq_cap_subclass_records_max_num_seqs_violations(classes_env, tm
 
 @vllm
 @needs_vllm
+def test_regression_vllm_candidate_ignored_step_timeout(classes_env):
+    """A scheduler class that hangs in schedule() waited out the driver's own
+    120 s; --step-timeout now bounds each op of a vllm@ candidate too: exit 1,
+    a crash at the step it hung in, the driver killed."""
+    import time
+
+    t0 = time.monotonic()
+    result = _invoke("replay", str(GOLDEN / "fcfs-roomy.parquet"), "--candidate", spec("HangingScheduler"),
+                     "--step-timeout", "3", "--json")
+    assert result.exit_code == 1, result.output
+    assert time.monotonic() - t0 < 60
+    payload = json.loads(result.output)
+    assert payload["divergence"]["step"] == 2
+    assert "did not answer 'schedule' within 3 s" in json.dumps(payload)
+
+
+@vllm
+@needs_vllm
 def test_fuzz_finds_the_subclass_violation(classes_env, tmp_path):
     result = _invoke("fuzz", "--candidate", spec("HigherSeqCapScheduler"), "--max-examples", "10",
                      "--seed", "1", "-o", str(tmp_path))

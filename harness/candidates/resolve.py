@@ -30,7 +30,7 @@ def resolve_candidate(spec: str, *, step_timeout: float | None = None, isolate: 
 
     A ``module:factory`` candidate runs in its own process
     (``harness.candidates.isolated``), each call bounded by ``step_timeout``
-    seconds (None: its default), unless the factory is ours (defined in
+    seconds (None: its default; a ``vllm@`` candidate's ops too), unless the factory is ours (defined in
     ``reference.guard.TRUSTED_MODULES``: ``reference.scheduler:Scheduler``);
     ``isolate=False`` gives the factory itself (what that process calls)."""
     if spec == "reference":
@@ -41,7 +41,7 @@ def resolve_candidate(spec: str, *, step_timeout: float | None = None, isolate: 
             raise CandidateSpecError(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
         return MUTANTS[name]
     if spec.startswith("vllm@"):
-        return _vllm_factory(spec)
+        return _vllm_factory(spec, step_timeout)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise CandidateSpecError(
@@ -65,7 +65,7 @@ def resolve_candidate(spec: str, *, step_timeout: float | None = None, isolate: 
     return factory
 
 
-def _vllm_factory(spec: str) -> CandidateFactory:
+def _vllm_factory(spec: str, step_timeout: float | None = None) -> CandidateFactory:
     """``vllm@VERSION`` / ``vllm@PATH`` (``,scheduler_cls=...``): real vLLM
     behind a driver subprocess; a release's env must be built, a path must
     import vllm. A scheduler class is built once here (on the default config)
@@ -89,4 +89,4 @@ def _vllm_factory(spec: str) -> CandidateFactory:
             pass  # the default config is not one this vLLM expresses; the class loaded
         except VLLMDriverError as exc:
             raise CandidateSpecError(f"candidate {spec!r}: {exc}") from None
-    return make_factory(target)
+    return make_factory(target, step_timeout)

@@ -52,3 +52,16 @@ class RaisingScheduler(Scheduler):
 
 class NotAScheduler:
     """Not a vLLM Scheduler."""
+
+
+class HangingScheduler(Scheduler):
+    """Its third schedule() call never returns (sleeps for an hour): the run
+    must end as a hang at that step once --step-timeout passes."""
+
+    def schedule(self, *args, **kwargs):
+        self._calls = getattr(self, "_calls", 0) + 1
+        if self._calls == 3:
+            import time
+
+            time.sleep(3600)
+        return super().schedule(*args, **kwargs)

@@ -78,6 +78,18 @@ class VLLMRaised(VLLMDriverError):
         self.crash_where = str(answer.get("where") or "")
 
 
+class VLLMStepTimeout(VLLMDriverError):
+    """An op got no answer within its timeout (``--step-timeout`` for a
+    scheduler's ops): recorded as the crash ``StepTimeout`` at that step, as a
+    hung ``module:factory`` candidate is (``harness.candidates.isolated``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.crash_type = "StepTimeout"
+        self.crash_message = f"StepTimeout: {message}"
+        self.crash_where = ""
+
+
 class VLLMRefused(CandidateRefused):
     """The driver refused the config at ``init`` (``DriverError``: an option the
     release lacks or a key it cannot map); the message is one line."""
@@ -132,10 +144,10 @@ class _DriverProcess:
             return ""
         return lines[-1][:240] if lines else ""
 
-    def _fail(self, message: str) -> VLLMDriverError:
+    def _fail(self, message: str, kind: type[VLLMDriverError] = VLLMDriverError) -> VLLMDriverError:
         self.broken = message
         self.kill()
-        return VLLMDriverError(message)
+        return kind(message)
 
     def call(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         op = msg.get("op", "?")
@@ -173,7 +185,7 @@ class _DriverProcess:
             while b"\n" not in self._buf:
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
-                    raise self._fail(f"{who} did not answer '{op}' within {timeout:.0f} s")
+                    raise self._fail(f"{who} did not answer '{op}' within {timeout:g} s", VLLMStepTimeout)
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
                     try:
@@ -313,8 +325,12 @@ class VLLMCandidate:
     """
 
     def __init__(self, config: EngineConfig, version: str | VLLMTarget, *, seed: int = 0,
-                 reuse: bool = True) -> None:
+                 reuse: bool = True, step_timeout: float | None = None) -> None:
         self.config = config
+        # Seconds one op (schedule, update_from_output, ...) may take once the
+        # driver is up (``--step-timeout``; None: HARNESS_VLLM_TIMEOUT_S, 120):
+        # a scheduler class that hangs ends the run as a crash at that step.
+        self.step_timeout = step_timeout
         self.target = version if isinstance(version, VLLMTarget) else release_target(version)
         self.version = self.target.version
         self.seed = seed
@@ -355,7 +371,7 @@ class VLLMCandidate:
         return self._proc
 
     def _call(self, op: str, **payload: Any) -> dict[str, Any]:
-        return self._driver().call({"op": op, **payload})
+        return self._driver().call({"op": op, **payload}, timeout=self.step_timeout)
 
     @property
     def pid(self) -> int | None:
@@ -466,16 +482,17 @@ class VLLMCandidate:
         return self._snap
 
 
-def make_factory(version: str | VLLMTarget):
+def make_factory(version: str | VLLMTarget, step_timeout: float | None = None):
     """The candidate factory for ``vllm@version`` (or a ``VLLMTarget``):
-    ``factory(config) -> VLLMCandidate``. The factory carries
+    ``factory(config) -> VLLMCandidate``, each op bounded by ``step_timeout``
+    seconds (None: ``HARNESS_VLLM_TIMEOUT_S``). The factory carries
     ``vllm_version``, ``vllm_target`` and ``trace_metadata`` (what the
     recorder adds to a trace's metadata: ``engine_version`` the version found,
     ``vllm_source`` for a path or a scheduler class)."""
     target = version if isinstance(version, VLLMTarget) else release_target(version)
 
     def factory(config: EngineConfig) -> VLLMCandidate:
-        return VLLMCandidate(config, target)
+        return VLLMCandidate(config, target, step_timeout=step_timeout)
 
     factory.__name__ = factory.__qualname__ = f"vllm_{target.version.replace('.', '_')}"
     factory.vllm_version = target.version  # type: ignore[attr-defined]
