@@ -178,6 +178,14 @@ def test_bogus_finish_status_is_refused(tmp_path: Path) -> None:
     assert_unusable(edited(tmp_path, "status", edit), "finish status 'FINISHED_BOGUS' is not a finished")
 
 
+def test_regression_negative_output_token_checked_clean(tmp_path: Path) -> None:
+    """A token id below 0 in an output row checked clean (no model emits one)."""
+    def edit(rows: Rows) -> None:
+        out = first(rows, "output")
+        out["token_ids"] = [-7, *out["token_ids"][1:]]
+    assert_unusable(edited(tmp_path, "negtok", edit), "token_ids holds a negative token id (-7)")
+
+
 def test_rows_out_of_the_steps_order_are_refused(tmp_path: Path) -> None:
     """A decision row moved after schedule_end, event indexes kept in order."""
     def edit(rows: Rows) -> None:

@@ -11,7 +11,8 @@ Refused: an unknown or null ``kind``; ``event_index`` not 0, 1, ... within
 the step; a null or out-of-range ``rank`` (``0 <= rank <
 data_parallel_size``) or ranks out of order; a request-scoped row without a
 ``request_id``; a non-finite or negative time (``clock_s``,
-``arrival_time_s``, ``abort_time_s``); an ``arrival``/``reject`` row that
+``arrival_time_s``, ``abort_time_s``); a negative token id (prompt, stop or
+output tokens; drafts may hold -1 placeholders); an ``arrival``/``reject`` row that
 ``RequestSpec`` refuses (so replay can rebuild the workload); an unknown
 status, finish reason or ``schedule_kind``; a null inside a list; rows out
 of the step's documented order (docs/trace-format.md "Row order"); a
@@ -56,6 +57,9 @@ _FINISHED_STATUSES = frozenset(s.name for s in RequestStatus if RequestStatus.is
 _FINISH_REASONS = frozenset({"stop", "length", "abort", "error", "repetition"})
 _SCHEDULE_KINDS = frozenset({"new", "resumed", "running"})
 _TIME_COLUMNS = ("clock_s", "arrival_time_s", "abort_time_s")
+# Token ids (vocabulary indices: no tokenizer or model produces a negative one).
+# Not spec_token_ids: vLLM pads drafts with -1 placeholders (recorded as they are).
+_TOKEN_COLUMNS = ("prompt_token_ids", "stop_token_ids", "token_ids", "output_token_ids")
 
 
 class RowError(ValueError):
@@ -183,6 +187,10 @@ def _check_values(where: str, kind: str, row: Row) -> None:
         value = row.get(column)
         if value is not None and (not math.isfinite(value) or value < 0):
             raise RowError(f"{where}: {column} {value!r} is not a finite number >= 0")
+    for column in _TOKEN_COLUMNS:
+        value = row.get(column)
+        if isinstance(value, list) and any(isinstance(t, int) and t < 0 for t in value):
+            raise RowError(f"{where}: {column} holds a negative token id ({min(t for t in value if t is not None)})")
     if kind == "schedule_begin" and row.get("clock_s") is None:
         raise RowError(f"{where}: schedule_begin without clock_s")
     for column, value in row.items():
