@@ -52,3 +52,25 @@ def test_the_column_count_and_the_schema_numbers_are_the_schema_modules() -> Non
 def test_every_event_kind_is_documented() -> None:
     documented = set(re.findall(r"^\| \d+ \| `(\w+)` \|", _section(4), re.M))
     assert documented == set(EVENT_KINDS)
+
+
+def test_the_worked_example_is_step_5_of_the_section_8_trace(tmp_path) -> None:
+    """Regression: section 4's example predated schema 6 (no request_state,
+    no update_begin). Re-recorded here with section 8's command, its kinds
+    and event indexes must be the table's."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    from harness.trace import open_trace
+
+    out = tmp_path / "trace.parquet"
+    result = CliRunner().invoke(main, ["record", "synthetic:50", "--time-scale", "10", "--set", "num_gpu_blocks=20",
+                                       "--set", "max_model_len=256", "--set", "max_num_seqs=8", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    step5 = next(rows for step, rows in open_trace(out).iter_steps() if step == 5)
+    table = _section(4)[_section(4).index("Here are the rows of step 5"):]
+    documented: list[tuple[int, str]] = []
+    for first, last, kind in re.findall(r"^\| (\d+)(?:–(\d+))? \| `(\w+)` \|", table, re.M):
+        documented += [(i, kind) for i in range(int(first), int(last or first) + 1)]
+    assert documented == [(r["event_index"], r["kind"]) for r in step5]
+    assert step5[0]["waiting"] == ["r000008", "r000009", "r000010"] and step5[8]["token_budget"] == 2042
