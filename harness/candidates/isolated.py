@@ -357,6 +357,31 @@ class IsolatedCandidate:
         return self._query("snapshot", "snapshot")
 
 
+def probe_spec(spec: str, timeout: float = START_TIMEOUT_S) -> str | None:
+    """Import ``spec``'s module and look its factory up in a child process
+    (the harness never imports a candidate's module: its import may exit,
+    hang or print). Returns None when it resolves (the child stays pooled with
+    the factory loaded, for the first candidate), else the one-line reason:
+    the resolver's own error (no such module, attribute, not callable), or
+    what became of the child (``importing it ended the process with exit
+    code 0``, no answer within ``timeout`` s)."""
+    child = POOL.acquire(spec, lambda: _Child(spec))
+    try:
+        error, _ = child.call(("resolve", spec), timeout, f"importing {spec!r}")
+    except CandidateProcessError as exc:
+        text = str(exc).replace(f"during importing {spec!r}", "while importing it")
+        return f"candidate {spec!r}: {text}"
+    except CandidateRaised as exc:  # a BaseException at import (SystemExit, KeyboardInterrupt, ...)
+        child.kill()
+        where = f" at {exc.crash_where}" if exc.crash_where else ""
+        return f"candidate {spec!r}: importing it raised {exc.crash_message}{where}"
+    except CandidateRefused as exc:
+        child.kill()
+        return f"candidate {spec!r}: {exc}"
+    POOL.release(spec, child, error is None)
+    return error
+
+
 def isolated_factory(spec: str, step_timeout: float | None = None):
     """``factory(config) -> IsolatedCandidate`` for ``spec`` (``module:factory``),
     each call bounded by ``step_timeout`` seconds (None: ``DEFAULT_STEP_TIMEOUT_S``)."""

@@ -6,6 +6,9 @@ the original stdout; before anything else it points fd 1 at fd 2, so what
 the candidate prints (from Python or C) goes to stderr, never into the
 protocol or the harness's stdout. Frames:
 
+* ``("resolve", spec)``: import ``spec``'s module and find its factory here
+  (answered with None, or the CandidateSpecError's text): the harness never
+  imports a candidate's module itself, whose import may ``os._exit(0)``;
 * ``("init", spec, config)``: resolve ``spec`` (``module:factory``; once)
   and build the candidate with ``config``, dropping the previous one;
 * ``("call", name, args, kwargs)``: call the candidate's method. A
@@ -116,6 +119,16 @@ def serve() -> None:
             return
         msg = pickle.loads(data)
         try:
+            if msg[0] == "resolve":  # import the module here, never in the harness
+                from harness.candidates.resolve import CandidateSpecError, resolve_candidate
+
+                try:
+                    factory = resolve_candidate(msg[1], isolate=False)
+                except CandidateSpecError as exc:
+                    answer("ok", str(exc))
+                    continue
+                answer("ok", None)
+                continue
             if msg[0] == "init":
                 _, spec, config = msg
                 if factory is None:

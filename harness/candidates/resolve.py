@@ -30,9 +30,11 @@ def resolve_candidate(spec: str, *, step_timeout: float | None = None, isolate: 
 
     A ``module:factory`` candidate runs in its own process
     (``harness.candidates.isolated``), each call bounded by ``step_timeout``
-    seconds (None: its default; a ``vllm@`` candidate's ops too), unless the factory is ours (defined in
-    ``reference.guard.TRUSTED_MODULES``: ``reference.scheduler:Scheduler``);
-    ``isolate=False`` gives the factory itself (what that process calls)."""
+    seconds (None: its default; a ``vllm@`` candidate's ops too), unless its
+    module is ours (under ``reference.guard.TRUSTED_MODULES``:
+    ``reference.scheduler:Scheduler``); its module is imported only in that
+    process (``probe_spec``), never here. ``isolate=False`` imports it here and
+    gives the factory itself (what that process calls)."""
     if spec == "reference":
         return Scheduler
     if spec.startswith("mutant:"):
@@ -46,6 +48,15 @@ def resolve_candidate(spec: str, *, step_timeout: float | None = None, isolate: 
     if not sep or not module_name or not attr:
         raise CandidateSpecError(
             f"unknown candidate {spec!r}: use 'reference', 'mutant:NAME' or 'package.module:factory'")
+    if isolate and not (module_name + ".").startswith(TRUSTED_MODULES):
+        # Someone else's module: imported only inside its own process (its
+        # import may os._exit(0), hang or print), checked there before any run.
+        from harness.candidates.isolated import isolated_factory, probe_spec
+
+        error = probe_spec(spec)
+        if error is not None:
+            raise CandidateSpecError(error)
+        return isolated_factory(spec, step_timeout)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # an import can fail in any way
@@ -58,10 +69,6 @@ def resolve_candidate(spec: str, *, step_timeout: float | None = None, isolate: 
             raise CandidateSpecError(f"module {module_name!r} has no attribute {attr!r}")
     if not callable(factory):
         raise CandidateSpecError(f"{spec!r} is not callable")
-    if isolate and not (getattr(factory, "__module__", None) or "").startswith(TRUSTED_MODULES):
-        from harness.candidates.isolated import isolated_factory
-
-        return isolated_factory(spec, step_timeout)
     return factory
 
 
