@@ -121,6 +121,9 @@ def test_report_html_is_offline_deterministic_and_plots_every_panel(mutant, tmp_
     assert marks["x"] == [10, 10] and "MAX-NUM-SEQS" in marks["text"][0]
     assert [sh["x0"] for sh in figs["timeline"]["layout"]["shapes"]] == [10]
     assert [t["name"] for t in figs["gantt"]["data"]] == ["waiting", "running", "preempted", "loading"]
+    # Regression: autoscaled panels showed axes below 0 for counts that never are.
+    layout = figs["timeline"]["layout"]
+    assert [layout[f"yaxis{'' if i == 1 else i}"]["rangemode"] for i in range(1, 7)] == ["nonnegative"] * 6
     assert len(figs["gantt"]["data"][1]["y"]) == len([x for x in mutant.spans if x.state == "running"])
     again = tmp_path / "again.html"
     CliRunner().invoke(main, ["report", str(MUTANT_TRACE), "-o", str(again)])

@@ -218,7 +218,8 @@ def _timeline(a: Series, b: Series | None, divergence: Divergence | None) -> go.
                       shapes=_lines(marks, {}),
                       updatemenus=[_axis_switch(xs, marks, a)])
     for i, (_, ytitle) in enumerate(PANELS, start=1):
-        fig.update_yaxes(title_text=ytitle, row=i, col=1)
+        # Every panel counts (blocks, requests, tokens) or is a rate: never below 0.
+        fig.update_yaxes(title_text=ytitle, rangemode="nonnegative", row=i, col=1)
     fig.update_xaxes(title_text="step", row=len(PANELS), col=1)
     return fig
 
