@@ -9,9 +9,9 @@ llama of tests/test_serve.py:
 - offline, a class that preempts the tail of running under PRIORITY: check clean under the safety
   layer, PRIORITY-VICTIM-MAX under 0.33.0's rules, and the reference replayed on the recording
   diverges at the first such preemption; the metadata names the class;
-- offline and served, a class raising in ``schedule()`` at step 20: one line on stderr naming the
-  step, the exception and its innermost frame, the 20 steps before it checked, exit 1, no vLLM
-  process left;
+- offline, a class raising in ``schedule()`` at step 20 and one raising in ``update_from_output()``;
+  served, the first: one line on stderr naming the step, the exception and its innermost frame,
+  the 20 steps before it checked, exit 1, no vLLM process left;
 - a class whose ``__init__`` raises: one line, exit 2, no engine or server started.
 """
 
@@ -29,8 +29,15 @@ from tests.processes import outlived
 from tests.test_serve import HARNESS, REPO, SCENARIO, model  # noqa: F401 - fixture
 
 CLASSES = Path(__file__).resolve().parent / "vllm_classes"
-CRASH_LINE = ("vLLM raised RuntimeError in schedule() at step 20: injected crash in schedule() call 20 "
-              "(at serve_schedulers.py:43)")
+#: class -> (the call that raises, its line in serve_schedulers.py)
+CRASHES = {"CrashAtStepScheduler": ("schedule", 43), "CrashInUpdateScheduler": ("update_from_output", 62)}
+
+
+def crash_line(cls: str = "CrashAtStepScheduler") -> str:
+    """The one stderr line of ``cls``'s crash (at step 20)."""
+    call, line = CRASHES[cls]
+    return (f"vLLM raised RuntimeError in {call}() at step 20: injected crash in {call}() call 20 "
+            f"(at serve_schedulers.py:{line})")
 
 
 def _serve(args: list[str]) -> subprocess.CompletedProcess:
@@ -61,16 +68,17 @@ def _left_running(out: Path) -> list[int]:
     return [pid for pid in found if outlived(pid, 1.0)]
 
 
-def _check_crash(out: Path) -> dict:
+def _check_crash(out: Path, cls: str = "CrashAtStepScheduler") -> dict:
     """The trace holds the 20 steps before the crash and ends on its crash row: ENGINE-CRASH only.
     Returns check's JSON report."""
+    call, line = CRASHES[cls]
     r = _harness("check", str(out), "--json")
     report = json.loads(r.stdout)
     assert r.returncode == 1 and report["steps"] == 21, r.stdout
     assert report["violations_by_invariant"] == {"ENGINE-CRASH": 1}
     crash = report["violations"][0]
     assert (crash["step"], crash["message"]) == (
-        20, "schedule() raised RuntimeError: injected crash in schedule() call 20 at serve_schedulers.py:43")
+        20, f"{call}() raised RuntimeError: injected crash in {call}() call 20 at serve_schedulers.py:{line}")
     return report
 
 
@@ -141,16 +149,17 @@ def test_offline_class_preempting_the_running_tail_under_priority(model, tmp_pat
 
 
 @pytest.mark.vllm
-def test_offline_crash_in_schedule_is_one_line_and_a_checked_prefix(model, tmp_path) -> None:  # noqa: F811
+@pytest.mark.parametrize("cls", sorted(CRASHES))
+def test_offline_crash_is_one_line_and_a_checked_prefix(model, tmp_path, cls) -> None:  # noqa: F811
     out = tmp_path / "crash.parquet"
     p = _serve([str(SCENARIO), "--offline", "--model", str(model),
-                "--candidate-class", "serve_schedulers:CrashAtStepScheduler", "-o", str(out)])
+                "--candidate-class", f"serve_schedulers:{cls}", "-o", str(out)])
     assert p.returncode == 1, p.stdout + p.stderr
-    assert p.stderr.splitlines() == [CRASH_LINE]
+    assert p.stderr.splitlines() == [crash_line(cls)]
     assert "offline vLLM 0.32.0: 20 engine steps, 0/24 finished" in p.stdout
     assert ": 21 steps, 24 requests, 0 finished, 0 aborted, 1 preemptions, 0 prefix-hit tokens" in p.stdout
     assert p.stdout.rstrip().splitlines()[-1] == "1 violation of 1 invariant: ENGINE-CRASH ×1 (profile safety)"
-    assert _check_crash(out)["requests"] == 24  # all arrived at step 0
+    assert _check_crash(out, cls)["requests"] == 24  # all arrived at step 0
     assert _left_running(out) == []
 
 
@@ -161,7 +170,7 @@ def test_served_crash_in_schedule_stops_the_server(model, tmp_path) -> None:  # 
                 "--candidate-class", "serve_schedulers:CrashAtStepScheduler", "-o", str(out)])
     assert p.returncode == 1, p.stdout + p.stderr
     note, crash = p.stderr.splitlines()  # "serve: vllm serve pid N on 127.0.0.1:PORT (log: ...)"
-    assert note.startswith("serve: vllm serve pid ") and crash == CRASH_LINE, p.stderr
+    assert note.startswith("serve: vllm serve pid ") and crash == crash_line(), p.stderr
     assert "vLLM 0.32.0 server: 0/24 answered (0 aborted by disconnect, 0 refused, 24 failed)" in p.stdout
     assert p.stdout.rstrip().splitlines()[-1] == "1 violation of 1 invariant: ENGINE-CRASH ×1 (profile safety)"
     assert _meta(out)["vllm_source"] == {"version": "0.32.0",

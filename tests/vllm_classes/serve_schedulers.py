@@ -43,3 +43,22 @@ class CrashAtStepScheduler(Scheduler):
             raise RuntimeError(f"injected crash in schedule() call {self.schedule_calls}")
         self.schedule_calls += 1
         return super().schedule(*args, **kwargs)
+
+
+class CrashInUpdateScheduler(Scheduler):
+    """Raises in its ``CRASH_STEP + 1``-th ``update_from_output()`` call, after
+    vLLM's own update ran (the tokens of the step were handed over): the
+    injected crash, one call later in the step."""
+
+    CRASH_STEP = 20
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.update_calls = 0
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self.update_calls == self.CRASH_STEP:
+            raise RuntimeError(f"injected crash in update_from_output() call {self.update_calls}")
+        self.update_calls += 1
+        return outputs
