@@ -115,9 +115,7 @@ def test_the_base_class_is_imported_from_the_environment(monkeypatch) -> None:
 
 @pytest.mark.vllm
 def test_offline_class_preempting_the_running_tail_under_priority(model, tmp_path) -> None:  # noqa: F811
-    scenario = tmp_path / "priority.toml"
-    scenario.write_text(SCENARIO.read_text().replace("num_gpu_blocks = 12", 'num_gpu_blocks = 12\npolicy = "priority"')
-                        .replace("[synthetic]", "[synthetic]\npriority_levels = 3"))
+    scenario = REPO / "harness" / "serve" / "preempt-priority.toml"
     out = tmp_path / "newest.parquet"
     cls = "serve_schedulers:NewestVictimScheduler"
     p = _serve([str(scenario), "--offline", "--model", str(model), "--candidate-class", cls, "-o", str(out)])
