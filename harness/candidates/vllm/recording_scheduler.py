@@ -37,6 +37,9 @@ server leaves a usable temporary file: ``convert`` accepts it and drops an
 incomplete last step). ``SCHED_HARNESS_STRICT=1`` makes recording errors raise
 (tests); by default a recording error is logged, written to the file as an
 ``error`` record and recording stops while the server keeps serving.
+``SCHED_HARNESS_BASE_CLS=pkg.mod:Class`` layers the recording over that
+subclass of vLLM's ``Scheduler`` (your own ``--scheduler-cls`` class, found on
+``PYTHONPATH``) instead of vLLM's ``Scheduler``; the trace's metadata names it.
 
 Refused at start-up (``RuntimeError``): async scheduling or more than one batch
 in flight (vLLM turns async scheduling on by default: pass
