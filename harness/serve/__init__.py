@@ -7,6 +7,8 @@
 - ``offline.py``: the harness side of the offline variant (``harness serve-record --offline``).
 - ``server.py``: ``vllm serve`` on 127.0.0.1 with the recording scheduler, requests over
   ``/v1/completions`` at their arrival times, shutdown by PID on every path.
+- ``candidate_class.py``: ``--candidate-class``: the user's vLLM ``Scheduler`` subclass, checked in
+  the serving env before vLLM starts, then recorded (the recording scheduler layered over it).
 - ``cli.py``: the commands, registered on ``harness.cli.main``.
 
 May import ``reference``, ``workloads``, ``harness.trace``, ``harness.check``, ``harness.candidates``.

@@ -36,6 +36,7 @@ from pathlib import Path
 from reference.config import EngineConfig
 from reference.workload import RequestSpec, Workload
 
+from harness.serve.candidate_class import CandidateClass
 from harness.serve.config import serve_flags
 from harness.serve.env import require_serving_env
 from harness.children import GroupWatchdog, die_with_parent, stop_gracefully
@@ -143,12 +144,16 @@ def _wait_ready(proc: subprocess.Popen, port: int, deadline: float, log_path: Pa
 def serve_workload(wl: Workload, config: EngineConfig, out_path: str | Path, model_dir: str | Path, *,
                    seed: int = 0, time_limit_s: float = 900.0, record: bool = True,
                    on_event: Callable[[str, int], None] | None = None,
-                   say: Callable[[str], None] | None = None) -> ServeResult:
+                   say: Callable[[str], None] | None = None,
+                   candidate: CandidateClass | None = None) -> ServeResult:
     """Serve ``wl`` with ``vllm serve`` and the recording scheduler; write trace ``out_path``.
 
     ``on_event(what, requests ended)`` reports progress; ``say`` one-line notes
     (the server's PID and port). ``record=False`` serves with vLLM's own
-    scheduler (for the benchmark; no trace). Raises ServeError (one line, naming
+    scheduler (for the benchmark; no trace). ``candidate`` (checked by
+    ``check_candidate_class``) is the user's ``Scheduler`` subclass the
+    recording scheduler runs over (``SCHED_HARNESS_BASE_CLS``, inherited by the
+    EngineCore). Raises ServeError (one line, naming
     the log) when the server cannot start, exits early or leaves no recording.
     The server is stopped on every path (KeyboardInterrupt included).
     """
@@ -176,7 +181,8 @@ def serve_workload(wl: Workload, config: EngineConfig, out_path: str | Path, mod
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=child_env(jsonl if record else None), start_new_session=True,
+                                env=child_env(jsonl if record else None, candidate if record else None),
+                                start_new_session=True,
                                 preexec_fn=die_with_parent())
     watchdog = GroupWatchdog(proc.pid)
     result.pid = proc.pid

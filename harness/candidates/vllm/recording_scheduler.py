@@ -37,6 +37,9 @@ server leaves a usable temporary file: ``convert`` accepts it and drops an
 incomplete last step). ``SCHED_HARNESS_STRICT=1`` makes recording errors raise
 (tests); by default a recording error is logged, written to the file as an
 ``error`` record and recording stops while the server keeps serving.
+``SCHED_HARNESS_BASE_CLS=pkg.mod:Class`` layers the recording over that
+subclass of vLLM's ``Scheduler`` (your own ``--scheduler-cls`` class, found on
+``PYTHONPATH``) instead of vLLM's ``Scheduler``; the trace's metadata names it.
 
 Refused at start-up (``RuntimeError``): async scheduling or more than one batch
 in flight (vLLM turns async scheduling on by default: pass
@@ -45,9 +48,10 @@ in flight (vLLM turns async scheduling on by default: pass
 
 JSONL records (one object per line, key ``t``): ``meta`` (first line: vLLM
 version, config values under our ``EngineConfig`` names, every other captured
-vLLM config value, warnings), ``arrival`` (a request added: prompt and
-sampling parameters), ``abort`` (``finish_requests``: the requests it
-finished, in free order, and whether it happened between ``schedule`` and
+vLLM config value, warnings, and ``scheduler_cls`` when the recorder runs over
+the user's own class, ``SCHED_HARNESS_BASE_CLS``: see ``_base_scheduler_class``),
+``arrival`` (a request added: prompt and sampling parameters), ``abort``
+(``finish_requests``: the requests it finished, in free order, and whether it happened between ``schedule`` and
 ``update_from_output``), ``schedule`` (queues and free blocks before and after,
 the normalised decisions with the request data's ids, and after it the
 ``request_states`` of its victims and of requests not running that hold
@@ -240,6 +244,8 @@ class _Recorder:
                 "pid": os.getpid(), "started_unix": time.time(), "path": str(self.path),
                 "config": self._engine_config(vc), "vllm_config": self._raw_config(vc),
                 "warnings": self._warnings(vc)}
+        if getattr(sched, "_sched_harness_base", None):  # the user's class under the recorder
+            meta["scheduler_cls"] = sched._sched_harness_base
         self._write(meta)
         self.fh.flush(force=True)
         atexit.register(self.close)
@@ -578,13 +584,63 @@ def _apply_deferred_aborts(sched, rec) -> None:
         sched.finish_requests(ids, status)
 
 
+# -- the user's own Scheduler subclass under the recorder --------------------
+#
+# ``harness serve-record --candidate-class pkg.mod:Class`` runs the user's
+# ``Scheduler`` subclass (what ``vllm serve --scheduler-cls`` takes) with the
+# recording layered over it: ``SCHED_HARNESS_BASE_CLS`` names it, and the
+# RecordingScheduler subclasses it instead of vLLM's ``Scheduler``, so every
+# override below observes what the user's class decided (its super() calls
+# reach vLLM's). The harness checked the class in the serving env before the
+# engine started (``harness/serve/candidate_class.py``); here it is imported
+# again from this process's ``sys.path`` (the caller's PYTHONPATH).
+
+ENV_BASE_CLS = "SCHED_HARNESS_BASE_CLS"
+
+
+def _base_scheduler_class(scheduler: type) -> tuple[type, str | None]:
+    """``(class, name)``: the class ``SCHED_HARNESS_BASE_CLS`` names
+    (``pkg.mod:Class``, or vLLM's dotted ``pkg.mod.Class``) and that name, or
+    ``(scheduler, None)`` when it is unset. Mirrors vLLM's
+    ``SchedulerConfig.get_scheduler_cls`` (``resolve_obj_by_qualname``).
+    Raises RecordingError (one line) for a module that does not import, a
+    missing attribute or a class that is not a subclass of ``scheduler``
+    (vLLM's ``vllm.v1.core.sched.scheduler.Scheduler``: the hooks need its
+    internals)."""
+    import importlib
+
+    name = (os.environ.get(ENV_BASE_CLS) or "").strip()
+    if not name:
+        return scheduler, None
+    module_name, sep, attr = name.partition(":")
+    if not sep:
+        module_name, _, attr = name.rpartition(".")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except BaseException as exc:  # an import can fail in any way, SystemExit included
+        raise RecordingError(f"{ENV_BASE_CLS}={name}: cannot import it: {type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:200]}") from None
+    if not isinstance(obj, type) or not issubclass(obj, scheduler):
+        raise RecordingError(f"{ENV_BASE_CLS}={name} is not a subclass of "
+                             f"vllm.v1.core.sched.scheduler.Scheduler")
+    return obj, name
+
+
 def _build_recording_scheduler():
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    class RecordingScheduler(Scheduler):
-        """vLLM's ``Scheduler`` writing a sched-harness JSONL log as it runs
-        (see ``harness/candidates/vllm/recording_scheduler.py``). Behaviour is unchanged:
-        every override calls the parent and only observes."""
+    base, base_name = _base_scheduler_class(Scheduler)
+
+    class RecordingScheduler(base):  # type: ignore[misc, valid-type]
+        """vLLM's ``Scheduler`` (or the subclass ``SCHED_HARNESS_BASE_CLS``
+        names) writing a sched-harness JSONL log as it runs (see
+        ``harness/candidates/vllm/recording_scheduler.py``). Behaviour is
+        unchanged: every override calls the parent and only observes."""
+
+        #: ``pkg.mod:Class`` of the user's class under the recorder, or None.
+        _sched_harness_base = base_name
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
@@ -1000,7 +1056,14 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     workload = Workload(source="live", sha256=digest.hexdigest(),
                         params={"jsonl": src.name, "vllm_request_ids": original,
                                 "arrival_unix_s": arrival_unix}, requests=())
-    meta = trace_metadata(workload, config, 0, f"vllm@{meta_rec['vllm_version']}")
+    engine = f"vllm@{meta_rec['vllm_version']}"
+    base_cls = meta_rec.get("scheduler_cls")
+    if base_cls:  # the user's Scheduler subclass ran: named as a scheduler_cls candidate's trace is
+        engine += f",scheduler_cls={base_cls}"
+    meta = trace_metadata(workload, config, 0, engine)
+    if base_cls:
+        meta["engine_version"] = meta_rec["vllm_version"]
+        meta["vllm_source"] = {"version": meta_rec["vllm_version"], "scheduler_cls": base_cls}
     meta["vllm_recording"] = {
         "format": meta_rec["format"], "jsonl": src.name, "started_unix": meta_rec.get("started_unix"),
         "unmapped_config": unmapped_config, "config_overrides": dict(overrides or {}),
