@@ -173,7 +173,7 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                                              priority_levels, stop_on_eos)
         from harness.serve.config import check_servable
 
-        check_servable(config)
+        check_servable(config, offline=offline)
         model = Path(model_dir) if model_dir else default_model()
     except ConfigError as exc:
         _fail(f"bad config: {exc}")
