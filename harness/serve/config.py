@@ -39,7 +39,6 @@ VLLM_NAMES = {
     "long_prefill_token_threshold": "long_prefill_token_threshold",
     "watermark": "watermark",
     "scheduler_reserve_full_isl": "scheduler_reserve_full_isl",
-    "async_scheduling": "async_scheduling",
 }
 #: Set to 1 to let the server path force async scheduling on on CPU (testing only).
 ENV_CPU_ASYNC = "SCHED_HARNESS_CPU_ASYNC"
@@ -66,7 +65,7 @@ def check_servable(config: EngineConfig, *, cpu: bool = True, offline: bool = Tr
                                f"{ENV_CPU_ASYNC}=1 to force it on for testing (unsupported by vLLM)")
     default = EngineConfig()
     for f in dataclasses.fields(EngineConfig):
-        if f.name in VLLM_NAMES or f.name in HARNESS_ONLY:
+        if f.name in VLLM_NAMES or f.name in HARNESS_ONLY or f.name == "async_scheduling":
             continue
         if getattr(config, f.name) != getattr(default, f.name):
             raise ServeConfigError(f"{f.name}={getattr(config, f.name)!r} cannot be served by this "
@@ -86,7 +85,8 @@ def engine_args(config: EngineConfig, *, seed: int = 0, cpu: bool = True,
     Raises ServeConfigError (``check_servable``; ``offline``: the in-process runner).
     """
     check_servable(config, cpu=cpu, offline=offline)
-    args: dict[str, Any] = {"skip_tokenizer_init": True, "enforce_eager": True, "seed": int(seed)}
+    args: dict[str, Any] = {"skip_tokenizer_init": True, "enforce_eager": True,
+                            "async_scheduling": bool(config.async_scheduling), "seed": int(seed)}
     if cpu:
         args["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
     for ours, theirs in VLLM_NAMES.items():

