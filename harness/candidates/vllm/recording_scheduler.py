@@ -17,7 +17,7 @@ The module imports neither vLLM nor pyarrow at import time:
 ``RecordingScheduler`` is built on first access (PEP 562 ``__getattr__``,
 which is what vLLM's ``resolve_obj_by_qualname`` triggers).
 
-Usage on a GPU server (vLLM 0.33.0; the engine must run synchronously)::
+Usage on a GPU server (vLLM 0.33.0)::
 
     PYTHONPATH=/path/to/sched-harness SCHED_HARNESS_TRACE=/tmp/run1.jsonl \\
       vllm serve MODEL --no-async-scheduling \\
@@ -29,6 +29,11 @@ Usage on a GPU server (vLLM 0.33.0; the engine must run synchronously)::
       print(convert("/tmp/run1.jsonl", "/tmp/run1.parquet"))'
     .venv/bin/harness check /tmp/run1.parquet
 
+With async scheduling (vLLM's default on GPU) name ``AsyncRecordingScheduler``
+instead (the same recorder on vLLM's ``AsyncScheduler``; vLLM uses a
+``--scheduler-cls`` as given, so ``RecordingScheduler`` refuses to start under
+async scheduling rather than run without output placeholders).
+
 ``SCHED_HARNESS_TRACE`` (default ``./sched-harness-trace.jsonl``, relative to
 the engine core's working directory) names the output; with data parallelism
 each rank writes ``NAME.dp<rank>.jsonl``. While the server runs the data goes
@@ -38,21 +43,25 @@ incomplete last step). ``SCHED_HARNESS_STRICT=1`` makes recording errors raise
 (tests); by default a recording error is logged, written to the file as an
 ``error`` record and recording stops while the server keeps serving.
 
-Refused at start-up (``RuntimeError``): async scheduling or more than one batch
-in flight (vLLM turns async scheduling on by default: pass
-``--no-async-scheduling``), i.e. anything but the synchronous
-``EngineCore.step`` loop (schedule, execute, update) that the trace models.
+Refused at start-up (``RuntimeError``): pipeline parallelism, any number of
+batches in flight but 1 (the synchronous ``EngineCore.step``: schedule,
+execute, update) or 2 (async scheduling, ``EngineCore.step_with_batch_queue``:
+``schedule()`` of step N+1 runs before ``update_from_output()`` of step N), and
+async scheduling under the synchronous ``RecordingScheduler``.
 
 JSONL records (one object per line, key ``t``): ``meta`` (first line: vLLM
 version, config values under our ``EngineConfig`` names, every other captured
 vLLM config value, warnings), ``arrival`` (a request added: prompt and
 sampling parameters), ``abort`` (``finish_requests``: the requests it
 finished, in free order, and whether it happened between ``schedule`` and
-``update_from_output``), ``schedule`` (queues and free blocks before and after,
-the normalised decisions with the request data's ids, and after it the
-``request_states`` of its victims and of requests not running that hold
-drafts), ``update`` (tokens sampled per scheduled request, requests
-finished, free blocks after), ``drafts`` (``update_draft_token_ids``: drafts
+``update_from_output``), ``schedule`` (its ``batch``: the number of the
+schedule() call; queues and free blocks before and after, the normalised
+decisions with the request data's ids, and after it the ``request_states`` of
+its victims and of requests not running that hold drafts; under async
+scheduling each scheduled request's ``num_output_placeholders``), ``update``
+(the ``batch`` it completes; tokens sampled per scheduled request -- under
+async scheduling also for a request that ended while the batch ran, whose
+token vLLM ignores --, requests finished, free blocks after), ``drafts`` (``update_draft_token_ids``: drafts
 stored, and the ``states`` of requests not running that hold drafts),
 ``note`` (things the trace cannot represent: a prefix-cache reset, a
 streaming-input update), ``crash`` (vLLM raised in ``schedule()``,
@@ -67,11 +76,18 @@ What ``convert`` does with them (the trace is replayable because of it):
 * Request ids become ``r000000``, ``r000001``, ... in the order requests were
   added (the originals and their wall-clock arrival times are kept in the
   metadata under ``workload.params``).
-* One trace step per ``schedule()`` call, except the calls vLLM makes with
-  nothing unfinished (only to report finished ids): they schedule nothing and
-  the reference engine has no such step, so they are dropped -- their aborts,
-  if any, become an inputs-only step -- and their ``finished_req_ids`` move to
-  the next step that schedules.
+* One trace step per ``EngineCore`` step: its ``schedule()`` call and the
+  ``update_from_output()`` it made, of the oldest batch in flight (the same
+  batch when synchronous; under async scheduling the one scheduled a step
+  before, so its tokens arrive a step late, the trace's ``batch_step``). The
+  records are grouped by vLLM's loop and checked: batches scheduled in order,
+  at most ``max_concurrent_batches`` in flight, each update completing the
+  oldest (a log out of order is refused, naming the line). The
+  ``schedule()`` calls vLLM makes with nothing unfinished (only to report
+  finished ids) are no batch of the trace (the reference engine makes no such
+  call): dropped with their updates -- their step's aborts, or the update of
+  an earlier batch it made, stay as a step without a schedule part -- and their
+  ``finished_req_ids`` move to the next step that schedules.
 * Times are virtual, on the reference engine's clock (``step_fixed_s +
   step_per_token_s * scheduled tokens`` per step): a request's
   ``arrival_time_s`` is the clock of the step it arrived in and its
