@@ -34,7 +34,7 @@ SCENARIO = REPO / "harness" / "serve" / "preempt-tight.toml"
 
 # ---------------------------------------------------------------- no vLLM needed
 
-def test_async_scheduling_on_a_cpu_server_is_refused_unless_forced(monkeypatch) -> None:
+def test_async_scheduling_on_a_cpu_server_is_refused_unless_forced(monkeypatch, tmp_path) -> None:
     config = EngineConfig(block_size=32, async_scheduling=True)
     assert engine_args(config)["async_scheduling"] is True  # offline: the runner keeps it on
     monkeypatch.delenv(ENV_CPU_ASYNC, raising=False)
@@ -45,9 +45,9 @@ def test_async_scheduling_on_a_cpu_server_is_refused_unless_forced(monkeypatch) 
         "(CpuPlatform.check_and_update_config); use --offline, or set SCHED_HARNESS_CPU_ASYNC=1 "
         "to force it on for testing (unsupported by vLLM)")
     r = CliRunner().invoke(main, ["serve-record", str(SCENARIO), "--set", "async_scheduling=true",
-                                  "-o", "/tmp/never-written.parquet"])
+                                  "-o", str(tmp_path / "t.parquet")])
     assert r.exit_code == 2 and r.output.startswith("error: async_scheduling=true: vLLM forces")
-    assert len(r.output.splitlines()) == 1
+    assert len(r.output.splitlines()) == 1 and not any(tmp_path.iterdir())
     monkeypatch.setenv(ENV_CPU_ASYNC, "1")
     assert "--async-scheduling" in serve_flags(config)
     assert "--no-async-scheduling" in serve_flags(EngineConfig(block_size=32))

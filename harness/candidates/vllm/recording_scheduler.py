@@ -812,7 +812,8 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
             raise ConvertError(
                 f"{path}:{number}: schedule with {len(in_flight)} batch(es) in flight and no update "
                 f"(max_concurrent_batches={max_batches}): an update is missing or out of order")
-        batch = rec.get("batch", next_batch)
+        batch = rec.get("batch")
+        batch = next_batch if batch is None else batch  # format 1 and 2: implicit
         if batch != next_batch:
             raise ConvertError(f"{path}:{number}: schedule of batch {batch} where batch {next_batch} "
                                f"was next: the log is out of order")
@@ -824,7 +825,8 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
         if not in_flight:
             raise ConvertError(f"{path}:{number}: update without a schedule")
         oldest = in_flight[0][0]
-        batch = rec.get("batch", oldest)
+        batch = rec.get("batch")
+        batch = oldest if batch is None else batch  # format 1 and 2: implicit
         if batch != oldest:
             raise ConvertError(f"{path}:{number}: update of batch {batch} while batch {oldest} is the "
                                f"oldest in flight (vLLM completes batches in schedule order): "
