@@ -6,7 +6,8 @@ the ``AsyncRecordingScheduler`` with 2 batches in flight: ``schedule()`` of step
 N+1 before ``update_from_output()`` of step N. Unit tests first (no vLLM: the
 server path's refusal, the recorder's refusals), then one offline async recording
 of ``harness/serve/preempt-tight.toml`` with client aborts (its checks, its replay,
-and copies of its JSONL put out of order, which convert refuses in one line).
+and copies of its JSONL put out of order, which convert refuses in one line), and
+one of ``harness/serve/async-stop.toml`` (requests stopped while their next batch runs).
 All vLLM tests run on the ``vllm-serve`` xdist worker (tests/conftest.py).
 """
 
@@ -30,6 +31,7 @@ from reference.config import EngineConfig
 REPO = Path(__file__).resolve().parent.parent
 SKIP = os.environ.get("HARNESS_SKIP_VLLM") == "1"
 SCENARIO = REPO / "harness" / "serve" / "preempt-tight.toml"
+STOP_SCENARIO = REPO / "harness" / "serve" / "async-stop.toml"
 
 
 # ---------------------------------------------------------------- no vLLM needed
@@ -79,24 +81,35 @@ def test_the_recorder_follows_one_or_two_batches_in_flight() -> None:
 # ---------------------------------------------------------------- real vLLM
 
 @pytest.fixture(scope="module")
-def async_recording(tmp_path_factory) -> tuple[Path, str]:
-    """An offline async recording of the preemption scenario with 25 % client aborts
-    (the trace, the command's output)."""
+def model(tmp_path_factory) -> Path:
+    """The serving env (built once) and a tiny llama (seed 0)."""
     if SKIP:
         pytest.skip("HARNESS_SKIP_VLLM=1")
     from harness.serve.env import ensure_serving_env
     from harness.serve.model import build_tiny_model
 
     ensure_serving_env(log=lambda line: print(f"vllm-env --serving: {line}", file=sys.stderr))
-    out = tmp_path_factory.mktemp("async")
-    build_tiny_model(out / "tiny", seed=0)
+    path = tmp_path_factory.mktemp("async") / "tiny"
+    build_tiny_model(path, seed=0)
+    return path
+
+
+def _record_async(scenario: Path, model: Path, trace: Path) -> str:
+    r = CliRunner().invoke(main, ["serve-record", str(scenario), "--offline", "--model", str(model),
+                                  "--set", "async_scheduling=true", "-o", str(trace)])
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+@pytest.fixture(scope="module")
+def async_recording(model, tmp_path_factory) -> tuple[Path, str]:
+    """An offline async recording of the preemption scenario with 25 % client aborts
+    (the trace, the command's output)."""
+    out = tmp_path_factory.mktemp("async-aborts")
     scenario = out / "aborts.toml"
     scenario.write_text(SCENARIO.read_text().replace("[synthetic]", "[synthetic]\nabort_fraction = 0.25"))
     trace = out / "async.parquet"
-    r = CliRunner().invoke(main, ["serve-record", str(scenario), "--offline", "--model", str(out / "tiny"),
-                                  "--set", "async_scheduling=true", "-o", str(trace)])
-    assert r.exit_code == 0, r.output
-    return trace, r.output
+    return trace, _record_async(scenario, model, trace)
 
 
 @pytest.mark.vllm
@@ -155,3 +168,29 @@ def test_an_async_recording_out_of_order_is_refused_by_convert(async_recording, 
     assert str(exc.value) == (f"{dropped}:{s7}: schedule with 2 batch(es) in flight and no update "
                               f"(max_concurrent_batches=2): an update is missing or out of order")
     assert not (tmp_path / "swapped.parquet").exists() and not (tmp_path / "dropped.parquet").exists()
+
+
+@pytest.mark.vllm
+def test_a_request_stopped_while_its_next_batch_runs_gets_that_batch_token(model, tmp_path) -> None:
+    """AsyncScheduler schedules a decode again before its token returns: a request whose stop
+    token comes back has a batch in flight, which still samples for it (vLLM ignores the token).
+    The recording keeps that token, as the reference's async engine does, and replays identical."""
+    trace = tmp_path / "stop.parquet"
+    output = _record_async(STOP_SCENARIO, model, trace)
+    assert "offline vLLM 0.32.0: 14 engine steps, 4/4 finished, 0 aborted, 0 rejected, 24 output tokens" in output
+    assert output.rstrip().splitlines()[-1] == "conformant (profile safety)"
+    rows = pq.read_table(trace, columns=["step", "kind", "request_id", "token_ids", "stop_reason"],
+                         filters=[("kind", "in", ["output", "finish"])]).to_pylist()
+    finished, late = {}, []
+    for row in rows:
+        if row["kind"] == "finish":
+            finished[row["request_id"]] = (row["step"], row["stop_reason"])
+        elif row["request_id"] in finished:
+            late.append((row["step"], row["request_id"], row["token_ids"]))
+    assert finished == {"r000000": (5, "21050"), "r000001": (7, "9097"), "r000003": (7, "19587"),
+                        "r000002": (11, "21107")}
+    assert late == [(6, "r000000", [14194]), (8, "r000001", [22690]), (8, "r000003", [30185]),
+                    (12, "r000002", [21107])]
+    r = CliRunner().invoke(main, ["replay", str(trace), "--candidate", "reference"])
+    assert r.exit_code == 0 and r.output.rstrip().splitlines()[-1] == \
+        "conformant (profile safety): 13 steps replayed, identical decisions", r.output
