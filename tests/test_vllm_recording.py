@@ -404,6 +404,28 @@ def test_a_killed_server_leaves_a_convertible_log(recorded, tmp_path):
 
 
 @pytest.mark.vllm
+def test_a_format_2_recording_converts_to_the_same_rows(recorded, tmp_path):
+    """Format 3 numbers the batches (async scheduling); a format 2 log (no ``batch``,
+    no placeholders) still converts, its one batch in flight implicit."""
+    from harness.candidates.vllm.recording_scheduler import FORMAT, convert
+
+    jsonl = recorded["runs"]["eos-stop-abort"][0]
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert FORMAT == 3 and records[0]["format"] == 3
+    assert [r["batch"] for r in records if r["t"] == "update"] == \
+        list(range(sum(r["t"] == "schedule" for r in records)))
+    old = tmp_path / "format2.jsonl"
+    for r in records:
+        r.pop("batch", None)
+        r.pop("placeholders", None)
+    records[0]["format"] = 2
+    old.write_text("".join(json.dumps(r) + "\n" for r in records))
+    convert(jsonl, tmp_path / "new.parquet")
+    convert(old, tmp_path / "old.parquet")
+    assert pq.read_table(tmp_path / "old.parquet").equals(pq.read_table(tmp_path / "new.parquet"))
+
+
+@pytest.mark.vllm
 def test_a_recording_error_stops_recording_not_the_server(recorded, tmp_path):
     from harness.candidates.vllm.recording_scheduler import convert
 
