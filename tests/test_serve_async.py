@@ -194,3 +194,43 @@ def test_a_request_stopped_while_its_next_batch_runs_gets_that_batch_token(model
     r = CliRunner().invoke(main, ["replay", str(trace), "--candidate", "reference"])
     assert r.exit_code == 0 and r.output.rstrip().splitlines()[-1] == \
         "conformant (profile safety): 13 steps replayed, identical decisions", r.output
+
+
+def _crash_at_update(lines: list[str], batch: int) -> list[str]:
+    """The log as if vLLM had raised in ``update_from_output()`` of ``batch``."""
+    i = _line_of(lines, "update", batch)
+    update = json.loads(lines[i])
+    crash = {"t": "crash", "step": update["step"], "call": "update_from_output", "batch": batch,
+             "exc_type": "RuntimeError", "exc_message": "injected", "sampled": update["sampled"],
+             "where": "vllm/v1/core/sched/scheduler.py:1"}
+    return lines[:i] + [json.dumps(crash) + "\n", json.dumps({"t": "end", "steps": update["step"]}) + "\n"]
+
+
+@pytest.mark.vllm
+def test_a_crash_in_an_async_update_is_kept(async_recording, tmp_path) -> None:
+    """Regression: a crash in the update of the empty batch vLLM schedules with nothing
+    unfinished was dropped with that batch, and the trace read as a clean run."""
+    trace, _ = async_recording
+    lines = _records(trace.with_suffix(".jsonl"))
+    # A batch of the trace: the crash ends step 21, whose update is batch 20's (a step late).
+    mid = tmp_path / "mid.jsonl"
+    mid.write_text("".join(_crash_at_update(lines, 20)))
+    summary = rs.convert(mid, tmp_path / "mid.parquet")
+    assert summary["steps"] == 22 and summary["crashed"] == \
+        "candidate raised injected in update_from_output() at step 21 (at vllm/v1/core/sched/scheduler.py:1)"
+    rows = pq.read_table(tmp_path / "mid.parquet", columns=["step", "kind", "batch_step"],
+                         filters=[("step", "==", 21)]).to_pylist()
+    assert [r["batch_step"] for r in rows if r["kind"] == "update_begin"] == [20]
+    assert rows[-1]["kind"] == "crash"
+    # The empty batch (the last one, scheduled with both queues empty): the crash row alone.
+    last = max(json.loads(ln).get("batch") or 0 for ln in lines if json.loads(ln)["t"] == "update")
+    tail = tmp_path / "tail.jsonl"
+    tail.write_text("".join(_crash_at_update(lines, last)))
+    summary = rs.convert(tail, tmp_path / "tail.parquet")
+    assert summary["steps"] == 267 and summary["crashed"].endswith("update_from_output() at step 266 "
+                                                                   "(at vllm/v1/core/sched/scheduler.py:1)")
+    kinds = pq.read_table(tmp_path / "tail.parquet", columns=["kind"], filters=[("step", "==", 266)])
+    assert kinds.column("kind").to_pylist() == ["crash"]
+    r = CliRunner().invoke(main, ["check", str(tmp_path / "tail.parquet")])
+    assert r.exit_code == 1 and r.output.rstrip().splitlines()[-1] == \
+        "1 violation of 1 invariant: ENGINE-CRASH ×1 (profile safety)"

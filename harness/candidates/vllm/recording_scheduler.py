@@ -946,8 +946,8 @@ def _steps(src: Path, notes: dict, max_batches: int = 1):
             continue
         if step["schedule"] is not None and not _is_idle(src, step["schedule"]):
             yield step, False
-        elif step["inputs"] or step["update_kept"]:
-            yield step, True
+        elif step["inputs"] or step["update_kept"] or step["crash"] is not None:
+            yield step, True  # a crash is never dropped (regression: one in an empty batch's update was)
         else:
             yield step, None
 
@@ -1221,6 +1221,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             if crash is not None:
                 stage = {"schedule": "schedule", "update_from_output": "update"}.get(crash["call"],
                                                                                     "update_end")
+                if crash["call"] != "schedule" and not step["update_kept"]:
+                    stage = "inputs"  # in the update of an empty batch, no part of the trace: the row alone
                 rec.crash = Crash(crash["call"], crash.get("exc_type") or "?",
                                   crash.get("exc_message") or "?", crash.get("where") or "", stage)
                 writer.crashed = summary["crashed"] = crash_line(index, rec.crash.call, rec.crash.message,
