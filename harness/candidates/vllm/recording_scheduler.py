@@ -487,8 +487,9 @@ class _Recorder:
         self.batches += 1
         if self.max_batches > 1:
             # AsyncScheduler counts the tokens each scheduled decode will sample
-            # before they exist (``num_output_placeholders``); on record for the
-            # converter's check that the call order is async's.
+            # before they exist (``num_output_placeholders``): on record for a
+            # reader of the log (the trace does not store them; its checker
+            # derives them from the batches in flight).
             record["placeholders"] = [
                 [r, int(getattr(sched.requests[r], "num_output_placeholders", 0))]
                 for r in so.num_scheduled_tokens if r in sched.requests]
@@ -797,6 +798,7 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
     inputs: list[tuple[str, dict]] = []
     current: dict | None = None
     in_flight: deque = deque()   # (batch, schedule record), oldest first
+    steps: list[dict] = []       # steps ended by the current record, to yield
     next_batch = 0
     crashed = False
     number = 0
@@ -844,7 +846,6 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
             inputs = []
         return current
 
-    steps: list[dict] = []
     for number, rec in _read_records(path):
         kind = rec["t"]
         if kind == "meta":
