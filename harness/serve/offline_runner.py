@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import sys
 import time
+from pathlib import Path
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # in-process engine: ~15x slower without it
@@ -72,9 +74,8 @@ class Runner:
 
         args = dict(msg.get("engine_args") or {})
         if args.get("async_scheduling"):
-            from cpu_async import keep_async_scheduling_on_cpu  # beside this script (stdlib + vLLM)
-
-            keep_async_scheduling_on_cpu()
+            # cpu_async.py beside this script (stdlib + vLLM), loaded by path: no package here.
+            runpy.run_path(str(Path(__file__).with_name("cpu_async.py")))["keep_async_scheduling_on_cpu"]()
         if msg.get("record", True):
             args["scheduler_cls"] = ASYNC_RECORDING_CLS if args.get("async_scheduling") else RECORDING_CLS
         self.timing = bool(msg.get("timing"))
