@@ -43,6 +43,7 @@ ONE_WORKER_MODULES = {
     # Real vLLM serving a tiny model: one serving env, one model, CPU-heavy runs in sequence.
     "tests/test_serve.py": "vllm-serve",
     "tests/test_serve_candidate_class.py": "vllm-serve",
+    "tests/test_serve_async.py": "vllm-serve",
 }
 
 

@@ -137,7 +137,9 @@ def load_serve_inputs(workload: str, sets: dict[str, str], limit, time_scale, se
 @click.option("--stop-on-eos", is_flag=True, help="Requests may end on EOS (ignore_eos off).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Engine config, vLLM's names (num_gpu_blocks, block_size (default 32 on CPU), "
-                   "max_model_len, max_num_seqs, max_num_batched_tokens, policy, ...).")
+                   "max_model_len, max_num_seqs, max_num_batched_tokens, policy, async_scheduling "
+                   "(vLLM forces it off on CPU: kept on with --offline, or on a server under "
+                   "SCHED_HARNESS_CPU_ASYNC=1; testing only), ...).")
 @click.option("--time-limit", type=click.FloatRange(min=1), default=900, show_default=True,
               help="Seconds the run may take in all (server start, requests, drain).")
 @click.option("--semantics", default="auto", show_default=True, metavar="auto|safety|VERSION",
@@ -183,7 +185,7 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                                              priority_levels, stop_on_eos)
         from harness.serve.config import check_servable
 
-        check_servable(config)
+        check_servable(config, offline=offline)
         model = Path(model_dir) if model_dir else default_model()
     except ConfigError as exc:
         _fail(f"bad config: {exc}")

@@ -256,8 +256,9 @@ def _drive(engine: OfflineEngine, wl: Workload, config: EngineConfig, result: Of
     arrivals = _Arrivals(wl, config.step_fixed_s)
     live: set[str] = set()
     clock, step, ended = 0.0, 0, 0
-    while arrivals.pending() or live:
-        if not live and not arrivals.due_now(step, clock):
+    in_flight = 0  # batches EngineCore still holds (async scheduling): stepped until drained
+    while arrivals.pending() or live or in_flight:
+        if not live and not in_flight and not arrivals.due_now(step, clock):
             step, clock = arrivals.next_event(step, clock, stuck=False)
         if step >= max_steps or time.monotonic() > deadline:
             raise ServeError(f"the run did not finish within {max_steps} steps / the time limit "
@@ -292,6 +293,7 @@ def _drive(engine: OfflineEngine, wl: Workload, config: EngineConfig, result: Of
             result.sched_s.append(resp["sched_s"])
             result.vllm_s.append(resp["vllm_s"])
         total = resp.get("total") or 0
+        in_flight = int(resp.get("in_flight") or 0)
         step += 1
         result.steps = step
         clock += config.step_fixed_s + config.step_per_token_s * total

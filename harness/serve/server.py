@@ -43,6 +43,9 @@ from harness.children import GroupWatchdog, die_with_parent, stop_gracefully
 from harness.serve.offline import ServeError, check_offline_workload, child_env, convert_recording, side_files
 
 RECORDING_CLS = "harness.candidates.vllm.recording_scheduler.RecordingScheduler"
+ASYNC_RECORDING_CLS = "harness.candidates.vllm.recording_scheduler.AsyncRecordingScheduler"
+#: Starts the api_server with async scheduling kept on on CPU (testing only).
+CPU_ASYNC_LAUNCHER = Path(__file__).with_name("cpu_async.py")
 SERVED_NAME = "tiny"
 #: Seconds ``vllm serve`` may take to drain on SIGINT (``--shutdown-timeout``).
 SHUTDOWN_TIMEOUT_S = 10
@@ -168,12 +171,15 @@ def serve_workload(wl: Workload, config: EngineConfig, out_path: str | Path, mod
     for stale in [jsonl, *jsonl.parent.glob(f".{jsonl.name}.*.tmp")]:  # an earlier run's
         stale.unlink(missing_ok=True)
     port = free_port()
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(Path(model_dir).resolve()),
+    # Async scheduling (allowed on CPU only under SCHED_HARNESS_CPU_ASYNC=1, checked by
+    # serve_flags): the api_server through cpu_async.py, which keeps it on.
+    launch = [str(CPU_ASYNC_LAUNCHER)] if config.async_scheduling else ["-m", "vllm.entrypoints.openai.api_server"]
+    cmd = [str(python), *launch, "--model", str(Path(model_dir).resolve()),
            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S),
            *serve_flags(config, seed=seed)]
     if record:
-        cmd += ["--scheduler-cls", RECORDING_CLS]
+        cmd += ["--scheduler-cls", ASYNC_RECORDING_CLS if config.async_scheduling else RECORDING_CLS]
     result = ServeResult(requests=len(wl.requests), port=port)
     started = time.monotonic()
     deadline = started + time_limit_s
