@@ -19,9 +19,11 @@ workload source and sha256, seed.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -79,6 +81,42 @@ def _row_bytes(row: dict[str, Any]) -> int:
     return size
 
 
+# The temporary folders of writers not yet closed or aborted, removed at
+# interpreter exit. Regression: SIGTERM to `harness record` under load left
+# one, when the signal's handler ran between the folder's mkdir and the `with`
+# block that aborts it (inside mkdtemp, or before __enter__). A name is
+# registered *before* its mkdir, so no instant leaves a folder unregistered;
+# an exit by SIGTERM or SIGINT (exit 143/130, through atexit) removes it, while
+# SIGKILL or a power cut leaves it for `harness salvage`, as designed.
+_OPEN_TEMP_DIRS: set[Path] = set()
+
+
+def _make_temp_dir(path: Path) -> Path:
+    """Create ``.NAME.<random>.tmp/`` (mode 0700) beside ``path``, registered first."""
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        _OPEN_TEMP_DIRS.add(tmp)
+        try:
+            os.mkdir(tmp, 0o700)
+            return tmp
+        except FileExistsError:  # someone else's: never ours to remove
+            _OPEN_TEMP_DIRS.discard(tmp)
+        except BaseException:  # mkdir failed (nothing there), or an interrupt right after it
+            _remove_temp_dir(tmp)
+            raise
+
+
+def _remove_temp_dir(tmp: Path) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    _OPEN_TEMP_DIRS.discard(tmp)
+
+
+@atexit.register
+def _remove_open_temp_dirs() -> None:
+    for tmp in list(_OPEN_TEMP_DIRS):
+        _remove_temp_dir(tmp)
+
+
 class TraceWriter:
     """Streams event rows to ``path`` via crash-safe segments, renamed on ``close``.
 
@@ -101,7 +139,7 @@ class TraceWriter:
         meta = {"schema_version": SCHEMA_VERSION, **meta}
         self._schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent))
+        self._tmp = _make_temp_dir(self.path)
         self._columns = tuple(self._schema.names)
         self._buffer: dict[str, list[Any]] = {c: [] for c in self._columns}
         self._buffered = 0
@@ -166,11 +204,11 @@ class TraceWriter:
             os.chmod(joined, 0o666 & ~umask)
             os.replace(joined, self.path)
         finally:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            _remove_temp_dir(self._tmp)
 
     def abort(self) -> None:
         """Discard the temporary folder."""
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        _remove_temp_dir(self._tmp)
 
     def __enter__(self) -> TraceWriter:
         return self
