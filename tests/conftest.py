@@ -42,6 +42,8 @@ ONE_WORKER_MODULES = {
     "tests/test_vllm_recording.py": "vllm-recording",
     # Real vLLM serving a tiny model: one serving env, one model, CPU-heavy runs in sequence.
     "tests/test_serve.py": "vllm-serve",
+    "tests/test_serve_candidate_class.py": "vllm-serve",
+    "tests/test_serve_async.py": "vllm-serve",
 }
 
 

@@ -38,7 +38,8 @@ OPTIONAL = {
     "transformers": {"harness/serve/tiny_model_script.py"},
     "pytest": {"harness/pytest_plugin.py", "harness/conformance.py"},
     "vllm": {"harness/candidates/vllm/driver.py", "harness/candidates/vllm/events.py",
-             "harness/candidates/vllm/recording_scheduler.py", "harness/serve/offline_runner.py"},
+             "harness/candidates/vllm/recording_scheduler.py", "harness/serve/offline_runner.py",
+             "harness/serve/cpu_async.py"},
 }
 
 

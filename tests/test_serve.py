@@ -70,7 +70,6 @@ def test_engine_args_use_vllm_names_and_the_cpu_rules() -> None:
 @pytest.mark.parametrize("config, problem", [
     (EngineConfig(block_size=16), "block_size=16: vLLM's CPU attention backend needs a multiple of 32"),
     (EngineConfig(block_size=32, num_speculative_tokens=2), "num_speculative_tokens=2 cannot be served"),
-    (EngineConfig(block_size=32, async_scheduling=True), "async_scheduling=True cannot be served"),
 ])
 def test_a_config_the_serving_path_cannot_give_vllm_is_refused(config, problem) -> None:
     with pytest.raises(ServeConfigError, match="^" + problem.replace("(", r"\(")):

@@ -170,6 +170,12 @@ from vllm.v1.core.sched.scheduler import Scheduler
 cls = SchedulerConfig.default_factory(
     scheduler_cls="harness.candidates.vllm.recording_scheduler.RecordingScheduler").get_scheduler_cls()
 results["resolved"] = [cls is RecordingScheduler, issubclass(cls, Scheduler)]
+# Under async scheduling the recorder on vLLM's AsyncScheduler is named instead.
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+acls = SchedulerConfig.default_factory(
+    scheduler_cls="harness.candidates.vllm.recording_scheduler.AsyncRecordingScheduler").get_scheduler_cls()
+results["resolved_async"] = [issubclass(acls, AsyncScheduler), acls.__name__,
+                             issubclass(RecordingScheduler, AsyncScheduler)]
 # Async scheduling (vLLM's default with a custom class) is refused at start-up.
 old = driver.sched
 old.vllm_config.scheduler_config.async_scheduling = True
@@ -260,7 +266,8 @@ def recorded(tmp_path_factory):
     runs = {name: (paths[name], results["runs"][name], *cases[name]) for name in cases}
     runs["failing"] = (paths["failing"], results["runs"]["failing"], *cases["eos-stop-abort"])
     runs["update-crash"] = (paths["update-crash"], results["runs"]["update-crash"], *cases["fcfs-tight"])
-    return {"runs": runs, "resolved": results["resolved"], "async_refused": results["async_refused"]}
+    return {"runs": runs, "resolved": results["resolved"], "async_refused": results["async_refused"],
+            "resolved_async": results["resolved_async"]}
 
 
 _VIRTUAL = ("clock_s", "arrival_time_s", "abort_time_s", "scripted_output_len")
@@ -397,6 +404,28 @@ def test_a_killed_server_leaves_a_convertible_log(recorded, tmp_path):
 
 
 @pytest.mark.vllm
+def test_a_format_2_recording_converts_to_the_same_rows(recorded, tmp_path):
+    """Format 3 numbers the batches (async scheduling); a format 2 log (no ``batch``,
+    no placeholders) still converts, its one batch in flight implicit."""
+    from harness.candidates.vllm.recording_scheduler import FORMAT, convert
+
+    jsonl = recorded["runs"]["eos-stop-abort"][0]
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert FORMAT == 3 and records[0]["format"] == 3
+    assert [r["batch"] for r in records if r["t"] == "update"] == \
+        list(range(sum(r["t"] == "schedule" for r in records)))
+    old = tmp_path / "format2.jsonl"
+    for r in records:
+        r.pop("batch", None)
+        r.pop("placeholders", None)
+    records[0]["format"] = 2
+    old.write_text("".join(json.dumps(r) + "\n" for r in records))
+    convert(jsonl, tmp_path / "new.parquet")
+    convert(old, tmp_path / "old.parquet")
+    assert pq.read_table(tmp_path / "old.parquet").equals(pq.read_table(tmp_path / "new.parquet"))
+
+
+@pytest.mark.vllm
 def test_a_recording_error_stops_recording_not_the_server(recorded, tmp_path):
     from harness.candidates.vllm.recording_scheduler import convert
 
@@ -413,7 +442,11 @@ def test_a_recording_error_stops_recording_not_the_server(recorded, tmp_path):
 @pytest.mark.vllm
 def test_scheduler_cls_resolves_and_async_is_refused(recorded):
     assert recorded["resolved"] == [True, True]
-    assert "--no-async-scheduling" in (recorded["async_refused"] or "")
+    assert recorded["resolved_async"] == [True, "AsyncRecordingScheduler", False]
+    assert recorded["async_refused"] == (
+        "vLLM enabled async scheduling (its default on GPU): use --scheduler-cls "
+        "harness.candidates.vllm.recording_scheduler.AsyncRecordingScheduler, or start the server "
+        "with --no-async-scheduling")
 
 
 def test_module_imports_without_vllm():

@@ -137,13 +137,19 @@ def load_serve_inputs(workload: str, sets: dict[str, str], limit, time_scale, se
 @click.option("--stop-on-eos", is_flag=True, help="Requests may end on EOS (ignore_eos off).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Engine config, vLLM's names (num_gpu_blocks, block_size (default 32 on CPU), "
-                   "max_model_len, max_num_seqs, max_num_batched_tokens, policy, ...).")
+                   "max_model_len, max_num_seqs, max_num_batched_tokens, policy, async_scheduling "
+                   "(vLLM forces it off on CPU: kept on with --offline, or on a server under "
+                   "SCHED_HARNESS_CPU_ASYNC=1; testing only), ...).")
 @click.option("--time-limit", type=click.FloatRange(min=1), default=900, show_default=True,
               help="Seconds the run may take in all (server start, requests, drain).")
 @click.option("--semantics", default="auto", show_default=True, metavar="auto|safety|VERSION",
               help="Profile for the final check (auto: vLLM 0.32.0 has no measured profile: safety).")
+@click.option("--candidate-class", "candidate_class", metavar="package.module:Class", default=None,
+              help="Your vLLM Scheduler subclass (what vllm serve --scheduler-cls takes), found on "
+                   "PYTHONPATH: recorded instead of vLLM's own; checked in the serving env first.")
 def serve_record(workload: str, output: str, model_dir: str | None, offline: bool, limit, time_scale,
-                 seed, priority_levels, stop_on_eos, sets, time_limit, semantics) -> None:
+                 seed, priority_levels, stop_on_eos, sets, time_limit, semantics,
+                 candidate_class: str | None) -> None:
     """Run WORKLOAD (or a scenario file) on real vLLM executing a real model, record its
     scheduler, convert the recording to a trace and check it (the verdict is the last line).
 
@@ -152,6 +158,12 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
     (token-id prompts, max_tokens, ignore_eos, priority under --set policy=priority;
     an abort_time is a client disconnect); the server is drained and stopped by its
     PID on every path, Ctrl-C included.
+
+    --candidate-class runs your Scheduler subclass with the recording layered
+    over it (a class that does not import, is not a Scheduler or raises in
+    __init__: one line, exit 2, before vLLM starts). When vLLM raises (in
+    schedule() or update_from_output()), one line on stderr names the step,
+    the exception and its innermost frame; the steps before it are checked.
 
     Exit 0: conformant and every request answered; 1: a violation, an
     unanswered request, or vLLM failing mid-run (what it recorded is still
@@ -173,12 +185,22 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                                              priority_levels, stop_on_eos)
         from harness.serve.config import check_servable
 
-        check_servable(config)
+        check_servable(config, offline=offline)
         model = Path(model_dir) if model_dir else default_model()
     except ConfigError as exc:
         _fail(f"bad config: {exc}")
     except (WorkloadError, OSError, ServeConfigError, ModelError, VLLMEnvError) as exc:
         _fail(str(exc))
+    candidate = None
+    if candidate_class is not None:
+        from harness.serve.candidate_class import CandidateClassError, check_candidate_class
+
+        try:
+            with err.status(f"checking {candidate_class} in the serving env", spinner="dots") \
+                    if err.is_terminal else _null():
+                candidate = check_candidate_class(candidate_class, config)
+        except (CandidateClassError, VLLMEnvError) as exc:
+            _fail(str(exc))
     total = len(wl.requests)
     jsonl, log_path = side_files(output)
     started_at = time.time() - 1
@@ -197,7 +219,7 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                 from harness.serve.offline import record_offline
 
                 res = record_offline(wl, config, output, model, seed=seed, time_limit_s=time_limit,
-                                     on_step=on_step)
+                                     on_step=on_step, candidate=candidate)
                 line = (f"offline vLLM {res.vllm_version}: {res.steps} engine steps, {res.finished}/"
                         f"{res.requests} finished, {res.aborted} aborted, {res.rejected} rejected, "
                         f"{res.output_tokens} output tokens in {res.wall_s:.1f} s")
@@ -205,7 +227,8 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                 from harness.serve.server import serve_workload
 
                 res = serve_workload(wl, config, output, model, seed=seed, time_limit_s=time_limit,
-                                     on_event=on_event, say=lambda m: err.print(f"[dim]serve:[/] {escape(m)}"))
+                                     on_event=on_event, say=lambda m: err.print(f"[dim]serve:[/] {escape(m)}"),
+                                     candidate=candidate)
                 line = (f"vLLM {res.vllm_version} server: {res.answered}/{res.requests} answered "
                         f"({res.aborted} aborted by disconnect, {res.rejected} refused, {res.failed} "
                         f"failed), {res.output_tokens} "
@@ -228,10 +251,14 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                 err.print(f"[dim]--- last lines of {escape(str(log_path))} ---[/]\n{escape(tail)}")
             _fail(str(exc))
     console.print(line)
-    if res.error:
+    conv = res.convert
+    if conv.get("crashed"):
+        # vLLM raised in the scheduler (the recording's crash record): one line naming the step,
+        # the exception and its innermost frame; the trace ends on its crash row.
+        err.print(f"[bold red]vLLM {escape(crash_text(conv['crashed']))}[/]", soft_wrap=True)
+    elif res.error:
         err.print(f"[bold red]vLLM failed mid-run:[/] {escape(res.error)}; the trace holds the steps "
                   f"recorded up to it")
-    conv = res.convert
     for warning in conv.get("warnings", ()):
         err.print(f"[yellow]warning:[/] {escape(warning)}")
     console.print(f"converted {jsonl} -> [bold]{output}[/]: {conv['steps']} steps, {conv['requests']} "
@@ -239,15 +266,21 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                   f"{conv['preemptions']} preemptions, {conv['prefix_hit_tokens']} prefix-hit tokens")
     from harness.cli import _check, _open, _report
 
-    for req_id, why in sorted(getattr(res, "errors", {}).items())[:5]:
+    for req_id, why in sorted(getattr(res, "errors", {}).items())[:0 if conv.get("crashed") else 5]:
         err.print(f"[yellow]request {req_id}:[/] {escape(why)}")
     failed = getattr(res, "failed", 0)
-    if failed:
+    if failed and not conv.get("crashed"):  # after a crash, every request left fails with it
         err.print(f"[bold red]{failed} request(s) were not answered[/] (log: {escape(str(log_path))})")
     trace = _open(output)
     result = _check(trace, semantics)
     _report(result, None, False, trace)
-    sys.exit(0 if result.ok and not failed and not res.error else 1)
+    sys.exit(0 if result.ok and not failed and not res.error and not conv.get("crashed") else 1)
+
+
+def crash_text(crashed: str) -> str:
+    """``convert``'s crash line (``reference.candidate.crash_line``: "candidate raised
+    <Type> in <call>() at step S: <text> (at <where>)") said of vLLM."""
+    return crashed.removeprefix("candidate ")
 
 
 def register(main: click.Group) -> None:

@@ -3,9 +3,11 @@
 The names are vLLM's (``vllm/engine/arg_utils.py`` ``EngineArgs``): most fields carry
 over under the same name; ``num_gpu_blocks`` is ``num_gpu_blocks_override`` and
 ``policy`` is ``scheduling_policy``. A field the serving path cannot give vLLM
-(speculative decoding, async scheduling, parallelism, the simulated KV connector,
-encoder inputs, deferred frees) is refused when it is not at its default:
-``ServeConfigError`` names it. The fields only our virtual clock and scripted
+(speculative decoding, parallelism, the simulated KV connector, encoder inputs,
+deferred frees) is refused when it is not at its default: ``ServeConfigError``
+names it. ``async_scheduling`` is passed on (vLLM's ``AsyncScheduler``, 2 batches in
+flight), but on CPU vLLM forces it off: the offline runner keeps it on for testing
+(``cpu_async.py``), the server path only with ``SCHED_HARNESS_CPU_ASYNC=1``. The fields only our virtual clock and scripted
 model read (``step_fixed_s``, ``step_per_token_s``, ``draft_acceptance_*``) pass.
 
 CPU rules (``../shared/notes/vllm-cpu-serving.md``): the CPU attention backend wants
@@ -18,6 +20,7 @@ by ``num_gpu_blocks_override``); async scheduling is forced off on CPU.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from reference.config import EngineConfig
@@ -37,6 +40,8 @@ VLLM_NAMES = {
     "watermark": "watermark",
     "scheduler_reserve_full_isl": "scheduler_reserve_full_isl",
 }
+#: Set to 1 to let the server path force async scheduling on on CPU (testing only).
+ENV_CPU_ASYNC = "SCHED_HARNESS_CPU_ASYNC"
 #: Fields only the harness reads (the virtual clock, the scripted model).
 HARNESS_ONLY = ("step_fixed_s", "step_per_token_s", "draft_acceptance_rate", "draft_acceptance_pattern")
 #: The CPU serving block size (a multiple of 32 is required by CPU_ATTN).
@@ -49,11 +54,18 @@ class ServeConfigError(ValueError):
     """A config the serving path cannot run; the message is one line."""
 
 
-def check_servable(config: EngineConfig, *, cpu: bool = True) -> None:
-    """Raise ServeConfigError if ``config`` sets something vLLM cannot be given here."""
+def check_servable(config: EngineConfig, *, cpu: bool = True, offline: bool = True) -> None:
+    """Raise ServeConfigError if ``config`` sets something vLLM cannot be given here.
+
+    ``async_scheduling`` on a CPU server (``offline`` False) needs
+    ``SCHED_HARNESS_CPU_ASYNC=1``: vLLM forces it off there and does not support it."""
+    if config.async_scheduling and cpu and not offline and os.environ.get(ENV_CPU_ASYNC) != "1":
+        raise ServeConfigError(f"async_scheduling=true: vLLM forces async scheduling off on CPU "
+                               f"(CpuPlatform.check_and_update_config); use --offline, or set "
+                               f"{ENV_CPU_ASYNC}=1 to force it on for testing (unsupported by vLLM)")
     default = EngineConfig()
     for f in dataclasses.fields(EngineConfig):
-        if f.name in VLLM_NAMES or f.name in HARNESS_ONLY:
+        if f.name in VLLM_NAMES or f.name in HARNESS_ONLY or f.name == "async_scheduling":
             continue
         if getattr(config, f.name) != getattr(default, f.name):
             raise ServeConfigError(f"{f.name}={getattr(config, f.name)!r} cannot be served by this "
@@ -63,17 +75,18 @@ def check_servable(config: EngineConfig, *, cpu: bool = True) -> None:
                                f"multiple of {CPU_BLOCK_SIZE} (--set block_size={CPU_BLOCK_SIZE})")
 
 
-def engine_args(config: EngineConfig, *, seed: int = 0, cpu: bool = True) -> dict[str, Any]:
+def engine_args(config: EngineConfig, *, seed: int = 0, cpu: bool = True,
+                offline: bool = True) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM(model, **args)`` (vLLM's ``EngineArgs`` names).
 
     Always: ``skip_tokenizer_init`` (token-id prompts, no tokenizer),
-    ``enforce_eager``, ``async_scheduling=False`` (the recording scheduler records
-    the synchronous loop), ``seed``; on CPU ``gpu_memory_utilization`` 0.1.
-    Raises ServeConfigError (``check_servable``).
+    ``enforce_eager``, ``async_scheduling`` as the config says (False unless set:
+    vLLM's GPU default is on), ``seed``; on CPU ``gpu_memory_utilization`` 0.1.
+    Raises ServeConfigError (``check_servable``; ``offline``: the in-process runner).
     """
-    check_servable(config, cpu=cpu)
+    check_servable(config, cpu=cpu, offline=offline)
     args: dict[str, Any] = {"skip_tokenizer_init": True, "enforce_eager": True,
-                            "async_scheduling": False, "seed": int(seed)}
+                            "async_scheduling": bool(config.async_scheduling), "seed": int(seed)}
     if cpu:
         args["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
     for ours, theirs in VLLM_NAMES.items():
@@ -88,7 +101,7 @@ def serve_flags(config: EngineConfig, *, seed: int = 0, cpu: bool = True) -> lis
     """The same as ``engine_args`` as ``vllm serve`` command-line flags
     (``--name-with-dashes VALUE``; booleans as ``--x`` / ``--no-x``)."""
     out: list[str] = []
-    for key, value in engine_args(config, seed=seed, cpu=cpu).items():
+    for key, value in engine_args(config, seed=seed, cpu=cpu, offline=False).items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             out.append(flag if value else "--no-" + key.replace("_", "-"))

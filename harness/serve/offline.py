@@ -35,6 +35,7 @@ from reference.workload import RequestSpec, Workload
 
 from harness.candidates.vllm.recording_scheduler import convert
 from harness.children import GroupWatchdog, die_with_parent, stop_gracefully
+from harness.serve.candidate_class import ENV_BASE_CLS, CandidateClass
 from harness.serve.config import engine_args
 from harness.serve.env import require_serving_env
 
@@ -71,29 +72,34 @@ def log_tail(log_path: Path, lines: int = 15) -> str:
     return "\n".join([ln for ln in text if ln.strip()][-lines:])
 
 
-def child_env(trace_jsonl: Path | None) -> dict[str, str]:
+def child_env(trace_jsonl: Path | None, candidate: CandidateClass | None = None) -> dict[str, str]:
     """The environment of a vLLM process we start: the repository on PYTHONPATH (vLLM
-    loads the recording scheduler by name), offline hub, 127.0.0.1, no usage stats."""
+    loads the recording scheduler by name), offline hub, 127.0.0.1, no usage stats;
+    with ``candidate`` (``--candidate-class``) its name in ``SCHED_HARNESS_BASE_CLS``
+    and its PYTHONPATH entries after the repository."""
     env = dict(os.environ)
     env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                VLLM_HOST_IP="127.0.0.1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     env.pop("SCHED_HARNESS_TRACE", None)
+    env.pop(ENV_BASE_CLS, None)
     if trace_jsonl is not None:
         env["SCHED_HARNESS_TRACE"] = str(trace_jsonl)
+    if candidate is not None:
+        env.update(candidate.env(str(REPO_ROOT)))
     return env
 
 
 class OfflineEngine:
     """The runner process: ``call`` one op, get its answer (JSON lines, see offline_runner.py)."""
 
-    def __init__(self, jsonl: Path | None, log_path: Path) -> None:
+    def __init__(self, jsonl: Path | None, log_path: Path, candidate: CandidateClass | None = None) -> None:
         python = require_serving_env()
         self.log_path = log_path
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen([str(python), str(RUNNER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=child_env(jsonl), start_new_session=True, bufsize=1,
+                                     env=child_env(jsonl, candidate), start_new_session=True, bufsize=1,
                                      preexec_fn=die_with_parent())
         self.watchdog = GroupWatchdog(self.proc.pid)
 
@@ -185,12 +191,15 @@ def check_offline_workload(wl: Workload, vocab: int | None) -> None:
 def record_offline(wl: Workload, config: EngineConfig, out_path: str | Path, model_dir: str | Path, *,
                    seed: int = 0, record: bool = True, timing: bool = False, max_steps: int = 100_000,
                    time_limit_s: float = 1800.0,
-                   on_step: Callable[[int, int], None] | None = None) -> OfflineResult:
+                   on_step: Callable[[int, int], None] | None = None,
+                   candidate: CandidateClass | None = None) -> OfflineResult:
     """Run ``wl`` on vLLM's in-process engine with model ``model_dir``; write trace ``out_path``.
 
     ``on_step(step, requests ended so far)`` after each step. ``record=False``
     runs vLLM's own scheduler (no trace; for the benchmark); ``timing`` measures
-    the scheduler's calls per step (``OfflineResult.sched_s``/``vllm_s``).
+    the scheduler's calls per step (``OfflineResult.sched_s``/``vllm_s``);
+    ``candidate`` (checked by ``check_candidate_class``) is the user's
+    ``Scheduler`` subclass the recording scheduler runs over.
     Raises ServeError (one line naming the log) when vLLM fails, exceeds
     ``max_steps`` or ``time_limit_s``; the runner is stopped on every path,
     KeyboardInterrupt included.
@@ -206,7 +215,7 @@ def record_offline(wl: Workload, config: EngineConfig, out_path: str | Path, mod
         stale.unlink(missing_ok=True)
     result = OfflineResult(requests=len(wl.requests))
     started = time.monotonic()
-    engine = OfflineEngine(jsonl if record else None, log_path)
+    engine = OfflineEngine(jsonl if record else None, log_path, candidate)
     try:
         init = engine.call({"op": "init", "model": str(Path(model_dir).resolve()), "engine_args": args,
                             "record": record, "timing": timing}, timeout=600)
@@ -247,8 +256,9 @@ def _drive(engine: OfflineEngine, wl: Workload, config: EngineConfig, result: Of
     arrivals = _Arrivals(wl, config.step_fixed_s)
     live: set[str] = set()
     clock, step, ended = 0.0, 0, 0
-    while arrivals.pending() or live:
-        if not live and not arrivals.due_now(step, clock):
+    in_flight = 0  # batches EngineCore still holds (async scheduling): stepped until drained
+    while arrivals.pending() or live or in_flight:
+        if not live and not in_flight and not arrivals.due_now(step, clock):
             step, clock = arrivals.next_event(step, clock, stuck=False)
         if step >= max_steps or time.monotonic() > deadline:
             raise ServeError(f"the run did not finish within {max_steps} steps / the time limit "
@@ -283,6 +293,7 @@ def _drive(engine: OfflineEngine, wl: Workload, config: EngineConfig, result: Of
             result.sched_s.append(resp["sched_s"])
             result.vllm_s.append(resp["vllm_s"])
         total = resp.get("total") or 0
+        in_flight = int(resp.get("in_flight") or 0)
         step += 1
         result.steps = step
         clock += config.step_fixed_s + config.step_per_token_s * total

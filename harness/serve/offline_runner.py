@@ -13,7 +13,9 @@ Ops (answers carry ``"ok": true``, or ``"ok": false`` and a one-line ``"error"``
   with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the EngineCore and its scheduler live
   in this process, so nothing races: a request is added exactly before the
   ``schedule()`` the harness says) and, when ``record``, ``scheduler_cls`` = the
-  recording scheduler (its output file is ``SCHED_HARNESS_TRACE``). Answers
+  recording scheduler (its output file is ``SCHED_HARNESS_TRACE``; the
+  ``AsyncRecordingScheduler`` when ``engine_args`` has ``async_scheduling``, which
+  is then kept on despite the CPU platform: ``cpu_async.py``; testing only). Answers
   ``vllm_version``, ``init_s``.
 - ``add {request}``: ``LLMEngine.add_request`` with a token-id prompt, greedy
   ``SamplingParams`` (``max_tokens``, ``min_tokens``, ``ignore_eos``,
@@ -37,8 +39,10 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import sys
 import time
+from pathlib import Path
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # in-process engine: ~15x slower without it
@@ -50,6 +54,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 RECORDING_CLS = "harness.candidates.vllm.recording_scheduler.RecordingScheduler"
+ASYNC_RECORDING_CLS = "harness.candidates.vllm.recording_scheduler.AsyncRecordingScheduler"
 
 
 class Runner:
@@ -68,8 +73,11 @@ class Runner:
         from vllm import LLM
 
         args = dict(msg.get("engine_args") or {})
+        if args.get("async_scheduling"):
+            # cpu_async.py beside this script (stdlib + vLLM), loaded by path: no package here.
+            runpy.run_path(str(Path(__file__).with_name("cpu_async.py")))["keep_async_scheduling_on_cpu"]()
         if msg.get("record", True):
-            args["scheduler_cls"] = RECORDING_CLS
+            args["scheduler_cls"] = ASYNC_RECORDING_CLS if args.get("async_scheduling") else RECORDING_CLS
         self.timing = bool(msg.get("timing"))
         if self.timing:
             self._time_vllm_scheduler()
@@ -145,7 +153,8 @@ class Runner:
         out = {"finished": finished, "unfinished": self.engine.get_num_unfinished_requests()
                if hasattr(self.engine, "get_num_unfinished_requests") else None,
                "has_unfinished": bool(self.engine.has_unfinished_requests()), "wall_s": wall,
-               "total": total}
+               "total": total, "in_flight": len(getattr(self.engine.engine_core.engine_core,
+                                                        "batch_queue", None) or ())}
         if self.timing:
             out.update(sched_s=self.sched_s - s0, vllm_s=self.vllm_s - v0)
         return out

@@ -36,12 +36,16 @@ from pathlib import Path
 from reference.config import EngineConfig
 from reference.workload import RequestSpec, Workload
 
+from harness.serve.candidate_class import CandidateClass
 from harness.serve.config import serve_flags
 from harness.serve.env import require_serving_env
 from harness.children import GroupWatchdog, die_with_parent, stop_gracefully
 from harness.serve.offline import ServeError, check_offline_workload, child_env, convert_recording, side_files
 
 RECORDING_CLS = "harness.candidates.vllm.recording_scheduler.RecordingScheduler"
+ASYNC_RECORDING_CLS = "harness.candidates.vllm.recording_scheduler.AsyncRecordingScheduler"
+#: Starts the api_server with async scheduling kept on on CPU (testing only).
+CPU_ASYNC_LAUNCHER = Path(__file__).with_name("cpu_async.py")
 SERVED_NAME = "tiny"
 #: Seconds ``vllm serve`` may take to drain on SIGINT (``--shutdown-timeout``).
 SHUTDOWN_TIMEOUT_S = 10
@@ -143,12 +147,16 @@ def _wait_ready(proc: subprocess.Popen, port: int, deadline: float, log_path: Pa
 def serve_workload(wl: Workload, config: EngineConfig, out_path: str | Path, model_dir: str | Path, *,
                    seed: int = 0, time_limit_s: float = 900.0, record: bool = True,
                    on_event: Callable[[str, int], None] | None = None,
-                   say: Callable[[str], None] | None = None) -> ServeResult:
+                   say: Callable[[str], None] | None = None,
+                   candidate: CandidateClass | None = None) -> ServeResult:
     """Serve ``wl`` with ``vllm serve`` and the recording scheduler; write trace ``out_path``.
 
     ``on_event(what, requests ended)`` reports progress; ``say`` one-line notes
     (the server's PID and port). ``record=False`` serves with vLLM's own
-    scheduler (for the benchmark; no trace). Raises ServeError (one line, naming
+    scheduler (for the benchmark; no trace). ``candidate`` (checked by
+    ``check_candidate_class``) is the user's ``Scheduler`` subclass the
+    recording scheduler runs over (``SCHED_HARNESS_BASE_CLS``, inherited by the
+    EngineCore). Raises ServeError (one line, naming
     the log) when the server cannot start, exits early or leaves no recording.
     The server is stopped on every path (KeyboardInterrupt included).
     """
@@ -163,12 +171,15 @@ def serve_workload(wl: Workload, config: EngineConfig, out_path: str | Path, mod
     for stale in [jsonl, *jsonl.parent.glob(f".{jsonl.name}.*.tmp")]:  # an earlier run's
         stale.unlink(missing_ok=True)
     port = free_port()
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(Path(model_dir).resolve()),
+    # Async scheduling (allowed on CPU only under SCHED_HARNESS_CPU_ASYNC=1, checked by
+    # serve_flags): the api_server through cpu_async.py, which keeps it on.
+    launch = [str(CPU_ASYNC_LAUNCHER)] if config.async_scheduling else ["-m", "vllm.entrypoints.openai.api_server"]
+    cmd = [str(python), *launch, "--model", str(Path(model_dir).resolve()),
            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S),
            *serve_flags(config, seed=seed)]
     if record:
-        cmd += ["--scheduler-cls", RECORDING_CLS]
+        cmd += ["--scheduler-cls", ASYNC_RECORDING_CLS if config.async_scheduling else RECORDING_CLS]
     result = ServeResult(requests=len(wl.requests), port=port)
     started = time.monotonic()
     deadline = started + time_limit_s
@@ -176,7 +187,8 @@ def serve_workload(wl: Workload, config: EngineConfig, out_path: str | Path, mod
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=child_env(jsonl if record else None), start_new_session=True,
+                                env=child_env(jsonl if record else None, candidate if record else None),
+                                start_new_session=True,
                                 preexec_fn=die_with_parent())
     watchdog = GroupWatchdog(proc.pid)
     result.pid = proc.pid

@@ -17,7 +17,7 @@ The module imports neither vLLM nor pyarrow at import time:
 ``RecordingScheduler`` is built on first access (PEP 562 ``__getattr__``,
 which is what vLLM's ``resolve_obj_by_qualname`` triggers).
 
-Usage on a GPU server (vLLM 0.33.0; the engine must run synchronously)::
+Usage on a GPU server (vLLM 0.33.0)::
 
     PYTHONPATH=/path/to/sched-harness SCHED_HARNESS_TRACE=/tmp/run1.jsonl \\
       vllm serve MODEL --no-async-scheduling \\
@@ -29,6 +29,11 @@ Usage on a GPU server (vLLM 0.33.0; the engine must run synchronously)::
       print(convert("/tmp/run1.jsonl", "/tmp/run1.parquet"))'
     .venv/bin/harness check /tmp/run1.parquet
 
+With async scheduling (vLLM's default on GPU) name ``AsyncRecordingScheduler``
+instead (the same recorder on vLLM's ``AsyncScheduler``; vLLM uses a
+``--scheduler-cls`` as given, so ``RecordingScheduler`` refuses to start under
+async scheduling rather than run without output placeholders).
+
 ``SCHED_HARNESS_TRACE`` (default ``./sched-harness-trace.jsonl``, relative to
 the engine core's working directory) names the output; with data parallelism
 each rank writes ``NAME.dp<rank>.jsonl``. While the server runs the data goes
@@ -37,22 +42,31 @@ server leaves a usable temporary file: ``convert`` accepts it and drops an
 incomplete last step). ``SCHED_HARNESS_STRICT=1`` makes recording errors raise
 (tests); by default a recording error is logged, written to the file as an
 ``error`` record and recording stops while the server keeps serving.
+``SCHED_HARNESS_BASE_CLS=pkg.mod:Class`` layers the recording over that
+subclass of vLLM's ``Scheduler`` (your own ``--scheduler-cls`` class, found on
+``PYTHONPATH``) instead of vLLM's ``Scheduler``; the trace's metadata names it.
 
-Refused at start-up (``RuntimeError``): async scheduling or more than one batch
-in flight (vLLM turns async scheduling on by default: pass
-``--no-async-scheduling``), i.e. anything but the synchronous
-``EngineCore.step`` loop (schedule, execute, update) that the trace models.
+Refused at start-up (``RuntimeError``): pipeline parallelism, any number of
+batches in flight but 1 (the synchronous ``EngineCore.step``: schedule,
+execute, update) or 2 (async scheduling, ``EngineCore.step_with_batch_queue``:
+``schedule()`` of step N+1 runs before ``update_from_output()`` of step N), and
+async scheduling under the synchronous ``RecordingScheduler``.
 
 JSONL records (one object per line, key ``t``): ``meta`` (first line: vLLM
 version, config values under our ``EngineConfig`` names, every other captured
-vLLM config value, warnings), ``arrival`` (a request added: prompt and
+vLLM config value, warnings, and ``scheduler_cls`` when the recorder runs over
+the user's own class, ``SCHED_HARNESS_BASE_CLS``: see ``_base_scheduler_class``),
+``arrival`` (a request added: prompt and
 sampling parameters), ``abort`` (``finish_requests``: the requests it
 finished, in free order, and whether it happened between ``schedule`` and
-``update_from_output``), ``schedule`` (queues and free blocks before and after,
-the normalised decisions with the request data's ids, and after it the
-``request_states`` of its victims and of requests not running that hold
-drafts), ``update`` (tokens sampled per scheduled request, requests
-finished, free blocks after), ``drafts`` (``update_draft_token_ids``: drafts
+``update_from_output``), ``schedule`` (its ``batch``: the number of the
+schedule() call; queues and free blocks before and after, the normalised
+decisions with the request data's ids, and after it the ``request_states`` of
+its victims and of requests not running that hold drafts; under async
+scheduling each scheduled request's ``num_output_placeholders``), ``update``
+(the ``batch`` it completes; tokens sampled per scheduled request -- under
+async scheduling also for a request that ended while the batch ran, whose
+token vLLM ignores --, requests finished, free blocks after), ``drafts`` (``update_draft_token_ids``: drafts
 stored, and the ``states`` of requests not running that hold drafts),
 ``note`` (things the trace cannot represent: a prefix-cache reset, a
 streaming-input update), ``crash`` (vLLM raised in ``schedule()``,
@@ -67,11 +81,18 @@ What ``convert`` does with them (the trace is replayable because of it):
 * Request ids become ``r000000``, ``r000001``, ... in the order requests were
   added (the originals and their wall-clock arrival times are kept in the
   metadata under ``workload.params``).
-* One trace step per ``schedule()`` call, except the calls vLLM makes with
-  nothing unfinished (only to report finished ids): they schedule nothing and
-  the reference engine has no such step, so they are dropped -- their aborts,
-  if any, become an inputs-only step -- and their ``finished_req_ids`` move to
-  the next step that schedules.
+* One trace step per ``EngineCore`` step: its ``schedule()`` call and the
+  ``update_from_output()`` it made, of the oldest batch in flight (the same
+  batch when synchronous; under async scheduling the one scheduled a step
+  before, so its tokens arrive a step late, the trace's ``batch_step``). The
+  records are grouped by vLLM's loop and checked: batches scheduled in order,
+  at most ``max_concurrent_batches`` in flight, each update completing the
+  oldest (a log out of order is refused, naming the line). The
+  ``schedule()`` calls vLLM makes with nothing unfinished (only to report
+  finished ids) are no batch of the trace (the reference engine makes no such
+  call): dropped with their updates -- their step's aborts, or the update of
+  an earlier batch it made, stay as a step without a schedule part -- and their
+  ``finished_req_ids`` move to the next step that schedules.
 * Times are virtual, on the reference engine's clock (``step_fixed_s +
   step_per_token_s * scheduled tokens`` per step): a request's
   ``arrival_time_s`` is the clock of the step it arrived in and its
@@ -110,6 +131,7 @@ import math
 import os
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -125,9 +147,11 @@ except ImportError:  # pragma: no cover - loaded by file path
     _spec.loader.exec_module(_ev)
 
 # 2: schedule outputs carry request_data_ids, snapshots request_states, drafts
-# records the states after the draft update. convert also reads format 1.
-FORMAT = 2
-READABLE_FORMATS = (1, FORMAT)
+# records the states after the draft update. 3: schedule and update records
+# carry ``batch`` (which schedule() an update completes: async scheduling),
+# an async schedule its ``placeholders``. convert also reads formats 1 and 2.
+FORMAT = 3
+READABLE_FORMATS = (1, 2, FORMAT)
 ENV_PATH = "SCHED_HARNESS_TRACE"
 ENV_STRICT = "SCHED_HARNESS_STRICT"
 ENV_FLUSH_S = "SCHED_HARNESS_FLUSH_S"
@@ -228,7 +252,9 @@ class _Recorder:
         self.mid_step = False  # between schedule() and update_from_output()
         self.in_abort = False
         vc = sched.vllm_config
-        self._check_supported(vc)
+        self.max_batches = self._check_supported(vc)
+        self.batches = 0        # schedule() calls so far (each one's ``batch`` number)
+        self.in_flight: dict[int, tuple[int, Any]] = {}  # id(SchedulerOutput) -> (batch, it)
         self.hooks = _ev.DecisionHooks(sched)
         self.use_v2 = bool(getattr(sched, "use_v2_model_runner",
                                    os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"))
@@ -240,23 +266,41 @@ class _Recorder:
                 "pid": os.getpid(), "started_unix": time.time(), "path": str(self.path),
                 "config": self._engine_config(vc), "vllm_config": self._raw_config(vc),
                 "warnings": self._warnings(vc)}
+        if getattr(sched, "_sched_harness_base", None):  # the user's class under the recorder
+            meta["scheduler_cls"] = sched._sched_harness_base
         self._write(meta)
         self.fh.flush(force=True)
         atexit.register(self.close)
 
     # -- configuration -----------------------------------------------------
-    @staticmethod
-    def _check_supported(vc) -> None:
+    def _check_supported(self, vc) -> int:
+        """The batches in flight this recorder follows (1 synchronous, 2 async).
+
+        vLLM's ``EngineCore.step_with_batch_queue`` runs ``max_concurrent_batches``
+        batches in flight: ``schedule()`` of step N+1 comes before
+        ``update_from_output()`` of step N. The trace models that for async
+        scheduling (an ``AsyncScheduler``: 2 batches); pipeline parallelism
+        (its stages are not modelled) and a synchronous ``Scheduler`` under
+        async scheduling (vLLM warns it runs degraded: no output placeholders)
+        are refused (``RecordingError``)."""
         sc = vc.scheduler_config
-        if getattr(sc, "async_scheduling", False):
+        batches = int(getattr(vc, "max_concurrent_batches", 1))
+        is_async = bool(getattr(sc, "async_scheduling", False))
+        pp = int(getattr(getattr(vc, "parallel_config", None), "pipeline_parallel_size", 1) or 1)
+        if pp != 1:
             raise RecordingError(
-                "RecordingScheduler records the synchronous engine loop only; vLLM enabled async "
-                "scheduling (its default): start the server with --no-async-scheduling")
-        batches = getattr(vc, "max_concurrent_batches", 1)
-        if batches != 1:
+                f"RecordingScheduler does not record pipeline parallelism "
+                f"(pipeline_parallel_size={pp}, {batches} batches in flight)")
+        if is_async and not getattr(self.sched, "_sched_harness_async", False):
             raise RecordingError(
-                f"RecordingScheduler records one batch in flight; this config runs {batches} "
-                f"(pipeline parallelism or async scheduling)")
+                "vLLM enabled async scheduling (its default on GPU): use --scheduler-cls "
+                "harness.candidates.vllm.recording_scheduler.AsyncRecordingScheduler, or start "
+                "the server with --no-async-scheduling")
+        if batches != (2 if is_async else 1):
+            raise RecordingError(
+                f"RecordingScheduler records 1 batch in flight, or 2 with async scheduling; "
+                f"this config runs {batches}")
+        return batches
 
     def _engine_config(self, vc) -> dict[str, Any]:
         """Values under our EngineConfig names (the converter keeps those it knows)."""
@@ -441,28 +485,50 @@ class _Recorder:
                                requests=sched.requests)
         output.update(throttle_prefills=bool(throttle), defer_prefills=bool(defer),
                       prefill_capacity_bound=bool(getattr(sched, "prefill_capacity_bound", False)))
-        self._write({"t": "schedule", "step": self.steps, "before": before, "output": output,
-                     "after": _ev.snapshot(sched, output["preempted_req_ids"])})
-        self.mid_step = True
+        record = {"t": "schedule", "step": self.steps, "batch": self.batches, "before": before,
+                  "output": output, "after": _ev.snapshot(sched, output["preempted_req_ids"])}
+        # Invariant: EngineCore pops batches oldest first, so an update completes
+        # the oldest schedule() still in flight; the SchedulerOutput object names
+        # it (kept referenced here, so its id is not reused while in flight).
+        self.in_flight[id(so)] = (self.batches, so)
+        self.batches += 1
+        if self.max_batches > 1:
+            # AsyncScheduler counts the tokens each scheduled decode will sample
+            # before they exist (``num_output_placeholders``): on record for a
+            # reader of the log (the trace does not store them; its checker
+            # derives them from the batches in flight).
+            record["placeholders"] = [
+                [r, int(getattr(sched.requests[r], "num_output_placeholders", 0))]
+                for r in so.num_scheduled_tokens if r in sched.requests]
+        self._write(record)
+        # Between this schedule() and an update_from_output() of the same
+        # EngineCore step: with batches in flight the update comes in this step
+        # only once the queue is full (step_with_batch_queue), else the step ends here.
+        self.mid_step = len(self.in_flight) >= self.max_batches
 
     def before_update(self, so, mro) -> tuple:
         req_ids = list(so.num_scheduled_tokens)
         requests = {r: self.sched.requests.get(r) for r in req_ids}
         live = [r for r in req_ids if requests[r] is not None and not requests[r].is_finished()]
+        # With batches in flight a request can end (EOS, an abort) while a later
+        # batch that scheduled it still runs: that batch's token is still
+        # delivered (and ignored by vLLM), as the trace's async shape records it.
+        sampling = req_ids if self.max_batches > 1 else live
         index = getattr(mro, "req_id_to_index", None) or {}
         tokens = getattr(mro, "sampled_token_ids", None) or []
         sampled = []
-        for r in live:
+        for r in sampling:
             i = index.get(r)
             if i is not None and i < len(tokens) and tokens[i] is not None and len(tokens[i]):
                 sampled.append([r, [int(t) for t in tokens[i]]])
-        return requests, live, sampled
+        batch = self.in_flight.pop(id(so), (None, None))[0]
+        return requests, live, sampled, batch
 
     def after_update(self, pre: tuple) -> None:
-        requests, live, sampled = pre
+        requests, live, sampled, batch = pre
         finished = [_ev.finished_info(requests[r], self.hooks.freed.pop(r, []))
                     for r in live if requests[r].is_finished()]
-        self._write({"t": "update", "step": self.steps, "sampled": sampled,
+        self._write({"t": "update", "step": self.steps, "batch": batch, "sampled": sampled,
                      "finished": finished, "num_free_blocks": _ev.num_free_blocks(self.sched)})
         self.steps += 1
         self.mid_step = False
@@ -489,7 +555,7 @@ class _Recorder:
         if call == "schedule" and pre is not None:
             record.update(before=pre[0], throttle_prefills=bool(throttle))
         elif call == "update_from_output" and pre is not None:
-            record["sampled"] = pre[2]
+            record["sampled"], record["batch"] = pre[2], pre[3]
         self._write(record)
         self.enabled = False
         self.hooks.active = False
@@ -578,13 +644,78 @@ def _apply_deferred_aborts(sched, rec) -> None:
         sched.finish_requests(ids, status)
 
 
-def _build_recording_scheduler():
+# -- the user's own Scheduler subclass under the recorder --------------------
+#
+# ``harness serve-record --candidate-class pkg.mod:Class`` runs the user's
+# ``Scheduler`` subclass (what ``vllm serve --scheduler-cls`` takes) with the
+# recording layered over it: ``SCHED_HARNESS_BASE_CLS`` names it, and the
+# RecordingScheduler subclasses it instead of vLLM's ``Scheduler``, so every
+# override below observes what the user's class decided (its super() calls
+# reach vLLM's). The harness checked the class in the serving env before the
+# engine started (``harness/serve/candidate_class.py``); here it is imported
+# again from this process's ``sys.path`` (the caller's PYTHONPATH).
+
+ENV_BASE_CLS = "SCHED_HARNESS_BASE_CLS"
+
+
+def _base_scheduler_class(scheduler: type) -> tuple[type, str | None]:
+    """``(class, name)``: the class ``SCHED_HARNESS_BASE_CLS`` names
+    (``pkg.mod:Class``, or vLLM's dotted ``pkg.mod.Class``) and that name, or
+    ``(scheduler, None)`` when it is unset. Mirrors vLLM's
+    ``SchedulerConfig.get_scheduler_cls`` (``resolve_obj_by_qualname``).
+    Raises RecordingError (one line) for a module that does not import, a
+    missing attribute or a class that is not a subclass of ``scheduler``
+    (vLLM's ``vllm.v1.core.sched.scheduler.Scheduler``: the hooks need its
+    internals)."""
+    import importlib
+
+    name = (os.environ.get(ENV_BASE_CLS) or "").strip()
+    if not name:
+        return scheduler, None
+    module_name, sep, attr = name.partition(":")
+    if not sep:
+        module_name, _, attr = name.rpartition(".")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except BaseException as exc:  # an import can fail in any way, SystemExit included
+        raise RecordingError(f"{ENV_BASE_CLS}={name}: cannot import it: {type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:200]}") from None
+    if not isinstance(obj, type) or not issubclass(obj, scheduler):
+        raise RecordingError(f"{ENV_BASE_CLS}={name} is not a subclass of "
+                             f"vllm.v1.core.sched.scheduler.Scheduler")
+    return obj, name
+
+
+def _build_recording_scheduler(async_scheduling: bool = False):
+    """The recording subclass of vLLM's ``Scheduler``, or with ``async_scheduling``
+    of its ``AsyncScheduler`` (``vllm/v1/core/sched/async_scheduler.py``: what
+    ``SchedulerConfig.get_scheduler_cls`` picks under async scheduling; a custom
+    ``--scheduler-cls`` is used as given, so the async one must be named).
+    ``SCHED_HARNESS_BASE_CLS`` (``_base_scheduler_class``) puts the user's own
+    subclass under the recorder instead, async or not."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    class RecordingScheduler(Scheduler):
-        """vLLM's ``Scheduler`` writing a sched-harness JSONL log as it runs
-        (see ``harness/candidates/vllm/recording_scheduler.py``). Behaviour is unchanged:
-        every override calls the parent and only observes."""
+    if async_scheduling:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as default
+    else:
+        default = Scheduler
+
+    base, base_name = _base_scheduler_class(Scheduler)
+    if base_name is None:
+        base = default
+
+    class RecordingScheduler(base):  # type: ignore[misc, valid-type]
+        """vLLM's ``Scheduler`` (or the subclass ``SCHED_HARNESS_BASE_CLS``
+        names) writing a sched-harness JSONL log as it runs (see
+        ``harness/candidates/vllm/recording_scheduler.py``). Behaviour is
+        unchanged: every override calls the parent and only observes."""
+
+        #: ``pkg.mod:Class`` of the user's class under the recorder, or None.
+        _sched_harness_base = base_name
+
+        _sched_harness_async = async_scheduling
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
@@ -670,13 +801,15 @@ def _build_recording_scheduler():
                 self._sched_harness.close()
 
     RecordingScheduler.__module__ = __name__
+    if async_scheduling:
+        RecordingScheduler.__name__ = RecordingScheduler.__qualname__ = "AsyncRecordingScheduler"
     return RecordingScheduler
 
 
 def __getattr__(name: str):
-    if name == "RecordingScheduler":
-        cls = _build_recording_scheduler()
-        globals()["RecordingScheduler"] = cls
+    if name in ("RecordingScheduler", "AsyncRecordingScheduler"):
+        cls = _build_recording_scheduler(async_scheduling=name == "AsyncRecordingScheduler")
+        globals()[name] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -708,27 +841,73 @@ def _read_records(path: Path):
             yield number, record
 
 
-def _raw_steps(path: Path, notes: dict):
-    """Group records into steps: inputs since the previous schedule, the
-    schedule, its update and drafts, and a ``crash`` (None, or the record
-    that ends the step and the log: a crashed schedule's step has no
-    ``schedule``, a crashed update's no ``update``). Yields dicts; stops at an
-    ``error`` or a crash."""
+def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
+    """Group records into vLLM's ``EngineCore`` steps: the inputs since the
+    previous step, its ``schedule`` (None: vLLM made no schedule() call, or it
+    raised), the ``update`` it made (of the oldest batch in flight:
+    ``update_batch`` and that batch's schedule record ``update_schedule``; None
+    while ``max_batches`` batches are not yet in flight), drafts, and a
+    ``crash`` (None, or the record that ends the step and the log). Yields
+    dicts; stops at an ``error`` or a crash.
+
+    ``EngineCore.step_with_batch_queue`` schedules at most once per step and
+    first, then processes the oldest batch once ``max_batches`` are in flight
+    (or when it scheduled nothing); sync scheduling is ``max_batches`` 1, a
+    schedule and its update in every step. Invariants checked here (a log that
+    breaks one is out of order: ConvertError naming the line): batches are
+    scheduled in order (format 3 numbers them), never more than
+    ``max_batches`` in flight, and every update completes the oldest batch in
+    flight (its ``batch``)."""
     inputs: list[tuple[str, dict]] = []
     current: dict | None = None
+    in_flight: deque = deque()   # (batch, schedule record), oldest first
+    steps: list[dict] = []       # steps ended by the current record, to yield
+    next_batch = 0
     crashed = False
     number = 0
 
-    def finished_step():
-        """The step a new schedule (or a crashed one) ends, if any; it must have its update."""
-        if current is not None:
-            if current["update"] is None:
-                raise ConvertError(f"{path}:{number}: schedule without the previous update")
-            yield current
-
     def new_step(schedule: dict | None, crash: dict | None) -> dict:
         return {"line": number, "inputs": inputs, "schedule": schedule, "update": None,
-                "drafts": [], "draft_states": [], "crash": crash}
+                "drafts": [], "draft_states": [], "crash": crash, "batch": None,
+                "update_batch": None, "update_schedule": None}
+
+    def start_batch(rec: dict) -> int:
+        nonlocal next_batch
+        if len(in_flight) >= max_batches:
+            raise ConvertError(
+                f"{path}:{number}: schedule with {len(in_flight)} batch(es) in flight and no update "
+                f"(max_concurrent_batches={max_batches}): an update is missing or out of order")
+        batch = rec.get("batch")
+        batch = next_batch if batch is None else batch  # format 1 and 2: implicit
+        if batch != next_batch:
+            raise ConvertError(f"{path}:{number}: schedule of batch {batch} where batch {next_batch} "
+                               f"was next: the log is out of order")
+        next_batch += 1
+        in_flight.append((batch, rec))
+        return batch
+
+    def complete_batch(rec: dict, step: dict) -> None:
+        if not in_flight:
+            raise ConvertError(f"{path}:{number}: update without a schedule")
+        oldest = in_flight[0][0]
+        batch = rec.get("batch")
+        batch = oldest if batch is None else batch  # format 1 and 2: implicit
+        if batch != oldest:
+            raise ConvertError(f"{path}:{number}: update of batch {batch} while batch {oldest} is the "
+                               f"oldest in flight (vLLM completes batches in schedule order): "
+                               f"the log is out of order")
+        step["update_batch"], step["update_schedule"] = in_flight.popleft()
+
+    def update_step() -> dict:
+        """The step an update belongs to: the current one, unless it already
+        made its update (then vLLM made no schedule() call: a new step)."""
+        nonlocal current, inputs
+        if current is None or current["update"] is not None or current["update_batch"] is not None:
+            if current is not None:
+                steps.append(current)
+            current = new_step(None, None)
+            inputs = []
+        return current
 
     for number, rec in _read_records(path):
         kind = rec["t"]
@@ -743,13 +922,16 @@ def _raw_steps(path: Path, notes: dict):
                 notes["mid_step_aborts"] += len(rec["finished"])
             inputs.append(("abort", rec))
         elif kind == "schedule":
-            yield from finished_step()
+            if current is not None:
+                steps.append(current)
+            batch = start_batch(rec)
             current = new_step(rec, None)
+            current["batch"] = batch
             inputs = []
         elif kind == "update":
-            if current is None or current["update"] is not None:
-                raise ConvertError(f"{path}:{number}: update without a schedule")
-            current["update"] = rec
+            step = update_step()
+            complete_batch(rec, step)
+            step["update"] = rec
         elif kind == "drafts":
             if rec["stored"] or rec.get("states"):
                 if current is None or current["update"] is None:
@@ -764,23 +946,29 @@ def _raw_steps(path: Path, notes: dict):
         elif kind == "crash":
             call = rec.get("call")
             if call == "schedule":
-                yield from finished_step()
+                if current is not None:
+                    steps.append(current)
                 current = new_step(None, rec)
                 inputs = []
-            elif call in ("update_from_output", "update_draft_token_ids") and current is not None \
-                    and (current["update"] is None) == (call == "update_from_output"):
+            elif call == "update_from_output" and in_flight:
+                step = update_step()
+                complete_batch(rec, step)
+                step["crash"] = rec
+            elif call == "update_draft_token_ids" and current is not None and current["update"] is not None:
                 current["crash"] = rec
             else:
                 raise ConvertError(f"{path}:{number}: crash in {call!r} outside its step")
             notes["crash"] = rec
-            yield current
+            steps.append(current)
             current, crashed = None, True
         elif kind == "end":
             notes["complete"] = True
+        yield from steps
+        steps.clear()
     if current is not None:
         if current["update"] is not None:
             yield current
-        else:
+        else:  # cut off after its schedule (a synchronous step always updates)
             notes["dropped_incomplete_step"] = True
             inputs = current["inputs"] + inputs
     notes["trailing_inputs"] = len(inputs)
@@ -791,19 +979,41 @@ def _new_notes() -> dict[str, Any]:
             "dropped_incomplete_step": False, "trailing_inputs": 0, "crash": None}
 
 
-def _steps(src: Path, notes: dict):
+def _is_idle(src: Path, sched_rec: dict) -> bool:
+    """vLLM's ``schedule()`` with nothing unfinished (only to report finished ids)."""
+    before = sched_rec["before"]
+    idle = not before["waiting"] and not before["running"]
+    if idle and sched_rec["output"]["total_num_scheduled_tokens"]:
+        raise ConvertError(f"{src}: batch {sched_rec.get('batch', '?')}: tokens scheduled with "
+                           f"empty queues")
+    return idle
+
+
+def _steps(src: Path, notes: dict, max_batches: int = 1):
     """Yield (step, idle) for the steps the trace keeps, and (step, None) for
-    the idle ones it drops (``schedule()`` with nothing unfinished and no
-    inputs: only their ``finished_req_ids`` matter)."""
-    for step in _raw_steps(src, notes):
-        if step["schedule"] is None:  # vLLM crashed in schedule(): a step of the trace
-            yield step, False
+    the ones it drops. A ``schedule()`` with nothing unfinished is no batch of
+    the trace (the reference engine makes no such call): only its
+    ``finished_req_ids`` matter, and its update is dropped too. ``idle`` is
+    False for a step whose schedule is kept; True for one whose inputs or
+    update are kept without a schedule part; None when nothing is kept. Sets
+    ``step["update_kept"]``: the step's update (or crashed update) completes
+    a batch of the trace."""
+    for step in _raw_steps(src, notes, max_batches):
+        done = step["update_schedule"]
+        step["update_kept"] = done is not None and not _is_idle(src, done)
+        if done is not None and not step["update_kept"] and step["update"] is not None and (
+                step["update"]["sampled"] or step["update"]["finished"]):
+            raise ConvertError(f"{src}:{step['line']}: the update of an empty batch sampled or "
+                               f"finished requests")
+        if step["schedule"] is None and step["crash"] is not None and step["crash"]["call"] == "schedule":
+            yield step, False  # vLLM crashed in schedule(): a step of the trace
             continue
-        before = step["schedule"]["before"]
-        idle = not before["waiting"] and not before["running"]
-        if idle and step["schedule"]["output"]["total_num_scheduled_tokens"]:
-            raise ConvertError(f"{src}:{step['line']}: tokens scheduled with empty queues")
-        yield step, (None if idle and not step["inputs"] else idle)
+        if step["schedule"] is not None and not _is_idle(src, step["schedule"]):
+            yield step, False
+        elif step["inputs"] or step["update_kept"] or step["crash"] is not None:
+            yield step, True  # a crash is never dropped (regression: one in an empty batch's update was)
+        else:
+            yield step, None
 
 
 def _ulps_below(x: float, n: int) -> float:
@@ -891,6 +1101,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         raise ConvertError(f"{src}: the recorded vLLM config does not map to an EngineConfig: "
                            f"{exc}") from None
     status_names = {s.name for s in RequestStatus}
+    batches = config.max_concurrent_batches  # 2 with async scheduling (vLLM's derivation)
 
     # -- pass 1: request ids, the virtual clock, abort times, EOS lengths --------
     notes = _new_notes()
@@ -913,7 +1124,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         except KeyError:
             raise ConvertError(f"{src}:{where}: request {vllm_id!r} was never added") from None
 
-    for step, idle in _steps(src, notes):
+    for step, idle in _steps(src, notes, batches):
         if idle is None:
             dropped_idle += 1
             continue
@@ -965,7 +1176,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     # -- pass 2: the workload's sha256 (the metadata is written first) -----------
     digest = hashlib.sha256()
     index = 0
-    for step, idle in _steps(src, _new_notes()):
+    for step, idle in _steps(src, _new_notes(), batches):
         if idle is None:
             continue
         for kind, a in step["inputs"]:
@@ -1000,7 +1211,14 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     workload = Workload(source="live", sha256=digest.hexdigest(),
                         params={"jsonl": src.name, "vllm_request_ids": original,
                                 "arrival_unix_s": arrival_unix}, requests=())
-    meta = trace_metadata(workload, config, 0, f"vllm@{meta_rec['vllm_version']}")
+    engine = f"vllm@{meta_rec['vllm_version']}"
+    base_cls = meta_rec.get("scheduler_cls")
+    if base_cls:  # the user's Scheduler subclass ran: named as a scheduler_cls candidate's trace is
+        engine += f",scheduler_cls={base_cls}"
+    meta = trace_metadata(workload, config, 0, engine)
+    if base_cls:
+        meta["engine_version"] = meta_rec["vllm_version"]
+        meta["vllm_source"] = {"version": meta_rec["vllm_version"], "scheduler_cls": base_cls}
     meta["vllm_recording"] = {
         "format": meta_rec["format"], "jsonl": src.name, "started_unix": meta_rec.get("started_unix"),
         "unmapped_config": unmapped_config, "config_overrides": dict(overrides or {}),
@@ -1047,6 +1265,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     summary = {"steps": 0, "events": 0, "requests": len(original), "finished": 0, "aborted": 0,
                "preemptions": 0, "prefix_hit_tokens": 0}
     carry: set[str] = set()
+    batch_step: dict[int, int] = {}  # batch in flight -> the trace step that scheduled it
     with TraceWriter(parquet_path, meta) as writer:
         # A recording that ends before the run did (no end record: the server was cut
         # off; or the recorder stopped early): requests still live at its end are not
@@ -1056,13 +1275,13 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         elif not notes["complete"]:
             writer.salvaged = "a vLLM recording without its end record (the server was cut off)"
         index = 0
-        for step, idle in _steps(src, _new_notes()):
+        for step, idle in _steps(src, _new_notes(), batches):
             where, sched_rec, update_rec = step["line"], step["schedule"], step["update"]
             output = sched_rec["output"] if sched_rec is not None else None
-            if idle is not False:  # vLLM's schedule() with nothing unfinished
+            if step["schedule"] is not None and idle is not False:  # schedule() with nothing unfinished
                 carry.update(rid(i, where) for i in output["finished_req_ids"])
-                if idle is None:
-                    continue
+            if idle is None:
+                continue
             clock_s, _ = plan[index]
             rec = StepRecord(step=index, clock=clock_s)
             rec.arrivals = [spec_of(a, index) for k, a in step["inputs"] if k == "arrival"]
@@ -1073,11 +1292,14 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             if crash is not None:
                 stage = {"schedule": "schedule", "update_from_output": "update"}.get(crash["call"],
                                                                                     "update_end")
+                if crash["call"] != "schedule" and not step["update_kept"]:
+                    stage = "inputs"  # in the update of an empty batch, no part of the trace: the row alone
                 rec.crash = Crash(crash["call"], crash.get("exc_type") or "?",
                                   crash.get("exc_message") or "?", crash.get("where") or "", stage)
                 writer.crashed = summary["crashed"] = crash_line(index, rec.crash.call, rec.crash.message,
                                                                  rec.crash.where)
-            if sched_rec is None:  # vLLM raised in schedule(): the queues before it are known
+            if sched_rec is None and crash is not None and crash["call"] == "schedule":
+                # vLLM raised in schedule(): the queues before it are known
                 before = crash.get("before")
                 if before is not None:
                     rec.waiting_before = [rid(i, where) for i in before["waiting"]]
@@ -1087,6 +1309,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                 else:  # the snapshot failed too: only the crash row
                     rec.crash = dataclasses.replace(rec.crash, stage="inputs")
             elif not idle:
+                batch_step[step["batch"]] = index
                 events = [decision(e, where) for e in output["events"]]
                 extra = {k: output[k] for k in ("throttle_prefills", "defer_prefills",
                                                 "prefill_capacity_bound")
@@ -1108,12 +1331,19 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                 rec.waiting_after = [rid(i, where) for i in after["waiting"]]
                 rec.running_after = [rid(i, where) for i in after["running"]]
                 rec.num_free_blocks_after_schedule = after["num_free_blocks"]
-                rec.update_batch_step = index
                 # What requests hold after schedule(), chosen as the engine
                 # loop chooses them (format 2).
                 rec.states_after_schedule = [
                     st for st in states_of(after.get("request_states") or (), where)
                     if st.request_id in rec.output.preempted_req_ids or holds_drafts(st)]
+                summary["preemptions"] += len(rec.output.preemptions)
+                summary["prefix_hit_tokens"] += sum(s.num_prefix_hit_tokens
+                                                    for s in rec.output.scheduled)
+            if step["update_kept"]:
+                # The update of the oldest batch in flight: this step's own
+                # (synchronous), or one scheduled max_concurrent_batches - 1
+                # steps before (async: its tokens arrive a step late).
+                rec.update_batch_step = batch_step.pop(step["update_batch"])
                 if update_rec is None:  # vLLM raised in update_from_output(): its tokens are known
                     rec.sampled = {rid(r, where): list(t) for r, t in crash.get("sampled") or ()}
                 else:
@@ -1126,9 +1356,6 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                     rec.states_after_drafts = [st for st in states_of(step["draft_states"], where)
                                                if holds_drafts(st)]
                     summary["finished"] += len(rec.update.finished)
-                summary["preemptions"] += len(rec.output.preemptions)
-                summary["prefix_hit_tokens"] += sum(s.num_prefix_hit_tokens
-                                                    for s in rec.output.scheduled)
             writer.add_step(step_rows(rec))
             index += 1
     summary.update(steps=index, events=writer.num_rows, dropped_idle_steps=dropped_idle,

