@@ -165,7 +165,11 @@ class DecisionHooks:
         self.active = True
         kvm = sched.kv_cache_manager
         orig_alloc = kvm.allocate_slots
-        alloc_sig = inspect.signature(orig_alloc)
+        # allocate_slots(request, num_new_tokens, ...): where each argument the
+        # hook reads sits positionally (after ``request``), so that a call is
+        # read without inspect's bind (the hook runs inside vLLM's schedule()).
+        alloc_pos = {name: i - 1 for i, name in
+                     enumerate(inspect.signature(orig_alloc).parameters) if i}
         orig_free = kvm.free
         # Feature probe: releases before _preempt_request (before 0.12.0) preempt
         # inline in schedule(): running.pop(), kv_cache_manager.free(victim),
@@ -176,36 +180,47 @@ class DecisionHooks:
         self.inline_preempt = orig_preempt is None
         hooks = self
 
+        def arg(args, kwargs, name):
+            """An argument of an allocate_slots call as passed (0 when left out)."""
+            if name in kwargs:
+                return kwargs[name]
+            i = alloc_pos.get(name)
+            return args[i] if i is not None and i < len(args) else 0
+
         @functools.wraps(orig_alloc)  # keeps the signature for whoever wraps us
         def allocate_slots(request, *args, **kwargs):
             computed_before = request.num_computed_tokens
             status_before = request.status.name
             result = orig_alloc(request, *args, **kwargs)
             if result is not None and hooks.in_schedule and hooks.active:
-                bound = alloc_sig.bind(request, *args, **kwargs).arguments
-                n_new = bound.get("num_new_tokens", 0)
-                if bound.get("delay_cache_blocks", False):
+                n_new = arg(args, kwargs, "num_new_tokens")
+                if arg(args, kwargs, "delay_cache_blocks"):
                     # An async KV load (load_kv_async): blocks for the local
                     # hit and the external tokens, nothing scheduled. The
                     # reservation is the one vLLM passed.
                     hooks.seq.append(("remote_load", request.request_id, status_before,
-                                      bound.get("num_new_computed_tokens", 0),
-                                      bound.get("num_external_computed_tokens", 0),
+                                      arg(args, kwargs, "num_new_computed_tokens"),
+                                      arg(args, kwargs, "num_external_computed_tokens"),
                                       table_of(kvm, request.request_id),
-                                      bound.get("reserved_blocks", 0), n_new))
+                                      arg(args, kwargs, "reserved_blocks"), n_new))
                     return result
-                # Drafts a running request gets verified (vLLM picks them right
-                # after this call; a withdrawal later drops them from its output).
-                spec = []
-                if status_before == "RUNNING" and request.spec_token_ids:
-                    n_spec = (n_new + computed_before - request.num_tokens
-                              - getattr(request, "num_output_placeholders", 0))
-                    if n_spec > 0:
-                        spec = list(request.spec_token_ids[:n_spec])
-                hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
-                                  n_new, bound.get("num_new_computed_tokens", 0),
-                                  blocks_of(result), spec,
-                                  table_of(kvm, request.request_id)))
+                if status_before == "RUNNING":
+                    # Drafts a running request gets verified (vLLM picks them right
+                    # after this call; a withdrawal later drops them from its output).
+                    spec = []
+                    if request.spec_token_ids:
+                        n_spec = (n_new + computed_before - request.num_tokens
+                                  - getattr(request, "num_output_placeholders", 0))
+                        if n_spec > 0:
+                            spec = list(request.spec_token_ids[:n_spec])
+                    # (normalise reads the whole table of admissions only.)
+                    hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
+                                      n_new, arg(args, kwargs, "num_new_computed_tokens"),
+                                      blocks_of(result), spec, None))
+                else:
+                    hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
+                                      n_new, arg(args, kwargs, "num_new_computed_tokens"),
+                                      blocks_of(result), [], table_of(kvm, request.request_id)))
             return result
 
         @functools.wraps(orig_free)  # keeps the signature for whoever wraps us
