@@ -107,6 +107,7 @@ import hashlib
 import json
 import logging
 import math
+import operator
 import os
 import sys
 import time
@@ -125,9 +126,13 @@ except ImportError:  # pragma: no cover - loaded by file path
     _spec.loader.exec_module(_ev)
 
 # 2: schedule outputs carry request_data_ids, snapshots request_states, drafts
-# records the states after the draft update. convert also reads format 1.
-FORMAT = 2
-READABLE_FORMATS = (1, FORMAT)
+# records the states after the draft update.
+# 3: a snapshot's waiting and running are left out when they are the requests
+# of the snapshot written before it, in the same order (``_Recorder.snap``);
+# request_states only in ``after``, and only when not empty. convert also
+# reads formats 1 and 2.
+FORMAT = 3
+READABLE_FORMATS = (1, 2, FORMAT)
 ENV_PATH = "SCHED_HARNESS_TRACE"
 ENV_STRICT = "SCHED_HARNESS_STRICT"
 ENV_FLUSH_S = "SCHED_HARNESS_FLUSH_S"
@@ -256,13 +261,12 @@ class _LineWriter:
             if not force and len(buf) < self.LIMIT and now - self._last < self.interval:
                 return
             self._last = now
-        view, done = memoryview(buf), 0
-        try:
-            while done < len(buf):
-                done += os.write(self._fd, view[done:])
-        finally:
-            view.release()
-            del buf[:done]
+        done = os.write(self._fd, buf)
+        if done < len(buf):  # a short write (a full disk, a signal): write the rest
+            with memoryview(buf) as view:
+                while done < len(buf):
+                    done += os.write(self._fd, view[done:])
+        buf.clear()
 
     def close(self) -> None:
         try:
@@ -293,6 +297,10 @@ class _Recorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self.fh = _LineWriter(self.tmp)
+        # The queues of the last snapshot written (Request objects, in order):
+        # format 3 leaves out a queue that has not changed since.
+        self.shown_waiting: list | None = None
+        self.shown_running: list | None = None
         meta = {"t": "meta", "format": FORMAT, "vllm_version": vllm.__version__,
                 "pid": os.getpid(), "started_unix": time.time(), "path": str(self.path),
                 "config": self._engine_config(vc), "vllm_config": self._raw_config(vc),
@@ -445,7 +453,9 @@ class _Recorder:
             eos = next(iter(extra)) if len(extra) == 1 else None
         record = {
             "t": "arrival", "request_id": request.request_id,
-            "prompt_token_ids": [int(t) for t in (request.prompt_token_ids or ())],
+            # Encoded before this returns: no copy (ints, or what _encode_default takes).
+            "prompt_token_ids": request.prompt_token_ids if isinstance(request.prompt_token_ids, list)
+            else list(request.prompt_token_ids or ()),
             "max_tokens": int(request.max_tokens),
             "min_tokens": int(getattr(params, "min_tokens", 0) or 0),
             "ignore_eos": bool(getattr(params, "ignore_eos", False)),
@@ -487,8 +497,38 @@ class _Recorder:
             self._write({"t": "abort", "mid_step": self.mid_step,
                          "status": getattr(status, "name", str(status)), "finished": infos})
 
+    def queues(self) -> tuple:
+        """``(waiting, running, num_free_blocks)`` now: the queues as lists of
+        vLLM's ``Request`` objects (waiting in service order), copied at C speed;
+        their ids are read only when ``snap`` writes them (a request's id never
+        changes, so reading it later is exact)."""
+        sched = self.sched
+        return _ev.waiting_in_service_order(sched), list(sched.running), _ev.num_free_blocks(sched)
+
+    def snap(self, queues: tuple, request_states: list | None = None) -> dict:
+        """A snapshot for the file (format 3): ``num_free_blocks``; ``waiting`` and
+        ``running`` (request ids) each only when it differs from the snapshot
+        written before this one, compared by identity, element by element
+        (exact: the same objects in the same order are the same ids in the same
+        order); ``request_states`` when given and not empty. Call in the order
+        the snapshots are written: ``convert`` fills a queue left out from the
+        one before it in the file."""
+        waiting, running, free = queues
+        out: dict[str, Any] = {"num_free_blocks": free}
+        shown = self.shown_waiting
+        if shown is None or len(shown) != len(waiting) or not all(map(operator.is_, shown, waiting)):
+            out["waiting"] = [r.request_id for r in waiting]
+            self.shown_waiting = waiting
+        shown = self.shown_running
+        if shown is None or len(shown) != len(running) or not all(map(operator.is_, shown, running)):
+            out["running"] = [r.request_id for r in running]
+            self.shown_running = running
+        if request_states:
+            out["request_states"] = request_states
+        return out
+
     def before_schedule(self, throttle: bool) -> tuple:
-        return (_ev.snapshot(self.sched), _ev.prefill_gate(self.sched, throttle))
+        return (self.queues(), _ev.prefill_gate(self.sched, throttle))
 
     def after_schedule(self, so, pre: tuple, throttle: bool) -> None:
         before, defer = pre
@@ -498,27 +538,36 @@ class _Recorder:
                                requests=sched.requests)
         output.update(throttle_prefills=bool(throttle), defer_prefills=bool(defer),
                       prefill_capacity_bound=bool(getattr(sched, "prefill_capacity_bound", False)))
-        self._write({"t": "schedule", "step": self.steps, "before": before, "output": output,
-                     "after": _ev.snapshot(sched, output["preempted_req_ids"])})
+        self._write({"t": "schedule", "step": self.steps, "before": self.snap(before), "output": output,
+                     "after": self.snap(self.queues(),
+                                        _ev.request_states(sched, output["preempted_req_ids"]))})
         self.mid_step = True
 
     def before_update(self, so, mro) -> tuple:
-        req_ids = list(so.num_scheduled_tokens)
-        requests = {r: self.sched.requests.get(r) for r in req_ids}
-        live = [r for r in req_ids if requests[r] is not None and not requests[r].is_finished()]
+        """``(live, sampled)``: the scheduled requests not finished before the
+        update (vLLM's ``Request`` objects, in output order) and the tokens
+        sampled for each, copied (vLLM trims a request's list in place)."""
+        get = self.sched.requests.get
         index = getattr(mro, "req_id_to_index", None) or {}
         tokens = getattr(mro, "sampled_token_ids", None) or []
-        sampled = []
-        for r in live:
+        n_tokens = len(tokens)
+        live, sampled = [], []
+        for r in so.num_scheduled_tokens:
+            request = get(r)
+            if request is None or request.is_finished():
+                continue
+            live.append(request)
             i = index.get(r)
-            if i is not None and i < len(tokens) and tokens[i] is not None and len(tokens[i]):
-                sampled.append([r, [int(t) for t in tokens[i]]])
-        return requests, live, sampled
+            if i is not None and i < n_tokens:
+                ids = tokens[i]
+                if ids is not None and len(ids):
+                    sampled.append([r, list(ids)])
+        return live, sampled
 
     def after_update(self, pre: tuple) -> None:
-        requests, live, sampled = pre
-        finished = [_ev.finished_info(requests[r], self.hooks.freed.pop(r, []))
-                    for r in live if requests[r].is_finished()]
+        live, sampled = pre
+        freed = self.hooks.freed
+        finished = [_ev.finished_info(q, freed.pop(q.request_id, [])) for q in live if q.is_finished()]
         self._write({"t": "update", "step": self.steps, "sampled": sampled,
                      "finished": finished, "num_free_blocks": _ev.num_free_blocks(self.sched)})
         self.steps += 1
@@ -544,9 +593,9 @@ class _Recorder:
         ``update_from_output`` was given) and close the log; recording stops."""
         record = {"t": "crash", "step": self.steps, "call": call, **_ev.crash_info(exc)}
         if call == "schedule" and pre is not None:
-            record.update(before=pre[0], throttle_prefills=bool(throttle))
+            record.update(before=self.snap(pre[0]), throttle_prefills=bool(throttle))
         elif call == "update_from_output" and pre is not None:
-            record["sampled"] = pre[2]
+            record["sampled"] = pre[1]
         self._write(record)
         self.enabled = False
         self.hooks.active = False
@@ -775,6 +824,22 @@ def _raw_steps(path: Path, notes: dict):
     current: dict | None = None
     crashed = False
     number = 0
+    # Format 3 leaves a snapshot's unchanged queue out: it is the previous
+    # snapshot's (in file order: a schedule's ``before`` follows the last
+    # ``after`` or crash ``before``, its ``after`` follows its ``before``).
+    fill = False
+    shown: dict[str, list] = {}
+
+    def resolve(snapshot: dict) -> None:
+        if not fill:
+            return
+        for key in ("waiting", "running"):
+            if key in snapshot:
+                shown[key] = snapshot[key]
+            elif key in shown:
+                snapshot[key] = shown[key]
+            else:
+                raise ConvertError(f"{path}:{number}: a snapshot without {key!r} and none before it")
 
     def finished_step():
         """The step a new schedule (or a crashed one) ends, if any; it must have its update."""
@@ -790,6 +855,7 @@ def _raw_steps(path: Path, notes: dict):
     for number, rec in _read_records(path):
         kind = rec["t"]
         if kind == "meta":
+            fill = isinstance(rec.get("format"), int) and rec["format"] >= 3
             continue
         if crashed and kind != "end":
             raise ConvertError(f"{path}:{number}: a {kind!r} record after the crash")
@@ -800,6 +866,8 @@ def _raw_steps(path: Path, notes: dict):
                 notes["mid_step_aborts"] += len(rec["finished"])
             inputs.append(("abort", rec))
         elif kind == "schedule":
+            resolve(rec["before"])
+            resolve(rec["after"])
             yield from finished_step()
             current = new_step(rec, None)
             inputs = []
@@ -821,6 +889,8 @@ def _raw_steps(path: Path, notes: dict):
         elif kind == "crash":
             call = rec.get("call")
             if call == "schedule":
+                if rec.get("before") is not None:
+                    resolve(rec["before"])
                 yield from finished_step()
                 current = new_step(None, rec)
                 inputs = []
