@@ -187,14 +187,21 @@ class DecisionHooks:
             i = alloc_pos.get(name)
             return args[i] if i is not None and i < len(args) else 0
 
+        status_names: dict = {}  # RequestStatus member -> name (Enum.name is a Python-level property)
+        i_delay = alloc_pos.get("delay_cache_blocks")
+
         @functools.wraps(orig_alloc)  # keeps the signature for whoever wraps us
         def allocate_slots(request, *args, **kwargs):
             computed_before = request.num_computed_tokens
-            status_before = request.status.name
+            status = request.status
+            status_before = status_names.get(status)
+            if status_before is None:
+                status_before = status_names[status] = status.name
             result = orig_alloc(request, *args, **kwargs)
             if result is not None and hooks.in_schedule and hooks.active:
                 n_new = arg(args, kwargs, "num_new_tokens")
-                if arg(args, kwargs, "delay_cache_blocks"):
+                if kwargs.get("delay_cache_blocks") or (
+                        i_delay is not None and i_delay < len(args) and args[i_delay]):
                     # An async KV load (load_kv_async): blocks for the local
                     # hit and the external tokens, nothing scheduled. The
                     # reservation is the one vLLM passed.

@@ -5,10 +5,10 @@ Two halves in one file:
 * ``RecordingScheduler`` -- a subclass of vLLM's v1 ``Scheduler`` for
   ``--scheduler-cls``. It runs inside the server's engine-core process and
   imports only the standard library, ``vllm`` and ``harness/candidates/vllm/events.py``
-  (stdlib only): no pyarrow, no ``reference`` package. As the server runs it
-  writes newline-delimited JSON (one file per engine core) and flushes it at
-  the end of every step (at most every ``SCHED_HARNESS_FLUSH_S`` seconds when
-  that is set).
+  (stdlib only; msgspec, a vLLM dependency, encodes when present): no pyarrow,
+  no ``reference`` package. As the server runs it writes newline-delimited
+  JSON (one file per engine core) with one ``os.write`` at the end of every
+  step (at most every ``SCHED_HARNESS_FLUSH_S`` seconds when that is set).
 * ``convert(jsonl_path, parquet_path)`` -- runs in this project's venv and
   turns that JSONL into a Parquet trace (``docs/trace-format.md``) that
   ``harness check`` and ``harness replay`` read. pyarrow is imported inside it.
@@ -51,7 +51,9 @@ finished, in free order, and whether it happened between ``schedule`` and
 ``update_from_output``), ``schedule`` (queues and free blocks before and after,
 the normalised decisions with the request data's ids, and after it the
 ``request_states`` of its victims and of requests not running that hold
-drafts), ``update`` (tokens sampled per scheduled request, requests
+drafts; format 3 leaves a queue out of a snapshot when it holds the same
+requests in the same order as the snapshot written before it, and
+``request_states`` out when empty), ``update`` (tokens sampled per scheduled request, requests
 finished, free blocks after), ``drafts`` (``update_draft_token_ids``: drafts
 stored, and the ``states`` of requests not running that hold drafts),
 ``note`` (things the trace cannot represent: a prefix-cache reset, a
