@@ -104,7 +104,7 @@ def profile(ops_path: Path, outdir: Path) -> None:
 
     lines = ops_path.read_text().splitlines()
     runner = offline_runner.Runner()
-    runner.init(json.loads(lines[0]))
+    runner.init(dict(json.loads(lines[0]), timing=True))
     kvm = runner._scheduler().kv_cache_manager
     for name in ("allocate_slots", "free"):  # the hooks, around
         setattr(kvm, name, timed(f"kvm.{name} (hooked)", getattr(kvm, name)))
@@ -147,8 +147,10 @@ def main() -> int:
         print(f"captured {steps} steps; replaying with timers under {python}", flush=True)
         env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="ERROR")
         proc = subprocess.run([str(python), __file__, "--profile", str(tmp_path / "ops.jsonl"), tmp],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         sys.stdout.write(proc.stdout)
+        if proc.returncode:
+            sys.stderr.write(proc.stderr[-3000:])
         return proc.returncode
 
 
