@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from reference.candidate import CandidateError, CandidateFactory
+from reference.candidate import CandidateCrash, CandidateError, CandidateFactory, CandidateRefused
 from reference.engine import EngineStalled
 from reference.scheduler import Scheduler
 from harness.candidates.mutants import MUTANTS_AND_TARGETS
@@ -33,10 +33,14 @@ MUTATION_SCENARIOS: dict[str, Scenario] = {**SCENARIOS, **ACTION_SCENARIOS}
 @dataclass
 class Cell:
     """One (candidate, scenario) run: its check result and how it ended
-    ("" normally, "stalled", or the candidate's exception)."""
+    ("" normally, "stalled", or the candidate's exception); ``refused``: the
+    candidate's CandidateRefused text when it declined the scenario's config
+    before deciding anything (not a crash: e.g. a vLLM release without an
+    option the config sets)."""
 
     result: CheckResult
     ended: str = ""
+    refused: str = ""
 
 
 @dataclass
@@ -66,7 +70,7 @@ class MatrixRow:
 def run_candidate(factory: CandidateFactory, scenario: Scenario) -> Cell:
     """Run ``scenario`` on ``factory`` in memory and check every invariant."""
     steps: list = []
-    ended = ""
+    ended = refused = ""
     try:
         run_to_rows(scenario.make_workload(), scenario.engine_config(), seed=scenario.seed,
                     candidate_factory=factory, on_step_rows=lambda s, rows: steps.append((s, rows)))
@@ -74,7 +78,9 @@ def run_candidate(factory: CandidateFactory, scenario: Scenario) -> Cell:
         ended = "stalled"
     except CandidateError as exc:
         ended = str(exc)
-    return Cell(check_steps(scenario.engine_config().to_dict(), steps), ended)
+        if not isinstance(exc, CandidateCrash) and isinstance(exc.__cause__, CandidateRefused):
+            refused = " ".join(str(exc.__cause__).split())
+    return Cell(check_steps(scenario.engine_config().to_dict(), steps), ended, refused)
 
 
 def kill_matrix(mutants: list[str] | None = None, scenarios: list[str] | None = None,

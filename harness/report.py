@@ -73,6 +73,8 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
     rows = [("trace", str(trace.path)), ("engine", trace.meta.get("engine")),
             *([("vLLM", _vllm_source_line(trace.meta["vllm_source"]))]
               if isinstance(trace.meta.get("vllm_source"), dict) else []),
+            # After a replay: what was re-driven (the trace's engine is what recorded it).
+            *([("candidate", extra["candidate"])] if extra and extra.get("candidate") else []),
             ("steps", result.steps), ("requests", result.requests),
             ("finished", result.finished), ("rejected", result.rejected),
             ("aborted", result.aborted), ("preemptions", result.preemptions),

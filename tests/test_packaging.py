@@ -40,6 +40,8 @@ OPTIONAL = {
     "vllm": {"harness/candidates/vllm/driver.py", "harness/candidates/vllm/events.py",
              "harness/candidates/vllm/recording_scheduler.py", "harness/serve/offline_runner.py",
              "harness/serve/cpu_async.py"},
+    # vLLM's own dependency: the recording scheduler encodes with it inside vLLM (json when absent).
+    "msgspec": {"harness/candidates/vllm/recording_scheduler.py"},
 }
 
 

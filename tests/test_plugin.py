@@ -73,3 +73,24 @@ def test_regression_node_ids_have_a_file_part(pytester: pytest.Pytester) -> None
                                            "no:cacheprovider", "--deselect",
                                            "harness/conformance.py::test_golden[fcfs-tight]")
     result.stdout.fnmatch_lines([f"{2 * N}/{2 * N + 1} tests collected (1 deselected)*"])
+
+
+def test_regression_a_refused_scenario_is_skipped_not_failed(pytester: pytest.Pytester) -> None:
+    """Regression: the README's fork-CI job failed on stock vLLM 0.33.0
+    (`test_invariants[encoder-inputs]`: 'run ended early: ... VLLMRefused'):
+    a scenario whose config the candidate refuses is skipped with the reason,
+    in both the invariant and the golden tests."""
+    pytester.makepyfile(refusing="""
+        from reference.candidate import CandidateRefused
+        from reference.scheduler import Scheduler
+        def make(config):
+            if config.async_scheduling:
+                raise CandidateRefused("no async scheduling here")
+            return Scheduler(config)
+    """)
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "-rs",
+                                           "--harness-candidate", "refusing:make")
+    result.assert_outcomes(passed=2 * N + 1 - 2 * 4, skipped=2 * 4)
+    result.stdout.fnmatch_lines(["*async-tight: the candidate cannot run this scenario's config: "
+                                 "*no async scheduling here*",
+                                 "*async-tight: the candidate cannot replay this golden: *no async scheduling here*"])

@@ -79,6 +79,10 @@ def test_first_change_is_a_verdict_or_a_decision_change_skipping_refusals():
     assert same.first_change is None
     assert verdict_line(same) == "2 of 2 releases ran: no change from 0.29.0 to 0.33.0 (clean)"
     assert verdict_of({"B": 1, "A": 1, "C": 3}) == "C ×3, A ×1, B ×1"
+    # Regression (a new user's trial): one release ran, and the line read
+    # "no change from 0.33.0 to 0.33.0" (exit 0).
+    one = BisectResult("x.toml", None, [_row("0.12.0", status="refused"), _row("0.33.0", verdict="ENGINE-CRASH ×1")])
+    assert verdict_line(one) == "1 of 2 releases ran: only 0.33.0 (ENGINE-CRASH ×1), nothing to compare it with"
 
 
 def test_release_missing_on_pypi_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):

@@ -148,6 +148,11 @@ BAD_CLASSES = {
                                "scheduler_cls broken_module:BrokenScheduler: module 'broken_module' "
                                "does not import: ModuleNotFoundError: No module named "
                                "'sched_harness_no_such_dependency'"),
+    # Regression (a new user's trial): a forgotten PYTHONPATH gave no hint.
+    "module-not-on-pythonpath": (spec("MyScheduler", "not_on_the_path"),
+                                 "scheduler_cls not_on_the_path:MyScheduler: module 'not_on_the_path' "
+                                 "does not import: ModuleNotFoundError: No module named 'not_on_the_path' "
+                                 "(is its folder on PYTHONPATH?)"),
     "no-such-class": (spec("Nope"),
                       "scheduler_cls custom_schedulers:Nope: module 'custom_schedulers' has no "
                       "attribute 'Nope'"),

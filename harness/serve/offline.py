@@ -163,6 +163,7 @@ class OfflineResult:
     finish_reasons: dict[str, str | None] = field(default_factory=dict)
     sched_s: list[float] = field(default_factory=list)   # per step: schedule+update, recording included
     vllm_s: list[float] = field(default_factory=list)    # per step: vLLM's own methods
+    hooks_s: list[float] = field(default_factory=list)   # per step: the recorder's hooks inside vllm_s
     convert: dict | None = None
     error: str | None = None   # vLLM failed mid-run (the trace holds the steps up to it)
 
@@ -292,6 +293,7 @@ def _drive(engine: OfflineEngine, wl: Workload, config: EngineConfig, result: Of
         if "sched_s" in resp:
             result.sched_s.append(resp["sched_s"])
             result.vllm_s.append(resp["vllm_s"])
+            result.hooks_s.append(resp.get("hooks_s", 0.0))
         total = resp.get("total") or 0
         in_flight = int(resp.get("in_flight") or 0)
         step += 1

@@ -30,7 +30,10 @@ Ops (answers carry ``"ok": true``, or ``"ok": false`` and a one-line ``"error"``
   that ended), ``unfinished`` and, per step, the seconds spent in the scheduler:
   ``sched_s`` (the whole ``schedule()`` + ``update_from_output()`` calls, recording
   included) and ``vllm_s`` (vLLM's own ``Scheduler`` methods, recording excluded)
-  when ``init`` was given ``timing``.
+  when ``init`` was given ``timing``, and ``hooks_s``: the part of ``vllm_s`` that
+  is the recorder's decision hooks (``events.DecisionHooks``: its wrappers of
+  ``KVCacheManager.allocate_slots`` and ``free`` and of ``Scheduler._preempt_request``,
+  timed around, less the wrapped vLLM methods timed inside).
 - ``close``: shuts the engine down (the recording scheduler's ``shutdown()``
   finishes and renames its file) and exits.
 """
@@ -66,6 +69,8 @@ class Runner:
         self.timing = False
         self.sched_s = 0.0
         self.vllm_s = 0.0
+        self.hooks_s = 0.0
+        self._in_hook = 0
 
     def init(self, msg: dict) -> dict:
         t0 = time.monotonic()
@@ -81,10 +86,12 @@ class Runner:
         self.timing = bool(msg.get("timing"))
         if self.timing:
             self._time_vllm_scheduler()
+            self._time_hooked_methods()
         self.llm = LLM(model=msg["model"], **args)
         self.engine = self.llm.llm_engine
         if self.timing:
             self._time_outer(self._scheduler())
+            self._time_hooks(self._scheduler())
         return {"vllm_version": vllm.__version__, "init_s": round(time.monotonic() - t0, 3)}
 
     def _scheduler(self):
@@ -106,6 +113,53 @@ class Runner:
                 finally:
                     runner.vllm_s += time.perf_counter() - t
             setattr(Scheduler, name, timed)
+
+    HOOKED = (("vllm.v1.core.kv_cache_manager", "KVCacheManager", "allocate_slots", "kv_cache_manager"),
+              ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "free", "kv_cache_manager"),
+              ("vllm.v1.core.sched.scheduler", "Scheduler", "_preempt_request", None))
+
+    def _time_hooked_methods(self) -> None:
+        """Before the engine is built: time the vLLM methods the recorder's decision
+        hooks wrap, counting only calls made through a hook (``_time_hooks``)."""
+        import importlib
+
+        runner = self
+        for module, cls_name, name, _ in self.HOOKED:
+            cls = getattr(importlib.import_module(module), cls_name)
+            inner = getattr(cls, name, None)
+            if inner is None:
+                continue
+
+            def timed_inner(*a, __inner=inner, **k):
+                if not runner._in_hook:
+                    return __inner(*a, **k)
+                t = time.perf_counter()
+                try:
+                    return __inner(*a, **k)
+                finally:
+                    runner.hooks_s -= time.perf_counter() - t
+            setattr(cls, name, timed_inner)
+
+    def _time_hooks(self, sched) -> None:
+        """After: time the hooks themselves (the instance attributes the recorder set
+        on the KV-cache manager and the scheduler); hooks_s is their time less the
+        vLLM methods' inside them."""
+        runner = self
+        for _, _, name, owner_attr in self.HOOKED:
+            owner = getattr(sched, owner_attr) if owner_attr else sched
+            outer = vars(owner).get(name)
+            if outer is None:
+                continue  # not hooked (not recording, or a vLLM without it)
+
+            def timed_outer(*a, __outer=outer, **k):
+                runner._in_hook += 1
+                t = time.perf_counter()
+                try:
+                    return __outer(*a, **k)
+                finally:
+                    runner.hooks_s += time.perf_counter() - t
+                    runner._in_hook -= 1
+            setattr(owner, name, timed_outer)
 
     def _time_outer(self, sched) -> None:
         """Time the scheduler object's calls as the EngineCore makes them (recording included)."""
@@ -141,7 +195,7 @@ class Runner:
         return {}
 
     def step(self, msg: dict) -> dict:
-        s0, v0 = self.sched_s, self.vllm_s
+        s0, v0, h0 = self.sched_s, self.vllm_s, self.hooks_s
         self._scheduler()._sched_harness_last_total = 0  # no schedule() call: nothing scheduled
         t = time.perf_counter()
         outputs = self.engine.step()
@@ -156,7 +210,7 @@ class Runner:
                "total": total, "in_flight": len(getattr(self.engine.engine_core.engine_core,
                                                         "batch_queue", None) or ())}
         if self.timing:
-            out.update(sched_s=self.sched_s - s0, vllm_s=self.vllm_s - v0)
+            out.update(sched_s=self.sched_s - s0, vllm_s=self.vllm_s - v0, hooks_s=self.hooks_s - h0)
         return out
 
     def close(self, msg: dict) -> dict:

@@ -184,8 +184,11 @@ def load_scheduler_class(name: str, base: type) -> type:
     try:
         obj = importlib.import_module(module_name)
     except BaseException as exc:  # an import can fail in any way, SystemExit included
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and module_name.startswith(exc.name):
+            hint = " (is its folder on PYTHONPATH?)"  # the class is found where vllm serve would find it
         raise SchedulerClassError(f"scheduler_cls {name}: module {module_name!r} does not import: "
-                                  f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+                                  f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}{hint}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise SchedulerClassError(f"scheduler_cls {name}: module {module_name!r} has no "

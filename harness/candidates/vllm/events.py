@@ -165,7 +165,11 @@ class DecisionHooks:
         self.active = True
         kvm = sched.kv_cache_manager
         orig_alloc = kvm.allocate_slots
-        alloc_sig = inspect.signature(orig_alloc)
+        # allocate_slots(request, num_new_tokens, ...): where each argument the
+        # hook reads sits positionally (after ``request``), so that a call is
+        # read without inspect's bind (the hook runs inside vLLM's schedule()).
+        alloc_pos = {name: i - 1 for i, name in
+                     enumerate(inspect.signature(orig_alloc).parameters) if i}
         orig_free = kvm.free
         # Feature probe: releases before _preempt_request (before 0.12.0) preempt
         # inline in schedule(): running.pop(), kv_cache_manager.free(victim),
@@ -176,36 +180,54 @@ class DecisionHooks:
         self.inline_preempt = orig_preempt is None
         hooks = self
 
+        def arg(args, kwargs, name):
+            """An argument of an allocate_slots call as passed (0 when left out)."""
+            if name in kwargs:
+                return kwargs[name]
+            i = alloc_pos.get(name)
+            return args[i] if i is not None and i < len(args) else 0
+
+        status_names: dict = {}  # RequestStatus member -> name (Enum.name is a Python-level property)
+        i_delay = alloc_pos.get("delay_cache_blocks")
+
         @functools.wraps(orig_alloc)  # keeps the signature for whoever wraps us
         def allocate_slots(request, *args, **kwargs):
             computed_before = request.num_computed_tokens
-            status_before = request.status.name
+            status = request.status
+            status_before = status_names.get(status)
+            if status_before is None:
+                status_before = status_names[status] = status.name
             result = orig_alloc(request, *args, **kwargs)
             if result is not None and hooks.in_schedule and hooks.active:
-                bound = alloc_sig.bind(request, *args, **kwargs).arguments
-                n_new = bound.get("num_new_tokens", 0)
-                if bound.get("delay_cache_blocks", False):
+                n_new = arg(args, kwargs, "num_new_tokens")
+                if kwargs.get("delay_cache_blocks") or (
+                        i_delay is not None and i_delay < len(args) and args[i_delay]):
                     # An async KV load (load_kv_async): blocks for the local
                     # hit and the external tokens, nothing scheduled. The
                     # reservation is the one vLLM passed.
                     hooks.seq.append(("remote_load", request.request_id, status_before,
-                                      bound.get("num_new_computed_tokens", 0),
-                                      bound.get("num_external_computed_tokens", 0),
+                                      arg(args, kwargs, "num_new_computed_tokens"),
+                                      arg(args, kwargs, "num_external_computed_tokens"),
                                       table_of(kvm, request.request_id),
-                                      bound.get("reserved_blocks", 0), n_new))
+                                      arg(args, kwargs, "reserved_blocks"), n_new))
                     return result
-                # Drafts a running request gets verified (vLLM picks them right
-                # after this call; a withdrawal later drops them from its output).
-                spec = []
-                if status_before == "RUNNING" and request.spec_token_ids:
-                    n_spec = (n_new + computed_before - request.num_tokens
-                              - getattr(request, "num_output_placeholders", 0))
-                    if n_spec > 0:
-                        spec = list(request.spec_token_ids[:n_spec])
-                hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
-                                  n_new, bound.get("num_new_computed_tokens", 0),
-                                  blocks_of(result), spec,
-                                  table_of(kvm, request.request_id)))
+                if status_before == "RUNNING":
+                    # Drafts a running request gets verified (vLLM picks them right
+                    # after this call; a withdrawal later drops them from its output).
+                    spec = []
+                    if request.spec_token_ids:
+                        n_spec = (n_new + computed_before - request.num_tokens
+                                  - getattr(request, "num_output_placeholders", 0))
+                        if n_spec > 0:
+                            spec = list(request.spec_token_ids[:n_spec])
+                    # (normalise reads the whole table of admissions only.)
+                    hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
+                                      n_new, arg(args, kwargs, "num_new_computed_tokens"),
+                                      blocks_of(result), spec, None))
+                else:
+                    hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
+                                      n_new, arg(args, kwargs, "num_new_computed_tokens"),
+                                      blocks_of(result), [], table_of(kvm, request.request_id)))
             return result
 
         @functools.wraps(orig_free)  # keeps the signature for whoever wraps us
@@ -448,6 +470,8 @@ def request_states(sched, preempted_req_ids=()) -> list[list]:
     # request (twice a step in the recording scheduler; most of its per-step cost
     # with many requests waiting).
     drafting = getattr(sched, "num_spec_tokens", 1) != 0
+    if not drafting and not preempted_req_ids:
+        return []
     shown = {r.request_id: r for r in sched.requests.values()
              if r.status.name != "RUNNING" and not r.is_finished() and getattr(r, "spec_token_ids", None)
              } if drafting else {}
@@ -489,14 +513,15 @@ def prefill_gate(sched, throttle_prefills: bool) -> bool:
     (spec 7.1, 10.4); versions without the gate report False. Call before
     ``schedule()``.
     """
-    bound = bool(getattr(sched, "prefill_capacity_bound", False))
-    has_decode = any(not getattr(r, "is_prefill_chunk", False) for r in sched.running)
-    defer = bool(throttle_prefills) and not bound and has_decode
+    # Deferred iff not capacity-bound, some running request decodes, and either
+    # the DP throttle is on or the local prefill interval has not elapsed. The
+    # scan of the running queue is skipped where neither can apply.
     interval = getattr(sched, "local_prefill_interval", 1)
-    if (not defer and interval > 1 and not bound and has_decode
-            and (sched.num_executed_steps + 1) - sched.last_prefill_step < interval):
-        defer = True
-    return defer
+    if getattr(sched, "prefill_capacity_bound", False) or (not throttle_prefills and interval <= 1):
+        return False
+    if not any(not getattr(r, "is_prefill_chunk", False) for r in sched.running):
+        return False
+    return bool(throttle_prefills) or (sched.num_executed_steps + 1) - sched.last_prefill_step < interval
 
 
 def _ids(value, field: str) -> list[str]:
@@ -507,29 +532,40 @@ def _ids(value, field: str) -> list[str]:
     except TypeError:
         raise NormalisationError(f"SchedulerOutput.{field}: not a list of request ids "
                                  f"({type(value).__name__})") from None
+    if set(map(type, ids)) <= {str}:  # the common case, checked at C speed
+        return ids
     bad = [i for i in ids if not isinstance(i, str)]
     if bad:
         raise NormalisationError(f"SchedulerOutput.{field}: request id {bad[0]!r} is not a string")
     return ids
 
 
-def _count(value, field: str) -> int:
+def _count(value, field: str, *where) -> int:
+    """``value`` if it is an integer (not a bool); NormalisationError naming
+    ``field`` (``field.format(*where)`` when ``where`` is given: formatted only
+    on failure, this runs per request per step) otherwise."""
+    if type(value) is int:
+        return value
     if not isinstance(value, int) or isinstance(value, bool):
-        raise NormalisationError(f"SchedulerOutput.{field}: {value!r} is not an integer")
+        name = field.format(*where) if where else field
+        raise NormalisationError(f"SchedulerOutput.{name}: {value!r} is not an integer")
     return value
 
 
-def _group_blocks(value, field: str) -> list[int]:
-    """Block ids of the single KV-cache group of a ``([ids], ...)`` field (or None)."""
+def _group_blocks(value, field: str, *where) -> list[int]:
+    """Block ids of the single KV-cache group of a ``([ids], ...)`` field (or None);
+    ``field`` and ``where`` as for ``_count``."""
     if value is None:
         return []
     try:
         blocks = list(value[0]) if len(value) else []
     except (TypeError, IndexError, KeyError):
-        raise NormalisationError(f"SchedulerOutput.{field}: not a tuple of block-id lists "
+        name = field.format(*where) if where else field
+        raise NormalisationError(f"SchedulerOutput.{name}: not a tuple of block-id lists "
                                  f"({type(value).__name__})") from None
-    for b in blocks:
-        _count(b, field)
+    if not set(map(type, blocks)) <= {int}:
+        for b in blocks:
+            _count(b, field, *where)
     return blocks
 
 
@@ -553,21 +589,21 @@ def request_data(so) -> tuple[list[str], dict[str, tuple[str, int, list[int]]]]:
         req_id = _ids([getattr(nr, "req_id", None)], f"scheduled_new_reqs[{i}].req_id")[0]
         ids.append(req_id)
         truth.setdefault(req_id, ("admitted",
-                                  _count(nr.num_computed_tokens, f"scheduled_new_reqs[{i}].num_computed_tokens"),
-                                  _group_blocks(nr.block_ids, f"scheduled_new_reqs[{i}].block_ids")))
+                                  _count(nr.num_computed_tokens, "scheduled_new_reqs[{}].num_computed_tokens", i),
+                                  _group_blocks(nr.block_ids, "scheduled_new_reqs[{}].block_ids", i)))
     for name, values in (("new_block_ids", cached_blocks), ("num_computed_tokens", cached_computed)):
         if len(values) != len(cached_ids):
             raise NormalisationError(f"SchedulerOutput.scheduled_cached_reqs.{name}: {len(values)} entries "
                                      f"for {len(cached_ids)} req_ids")
     resumed_ids = set(getattr(cached, "resumed_req_ids", ()) or ())
     resumed_flags = getattr(cached, "resumed_from_preemption", None)  # 0.10-era
+    ids += cached_ids
     for i, req_id in enumerate(cached_ids):
-        ids.append(req_id)
         resumed = req_id in resumed_ids or bool(resumed_flags and resumed_flags[i])
         truth.setdefault(req_id, (
             "admitted" if resumed else "running",
-            _count(cached_computed[i], f"scheduled_cached_reqs.num_computed_tokens[{i}]"),
-            _group_blocks(cached_blocks[i], f"scheduled_cached_reqs.new_block_ids[{i}]")))
+            _count(cached_computed[i], "scheduled_cached_reqs.num_computed_tokens[{}]", i),
+            _group_blocks(cached_blocks[i], "scheduled_cached_reqs.new_block_ids[{}]", i)))
     return ids, truth
 
 
@@ -592,7 +628,9 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
     describes)."""
     data_ids, truth = request_data(so)
     try:
-        scheduled = {k: _count(v, f"num_scheduled_tokens[{k!r}]") for k, v in dict(so.num_scheduled_tokens).items()}
+        scheduled = dict(so.num_scheduled_tokens)
+        if not set(map(type, scheduled.values())) <= {int}:
+            scheduled = {k: _count(v, f"num_scheduled_tokens[{k!r}]") for k, v in scheduled.items()}
         spec_tokens = dict(getattr(so, "scheduled_spec_decode_tokens", None) or {})
     except (TypeError, ValueError):
         raise NormalisationError("SchedulerOutput.num_scheduled_tokens: not a mapping of request ids "
@@ -689,11 +727,12 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
         elif event["new_block_ids"] is None:
             event["new_block_ids"] = list(tables.get(req_id, []))
         event["num_scheduled_tokens"] = scheduled[req_id]
-        event["spec_token_ids"] = [int(t) for t in spec_tokens.get(req_id, ())]
+        spec = spec_tokens.get(req_id)
+        event["spec_token_ids"] = [int(t) for t in spec] if spec else []
     preempted = (sorted(_ids(so.preempted_req_ids, "preempted_req_ids")) if hasattr(so, "preempted_req_ids")
                  else sorted(e["request_id"] for e in events if e["type"] == "preempt"))
     total = _count(so.total_num_scheduled_tokens, "total_num_scheduled_tokens")
-    return {"events": events, "num_scheduled_tokens": [[k, v] for k, v in scheduled.items()],
+    return {"events": events, "num_scheduled_tokens": list(map(list, scheduled.items())),
             "total_num_scheduled_tokens": total, "preempted_req_ids": preempted,
             "finished_req_ids": sorted(_ids(so.finished_req_ids, "finished_req_ids")),
             "token_budget": max_num_scheduled_tokens - total, "request_data_ids": data_ids}

@@ -5,10 +5,10 @@ Two halves in one file:
 * ``RecordingScheduler`` -- a subclass of vLLM's v1 ``Scheduler`` for
   ``--scheduler-cls``. It runs inside the server's engine-core process and
   imports only the standard library, ``vllm`` and ``harness/candidates/vllm/events.py``
-  (stdlib only): no pyarrow, no ``reference`` package. As the server runs it
-  writes newline-delimited JSON (one file per engine core) and flushes it at
-  the end of every step (at most every ``SCHED_HARNESS_FLUSH_S`` seconds when
-  that is set).
+  (stdlib only; msgspec, a vLLM dependency, encodes when present): no pyarrow,
+  no ``reference`` package. As the server runs it writes newline-delimited
+  JSON (one file per engine core) with one ``os.write`` at the end of every
+  step (at most every ``SCHED_HARNESS_FLUSH_S`` seconds when that is set).
 * ``convert(jsonl_path, parquet_path)`` -- runs in this project's venv and
   turns that JSONL into a Parquet trace (``docs/trace-format.md``) that
   ``harness check`` and ``harness replay`` read. pyarrow is imported inside it.
@@ -63,10 +63,12 @@ finished, in free order, and whether it happened between ``schedule`` and
 schedule() call; queues and free blocks before and after, the normalised
 decisions with the request data's ids, and after it the ``request_states`` of
 its victims and of requests not running that hold drafts; under async
-scheduling each scheduled request's ``num_output_placeholders``), ``update``
-(the ``batch`` it completes; tokens sampled per scheduled request -- under
-async scheduling also for a request that ended while the batch ran, whose
-token vLLM ignores --, requests finished, free blocks after), ``drafts`` (``update_draft_token_ids``: drafts
+scheduling each scheduled request's ``num_output_placeholders``; a queue is
+left out of a snapshot when it holds the same requests in the same order as
+the snapshot written before it, and ``request_states`` out when empty),
+``update`` (the ``batch`` it completes; tokens sampled per scheduled request
+-- under async scheduling also for a request that ended while the batch ran,
+whose token vLLM ignores --, requests finished, free blocks after), ``drafts`` (``update_draft_token_ids``: drafts
 stored, and the ``states`` of requests not running that hold drafts),
 ``note`` (things the trace cannot represent: a prefix-cache reset, a
 streaming-input update), ``crash`` (vLLM raised in ``schedule()``,
@@ -128,6 +130,7 @@ import hashlib
 import json
 import logging
 import math
+import operator
 import os
 import sys
 import time
@@ -149,7 +152,10 @@ except ImportError:  # pragma: no cover - loaded by file path
 # 2: schedule outputs carry request_data_ids, snapshots request_states, drafts
 # records the states after the draft update. 3: schedule and update records
 # carry ``batch`` (which schedule() an update completes: async scheduling),
-# an async schedule its ``placeholders``. convert also reads formats 1 and 2.
+# an async schedule its ``placeholders``; a snapshot's waiting and running are
+# left out when they are the requests of the snapshot written before it, in
+# the same order (``_Recorder.snap``); request_states only in ``after``, and
+# only when not empty. convert also reads formats 1 and 2.
 FORMAT = 3
 READABLE_FORMATS = (1, 2, FORMAT)
 ENV_PATH = "SCHED_HARNESS_TRACE"
@@ -209,33 +215,89 @@ def _output_path(vllm_config) -> Path:
     return path.absolute()
 
 
-class _LineWriter:
-    """The recording's file, flushed at the end of every step, or at most every
-    ``SCHED_HARNESS_FLUSH_S`` seconds when that is set above 0 (fewer write
-    syscalls inside ``update_from_output()``; a killed server then loses up to
-    that much of the tail, the complete steps before it still convert). Written
-    with a 1 MiB buffer."""
+def _encode_default(value: Any) -> Any:
+    """What neither encoder takes natively: integer-like values (numpy's, torch's
+    scalars) as ints, float-like as floats; anything else is an error (the
+    record is refused, recording stops: ``_Recorder.guard``)."""
+    if hasattr(value, "__index__"):
+        return int(value)
+    if hasattr(value, "__float__"):
+        return float(value)
+    raise TypeError(f"cannot record a {type(value).__name__}")
 
-    def __init__(self, path: Path) -> None:
-        self._fh = open(path, "w", encoding="utf-8", buffering=1 << 20)
+
+def _json_line(record: dict) -> bytes:
+    """``record`` as one JSON line by the standard library (the fallback encoder)."""
+    return json.dumps(record, separators=(",", ":"), default=_encode_default).encode() + b"\n"
+
+
+try:  # vLLM depends on msgspec; about 10x faster than json.dumps on our records
+    import msgspec as _msgspec
+
+    _MSGSPEC_ENCODER = _msgspec.json.Encoder(enc_hook=_encode_default)
+except ImportError:  # pragma: no cover - a vLLM without it
+    _MSGSPEC_ENCODER = None
+
+
+class _LineWriter:
+    """The recording's file: records are encoded as JSON lines into a buffer
+    (msgspec's encoder when vLLM brought it, else ``json``; both read back with
+    ``json.loads`` to the same values) and the buffer is written with one
+    ``os.write`` at the end of every step, or at most every
+    ``SCHED_HARNESS_FLUSH_S`` seconds when that is set above 0 (a killed server
+    then loses up to that much of the tail, the complete steps before it still
+    convert), or when it passes 1 MiB. What reached ``os.write`` survives a
+    SIGKILL (it is the kernel's)."""
+
+    LIMIT = 1 << 20
+
+    def __init__(self, path: Path, *, use_msgspec: bool = True) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             self.interval = max(0.0, float(os.environ.get(ENV_FLUSH_S, "0")))
         except ValueError:
             self.interval = 0.0
         self._last = time.monotonic()
-        self.name = self._fh.name
+        self._buf = bytearray()
+        self._encoder = _MSGSPEC_ENCODER if use_msgspec else None
+        self.name = str(path)
 
-    def write(self, text: str) -> None:
-        self._fh.write(text)
+    def write(self, record: dict) -> None:
+        """Append ``record`` as one line (TypeError, ValueError for what JSON cannot
+        hold; the buffer is then left as it was)."""
+        buf, start = self._buf, len(self._buf)
+        if self._encoder is not None:
+            try:
+                self._encoder.encode_into(record, buf, start)
+            except Exception:  # e.g. a lone surrogate, an int over 64 bits: json's rules
+                del buf[start:]
+                buf += _json_line(record)
+                return
+            buf += b"\n"
+        else:
+            buf += _json_line(record)
 
     def flush(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self._last >= self.interval:
-            self._fh.flush()
+        buf = self._buf
+        if not buf:
+            return
+        if self.interval:
+            now = time.monotonic()
+            if not force and len(buf) < self.LIMIT and now - self._last < self.interval:
+                return
             self._last = now
+        done = os.write(self._fd, buf)
+        if done < len(buf):  # a short write (a full disk, a signal): write the rest
+            with memoryview(buf) as view:
+                while done < len(buf):
+                    done += os.write(self._fd, view[done:])
+        buf.clear()
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            self.flush(force=True)
+        finally:
+            os.close(self._fd)
 
 
 class _Recorder:
@@ -262,6 +324,15 @@ class _Recorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self.fh = _LineWriter(self.tmp)
+        # The queues of the last snapshot written (Request objects, in order):
+        # format 3 leaves out a queue that has not changed since.
+        self.shown_waiting: list | None = None
+        self.shown_running: list | None = None
+        # RequestStatus member -> Request.is_finished() for it: in every vLLM
+        # release that is RequestStatus.is_finished(self.status), a function of
+        # the status alone; cached, since the method calls cost ~1 us each per
+        # scheduled request, twice a step.
+        self.finished_by_status: dict = {}
         meta = {"t": "meta", "format": FORMAT, "vllm_version": vllm.__version__,
                 "pid": os.getpid(), "started_unix": time.time(), "path": str(self.path),
                 "config": self._engine_config(vc), "vllm_config": self._raw_config(vc),
@@ -373,7 +444,7 @@ class _Recorder:
 
     # -- writing -------------------------------------------------------------
     def _write(self, record: dict) -> None:
-        self.fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self.fh.write(record)
 
     def guard(self, fn, *args):
         """Run a recording step; a failure stops recording (raises in strict mode)."""
@@ -432,7 +503,9 @@ class _Recorder:
             eos = next(iter(extra)) if len(extra) == 1 else None
         record = {
             "t": "arrival", "request_id": request.request_id,
-            "prompt_token_ids": [int(t) for t in (request.prompt_token_ids or ())],
+            # Encoded before this returns: no copy (ints, or what _encode_default takes).
+            "prompt_token_ids": request.prompt_token_ids if isinstance(request.prompt_token_ids, list)
+            else list(request.prompt_token_ids or ()),
             "max_tokens": int(request.max_tokens),
             "min_tokens": int(getattr(params, "min_tokens", 0) or 0),
             "ignore_eos": bool(getattr(params, "ignore_eos", False)),
@@ -474,8 +547,38 @@ class _Recorder:
             self._write({"t": "abort", "mid_step": self.mid_step,
                          "status": getattr(status, "name", str(status)), "finished": infos})
 
+    def queues(self) -> tuple:
+        """``(waiting, running, num_free_blocks)`` now: the queues as lists of
+        vLLM's ``Request`` objects (waiting in service order), copied at C speed;
+        their ids are read only when ``snap`` writes them (a request's id never
+        changes, so reading it later is exact)."""
+        sched = self.sched
+        return _ev.waiting_in_service_order(sched), list(sched.running), _ev.num_free_blocks(sched)
+
+    def snap(self, queues: tuple, request_states: list | None = None) -> dict:
+        """A snapshot for the file (format 3): ``num_free_blocks``; ``waiting`` and
+        ``running`` (request ids) each only when it differs from the snapshot
+        written before this one, compared by identity, element by element
+        (exact: the same objects in the same order are the same ids in the same
+        order); ``request_states`` when given and not empty. Call in the order
+        the snapshots are written: ``convert`` fills a queue left out from the
+        one before it in the file."""
+        waiting, running, free = queues
+        out: dict[str, Any] = {"num_free_blocks": free}
+        shown = self.shown_waiting
+        if shown is None or len(shown) != len(waiting) or not all(map(operator.is_, shown, waiting)):
+            out["waiting"] = [r.request_id for r in waiting]
+            self.shown_waiting = waiting
+        shown = self.shown_running
+        if shown is None or len(shown) != len(running) or not all(map(operator.is_, shown, running)):
+            out["running"] = [r.request_id for r in running]
+            self.shown_running = running
+        if request_states:
+            out["request_states"] = request_states
+        return out
+
     def before_schedule(self, throttle: bool) -> tuple:
-        return (_ev.snapshot(self.sched), _ev.prefill_gate(self.sched, throttle))
+        return (self.queues(), _ev.prefill_gate(self.sched, throttle))
 
     def after_schedule(self, so, pre: tuple, throttle: bool) -> None:
         before, defer = pre
@@ -485,8 +588,9 @@ class _Recorder:
                                requests=sched.requests)
         output.update(throttle_prefills=bool(throttle), defer_prefills=bool(defer),
                       prefill_capacity_bound=bool(getattr(sched, "prefill_capacity_bound", False)))
-        record = {"t": "schedule", "step": self.steps, "batch": self.batches, "before": before,
-                  "output": output, "after": _ev.snapshot(sched, output["preempted_req_ids"])}
+        record = {"t": "schedule", "step": self.steps, "batch": self.batches, "before": self.snap(before),
+                  "output": output,
+                  "after": self.snap(self.queues(), _ev.request_states(sched, output["preempted_req_ids"]))}
         # Invariant: EngineCore pops batches oldest first, so an update completes
         # the oldest schedule() still in flight; the SchedulerOutput object names
         # it (kept referenced here, so its id is not reused while in flight).
@@ -507,27 +611,51 @@ class _Recorder:
         self.mid_step = len(self.in_flight) >= self.max_batches
 
     def before_update(self, so, mro) -> tuple:
-        req_ids = list(so.num_scheduled_tokens)
-        requests = {r: self.sched.requests.get(r) for r in req_ids}
-        live = [r for r in req_ids if requests[r] is not None and not requests[r].is_finished()]
-        # With batches in flight a request can end (EOS, an abort) while a later
-        # batch that scheduled it still runs: that batch's token is still
-        # delivered (and ignored by vLLM), as the trace's async shape records it.
-        sampling = req_ids if self.max_batches > 1 else live
+        """``(live, sampled, batch)``: the scheduled requests not finished before
+        the update (vLLM's ``Request`` objects, in output order), the tokens
+        sampled for each, copied (vLLM trims a request's list in place), and
+        the batch the update completes. With batches in flight a request can
+        end (EOS, an abort) while a later batch that scheduled it still runs:
+        that batch's token is still delivered (and ignored by vLLM), so every
+        scheduled request's tokens are kept, as the trace's async shape
+        records them."""
+        get = self.sched.requests.get
         index = getattr(mro, "req_id_to_index", None) or {}
         tokens = getattr(mro, "sampled_token_ids", None) or []
-        sampled = []
-        for r in sampling:
+        n_tokens = len(tokens)
+        done = self.finished_by_status
+        every = self.max_batches > 1
+        live, sampled = [], []
+        for r in so.num_scheduled_tokens:
+            request = get(r)
+            if request is not None:
+                finished = done.get(request.status)
+                if finished is None:
+                    finished = done[request.status] = request.is_finished()
+                if not finished:
+                    live.append(request)
+                elif not every:
+                    continue
+            elif not every:
+                continue
             i = index.get(r)
-            if i is not None and i < len(tokens) and tokens[i] is not None and len(tokens[i]):
-                sampled.append([r, [int(t) for t in tokens[i]]])
+            if i is not None and i < n_tokens:
+                ids = tokens[i]
+                if ids is not None and len(ids):
+                    sampled.append([r, list(ids)])
         batch = self.in_flight.pop(id(so), (None, None))[0]
-        return requests, live, sampled, batch
+        return live, sampled, batch
 
     def after_update(self, pre: tuple) -> None:
-        requests, live, sampled, batch = pre
-        finished = [_ev.finished_info(requests[r], self.hooks.freed.pop(r, []))
-                    for r in live if requests[r].is_finished()]
+        live, sampled, batch = pre
+        freed, done = self.hooks.freed, self.finished_by_status
+        finished = []
+        for q in live:
+            ended = done.get(q.status)
+            if ended is None:
+                ended = done[q.status] = q.is_finished()
+            if ended:
+                finished.append(_ev.finished_info(q, freed.pop(q.request_id, [])))
         self._write({"t": "update", "step": self.steps, "batch": batch, "sampled": sampled,
                      "finished": finished, "num_free_blocks": _ev.num_free_blocks(self.sched)})
         self.steps += 1
@@ -553,9 +681,9 @@ class _Recorder:
         ``update_from_output`` was given) and close the log; recording stops."""
         record = {"t": "crash", "step": self.steps, "call": call, **_ev.crash_info(exc)}
         if call == "schedule" and pre is not None:
-            record.update(before=pre[0], throttle_prefills=bool(throttle))
+            record.update(before=self.snap(pre[0]), throttle_prefills=bool(throttle))
         elif call == "update_from_output" and pre is not None:
-            record["sampled"], record["batch"] = pre[2], pre[3]
+            record["sampled"], record["batch"] = pre[1], pre[2]
         self._write(record)
         self.enabled = False
         self.hooks.active = False
@@ -865,6 +993,22 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
     next_batch = 0
     crashed = False
     number = 0
+    # Format 3 leaves a snapshot's unchanged queue out: it is the previous
+    # snapshot's (in file order: a schedule's ``before`` follows the last
+    # ``after`` or crash ``before``, its ``after`` follows its ``before``).
+    fill = False
+    shown: dict[str, list] = {}
+
+    def resolve(snapshot: dict) -> None:
+        if not fill:
+            return
+        for key in ("waiting", "running"):
+            if key in snapshot:
+                shown[key] = snapshot[key]
+            elif key in shown:
+                snapshot[key] = shown[key]
+            else:
+                raise ConvertError(f"{path}:{number}: a snapshot without {key!r} and none before it")
 
     def new_step(schedule: dict | None, crash: dict | None) -> dict:
         return {"line": number, "inputs": inputs, "schedule": schedule, "update": None,
@@ -912,6 +1056,7 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
     for number, rec in _read_records(path):
         kind = rec["t"]
         if kind == "meta":
+            fill = isinstance(rec.get("format"), int) and rec["format"] >= 3
             continue
         if crashed and kind != "end":
             raise ConvertError(f"{path}:{number}: a {kind!r} record after the crash")
@@ -922,6 +1067,8 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
                 notes["mid_step_aborts"] += len(rec["finished"])
             inputs.append(("abort", rec))
         elif kind == "schedule":
+            resolve(rec["before"])
+            resolve(rec["after"])
             if current is not None:
                 steps.append(current)
             batch = start_batch(rec)
@@ -946,6 +1093,8 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
         elif kind == "crash":
             call = rec.get("call")
             if call == "schedule":
+                if rec.get("before") is not None:
+                    resolve(rec["before"])
                 if current is not None:
                     steps.append(current)
                 current = new_step(None, rec)

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Where the recording scheduler's time goes inside real vLLM, per function (issue 15).
+
+Run from the repository root:  .venv/bin/python bench/bench_serve_breakdown.py [--limit N]
+
+Needs the serving env (``harness vllm-env --serving``). Two vLLM runs of the
+workload of ``bench/bench_serve.py`` (Azure code, first 64 requests, ``--time-scale
+20``): the first, driven by ``harness/serve/offline.py``, captures the ops it sends
+to ``harness/serve/offline_runner.py``; the second replays them in one process
+under the serving env's Python with timers around the recorder's functions
+(``_Recorder`` methods, ``events`` helpers, the writer's encoding and ``os.write``)
+and around the decision hooks (``KVCacheManager.allocate_slots``/``free``, timed
+outside and inside the hook: the difference is the hook's own time, which counts
+inside vLLM's). Prints microseconds per step (mean over the steps) and per call
+(mean and median) for each; nested entries overlap (``rec.after_update``
+contains ``writer.flush``, which contains ``os.write``), and every timer adds
+about 0.2-0.5 us to what contains it. Nothing is asserted; figures vary ~2x with
+the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def capture_ops(limit: int, ops_path: Path, tmp: Path) -> int:
+    """Run the workload once (our venv drives the runner), writing each op sent."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_serve
+    import harness.serve.offline as offline
+    from harness.serve.cli import default_model, load_serve_inputs
+
+    ops = []
+    call = offline.OfflineEngine.call
+
+    def capturing(self, msg, timeout=300.0):
+        ops.append(msg)
+        return call(self, msg, timeout)
+    offline.OfflineEngine.call = capturing
+    config, wl, seed = load_serve_inputs(str(bench_serve.AZURE), bench_serve.SETS, limit, 20.0, None, 1, False)
+    rec = offline.record_offline(wl, config, tmp / "capture.parquet", default_model(), seed=seed)
+    ops_path.write_text("".join(json.dumps(m) + "\n" for m in ops))
+    return rec.steps
+
+
+def profile(ops_path: Path, outdir: Path) -> None:
+    """Under the serving env: replay the ops with timers, print the breakdown."""
+    os.environ["SCHED_HARNESS_TRACE"] = str(outdir / "rec.jsonl")
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "harness" / "serve"))
+    import offline_runner
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    import harness.candidates.vllm.recording_scheduler as rs
+
+    total, calls, each = defaultdict(float), defaultdict(int), defaultdict(list)
+
+    def timed(name, fn):
+        clock = time.perf_counter
+
+        def wrapper(*a, **k):
+            t = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                d = clock() - t
+                total[name] += d
+                calls[name] += 1
+                each[name].append(d)
+        return wrapper
+
+    offline_runner._track_totals(Scheduler)
+    for name in ("allocate_slots", "free"):  # inside the hooks (before they are installed)
+        setattr(KVCacheManager, name, timed(f"kvm.{name} (vLLM's)", getattr(KVCacheManager, name)))
+    ev = rs._ev
+    for name in ("normalise", "prefill_gate", "finished_info", "num_free_blocks", "request_states",
+                 "waiting_in_service_order"):
+        setattr(ev, name, timed(f"events.{name}", getattr(ev, name)))
+    for name in ("before_schedule", "after_schedule", "before_update", "after_update", "on_add",
+                 "begin_abort", "end_abort", "on_drafts", "snap", "queues"):
+        setattr(rs._Recorder, name, timed(f"rec.{name}", getattr(rs._Recorder, name)))
+    for name in ("write", "flush"):
+        setattr(rs._LineWriter, name, timed(f"writer.{name}", getattr(rs._LineWriter, name)))
+
+    class _Os:  # the module's os, with os.write timed
+        write = staticmethod(timed("os.write", os.write))
+
+        def __getattr__(self, name):
+            return getattr(os, name)
+    rs.os = _Os()
+
+    lines = ops_path.read_text().splitlines()
+    runner = offline_runner.Runner()
+    runner.init(dict(json.loads(lines[0]), timing=True))
+    kvm = runner._scheduler().kv_cache_manager
+    for name in ("allocate_slots", "free"):  # the hooks, around
+        setattr(kvm, name, timed(f"kvm.{name} (hooked)", getattr(kvm, name)))
+    steps, sched_s, vllm_s = 0, [], []
+    for line in lines[1:]:
+        msg = json.loads(line)
+        if msg["op"] == "close":
+            break
+        out = getattr(runner, msg["op"])(msg)
+        if msg["op"] == "step":
+            steps += 1
+            sched_s.append(out["sched_s"])
+            vllm_s.append(out["vllm_s"])
+    runner.close({})
+    a, b = sum(sched_s), sum(vllm_s)
+    print(f"{steps} steps, load {os.getloadavg()[0]:.1f}: schedule()+update_from_output() {a * 1e3:.1f} ms, "
+          f"vLLM's own {b * 1e3:.1f} ms (hooks and timers included); added {(a - b) / steps * 1e6:.1f} us a step")
+    for name in sorted(total):
+        print(f"  {name:34s} {total[name] / steps * 1e6:7.1f} us/step  ({calls[name]} calls, "
+              f"{total[name] / calls[name] * 1e6:.2f} us mean, {statistics.median(each[name]) * 1e6:.2f} us median)")
+    for name in ("allocate_slots", "free"):
+        hooked, inner = total.get(f"kvm.{name} (hooked)", 0.0), total.get(f"kvm.{name} (vLLM's)", 0.0)
+        print(f"  hook {name}: {(hooked - inner) / steps * 1e6:.1f} us/step (inside vLLM's own time)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=64, help="requests of the Azure code trace [64]")
+    ap.add_argument("--profile", nargs=2, metavar=("OPS", "OUTDIR"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.profile:  # the second half, under the serving env
+        profile(Path(args.profile[0]), Path(args.profile[1]))
+        return 0
+    from harness.serve.env import require_serving_env
+
+    python = require_serving_env()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        steps = capture_ops(args.limit, tmp_path / "ops.jsonl", tmp_path)
+        print(f"captured {steps} steps; replaying with timers under {python}", flush=True)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="ERROR")
+        proc = subprocess.run([str(python), __file__, "--profile", str(tmp_path / "ops.jsonl"), tmp],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        sys.stdout.write(proc.stdout)
+        if proc.returncode:
+            sys.stderr.write(proc.stderr[-3000:])
+        return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
