@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,6 +26,7 @@ from harness.candidates.vllm import recording_scheduler as rs
 from harness.cli import main
 from harness.serve.config import ENV_CPU_ASYNC, ServeConfigError, engine_args, serve_flags
 from reference.config import EngineConfig
+from tests.test_serve import model  # noqa: F401 - the serving env and a tiny llama, built once
 
 REPO = Path(__file__).resolve().parent.parent
 SKIP = os.environ.get("HARNESS_SKIP_VLLM") == "1"
@@ -79,20 +79,6 @@ def test_the_recorder_follows_one_or_two_batches_in_flight() -> None:
 
 
 # ---------------------------------------------------------------- real vLLM
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    """The serving env (built once) and a tiny llama (seed 0)."""
-    if SKIP:
-        pytest.skip("HARNESS_SKIP_VLLM=1")
-    from harness.serve.env import ensure_serving_env
-    from harness.serve.model import build_tiny_model
-
-    ensure_serving_env(log=lambda line: print(f"vllm-env --serving: {line}", file=sys.stderr))
-    path = tmp_path_factory.mktemp("async") / "tiny"
-    build_tiny_model(path, seed=0)
-    return path
-
 
 def _record_async(scenario: Path, model: Path, trace: Path) -> str:
     r = CliRunner().invoke(main, ["serve-record", str(scenario), "--offline", "--model", str(model),
