@@ -62,6 +62,8 @@ START_TIMEOUT_S = 60.0
 #: Idle children kept per spec (2: a data-parallel run with two ranks).
 POOL_SIZE = 2
 _HEADER = struct.Struct("!I")
+#: Seconds between checks, while waiting for an answer, that the child is still alive.
+_EXIT_POLL_S = 0.5
 _BOOT = ("import json, os, sys; sys.path[:] = json.loads(os.environ['HARNESS_ISOLATED_SYS_PATH']); "
          "from harness.candidates.isolated_child import serve; serve()")
 
@@ -214,7 +216,14 @@ class _Child:
         chunks, got = [], 0
         while got < n:
             left = deadline - time.monotonic()
-            if left <= 0 or not sel.select(left):
+            # In slices: a child that exited while something it forked keeps
+            # the pipe open never gives end of stream (regression: the run
+            # waited out --step-timeout and ended as a StepTimeout).
+            if left > 0 and not sel.select(min(left, _EXIT_POLL_S)):
+                if self.proc.poll() is not None and not sel.select(0):
+                    raise OSError("the candidate process exited")
+                continue
+            if left <= 0:
                 self.kill(f"no answer from {what} within {timeout:g} s")
                 raise CandidateProcessError(
                     "StepTimeout", f"no answer from {what} within {timeout:g} s (--step-timeout; the "
