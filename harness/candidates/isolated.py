@@ -50,7 +50,7 @@ import weakref
 from typing import Any
 
 from harness.candidates.isolated_child import MUTATING
-from harness.children import ChildPool, stop_process_group
+from harness.children import ChildPool, GroupWatchdog, stop_process_group
 from reference.candidate import CandidateRefused
 from reference.config import EngineConfig
 from reference.output import SchedulerOutput
@@ -168,6 +168,10 @@ class _Child:
         self.proc = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, env=env,
                                      start_new_session=True)
+        # The child gets SIGKILL when the harness dies (isolated_child.serve);
+        # regression: what it started (a subprocess of the candidate's) was
+        # left running after SIGKILL of the harness. The watchdog kills the group.
+        self._watchdog = GroupWatchdog(self.proc.pid, grace_s=0.0)
         self.broken: str | None = None
         self.lock = threading.Lock()
         POOL.add(self)
@@ -261,6 +265,7 @@ class _Child:
         if not getattr(self, "_group_killed", False):
             self._group_killed = True
             stop_process_group(self.proc)
+            self._watchdog.release()
         POOL.forget(self)
 
 
