@@ -383,7 +383,10 @@ def probe_spec(spec: str, timeout: float = START_TIMEOUT_S) -> str | None:
     try:
         error, _ = child.call(("resolve", spec), timeout, f"importing {spec!r}")
     except CandidateProcessError as exc:
-        text = str(exc).replace(f"during importing {spec!r}", "while importing it")
+        # The import is bounded by ``timeout`` (START_TIMEOUT_S), not by --step-timeout
+        # (regression: the message named --step-timeout, which does not apply here).
+        text = (str(exc).replace(f"during importing {spec!r}", "while importing it")
+                .replace(" (--step-timeout; the candidate process was killed)", " (the candidate process was killed)"))
         return f"candidate {spec!r}: {text}"
     except CandidateRaised as exc:  # a BaseException at import (SystemExit, KeyboardInterrupt, ...)
         child.kill()
