@@ -192,16 +192,39 @@ def describe_exception(exc: BaseException, skip: int = 0) -> tuple[str, str, str
     one raised in another process (the vLLM driver's) carries that one's
     description in the attributes ``crash_type``, ``crash_message`` and
     ``crash_where``, which win."""
-    remote = getattr(exc, "crash_type", None)
+    # Only our own exception classes speak for another process: a candidate's
+    # exception with a ``crash_type`` attribute of its own is described as
+    # any other (regression: it could forge "StepTimeout" and a multi-line
+    # message, which reached the trace and the verdict's output).
+    remote = getattr(exc, "crash_type", None) if type(exc).__module__.startswith(_OWN_MODULES) else None
     if isinstance(remote, str) and remote:
-        return remote, str(getattr(exc, "crash_message", remote)), str(getattr(exc, "crash_where", ""))
+        return (_one_line(remote), _one_line(getattr(exc, "crash_message", remote), 1000),
+                _one_line(getattr(exc, "crash_where", "")))
     name = type(exc).__name__
-    text = " ".join(str(exc).split())[:300]
+    # str() is the candidate's code too: one that raises (regression: the
+    # isolated child died with a traceback on stderr) is described, not re-raised.
+    text = _one_line(exc, 300)
     frames = _frames(exc.__traceback__)
     if not text and frames:
         line = traceback.extract_tb(frames[-1][1], limit=1)[0].line or ""
         text = f"`{line.strip()}`" if line.strip() else ""
     return name, f"{name}: {text}" if text else name, crash_site(exc.__traceback__, skip)
+
+
+_OWN_MODULES = ("harness.", "reference.")
+
+
+def _one_line(value: object, limit: int | None = None) -> str:
+    """``str(value)`` on one line (at most ``limit`` characters); never raises:
+    a ``__str__`` that fails gives ``<unprintable TYPE>``."""
+    try:
+        text = " ".join(str(value).split())
+    except BaseException:  # noqa: B036 - a candidate's __str__ may raise anything
+        try:
+            text = f"<unprintable {type(value).__name__}>"
+        except BaseException:  # noqa: B036
+            text = "<unprintable>"
+    return text if limit is None else text[:limit]
 
 
 def _frames(tb: TracebackType | None) -> list[tuple[object, TracebackType]]:

@@ -30,12 +30,18 @@ def _records() -> list[dict]:
 
 
 def _to_format3(records: list[dict]) -> list[dict]:
-    """Format 3's rule, applied by request id (the recorder compares Request objects by identity:
-    the same objects in the same order are the same ids in the same order)."""
-    out, shown = [], {}
+    """Format 3's rules: batches numbered (one in flight: an update completes the
+    schedule before it), and queues left out by request id (the recorder compares
+    Request objects by identity: the same objects in the same order are the same
+    ids in the same order)."""
+    out, shown, batches = [], {}, 0
     for rec in json.loads(json.dumps(records)):
         if rec["t"] == "meta":
             rec["format"] = 3
+        if rec["t"] == "schedule":
+            rec["batch"], batches = batches, batches + 1
+        elif rec["t"] == "update" or (rec["t"] == "crash" and rec.get("call") == "update_from_output"):
+            rec["batch"] = batches - 1
         snaps = []
         if rec["t"] == "schedule":
             snaps = [(rec["before"], False), (rec["after"], True)]

@@ -50,7 +50,7 @@ import weakref
 from typing import Any
 
 from harness.candidates.isolated_child import MUTATING
-from harness.children import ChildPool, stop_process_group
+from harness.children import ChildPool, GroupWatchdog, stop_process_group
 from reference.candidate import CandidateRefused
 from reference.config import EngineConfig
 from reference.output import SchedulerOutput
@@ -62,6 +62,8 @@ START_TIMEOUT_S = 60.0
 #: Idle children kept per spec (2: a data-parallel run with two ranks).
 POOL_SIZE = 2
 _HEADER = struct.Struct("!I")
+#: Seconds between checks, while waiting for an answer, that the child is still alive.
+_EXIT_POLL_S = 0.5
 _BOOT = ("import json, os, sys; sys.path[:] = json.loads(os.environ['HARNESS_ISOLATED_SYS_PATH']); "
          "from harness.candidates.isolated_child import serve; serve()")
 
@@ -166,6 +168,10 @@ class _Child:
         self.proc = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, env=env,
                                      start_new_session=True)
+        # The child gets SIGKILL when the harness dies (isolated_child.serve);
+        # regression: what it started (a subprocess of the candidate's) was
+        # left running after SIGKILL of the harness. The watchdog kills the group.
+        self._watchdog = GroupWatchdog(self.proc.pid, grace_s=0.0)
         self.broken: str | None = None
         self.lock = threading.Lock()
         POOL.add(self)
@@ -214,7 +220,14 @@ class _Child:
         chunks, got = [], 0
         while got < n:
             left = deadline - time.monotonic()
-            if left <= 0 or not sel.select(left):
+            # In slices: a child that exited while something it forked keeps
+            # the pipe open never gives end of stream (regression: the run
+            # waited out --step-timeout and ended as a StepTimeout).
+            if left > 0 and not sel.select(min(left, _EXIT_POLL_S)):
+                if self.proc.poll() is not None and not sel.select(0):
+                    raise OSError("the candidate process exited")
+                continue
+            if left <= 0:
                 self.kill(f"no answer from {what} within {timeout:g} s")
                 raise CandidateProcessError(
                     "StepTimeout", f"no answer from {what} within {timeout:g} s (--step-timeout; the "
@@ -252,6 +265,7 @@ class _Child:
         if not getattr(self, "_group_killed", False):
             self._group_killed = True
             stop_process_group(self.proc)
+            self._watchdog.release()
         POOL.forget(self)
 
 
@@ -369,7 +383,10 @@ def probe_spec(spec: str, timeout: float = START_TIMEOUT_S) -> str | None:
     try:
         error, _ = child.call(("resolve", spec), timeout, f"importing {spec!r}")
     except CandidateProcessError as exc:
-        text = str(exc).replace(f"during importing {spec!r}", "while importing it")
+        # The import is bounded by ``timeout`` (START_TIMEOUT_S), not by --step-timeout
+        # (regression: the message named --step-timeout, which does not apply here).
+        text = (str(exc).replace(f"during importing {spec!r}", "while importing it")
+                .replace(" (--step-timeout; the candidate process was killed)", " (the candidate process was killed)"))
         return f"candidate {spec!r}: {text}"
     except CandidateRaised as exc:  # a BaseException at import (SystemExit, KeyboardInterrupt, ...)
         child.kill()

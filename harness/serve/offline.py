@@ -90,6 +90,10 @@ def child_env(trace_jsonl: Path | None, candidate: CandidateClass | None = None)
     return env
 
 
+#: Seconds one engine op may take (``--time-limit`` bounds them further).
+STEP_TIMEOUT_S = 300.0
+
+
 class OfflineEngine:
     """The runner process: ``call`` one op, get its answer (JSON lines, see offline_runner.py)."""
 
@@ -102,6 +106,7 @@ class OfflineEngine:
                                      env=child_env(jsonl, candidate), start_new_session=True, bufsize=1,
                                      preexec_fn=die_with_parent())
         self.watchdog = GroupWatchdog(self.proc.pid)
+        self.hung = False
 
     def call(self, msg: dict, timeout: float = 300.0) -> dict:
         """Send ``msg``, return the answer; ServeError (with the log's last line) on a
@@ -113,6 +118,7 @@ class OfflineEngine:
             raise self._died(msg["op"]) from None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
+            self.hung = True  # still inside the op: asking it to close would wait in vain
             raise ServeError(f"vLLM gave no answer to {msg['op']!r} within {timeout:.0f} s "
                              f"(log: {self.log_path})")
         line = self.proc.stdout.readline()
@@ -135,7 +141,7 @@ class OfflineEngine:
     def close(self) -> None:
         """Shut vLLM down cleanly (the recording is finished), else stop it by PID."""
         try:
-            if self.proc.poll() is None:
+            if self.proc.poll() is None and not self.hung:
                 self.call({"op": "close"}, timeout=60)
                 self.proc.wait(timeout=30)
         except (ServeError, subprocess.TimeoutExpired, ValueError, OSError):
@@ -258,6 +264,11 @@ def _drive(engine: OfflineEngine, wl: Workload, config: EngineConfig, result: Of
     live: set[str] = set()
     clock, step, ended = 0.0, 0, 0
     in_flight = 0  # batches EngineCore still holds (async scheduling): stepped until drained
+
+    def left() -> float:
+        # Regression: each op waited up to 300 s whatever the time limit, so a
+        # --candidate-class that hangs in schedule() ran 400 s with --time-limit 40.
+        return max(1.0, min(STEP_TIMEOUT_S, deadline - time.monotonic()))
     while arrivals.pending() or live or in_flight:
         if not live and not in_flight and not arrivals.due_now(step, clock):
             step, clock = arrivals.next_event(step, clock, stuck=False)
@@ -265,7 +276,7 @@ def _drive(engine: OfflineEngine, wl: Workload, config: EngineConfig, result: Of
             raise ServeError(f"the run did not finish within {max_steps} steps / the time limit "
                              f"(step {step}, {len(live)} requests unfinished)")
         for spec in arrivals.take_due(step, clock):
-            resp = engine.call({"op": "add", "request": request_message(spec, clock)})
+            resp = engine.call({"op": "add", "request": request_message(spec, clock)}, timeout=left())
             if "rejected" in resp:
                 result.rejected += 1
                 ended += 1
@@ -274,13 +285,13 @@ def _drive(engine: OfflineEngine, wl: Workload, config: EngineConfig, result: Of
                 live.add(spec.request_id)
         aborts = [r for r in arrivals.take_aborts(step, clock) if r in live]
         if aborts:
-            engine.call({"op": "abort", "request_ids": aborts})
+            engine.call({"op": "abort", "request_ids": aborts}, timeout=left())
             for r in aborts:
                 live.discard(r)
                 arrivals.ended(r, step)
             result.aborted += len(aborts)
             ended += len(aborts)
-        resp = engine.call({"op": "step"})
+        resp = engine.call({"op": "step"}, timeout=left())
         for req_id, tokens, reason in resp["finished"]:
             if req_id in live:
                 live.discard(req_id)

@@ -62,3 +62,16 @@ class CrashInUpdateScheduler(Scheduler):
             raise RuntimeError(f"injected crash in update_from_output() call {self.update_calls}")
         self.update_calls += 1
         return outputs
+
+
+class HangInScheduleScheduler(Scheduler):
+    """Its 10th ``schedule()`` call never returns (sleeps an hour): ``serve-record
+    --time-limit`` must still end the run (tests/test_serve_record_time_limit_ignored_by_hang.py)."""
+
+    def schedule(self, *args, **kwargs):
+        self._calls = getattr(self, "_calls", 0) + 1
+        if self._calls == 10:
+            import time
+
+            time.sleep(3600)
+        return super().schedule(*args, **kwargs)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import signal
 import subprocess
 import tempfile
 import threading
@@ -39,7 +40,7 @@ from reference.output import (FinishedRequest, KVTransferFree, Preemption, Prefi
                               UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus
 
-from harness.children import ChildPool, stop_process_group
+from harness.children import ChildPool, GroupWatchdog, die_with_parent, stop_process_group
 from harness.candidates.vllm.env import VLLMEnvError, is_ready
 from harness.candidates.vllm.spec import VLLMTarget, release_target
 
@@ -125,7 +126,12 @@ class _DriverProcess:
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
             [str(python), "-u", str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._log, env=env, cwd=tempfile.gettempdir(), start_new_session=True)
+            stderr=self._log, env=env, cwd=tempfile.gettempdir(), start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGKILL))
+        # Regression: SIGKILL of the harness while the driver was busy (a
+        # scheduler_cls that hangs) left it running, reparented to init: the
+        # kernel now kills it, the watchdog what it started (harness.children).
+        self._watchdog = GroupWatchdog(self.proc.pid, grace_s=0.0)
         self.pid = self.proc.pid
         self._buf = b""
         self.broken: str | None = None
@@ -214,6 +220,9 @@ class _DriverProcess:
         if not getattr(self, "_group_killed", False):
             self._group_killed = True
             stop_process_group(self.proc)
+            watchdog = getattr(self, "_watchdog", None)
+            if watchdog is not None:
+                watchdog.release()
         try:
             self._log.close()
             os.unlink(self._log.name)

@@ -950,11 +950,14 @@ class ConvertError(ValueError):
     """The JSONL cannot be turned into a trace; the message names the file and line."""
 
 
-def _read_records(path: Path):
-    """Yield (line number, record); stop quietly at a torn last line."""
+def _read_records(path: Path, after: int = 0):
+    """Yield (line number, record) of the lines after line ``after``; stop
+    quietly at a torn last line."""
     with open(path, encoding="utf-8") as fh:
         pending = None
         for number, line in enumerate(fh, 1):
+            if number <= after:
+                continue
             if pending is not None:
                 raise ConvertError(f"{path}:{pending}: not a JSON object")
             if not line.strip():
@@ -992,6 +995,8 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
     steps: list[dict] = []       # steps ended by the current record, to yield
     next_batch = 0
     crashed = False
+    ended = False
+    numbered = False  # format 3: every schedule and update record names its batch
     number = 0
     # Format 3 leaves a snapshot's unchanged queue out: it is the previous
     # snapshot's (in file order: a schedule's ``before`` follows the last
@@ -1022,6 +1027,9 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
                 f"{path}:{number}: schedule with {len(in_flight)} batch(es) in flight and no update "
                 f"(max_concurrent_batches={max_batches}): an update is missing or out of order")
         batch = rec.get("batch")
+        if batch is None and numbered:
+            raise ConvertError(f"{path}:{number}: schedule record without its batch (a format 3 "
+                               f"recording numbers every batch): the log was edited")
         batch = next_batch if batch is None else batch  # format 1 and 2: implicit
         if batch != next_batch:
             raise ConvertError(f"{path}:{number}: schedule of batch {batch} where batch {next_batch} "
@@ -1035,7 +1043,10 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
             raise ConvertError(f"{path}:{number}: update without a schedule")
         oldest = in_flight[0][0]
         batch = rec.get("batch")
-        batch = oldest if batch is None else batch  # format 1 and 2: implicit
+        if batch is None and numbered and rec["t"] == "update":
+            raise ConvertError(f"{path}:{number}: update record without its batch (a format 3 "
+                               f"recording numbers every batch): the log was edited")
+        batch = oldest if batch is None else batch  # format 1 and 2 (and a crash record): implicit
         if batch != oldest:
             raise ConvertError(f"{path}:{number}: update of batch {batch} while batch {oldest} is the "
                                f"oldest in flight (vLLM completes batches in schedule order): "
@@ -1055,8 +1066,16 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
 
     for number, rec in _read_records(path):
         kind = rec["t"]
+        if ended:
+            # Regression: records after the end (or after an ``error``, where
+            # the recorder stops and writes only its end) were converted, or
+            # silently dropped; no recorder writes them.
+            raise ConvertError(f"{path}:{number}: a {kind!r} record after the recording's end: "
+                               f"the log was edited")
         if kind == "meta":
-            fill = isinstance(rec.get("format"), int) and rec["format"] >= 3
+            if number != 1:
+                raise ConvertError(f"{path}:{number}: a second meta record")
+            numbered = fill = isinstance(rec.get("format"), int) and rec["format"] >= 3
             continue
         if crashed and kind != "end":
             raise ConvertError(f"{path}:{number}: a {kind!r} record after the crash")
@@ -1089,6 +1108,12 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
             notes["notes"].append(rec.get("what", "?"))
         elif kind == "error":
             notes["error"] = rec.get("error", "?")
+            # The recorder stops here; only its end record may follow.
+            for number, rec in _read_records(path, after=number):
+                if rec["t"] != "end" or notes["complete"]:
+                    raise ConvertError(f"{path}:{number}: a {rec['t']!r} record after the recording's "
+                                       f"error record: the log was edited")
+                notes["complete"] = True
             break
         elif kind == "crash":
             call = rec.get("call")
@@ -1112,6 +1137,7 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
             current, crashed = None, True
         elif kind == "end":
             notes["complete"] = True
+            ended = True
         yield from steps
         steps.clear()
     if current is not None:
@@ -1251,6 +1277,13 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                            f"{exc}") from None
     status_names = {s.name for s in RequestStatus}
     batches = config.max_concurrent_batches  # 2 with async scheduling (vLLM's derivation)
+    if batches > 1 and meta_rec.get("format") in (1, 2):
+        # Regression: such a log converted, its batches implicit, so updates
+        # swapped between two batches in flight went unnoticed. Recorders of
+        # formats 1 and 2 refused to start under async scheduling.
+        raise ConvertError(f"{src}: a format {meta_rec.get('format')} recording with {batches} batches in "
+                           f"flight (async scheduling): only format 3 records async scheduling (its "
+                           f"batches numbered); the log was edited")
 
     # -- pass 1: request ids, the virtual clock, abort times, EOS lengths --------
     notes = _new_notes()
