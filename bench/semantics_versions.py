@@ -99,7 +99,7 @@ def _drive_script(version: str) -> str:
 def record_recording(names: list[str], version: str, outdir: Path) -> dict[str, dict]:
     """Record ``names`` through RecordingScheduler in vLLM's venv; convert and check each."""
     from harness.candidates.vllm.env import env_python
-    from harness.candidates.vllm.recording_scheduler import convert
+    from harness.candidates.vllm.recording_convert import convert
     from harness.scenarios import SCENARIOS
 
     script, harness_only = _drive_script(version)

@@ -16,7 +16,7 @@ tokens), and when their ``arrival``/``reject`` rows hold the same requests
 (``config_diff``) but compared anyway.
 
 Recordings of a real engine (workload source ``live``: converted by
-``recording_scheduler.convert``) are matched without what is particular to
+``recording_convert.convert``) are matched without what is particular to
 one run: the sha256 and params (vLLM's request ids, which carry a random
 suffix, and the wall-clock arrival times) are left out, and so are the
 requests' ``arrival_time_s``/``abort_time_s`` (the virtual time of the step in
@@ -200,7 +200,7 @@ def _workload_identity(trace: Trace) -> dict[str, Any]:
 
 
 def is_live(trace: Trace) -> bool:
-    """A recording of a real engine (``recording_scheduler.convert``: workload source ``live``)."""
+    """A recording of a real engine (``recording_convert.convert``: workload source ``live``)."""
     return trace.meta["workload"].get("source") == "live"
 
 

@@ -6,7 +6,7 @@ re-created from the trace's seed, so the candidate sees the same model outputs
 for the same positions. A trace recorded with a real model (metadata key
 ``model``) is re-driven with its recorded outputs instead
 (``harness.trace.playback``): no torch needed; so is a recording of a real
-vLLM engine (workload source ``live``, ``recording_scheduler.convert``), whose
+vLLM engine (workload source ``live``, ``recording_convert.convert``), whose
 tokens came from the model it ran. The candidate's steps are compared
 with the trace's as they are produced; the run stops at the first differing
 step.

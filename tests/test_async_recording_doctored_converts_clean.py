@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.candidates.vllm import recording_scheduler as rs
+from harness.candidates.vllm import recording_convert as rc
 from test_serve_async import SCENARIO, _line_of, _record_async, _records, model  # noqa: F401 - fixture
 
 
@@ -35,8 +35,8 @@ def lines(model, tmp_path_factory) -> list[str]:  # noqa: F811
 def _refused(tmp_path: Path, name: str, lines: list[str]) -> str:
     bad = tmp_path / f"{name}.jsonl"
     bad.write_text("".join(lines))
-    with pytest.raises(rs.ConvertError) as exc:
-        rs.convert(bad, tmp_path / f"{name}.parquet")
+    with pytest.raises(rc.ConvertError) as exc:
+        rc.convert(bad, tmp_path / f"{name}.parquet")
     assert not (tmp_path / f"{name}.parquet").exists()
     return str(exc.value).replace(str(bad), name)
 
@@ -80,7 +80,7 @@ def test_regression_records_after_an_error_record_are_refused(lines, tmp_path) -
     # The recorder's own ending, error then end, still converts (stopped early).
     cut = tmp_path / "cut.jsonl"
     cut.write_text("".join(lines[:u100 + 1] + ['{"t":"error","step":101,"error":"X: y"}\n', lines[-1]]))
-    summary = rs.convert(cut, tmp_path / "cut.parquet")
+    summary = rc.convert(cut, tmp_path / "cut.parquet")
     assert "recording stopped early: X: y" in summary["warnings"]
 
 

@@ -124,9 +124,8 @@ def test_modules_run_inside_vllm_import_only_stdlib_and_vllm() -> None:
     vllm_dir = ROOT / "harness" / "candidates" / "vllm"
     assert _outside_stdlib(vllm_dir / "driver.py", top_level_only=False) == []
     assert _outside_stdlib(vllm_dir / "events.py", top_level_only=False) == []
-    # convert() runs in the harness and may import it; the module body must not.
-    assert _outside_stdlib(vllm_dir / "recording_scheduler.py", top_level_only=True) == []
-    assert _outside_stdlib(vllm_dir / "recording_scheduler.py", top_level_only=False) != []
+    # The writing side entirely (its reader, recording_convert.py, runs in the harness).
+    assert _outside_stdlib(vllm_dir / "recording_scheduler.py", top_level_only=False) == []
 
 
 def _folder_paragraph(folder: str) -> str:

@@ -232,7 +232,7 @@ def test_offline_recording_replays_with_the_recorded_tokens(offline_pair) -> Non
 
 @pytest.mark.vllm
 def test_a_sigkilled_engine_leaves_a_checkable_prefix(model, tmp_path) -> None:
-    from harness.candidates.vllm.recording_scheduler import convert
+    from harness.candidates.vllm.recording_convert import convert
     from harness.serve.cli import load_serve_inputs
     from harness.serve.offline import finished_or_salvaged, record_offline, side_files
 

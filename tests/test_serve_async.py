@@ -22,6 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from harness.candidates.vllm import recording_convert as rc
+
 from harness.candidates.vllm import recording_scheduler as rs
 from harness.cli import main
 from harness.serve.config import ENV_CPU_ASYNC, ServeConfigError, engine_args, serve_flags
@@ -141,16 +143,16 @@ def test_an_async_recording_out_of_order_is_refused_by_convert(async_recording, 
     swapped[u5], swapped[u6] = lines[u6], lines[u5]
     bad = tmp_path / "swapped.jsonl"
     bad.write_text("".join(swapped))
-    with pytest.raises(rs.ConvertError) as exc:
-        rs.convert(bad, tmp_path / "swapped.parquet")
+    with pytest.raises(rc.ConvertError) as exc:
+        rc.convert(bad, tmp_path / "swapped.parquet")
     assert str(exc.value) == (f"{bad}:{u5 + 1}: update of batch 6 while batch 5 is the oldest in flight "
                               f"(vLLM completes batches in schedule order): the log is out of order")
     # The update of batch 5 lost: a third batch scheduled with two in flight.
     dropped = tmp_path / "dropped.jsonl"
     dropped.write_text("".join(lines[:u5] + lines[u5 + 1:]))
     s7 = _line_of(lines, "schedule", 7)
-    with pytest.raises(rs.ConvertError) as exc:
-        rs.convert(dropped, tmp_path / "dropped.parquet")
+    with pytest.raises(rc.ConvertError) as exc:
+        rc.convert(dropped, tmp_path / "dropped.parquet")
     assert str(exc.value) == (f"{dropped}:{s7}: schedule with 2 batch(es) in flight and no update "
                               f"(max_concurrent_batches=2): an update is missing or out of order")
     assert not (tmp_path / "swapped.parquet").exists() and not (tmp_path / "dropped.parquet").exists()
@@ -201,7 +203,7 @@ def test_a_crash_in_an_async_update_is_kept(async_recording, tmp_path) -> None:
     # A batch of the trace: the crash ends step 21, whose update is batch 20's (a step late).
     mid = tmp_path / "mid.jsonl"
     mid.write_text("".join(_crash_at_update(lines, 20)))
-    summary = rs.convert(mid, tmp_path / "mid.parquet")
+    summary = rc.convert(mid, tmp_path / "mid.parquet")
     assert summary["steps"] == 22 and summary["crashed"] == \
         "candidate raised injected in update_from_output() at step 21 (at vllm/v1/core/sched/scheduler.py:1)"
     rows = pq.read_table(tmp_path / "mid.parquet", columns=["step", "kind", "batch_step"],
@@ -212,7 +214,7 @@ def test_a_crash_in_an_async_update_is_kept(async_recording, tmp_path) -> None:
     last = max(json.loads(ln).get("batch") or 0 for ln in lines if json.loads(ln)["t"] == "update")
     tail = tmp_path / "tail.jsonl"
     tail.write_text("".join(_crash_at_update(lines, last)))
-    summary = rs.convert(tail, tmp_path / "tail.parquet")
+    summary = rc.convert(tail, tmp_path / "tail.parquet")
     assert summary["steps"] == 267 and summary["crashed"].endswith("update_from_output() at step 266 "
                                                                    "(at vllm/v1/core/sched/scheduler.py:1)")
     kinds = pq.read_table(tmp_path / "tail.parquet", columns=["kind"], filters=[("step", "==", 266)])

@@ -287,7 +287,7 @@ def _harness_json(*args: str) -> dict:
 @pytest.mark.vllm
 @pytest.mark.parametrize("name", CASES)
 def test_recorded_run_converts_checks_and_replays_identically(recorded, tmp_path, name):
-    from harness.candidates.vllm.recording_scheduler import convert
+    from harness.candidates.vllm.recording_convert import convert
 
     jsonl, info, config, workload = recorded["runs"][name]
     assert jsonl.is_file() and not list(jsonl.parent.glob(".*.tmp")), "temp file not renamed"
@@ -361,7 +361,7 @@ def test_vllm_recording_extracts_to_a_scenario_with_the_same_decisions(recorded,
     from harness.cli import main as cli
     from harness.scenario_extract import decisions
     from harness.trace import open_trace
-    from harness.candidates.vllm.recording_scheduler import convert
+    from harness.candidates.vllm.recording_convert import convert
 
     jsonl, _, config, workload = recorded["runs"][name]
     overrides = {k: v for k, v in config.to_dict().items() if k in HARNESS_ONLY}
@@ -387,7 +387,7 @@ def test_vllm_recording_extracts_to_a_scenario_with_the_same_decisions(recorded,
 @pytest.mark.vllm
 def test_a_killed_server_leaves_a_convertible_log(recorded, tmp_path):
     """Flushed per step: a log cut mid-line (no end record) still converts."""
-    from harness.candidates.vllm.recording_scheduler import convert
+    from harness.candidates.vllm.recording_convert import convert
 
     jsonl = recorded["runs"]["eos-stop-abort"][0]
     data = jsonl.read_text().splitlines(keepends=True)
@@ -407,7 +407,8 @@ def test_a_killed_server_leaves_a_convertible_log(recorded, tmp_path):
 def test_a_format_2_recording_converts_to_the_same_rows(recorded, tmp_path):
     """Format 3 numbers the batches (async scheduling); a format 2 log (no ``batch``,
     no placeholders) still converts, its one batch in flight implicit."""
-    from harness.candidates.vllm.recording_scheduler import FORMAT, convert
+    from harness.candidates.vllm.recording_convert import convert
+    from harness.candidates.vllm.recording_scheduler import FORMAT
 
     jsonl = recorded["runs"]["eos-stop-abort"][0]
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
@@ -434,7 +435,7 @@ def test_a_format_2_recording_converts_to_the_same_rows(recorded, tmp_path):
 
 @pytest.mark.vllm
 def test_a_recording_error_stops_recording_not_the_server(recorded, tmp_path):
-    from harness.candidates.vllm.recording_scheduler import convert
+    from harness.candidates.vllm.recording_convert import convert
 
     jsonl, info, *_ = recorded["runs"]["failing"]
     assert info["summary"]["steps"] > 30 and info["summary"]["finished"] > 0  # the run went on
@@ -458,9 +459,10 @@ def test_scheduler_cls_resolves_and_async_is_refused(recorded):
 
 def test_module_imports_without_vllm():
     """Our venv has no vLLM: convert() is importable, the scheduler class is built lazily."""
+    import harness.candidates.vllm.recording_convert as rc
     import harness.candidates.vllm.recording_scheduler as mod
 
-    assert callable(mod.convert)
+    assert callable(rc.convert)
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -475,7 +477,7 @@ def test_a_vllm_crash_is_logged_converted_and_checked_as_engine_crash(recorded, 
     the queues before the call) and re-raises, so the engine fails as a
     server would; the log is closed (``end``). ``convert`` turns it into the
     trace's ``crash`` row, and ``harness check`` reports ENGINE-CRASH."""
-    from harness.candidates.vllm.recording_scheduler import convert
+    from harness.candidates.vllm.recording_convert import convert
 
     jsonl, info, config, _ = recorded["runs"]["crash"]
     assert info["crashed"] == ("candidate raised AssertionError in schedule() at step 3: `assert "
@@ -525,7 +527,7 @@ def test_a_crash_in_update_from_output_keeps_the_schedule_and_the_tokens(recorde
     the converted trace's step 5 is the reference's up to the model output
     (schedule_begin, decisions, schedule_end, update_begin, output rows), then
     the ``crash`` row; ``harness check`` reports ENGINE-CRASH only."""
-    from harness.candidates.vllm.recording_scheduler import convert
+    from harness.candidates.vllm.recording_convert import convert
 
     jsonl, info, config, workload = recorded["runs"]["update-crash"]
     crash = json.loads(jsonl.read_text().splitlines()[-2])

@@ -19,6 +19,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from harness.candidates.vllm import recording_convert as rc
+
 from harness.candidates.vllm import recording_scheduler as rs
 
 FORMAT2 = Path(__file__).with_name("data") / "vllm-0.32.0-format2.jsonl.gz"
@@ -73,7 +75,7 @@ def _rows_and_meta(trace: Path) -> tuple[list[dict], dict]:
 
 
 def test_a_format_2_recording_still_converts(tmp_path: Path) -> None:
-    summary = rs.convert(_write(tmp_path / "rec.jsonl", _records()), tmp_path / "rec.parquet")
+    summary = rc.convert(_write(tmp_path / "rec.jsonl", _records()), tmp_path / "rec.parquet")
     assert {k: summary[k] for k in ("steps", "events", "requests", "finished", "preemptions",
                                     "prefix_hit_tokens", "dropped_idle_steps", "warnings")} == {
         "steps": 148, "events": 1132, "requests": 8, "finished": 8, "preemptions": 3,
@@ -96,7 +98,7 @@ def test_the_same_recording_in_format_3_converts_to_identical_rows(tmp_path: Pat
 
 
 def _trace(folder: Path, records: list[dict]) -> Path:
-    rs.convert(_write(folder / "rec.jsonl", records), folder / "rec.parquet")
+    rc.convert(_write(folder / "rec.jsonl", records), folder / "rec.parquet")
     return folder / "rec.parquet"
 
 
@@ -105,8 +107,8 @@ def test_a_format_3_snapshot_with_nothing_to_fill_from_is_refused(tmp_path: Path
     first = next(i for i, r in enumerate(new) if r["t"] == "schedule")
     del new[first]["before"]["waiting"]
     path = _write(tmp_path / "rec.jsonl", new)
-    with pytest.raises(rs.ConvertError) as info:
-        rs.convert(path, tmp_path / "rec.parquet")
+    with pytest.raises(rc.ConvertError) as info:
+        rc.convert(path, tmp_path / "rec.parquet")
     assert str(info.value) == f"{path}:{first + 1}: a snapshot without 'waiting' and none before it"
     assert not (tmp_path / "rec.parquet").exists()
 
@@ -141,6 +143,7 @@ def test_the_json_fallback_writes_json_lines_once_per_flush(tmp_path: Path) -> N
 WRITE_BOTH = r'''
 import json, sys
 from pathlib import Path
+from harness.candidates.vllm import recording_convert as rc
 from harness.candidates.vllm import recording_scheduler as rs
 assert rs._MSGSPEC_ENCODER is not None, "msgspec missing from vLLM's env"
 records = json.loads(Path(sys.argv[1]).read_text())
@@ -178,6 +181,6 @@ def test_msgspec_and_json_write_the_same_values(tmp_path: Path) -> None:
     fast, plain = ((tmp_path / f"{n}.jsonl").read_text(encoding="utf-8").split("\n")[:-1]
                    for n in ("msgspec", "json"))
     records.append({"t": "note", "name": "naïve\u2028", "big": 2**70, "x": 0.1})
-    assert [rec for _, rec in rs._read_records(tmp_path / "msgspec.jsonl")] == records
+    assert [rec for _, rec in rc._read_records(tmp_path / "msgspec.jsonl")] == records
     assert len(fast) == len(records) == 307
     assert [json.loads(line) for line in fast] == [json.loads(line) for line in plain] == records

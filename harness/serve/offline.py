@@ -14,7 +14,7 @@ virtual clock). Two recordings of one scenario are identical row for row.
 
 Files beside the trace ``T.parquet``: ``T.jsonl`` (the recording scheduler's log,
 kept: ``convert`` reads it) and ``T.log`` (vLLM's output). The trace is
-converted with ``recording_scheduler.convert`` and written through its temp file
+converted with ``recording_convert.convert`` and written through its temp file
 and rename; the runner process is stopped by its PID on every path.
 """
 
@@ -33,7 +33,7 @@ from reference.config import EngineConfig
 from reference.engine import _Arrivals
 from reference.workload import RequestSpec, Workload
 
-from harness.candidates.vllm.recording_scheduler import convert
+from harness.candidates.vllm.recording_convert import convert
 from harness.children import GroupWatchdog, die_with_parent, stop_gracefully
 from harness.serve.candidate_class import ENV_BASE_CLS, CandidateClass
 from harness.serve.config import engine_args

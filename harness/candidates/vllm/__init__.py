@@ -8,7 +8,8 @@
 - ``events``: shared normalisation of vLLM's ``SchedulerOutput`` into our
   events (imported by path from the driver and the recording scheduler).
 - ``recording_scheduler``: a ``Scheduler`` subclass for ``vllm serve
-  --scheduler-cls`` that logs JSON lines, and ``convert()`` to a trace.
+  --scheduler-cls`` that logs JSON lines; ``recording_convert``: ``convert()``
+  of those lines to a trace (in the harness).
 
 ``driver``, ``events`` and ``recording_scheduler`` import only the standard
 library and vLLM (they run inside vLLM's environment); ``candidate`` and

@@ -1,0 +1,659 @@
+"""Convert a recording scheduler's JSONL into a sched-harness trace (this project's venv).
+
+The writer is ``harness/candidates/vllm/recording_scheduler.py`` (inside vLLM;
+its docstring lists the records and what each holds); this is the one reader
+of that JSONL: ``convert(jsonl_path, parquet_path)`` turns it into a Parquet
+trace (``docs/trace-format.md``) that ``harness check`` and ``harness replay``
+read, through ``harness.trace.TraceWriter`` (temp folder and rename). It
+reads formats ``READABLE_FORMATS``; pyarrow and the ``reference`` package are
+imported inside ``convert``.
+
+What ``convert`` does with them (the trace is replayable because of it):
+
+* Request ids become ``r000000``, ``r000001``, ... in the order requests were
+  added (the originals and their wall-clock arrival times are kept in the
+  metadata under ``workload.params``).
+* One trace step per ``EngineCore`` step: its ``schedule()`` call and the
+  ``update_from_output()`` it made, of the oldest batch in flight (the same
+  batch when synchronous; under async scheduling the one scheduled a step
+  before, so its tokens arrive a step late, the trace's ``batch_step``). The
+  records are grouped by vLLM's loop and checked: batches scheduled in order,
+  at most ``max_concurrent_batches`` in flight, each update completing the
+  oldest (a log out of order is refused, naming the line). The
+  ``schedule()`` calls vLLM makes with nothing unfinished (only to report
+  finished ids) are no batch of the trace (the reference engine makes no such
+  call): dropped with their updates -- their step's aborts, or the update of
+  an earlier batch it made, stay as a step without a schedule part -- and their
+  ``finished_req_ids`` move to the next step that schedules.
+* Times are virtual, on the reference engine's clock (``step_fixed_s +
+  step_per_token_s * scheduled tokens`` per step): a request's
+  ``arrival_time_s`` is the clock of the step it arrived in and its
+  ``abort_time_s`` that of the step it was aborted in, so ``harness replay``
+  delivers every arrival and abort in the step where vLLM saw it. Several
+  aborts in one step get times a few ulps apart so that replay frees their
+  blocks in vLLM's order.
+* ``scripted_output_len`` is the output length of a request that stopped on
+  EOS (the scripted model emits EOS there); null otherwise.
+* ``finish_requests`` calls between ``schedule()`` and ``update_from_output()``
+  (vLLM's ``_process_aborts_queue``: a client that disconnected while the
+  model ran) cannot be placed in the trace's step order. By default the
+  recording scheduler applies such an abort right after
+  ``update_from_output()`` (``_defer_mid_step_abort``: as if the disconnect had
+  reached the engine a moment later), so it is recorded before the next
+  ``schedule()``; with ``SCHED_HARNESS_MID_STEP_ABORTS=record`` vLLM's timing is
+  kept, and convert moves those aborts to the next step and counts them in
+  ``vllm_recording.warnings``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from harness.candidates.vllm.recording_scheduler import READABLE_FORMATS
+
+
+class ConvertError(ValueError):
+    """The JSONL cannot be turned into a trace; the message names the file and line."""
+
+
+def _read_records(path: Path, after: int = 0):
+    """Yield (line number, record) of the lines after line ``after``; stop
+    quietly at a torn last line."""
+    with open(path, encoding="utf-8") as fh:
+        pending = None
+        for number, line in enumerate(fh, 1):
+            if number <= after:
+                continue
+            if pending is not None:
+                raise ConvertError(f"{path}:{pending}: not a JSON object")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                pending = number  # fine only if it is the (torn) last line
+                continue
+            if not isinstance(record, dict) or "t" not in record:
+                raise ConvertError(f"{path}:{number}: not a sched-harness record")
+            yield number, record
+
+
+def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
+    """Group records into vLLM's ``EngineCore`` steps: the inputs since the
+    previous step, its ``schedule`` (None: vLLM made no schedule() call, or it
+    raised), the ``update`` it made (of the oldest batch in flight:
+    ``update_batch`` and that batch's schedule record ``update_schedule``; None
+    while ``max_batches`` batches are not yet in flight), drafts, and a
+    ``crash`` (None, or the record that ends the step and the log). Yields
+    dicts; stops at an ``error`` or a crash.
+
+    ``EngineCore.step_with_batch_queue`` schedules at most once per step and
+    first, then processes the oldest batch once ``max_batches`` are in flight
+    (or when it scheduled nothing); sync scheduling is ``max_batches`` 1, a
+    schedule and its update in every step. Invariants checked here (a log that
+    breaks one is out of order: ConvertError naming the line): batches are
+    scheduled in order (format 3 numbers them), never more than
+    ``max_batches`` in flight, and every update completes the oldest batch in
+    flight (its ``batch``)."""
+    inputs: list[tuple[str, dict]] = []
+    current: dict | None = None
+    in_flight: deque = deque()   # (batch, schedule record), oldest first
+    steps: list[dict] = []       # steps ended by the current record, to yield
+    next_batch = 0
+    crashed = False
+    ended = False
+    numbered = False  # format 3: every schedule and update record names its batch
+    number = 0
+    # Format 3 leaves a snapshot's unchanged queue out: it is the previous
+    # snapshot's (in file order: a schedule's ``before`` follows the last
+    # ``after`` or crash ``before``, its ``after`` follows its ``before``).
+    fill = False
+    shown: dict[str, list] = {}
+
+    def resolve(snapshot: dict) -> None:
+        if not fill:
+            return
+        for key in ("waiting", "running"):
+            if key in snapshot:
+                shown[key] = snapshot[key]
+            elif key in shown:
+                snapshot[key] = shown[key]
+            else:
+                raise ConvertError(f"{path}:{number}: a snapshot without {key!r} and none before it")
+
+    def new_step(schedule: dict | None, crash: dict | None) -> dict:
+        return {"line": number, "inputs": inputs, "schedule": schedule, "update": None,
+                "drafts": [], "draft_states": [], "crash": crash, "batch": None,
+                "update_batch": None, "update_schedule": None}
+
+    def start_batch(rec: dict) -> int:
+        nonlocal next_batch
+        if len(in_flight) >= max_batches:
+            raise ConvertError(
+                f"{path}:{number}: schedule with {len(in_flight)} batch(es) in flight and no update "
+                f"(max_concurrent_batches={max_batches}): an update is missing or out of order")
+        batch = rec.get("batch")
+        if batch is None and numbered:
+            raise ConvertError(f"{path}:{number}: schedule record without its batch (a format 3 "
+                               f"recording numbers every batch): the log was edited")
+        batch = next_batch if batch is None else batch  # format 1 and 2: implicit
+        if batch != next_batch:
+            raise ConvertError(f"{path}:{number}: schedule of batch {batch} where batch {next_batch} "
+                               f"was next: the log is out of order")
+        next_batch += 1
+        in_flight.append((batch, rec))
+        return batch
+
+    def complete_batch(rec: dict, step: dict) -> None:
+        if not in_flight:
+            raise ConvertError(f"{path}:{number}: update without a schedule")
+        oldest = in_flight[0][0]
+        batch = rec.get("batch")
+        if batch is None and numbered and rec["t"] == "update":
+            raise ConvertError(f"{path}:{number}: update record without its batch (a format 3 "
+                               f"recording numbers every batch): the log was edited")
+        batch = oldest if batch is None else batch  # format 1 and 2 (and a crash record): implicit
+        if batch != oldest:
+            raise ConvertError(f"{path}:{number}: update of batch {batch} while batch {oldest} is the "
+                               f"oldest in flight (vLLM completes batches in schedule order): "
+                               f"the log is out of order")
+        step["update_batch"], step["update_schedule"] = in_flight.popleft()
+
+    def update_step() -> dict:
+        """The step an update belongs to: the current one, unless it already
+        made its update (then vLLM made no schedule() call: a new step)."""
+        nonlocal current, inputs
+        if current is None or current["update"] is not None or current["update_batch"] is not None:
+            if current is not None:
+                steps.append(current)
+            current = new_step(None, None)
+            inputs = []
+        return current
+
+    for number, rec in _read_records(path):
+        kind = rec["t"]
+        if ended:
+            # Regression: records after the end (or after an ``error``, where
+            # the recorder stops and writes only its end) were converted, or
+            # silently dropped; no recorder writes them.
+            raise ConvertError(f"{path}:{number}: a {kind!r} record after the recording's end: "
+                               f"the log was edited")
+        if kind == "meta":
+            if number != 1:
+                raise ConvertError(f"{path}:{number}: a second meta record")
+            numbered = fill = isinstance(rec.get("format"), int) and rec["format"] >= 3
+            continue
+        if crashed and kind != "end":
+            raise ConvertError(f"{path}:{number}: a {kind!r} record after the crash")
+        if kind == "arrival":
+            inputs.append(("arrival", rec))
+        elif kind == "abort":
+            if rec.get("mid_step"):
+                notes["mid_step_aborts"] += len(rec["finished"])
+            inputs.append(("abort", rec))
+        elif kind == "schedule":
+            resolve(rec["before"])
+            resolve(rec["after"])
+            if current is not None:
+                steps.append(current)
+            batch = start_batch(rec)
+            current = new_step(rec, None)
+            current["batch"] = batch
+            inputs = []
+        elif kind == "update":
+            step = update_step()
+            complete_batch(rec, step)
+            step["update"] = rec
+        elif kind == "drafts":
+            if rec["stored"] or rec.get("states"):
+                if current is None or current["update"] is None:
+                    raise ConvertError(f"{path}:{number}: drafts outside a step")
+                current["drafts"].extend(rec["stored"])
+                current["draft_states"].extend(rec.get("states") or ())
+        elif kind == "note":
+            notes["notes"].append(rec.get("what", "?"))
+        elif kind == "error":
+            notes["error"] = rec.get("error", "?")
+            # The recorder stops here; only its end record may follow.
+            for number, rec in _read_records(path, after=number):
+                if rec["t"] != "end" or notes["complete"]:
+                    raise ConvertError(f"{path}:{number}: a {rec['t']!r} record after the recording's "
+                                       f"error record: the log was edited")
+                notes["complete"] = True
+            break
+        elif kind == "crash":
+            call = rec.get("call")
+            if call == "schedule":
+                if rec.get("before") is not None:
+                    resolve(rec["before"])
+                if current is not None:
+                    steps.append(current)
+                current = new_step(None, rec)
+                inputs = []
+            elif call == "update_from_output" and in_flight:
+                step = update_step()
+                complete_batch(rec, step)
+                step["crash"] = rec
+            elif call == "update_draft_token_ids" and current is not None and current["update"] is not None:
+                current["crash"] = rec
+            else:
+                raise ConvertError(f"{path}:{number}: crash in {call!r} outside its step")
+            notes["crash"] = rec
+            steps.append(current)
+            current, crashed = None, True
+        elif kind == "end":
+            notes["complete"] = True
+            ended = True
+        yield from steps
+        steps.clear()
+    if current is not None:
+        if current["update"] is not None:
+            yield current
+        else:  # cut off after its schedule (a synchronous step always updates)
+            notes["dropped_incomplete_step"] = True
+            inputs = current["inputs"] + inputs
+    notes["trailing_inputs"] = len(inputs)
+
+
+def _new_notes() -> dict[str, Any]:
+    return {"mid_step_aborts": 0, "notes": [], "error": None, "complete": False,
+            "dropped_incomplete_step": False, "trailing_inputs": 0, "crash": None}
+
+
+def _is_idle(src: Path, sched_rec: dict) -> bool:
+    """vLLM's ``schedule()`` with nothing unfinished (only to report finished ids)."""
+    before = sched_rec["before"]
+    idle = not before["waiting"] and not before["running"]
+    if idle and sched_rec["output"]["total_num_scheduled_tokens"]:
+        raise ConvertError(f"{src}: batch {sched_rec.get('batch', '?')}: tokens scheduled with "
+                           f"empty queues")
+    return idle
+
+
+def _steps(src: Path, notes: dict, max_batches: int = 1):
+    """Yield (step, idle) for the steps the trace keeps, and (step, None) for
+    the ones it drops. A ``schedule()`` with nothing unfinished is no batch of
+    the trace (the reference engine makes no such call): only its
+    ``finished_req_ids`` matter, and its update is dropped too. ``idle`` is
+    False for a step whose schedule is kept; True for one whose inputs or
+    update are kept without a schedule part; None when nothing is kept. Sets
+    ``step["update_kept"]``: the step's update (or crashed update) completes
+    a batch of the trace."""
+    for step in _raw_steps(src, notes, max_batches):
+        done = step["update_schedule"]
+        step["update_kept"] = done is not None and not _is_idle(src, done)
+        if done is not None and not step["update_kept"] and step["update"] is not None and (
+                step["update"]["sampled"] or step["update"]["finished"]):
+            raise ConvertError(f"{src}:{step['line']}: the update of an empty batch sampled or "
+                               f"finished requests")
+        if step["schedule"] is None and step["crash"] is not None and step["crash"]["call"] == "schedule":
+            yield step, False  # vLLM crashed in schedule(): a step of the trace
+            continue
+        if step["schedule"] is not None and not _is_idle(src, step["schedule"]):
+            yield step, False
+        elif step["inputs"] or step["update_kept"] or step["crash"] is not None:
+            yield step, True  # a crash is never dropped (regression: one in an empty batch's update was)
+        else:
+            yield step, None
+
+
+def _ulps_below(x: float, n: int) -> float:
+    for _ in range(n):
+        x = math.nextafter(x, -math.inf)
+    return x
+
+
+def _map_config(meta_rec: dict, engine_config_cls,
+                derived_keys: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """(values for EngineConfig, unmapped captured values). Names are vLLM's:
+    a recorded value under our name wins, then ``scheduler_config.NAME``,
+    ``cache_config.NAME``, ``parallel_config.NAME`` and ``vllm_config.NAME``;
+    fields with no vLLM counterpart keep their default. The derived
+    ``max_concurrent_batches`` (vLLM's ``VllmConfig`` property, or an older
+    log's recorded key) is mapped too: ``EngineConfig.from_dict`` checks it
+    against ``pipeline_parallel_size`` and ``async_scheduling``."""
+    # Text-only recordings (requests with encoder inputs are refused): vLLM's
+    # encoder budget keys have no effect there and stay unmapped.
+    fields = ({f.name for f in dataclasses.fields(engine_config_cls)} | set(derived_keys)) - {
+        "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input"}
+    recorded = meta_rec.get("config", {})
+    raw = meta_rec.get("vllm_config", {})
+    values = {}
+    for name in fields:
+        for key, source in ((name, recorded), (f"scheduler_config.{name}", raw),
+                            (f"cache_config.{name}", raw), (f"parallel_config.{name}", raw),
+                            (f"vllm_config.{name}", raw)):
+            if key in source:
+                values[name] = source[key]
+                break
+    unmapped = {k: v for k, v in sorted(raw.items()) if k.split(".", 1)[-1] not in fields}
+    unmapped.update({k: v for k, v in recorded.items() if k not in fields})
+    return values, unmapped
+
+
+def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[str], *,
+            overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Convert a RecordingScheduler JSONL log into a Parquet trace.
+
+    ``overrides`` sets EngineConfig fields vLLM has no value for (the harness
+    keys ``step_fixed_s``, ``step_per_token_s``, ``draft_acceptance_rate``) or
+    corrects mapped ones; they are listed in the metadata
+    (``vllm_recording.config_overrides``). Returns a summary dict: ``steps``,
+    ``events``, ``requests``, ``finished``, ``aborted``, ``preemptions``,
+    ``prefix_hit_tokens``, ``dropped_idle_steps``, ``reordered_abort_steps`` (steps whose aborts got
+    ulp-spaced times), ``crashed`` (only when vLLM raised: the crash's one
+    line; the trace ends on its ``crash`` row, as the footer says), ``warnings`` (also stored in the trace metadata
+    under ``vllm_recording``, with ``unmapped_config``). Raises ConvertError
+    for an unusable log or a config that ``EngineConfig`` refuses. The trace
+    is written to a temporary file and renamed on success.
+    """
+    # Our venv only: the reference package, and pyarrow through harness.trace.
+    from harness.trace.recorder import step_rows, trace_metadata
+    from harness.trace import TraceWriter
+    from reference.config import DERIVED_KEYS, ConfigError, EngineConfig
+    from reference.candidate import crash_line
+    from reference.engine import Crash, StepRecord, holds_drafts
+    from reference.output import (
+        FinishedRequest,
+        Preemption,
+        RequestState,
+        ScheduledRequest,
+        SchedulerOutput,
+        UpdateResult,
+        Withdrawal,
+    )
+    from reference.request import RequestStatus
+    from reference.workload import RequestSpec, Workload, WorkloadError
+
+    src = Path(jsonl_path)
+    if not src.is_file():
+        raise ConvertError(f"{src}: no such file")
+    meta_rec = next((rec for _, rec in _read_records(src)), None)
+    if meta_rec is None or meta_rec.get("t") != "meta":
+        raise ConvertError(f"{src}: does not start with a sched-harness meta record")
+    if meta_rec.get("format") not in READABLE_FORMATS:
+        raise ConvertError(f"{src}: unknown recording format {meta_rec.get('format')!r} "
+                           f"(this converter reads {', '.join(map(str, READABLE_FORMATS))})")
+    values, unmapped_config = _map_config(meta_rec, EngineConfig, DERIVED_KEYS)
+    values.update(overrides or {})
+    try:
+        config = EngineConfig.from_dict(values, accept_vllm_crash=True)  # what vLLM ran
+    except ConfigError as exc:
+        raise ConvertError(f"{src}: the recorded vLLM config does not map to an EngineConfig: "
+                           f"{exc}") from None
+    status_names = {s.name for s in RequestStatus}
+    batches = config.max_concurrent_batches  # 2 with async scheduling (vLLM's derivation)
+    if batches > 1 and meta_rec.get("format") in (1, 2):
+        # Regression: such a log converted, its batches implicit, so updates
+        # swapped between two batches in flight went unnoticed. Recorders of
+        # formats 1 and 2 refused to start under async scheduling.
+        raise ConvertError(f"{src}: a format {meta_rec.get('format')} recording with {batches} batches in "
+                           f"flight (async scheduling): only format 3 records async scheduling (its "
+                           f"batches numbered); the log was edited")
+
+    # -- pass 1: request ids, the virtual clock, abort times, EOS lengths --------
+    notes = _new_notes()
+    ids: dict[str, str] = {}          # vLLM request id -> rNNNNNN (add order)
+    original: list[str] = []
+    arrival_unix: list[float] = []
+    abort_time: dict[str, float] = {}
+    eos_len: dict[str, int] = {}
+    plan: list[tuple[float, float]] = []   # per kept step: (clock, arrival time)
+    unsupported: dict[str, int] = {}
+    inversions = 0
+    last_unix = -math.inf
+    clock = 0.0
+    dropped_idle = 0
+    reordered_aborts = 0
+
+    def rid(vllm_id: str, where: int) -> str:
+        try:
+            return ids[vllm_id]
+        except KeyError:
+            raise ConvertError(f"{src}:{where}: request {vllm_id!r} was never added") from None
+
+    for step, idle in _steps(src, notes, batches):
+        if idle is None:
+            dropped_idle += 1
+            continue
+        for kind, a in step["inputs"]:
+            if kind != "arrival":
+                continue
+            if a["request_id"] in ids:
+                raise ConvertError(f"{src}:{step['line']}: request {a['request_id']!r} added twice")
+            ids[a["request_id"]] = f"r{len(original):06d}"
+            original.append(a["request_id"])
+            arrival_unix.append(a["arrival_time"])
+            inversions += a["arrival_time"] < last_unix
+            last_unix = max(last_unix, a["arrival_time"])
+            for what in a.get("unsupported", ()):
+                unsupported[what] = unsupported.get(what, 0) + 1
+        aborts = [f["request_id"] for k, r in step["inputs"] if k == "abort" for f in r["finished"]]
+        # Replay aborts equal times in request-id order: when vLLM freed them
+        # in another order, space their times by ulps (arrivals go first).
+        order = [rid(a, step["line"]) for a in aborts]
+        spread = len(order) - 1 if order != sorted(order) else 0
+        reordered_aborts += bool(spread)
+        base = _ulps_below(clock, spread)
+        t = base
+        for a in aborts:
+            abort_time[a] = t
+            t = math.nextafter(t, math.inf) if spread else t
+        plan.append((clock, base))
+        for f in step["update"]["finished"] if step["update"] is not None else ():
+            if f["status"] == "FINISHED_STOPPED" and f["stop_reason"] is None:
+                eos_len[f["request_id"]] = f["num_output_tokens"]
+        total = 0 if idle or step["schedule"] is None else \
+            step["schedule"]["output"]["total_num_scheduled_tokens"]
+        # The reference engine's clock, same operations in the same order.
+        clock += config.step_fixed_s + config.step_per_token_s * total
+
+    def spec_of(a: dict, index: int) -> RequestSpec:
+        vid, eos = a["request_id"], a["eos_token_id"]
+        try:
+            return RequestSpec(
+                request_id=ids[vid], arrival_time=plan[index][1],
+                prompt_token_ids=tuple(a["prompt_token_ids"]), max_tokens=a["max_tokens"],
+                min_tokens=a["min_tokens"], ignore_eos=a["ignore_eos"], eos_token_id=eos,
+                stop_token_ids=tuple(a["stop_token_ids"]), priority=a["priority"],
+                scripted_output_len=eos_len.get(vid) if eos is not None else None,
+                abort_time=abort_time.get(vid))
+        except WorkloadError as exc:
+            raise ConvertError(f"{src}: request {vid!r}: {exc}") from None
+
+    # -- pass 2: the workload's sha256 (the metadata is written first) -----------
+    digest = hashlib.sha256()
+    index = 0
+    for step, idle in _steps(src, _new_notes(), batches):
+        if idle is None:
+            continue
+        for kind, a in step["inputs"]:
+            if kind == "arrival":
+                digest.update(json.dumps(dataclasses.asdict(spec_of(a, index)), sort_keys=True,
+                                         separators=(",", ":")).encode() + b"\n")
+        index += 1
+
+    warnings = list(meta_rec.get("warnings", ()))
+    if meta_rec["format"] == 1:
+        warnings.append("format 1 recording: what requests hold after schedule() (request_state rows) "
+                        "was not recorded, and the request data's ids are taken from the decisions")
+    if notes["mid_step_aborts"]:
+        warnings.append(f"{notes['mid_step_aborts']} request(s) aborted between schedule and "
+                        f"update were moved to the next step (replay diverges there)")
+    if inversions:
+        warnings.append(f"{inversions} request(s) added after one with a later wall-clock "
+                        f"arrival time (PRIORITY ties may replay differently)")
+    for what, n in sorted(unsupported.items()):
+        warnings.append(f"{n} request(s) with {what} (not modelled by the reference)")
+    for what in sorted(set(notes["notes"])):
+        warnings.append(f"{notes['notes'].count(what)} {what} event(s) (not representable in a trace)")
+    if notes["error"]:
+        warnings.append(f"recording stopped early: {notes['error']}")
+    if notes["dropped_incomplete_step"] or notes["trailing_inputs"]:
+        warnings.append(f"incomplete tail dropped (a step without its update: "
+                        f"{notes['dropped_incomplete_step']}; inputs after the last step: "
+                        f"{notes['trailing_inputs']})")
+    if not notes["complete"] and not notes["error"]:
+        warnings.append("no end record: the server did not shut down cleanly")
+
+    workload = Workload(source="live", sha256=digest.hexdigest(),
+                        params={"jsonl": src.name, "vllm_request_ids": original,
+                                "arrival_unix_s": arrival_unix}, requests=())
+    engine = f"vllm@{meta_rec['vllm_version']}"
+    base_cls = meta_rec.get("scheduler_cls")
+    if base_cls:  # the user's Scheduler subclass ran: named as a scheduler_cls candidate's trace is
+        engine += f",scheduler_cls={base_cls}"
+    meta = trace_metadata(workload, config, 0, engine)
+    if base_cls:
+        meta["engine_version"] = meta_rec["vllm_version"]
+        meta["vllm_source"] = {"version": meta_rec["vllm_version"], "scheduler_cls": base_cls}
+    meta["vllm_recording"] = {
+        "format": meta_rec["format"], "jsonl": src.name, "started_unix": meta_rec.get("started_unix"),
+        "unmapped_config": unmapped_config, "config_overrides": dict(overrides or {}),
+        "dropped_idle_steps": dropped_idle,
+        "mid_step_aborts": notes["mid_step_aborts"], "warnings": warnings,
+    }
+
+    def finished_of(f: dict, where: int) -> FinishedRequest:
+        if f["status"] not in status_names:
+            raise ConvertError(f"{src}:{where}: request {f['request_id']!r} ended with status "
+                               f"{f['status']} (the reference has no such status)")
+        stop = f["stop_reason"]
+        return FinishedRequest(rid(f["request_id"], where), RequestStatus[f["status"]],
+                               f["finish_reason"], None if stop is None else str(stop),
+                               f["num_output_tokens"], list(f["freed_block_ids"]))
+
+    def states_of(items, where: int) -> list[RequestState]:
+        out = []
+        for req_id, status, computed, drafts in items:
+            if status not in status_names:
+                raise ConvertError(f"{src}:{where}: request {req_id!r} in status {status} "
+                                   f"(the reference has no such status)")
+            out.append(RequestState(rid(req_id, where), RequestStatus[status], computed, tuple(drafts)))
+        # By trace id, as the engine loop lists them: the recorder sorted vLLM's own ids, and a
+        # server's ids (``cmpl-<random>-0``) do not sort in add order (regression: replay of a
+        # served recording diverged on the order of two victims' request_state rows).
+        return sorted(out, key=lambda st: st.request_id)
+
+    def decision(e: dict, where: int):
+        if e["type"] == "schedule":
+            return ScheduledRequest(rid(e["request_id"], where), e["kind"], e["num_computed_tokens"],
+                                    e["num_scheduled_tokens"], e["num_prefix_hit_tokens"],
+                                    list(e["new_block_ids"]), list(e.get("spec_token_ids") or ()))
+        if e["type"] == "withdraw":
+            return Withdrawal(rid(e["request_id"], where), e["num_scheduled_tokens"],
+                              list(e["block_ids"]))
+        if e["type"] == "preempt":
+            return Preemption(rid(e["request_id"], where), e["num_computed_tokens"],
+                              list(e["freed_block_ids"]))
+        raise ConvertError(f"{src}:{where}: unknown decision {e['type']!r}")
+
+    # -- pass 3: the rows, through the recorder's own step_rows -------------------
+    out_fields = {f.name for f in dataclasses.fields(SchedulerOutput)}
+    summary = {"steps": 0, "events": 0, "requests": len(original), "finished": 0, "aborted": 0,
+               "preemptions": 0, "prefix_hit_tokens": 0}
+    carry: set[str] = set()
+    batch_step: dict[int, int] = {}  # batch in flight -> the trace step that scheduled it
+    with TraceWriter(parquet_path, meta) as writer:
+        # A recording that ends before the run did (no end record: the server was cut
+        # off; or the recorder stopped early): requests still live at its end are not
+        # LIVENESS findings (``harness check`` says why in a note).
+        if notes["error"]:
+            writer.salvaged = f"a vLLM recording stopped early ({notes['error']})"
+        elif not notes["complete"]:
+            writer.salvaged = "a vLLM recording without its end record (the server was cut off)"
+        index = 0
+        for step, idle in _steps(src, _new_notes(), batches):
+            where, sched_rec, update_rec = step["line"], step["schedule"], step["update"]
+            output = sched_rec["output"] if sched_rec is not None else None
+            if step["schedule"] is not None and idle is not False:  # schedule() with nothing unfinished
+                carry.update(rid(i, where) for i in output["finished_req_ids"])
+            if idle is None:
+                continue
+            clock_s, _ = plan[index]
+            rec = StepRecord(step=index, clock=clock_s)
+            rec.arrivals = [spec_of(a, index) for k, a in step["inputs"] if k == "arrival"]
+            rec.aborts = [finished_of(f, where) for k, r in step["inputs"] if k == "abort"
+                          for f in r["finished"]]
+            summary["aborted"] += len(rec.aborts)
+            crash = step["crash"]
+            if crash is not None:
+                stage = {"schedule": "schedule", "update_from_output": "update"}.get(crash["call"],
+                                                                                    "update_end")
+                if crash["call"] != "schedule" and not step["update_kept"]:
+                    stage = "inputs"  # in the update of an empty batch, no part of the trace: the row alone
+                rec.crash = Crash(crash["call"], crash.get("exc_type") or "?",
+                                  crash.get("exc_message") or "?", crash.get("where") or "", stage)
+                writer.crashed = summary["crashed"] = crash_line(index, rec.crash.call, rec.crash.message,
+                                                                 rec.crash.where)
+            if sched_rec is None and crash is not None and crash["call"] == "schedule":
+                # vLLM raised in schedule(): the queues before it are known
+                before = crash.get("before")
+                if before is not None:
+                    rec.waiting_before = [rid(i, where) for i in before["waiting"]]
+                    rec.running_before = [rid(i, where) for i in before["running"]]
+                    rec.num_free_blocks_before = before["num_free_blocks"]
+                    rec.throttle_prefills = bool(crash.get("throttle_prefills"))
+                else:  # the snapshot failed too: only the crash row
+                    rec.crash = dataclasses.replace(rec.crash, stage="inputs")
+            elif not idle:
+                batch_step[step["batch"]] = index
+                events = [decision(e, where) for e in output["events"]]
+                extra = {k: output[k] for k in ("throttle_prefills", "defer_prefills",
+                                                "prefill_capacity_bound")
+                         if k in out_fields and k in output}
+                rec.output = SchedulerOutput(
+                    events=events,
+                    num_scheduled_tokens={rid(k, where): v for k, v in output["num_scheduled_tokens"]},
+                    total_num_scheduled_tokens=output["total_num_scheduled_tokens"],
+                    preempted_req_ids={rid(i, where) for i in output["preempted_req_ids"]},
+                    finished_req_ids={rid(i, where) for i in output["finished_req_ids"]} | carry,
+                    token_budget=output["token_budget"], **extra,
+                    request_data_ids=None if output.get("request_data_ids") is None else
+                    [rid(i, where) for i in output["request_data_ids"]])
+                carry = set()
+                before, after = sched_rec["before"], sched_rec["after"]
+                rec.waiting_before = [rid(i, where) for i in before["waiting"]]
+                rec.running_before = [rid(i, where) for i in before["running"]]
+                rec.num_free_blocks_before = before["num_free_blocks"]
+                rec.waiting_after = [rid(i, where) for i in after["waiting"]]
+                rec.running_after = [rid(i, where) for i in after["running"]]
+                rec.num_free_blocks_after_schedule = after["num_free_blocks"]
+                # What requests hold after schedule(), chosen as the engine
+                # loop chooses them (format 2).
+                rec.states_after_schedule = [
+                    st for st in states_of(after.get("request_states") or (), where)
+                    if st.request_id in rec.output.preempted_req_ids or holds_drafts(st)]
+                summary["preemptions"] += len(rec.output.preemptions)
+                summary["prefix_hit_tokens"] += sum(s.num_prefix_hit_tokens
+                                                    for s in rec.output.scheduled)
+            if step["update_kept"]:
+                # The update of the oldest batch in flight: this step's own
+                # (synchronous), or one scheduled max_concurrent_batches - 1
+                # steps before (async: its tokens arrive a step late).
+                rec.update_batch_step = batch_step.pop(step["update_batch"])
+                if update_rec is None:  # vLLM raised in update_from_output(): its tokens are known
+                    rec.sampled = {rid(r, where): list(t) for r, t in crash.get("sampled") or ()}
+                else:
+                    rec.sampled = {rid(r, where): list(t) for r, t in update_rec["sampled"]}
+                    rec.update = UpdateResult(
+                        finished=[finished_of(f, where) for f in update_rec["finished"]])
+                    rec.num_free_blocks_after_update = update_rec["num_free_blocks"]
+                    rec.drafts = {rid(r, where): list(t) for r, t in step["drafts"]}
+                    # ... and after the draft update.
+                    rec.states_after_drafts = [st for st in states_of(step["draft_states"], where)
+                                               if holds_drafts(st)]
+                    summary["finished"] += len(rec.update.finished)
+            writer.add_step(step_rows(rec))
+            index += 1
+    summary.update(steps=index, events=writer.num_rows, dropped_idle_steps=dropped_idle,
+                   reordered_abort_steps=reordered_aborts, warnings=warnings,
+                   path=str(parquet_path))
+    return summary
