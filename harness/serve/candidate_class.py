@@ -23,10 +23,8 @@ from dataclasses import dataclass
 
 from reference.config import EngineConfig
 
+from harness.candidates.vllm.recording_scheduler import ENV_BASE_CLS  # what the engine process reads
 from harness.serve.env import SERVING_VERSION, require_serving_env
-
-#: The environment variable the engine process reads (recording_scheduler.ENV_BASE_CLS).
-ENV_BASE_CLS = "SCHED_HARNESS_BASE_CLS"
 
 
 class CandidateClassError(ValueError):

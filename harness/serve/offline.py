@@ -34,8 +34,9 @@ from reference.engine import _Arrivals
 from reference.workload import RequestSpec, Workload
 
 from harness.candidates.vllm.recording_convert import convert
+from harness.candidates.vllm.recording_scheduler import ENV_BASE_CLS
 from harness.children import GroupWatchdog, die_with_parent, stop_gracefully
-from harness.serve.candidate_class import ENV_BASE_CLS, CandidateClass
+from harness.serve.candidate_class import CandidateClass
 from harness.serve.config import engine_args
 from harness.serve.env import require_serving_env
 
