@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -17,6 +18,17 @@ from processes import outlived
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "golden" / "fcfs-roomy.parquet"
+
+# Fork a Python that holds the pipe (and writes its PID), then exit 0.
+FORK_THEN_EXIT = """\
+if os.fork() == 0:
+    with open(os.environ["FORKED_PID_FILE"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(300)
+    os._exit(0)
+time.sleep(0.3)
+os._exit(0)
+"""
 
 IN_SCHEDULE = """\
 import os, time
@@ -29,13 +41,7 @@ class S(Scheduler):
     def schedule(self, throttle_prefills=False):
         self.n += 1
         if self.n == 5:
-            if os.fork() == 0:
-                with open(os.environ["FORKED_PID_FILE"], "w") as f:
-                    f.write(str(os.getpid()))
-                time.sleep(300)
-                os._exit(0)
-            time.sleep(0.3)
-            os._exit(0)
+""" + textwrap.indent(FORK_THEN_EXIT, " " * 12) + """\
         return super().schedule(throttle_prefills)
 
 
@@ -43,16 +49,7 @@ def make(config):
     return S(config)
 """
 
-AT_IMPORT = """\
-import os, time
-if os.fork() == 0:
-    with open(os.environ["FORKED_PID_FILE"], "w") as f:
-        f.write(str(os.getpid()))
-    time.sleep(300)
-    os._exit(0)
-time.sleep(0.3)
-os._exit(0)
-"""
+AT_IMPORT = "import os, time\n" + FORK_THEN_EXIT
 
 
 def _replay(tmp_path: Path, source: str) -> tuple[subprocess.CompletedProcess, float, int]:
