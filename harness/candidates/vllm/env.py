@@ -145,18 +145,30 @@ def _lock(version: str):
 
 
 def _run(cmd: list[str], log_path: Path, what: str) -> None:
+    """Run one build stage (``cmd``, a pip call or venv creation), its output
+    appended to ``log_path``. Raises VLLMEnvError (one line, naming the log):
+    ``PyPI has no vllm==X`` when pip finds no such release, ``no space left on
+    device`` when the disk filled, else the log's last line. Used by every env
+    build (full, layered, serving)."""
     with open(log_path, "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
         env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
         env.pop("PYTHONPATH", None)
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    if proc.returncode != 0:
-        tail = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines()
-                if ln.strip() and not ln.startswith("WARNING: Location")]
-        last = tail[-1] if tail else "no output"
-        raise VLLMEnvError(f"{what} failed (exit {proc.returncode}): {last[:200]} "
+    if proc.returncode == 0:
+        return
+    lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines()
+             if ln.strip() and not ln.startswith("WARNING: Location")]
+    text = "\n".join(lines)
+    if "No matching distribution found" in text or "Could not find a version" in text:
+        wanted = next((a for a in cmd if a.startswith("vllm") and "==" in a), "the package")
+        raise VLLMEnvError(f"{what} failed: PyPI has no {wanted} (full log: {log_path})")
+    if "No space left on device" in text:
+        raise VLLMEnvError(f"{what} failed: no space left on device under {log_path.parent} "
                            f"(full log: {log_path})")
+    last = lines[-1] if lines else "no output"
+    raise VLLMEnvError(f"{what} failed (exit {proc.returncode}): {last[:200]} (full log: {log_path})")
 
 
 def build_venv(target: Path, *, pins: Path, n_pins: int, dist: str, log_path: Path, title: str,

@@ -31,12 +31,11 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.candidates.vllm.env import (MARKER, PINS_FILE, TORCH_VERSION, VLLMEnvError, _lock,
+from harness.candidates.vllm.env import (MARKER, PINS_FILE, TORCH_VERSION, VLLMEnvError, _lock, _run,
                                          _pins_sha256, read_pins)
 
 #: Free space a layered build needs, in GB (the wheel ~0.45, vLLM unpacked
@@ -56,26 +55,8 @@ _PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def _pip(args: list[str], log_path: Path, what: str) -> None:
-    cmd = [sys.executable, "-m", "pip", *args]
-    with open(log_path, "a") as log:
-        log.write(f"\n$ {' '.join(cmd)}\n")
-        log.flush()
-        env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
-        env.pop("PYTHONPATH", None)
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    if proc.returncode == 0:
-        return
-    lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines()
-             if ln.strip() and not ln.startswith("WARNING: Location")]
-    text = "\n".join(lines)
-    if "No matching distribution found" in text or "Could not find a version" in text:
-        wanted = next((a for a in args if a.startswith("vllm==")), "the package")
-        raise VLLMEnvError(f"{what} failed: PyPI has no {wanted} (full log: {log_path})")
-    if "No space left on device" in text:
-        raise VLLMEnvError(f"{what} failed: no space left on device under {log_path.parent} "
-                           f"(full log: {log_path})")
-    last = lines[-1] if lines else "no output"
-    raise VLLMEnvError(f"{what} failed (exit {proc.returncode}): {last[:200]} (full log: {log_path})")
+    """``python -m pip ARGS`` with the harness's own interpreter (``env._run``)."""
+    _run([sys.executable, "-m", "pip", *args], log_path, what)
 
 
 def _check_space(root: Path, need_gb: float) -> None:
