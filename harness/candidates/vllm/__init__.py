@@ -1,7 +1,9 @@
 """Real vLLM as a candidate.
 
 - ``env``: builds one CPU-only virtual environment per vLLM version
-  (``harness vllm-env``), from ``pins.txt``.
+  (``harness vllm-env``), from ``pins.txt``; ``layered``: every other release
+  as vLLM alone over one shared dependency layer; ``dedupe``: the files envs
+  hold in common (torch, the pins) hard-linked after each build.
 - ``driver``: a standalone script run by that environment's Python; it drives
   vLLM's own ``Scheduler`` over JSON lines (stdlib + vLLM only).
 - ``candidate``: ``VLLMCandidate``, the harness-side half of that protocol.

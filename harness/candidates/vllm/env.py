@@ -4,7 +4,9 @@ Each supported vLLM version gets its own venv under ``<repo>/.vllm-envs/<version
 (override the root with ``HARNESS_VLLM_ENVS``), built the light way that
 ``shared/notes/vllm-on-cpu.md`` measured: the CPU build of torch, the pinned
 dependencies of ``harness/candidates/vllm/pins.txt`` with ``--no-deps``, then vLLM itself
-with ``--no-deps`` (about a minute, 2.2 GB). Nothing of the harness is installed
+with ``--no-deps`` (about a minute; 1.5 GB, of which torch and the pins, 0.7-0.9 GB,
+are hard links to the same files of an env built before: ``dedupe.py``; vLLM's
+CUDA kernels, 0.66 GB, are removed). Nothing of the harness is installed
 there: ``harness/candidates/vllm/driver.py`` runs under that venv's Python as a standalone
 script.
 
@@ -27,6 +29,8 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+
+from harness.candidates.vllm.dedupe import share_with_finished_envs, site_packages
 
 #: Releases built as full venvs (torch and the pins in each), as CI builds
 #: them: 0.33.0 is what the reference mirrors; 0.29.0 and 0.20.2 are older
@@ -171,13 +175,32 @@ def _run(cmd: list[str], log_path: Path, what: str) -> None:
     raise VLLMEnvError(f"{what} failed (exit {proc.returncode}): {last[:200]} (full log: {log_path})")
 
 
+def strip_cuda_kernels(site: Path) -> int:
+    """Remove the compiled extensions under ``site/vllm`` (``_C``, ``_moe_C``,
+    the flash-attention builds: CUDA kernels, about 0.66 GB of 0.33.0's 0.88 GB
+    package, that a CPU-only scheduler env never loads: the driver and the
+    recording scheduler run only the scheduler, which is Python); returns the
+    bytes removed."""
+    removed = 0
+    for path in (site / "vllm").rglob("*.so"):
+        removed += path.stat().st_size
+        path.unlink()
+    return removed
+
+
 def build_venv(target: Path, *, pins: Path, n_pins: int, dist: str, log_path: Path, title: str,
-               verify: Callable[[str], None], marker: dict, say: Callable[[str], None]) -> None:
+               verify: Callable[[str], None], marker: dict, say: Callable[[str], None],
+               strip_kernels: bool = True) -> None:
     """Build a venv at ``target`` the light way (``shared/notes/vllm-on-cpu.md``):
     create it, upgrade pip, CPU ``torch==TORCH_VERSION``, the ``pins`` file with
     ``--no-deps``, then ``dist`` (e.g. ``vllm==0.33.0``) with ``--no-deps``;
     ``verify(python)`` (raises VLLMEnvError if the result is unusable), then the
-    ``MARKER`` file with ``marker`` plus torch, build time and date. An earlier,
+    ``MARKER`` file with ``marker`` plus torch, build time and date.
+    ``strip_kernels`` removes vLLM's compiled CUDA kernels (``strip_cuda_kernels``:
+    a scheduler-only env never loads them; the serving env's CPU kernels stay).
+    Before the marker, every file with a twin in a finished env is hard-linked
+    to it (``dedupe.share_with_finished_envs``: torch and the pins, about 1.3 GB
+    an env). An earlier,
     incomplete ``target`` is removed first; on any failure (KeyboardInterrupt
     included) the half-built venv is removed and only ``log_path`` stays.
     ``say`` receives one line per stage. Raises VLLMEnvError (one line, naming
@@ -205,10 +228,17 @@ def build_venv(target: Path, *, pins: Path, n_pins: int, dist: str, log_path: Pa
             t0 = time.monotonic()
             _run(cmd, log_path, what)
             say(f"{what}: done in {time.monotonic() - t0:.0f} s")
+        sites = site_packages(target)
+        stripped = sum(strip_cuda_kernels(site) for site in sites) if strip_kernels else 0
         verify(python)
+        linked = share_with_finished_envs(target, sites, [target.parent, *envs_roots()], marker=MARKER)
+        if stripped or linked:
+            say(f"CUDA kernels removed: {stripped / 1e9:.2f} GB; "
+                f"hard-linked to other envs: {linked / 1e9:.2f} GB")
         (target / MARKER).write_text(json.dumps({
             **marker, "torch": TORCH_VERSION, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "build_s": round(time.monotonic() - started, 1)}, indent=1) + "\n")
+            "build_s": round(time.monotonic() - started, 1),
+            "cuda_kernels_removed_bytes": stripped, "hard_linked_bytes": linked}, indent=1) + "\n")
         ok = True
     finally:
         if not ok:  # no half-built env left behind: the log stays

@@ -35,8 +35,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.candidates.vllm.dedupe import share_with_finished_envs
 from harness.candidates.vllm.env import (MARKER, PINS_FILE, TORCH_VERSION, VLLMEnvError, _lock, _run,
-                                         _pins_sha256, read_pins)
+                                         _pins_sha256, envs_roots, read_pins, strip_cuda_kernels)
 
 #: Free space a layered build needs, in GB (the wheel ~0.45, vLLM unpacked
 #: ~1.3 before its CUDA kernels go; the shared layer ~1.1 once); read at each
@@ -100,25 +101,18 @@ def shared_layer(root: Path, *, log: Callable[[str], None]) -> Path:
             t0 = time.monotonic()
             _pip(["install", "-q", "--no-deps", "--no-compile", "--target", str(tmp),
                   f"torch=={TORCH_VERSION}", "-r", str(PINS_FILE)], log_path, "shared layer")
+            # torch and most pins are byte for byte those of a full env already built.
+            linked = share_with_finished_envs(tmp, [tmp], [root, *envs_roots()], marker=MARKER)
             (tmp / ".complete").write_text(json.dumps({"pins_sha256": _pins_sha256(),
                                                        "torch": TORCH_VERSION}) + "\n")
             shutil.rmtree(target, ignore_errors=True)
             os.replace(tmp, target)
-            log(f"shared layer: done in {time.monotonic() - t0:.0f} s ({du_bytes(target) / 1e9:.2f} GB)")
+            log(f"shared layer: done in {time.monotonic() - t0:.0f} s ({du_bytes(target) / 1e9:.2f} GB, "
+                f"{linked / 1e9:.2f} GB of it hard-linked to other envs)")
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return target
-
-
-def _strip_cuda_kernels(site: Path) -> int:
-    """Remove the compiled extensions under ``vllm/`` (CUDA kernels the CPU
-    driver never loads); returns the bytes removed."""
-    removed = 0
-    for path in (site / "vllm").rglob("*.so"):
-        removed += path.stat().st_size
-        path.unlink()
-    return removed
 
 
 _PROBE = ("import importlib.metadata as m, torch, vllm.v1.core.sched.scheduler as s; "
@@ -152,7 +146,7 @@ def build_layered(version: str, root: Path, *, log: Callable[[str], None]) -> Pa
         _pip(["install", "-q", "--no-deps", "--no-compile", "--no-index", "--find-links",
               str(wheels), "--target", str(site), f"vllm=={version}"], log_path,
              f"installing vllm=={version}")
-        stripped = _strip_cuda_kernels(site)
+        stripped = strip_cuda_kernels(site)
         for wheel in wheels.glob(f"vllm-{version}-*.whl"):
             wheel.unlink()  # 0.3-0.5 GB each: a rebuild downloads it again
         (site / "zz-sched-harness-shared.pth").write_text(f"{shared}\n")

