@@ -688,6 +688,20 @@ def test_load_workload_bad_spec(spec):
         load_workload(spec)
 
 
+@pytest.mark.parametrize("spec", ["synthetic:1000001", "synthetic:99999999999999999999", "synthetic:" + "9" * 5000])
+def test_regression_synthetic_n_is_bounded(spec):
+    """``synthetic:99999999999999999999`` grew until the machine killed it (issue 17); a
+    5000-digit N passed Python's int() digit limit as a ValueError traceback."""
+    with pytest.raises(WorkloadError) as exc:
+        load_workload(spec)
+    assert str(exc.value).endswith("N in 'synthetic:N' must be at most 1,000,000 (the workload is held in memory)")
+    assert len(str(exc.value)) < 200
+
+
+def test_synthetic_n_keeps_leading_zeros_meaning():
+    assert load_workload("synthetic:007") == synthetic(7)
+
+
 def test_load_workload_files(tmp_path):
     p = _write(tmp_path, "x.CSV", AZURE_HEADER + "\n2023-11-16 18:00:00.0,5,1\n")
     assert load_workload(str(p)) == load_azure(p)

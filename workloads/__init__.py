@@ -19,7 +19,7 @@ import re
 
 from reference.workload import EOS_TOKEN_ID, Workload, WorkloadError
 from workloads._common import (DEFAULT_SYNTHETIC_RATE, DEFAULT_SYNTHETIC_REQUESTS, FIRST_PROMPT_TOKEN_ID,
-                               MOONCAKE_BLOCK_TOKENS, check_common)
+                               MAX_SYNTHETIC_REQUESTS, MOONCAKE_BLOCK_TOKENS, check_common)
 from workloads.azure import load_azure
 from workloads.mooncake import load_mooncake
 from workloads.synthetic import synthetic
@@ -42,7 +42,7 @@ def load_workload(
 
     * a path ending in ``.csv`` (case-insensitive) -> :func:`load_azure`;
     * a path ending in ``.jsonl`` -> :func:`load_mooncake`;
-    * ``"synthetic"`` or ``"synthetic:N"`` (N an int >= 1; default 20) ->
+    * ``"synthetic"`` or ``"synthetic:N"`` (N an int, 1 to 1,000,000; default 20) ->
       :func:`synthetic` with ``num_requests=N`` capped at ``limit`` if given,
       ``seed``, ``priority_levels`` and ``arrival_rate = 10.0 * time_scale``
       req/s (so arrivals are compressed by ``time_scale`` as for the traces;
@@ -79,9 +79,13 @@ def load_workload(
         n = DEFAULT_SYNTHETIC_REQUESTS
         if s != "synthetic":
             count = s[len("synthetic:"):]
-            if not re.fullmatch(r"\d+", count) or int(count) < 1:
-                raise WorkloadError(f"bad workload spec {s!r}: N in 'synthetic:N' must be an int >= 1")
-            n = int(count)
+            digits = count.lstrip("0")
+            if not re.fullmatch(r"\d+", count) or not digits:
+                raise WorkloadError(f"bad workload spec {s[:60]!r}: N in 'synthetic:N' must be an int >= 1")
+            if len(digits) > 7 or int(digits) > MAX_SYNTHETIC_REQUESTS:
+                raise WorkloadError(f"bad workload spec {s[:60]!r}: N in 'synthetic:N' must be at most "
+                                    f"{MAX_SYNTHETIC_REQUESTS:,} (the workload is held in memory)")
+            n = int(digits)
         if limit is not None:
             n = min(n, limit)
         return synthetic(

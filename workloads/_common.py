@@ -29,6 +29,10 @@ PROMPT_TOKENS: tuple[int, ...] = tuple(range(FIRST_PROMPT_TOKEN_ID, VOCAB_SIZE))
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 DEFAULT_SYNTHETIC_REQUESTS = 20
+#: The most requests ``synthetic:N`` generates: a workload is held in memory whole
+#: (1,000,000 requests of up to 64 prompt tokens: about 1 GB), and
+#: ``synthetic:99999999999999999999`` grew until the machine killed it (issue 17).
+MAX_SYNTHETIC_REQUESTS = 1_000_000
 DEFAULT_SYNTHETIC_RATE = 10.0
 MAX_ABORT_DELAY_S = 0.5
 
