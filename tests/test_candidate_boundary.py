@@ -281,8 +281,10 @@ def test_regression_exit_hang_or_none_is_found_by_fuzz(hostile, tmp_path, name) 
     assert f"FOUND violation: ENGINE-CRASH at step 2: schedule() raised {kind}: {text}{where}\n" in out
 
 
-@pytest.mark.parametrize("name", ["OsExit0", "Hang"])
-def test_regression_exit_or_hang_fails_the_pytest_plugin(hostile, pytester: pytest.Pytester, name) -> None:
+@pytest.mark.parametrize("name", ENDING_IDS)
+def test_regression_exit_hang_or_none_fails_the_pytest_plugin(hostile, pytester: pytest.Pytester, name) -> None:
+    """Issue 17: sys.exit(0), os._exit(0), a hang and a None return each fail the
+    conformance suite's two tests of the scenario, naming the step."""
     result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "--harness-candidate",
                                            f"hostile:{name}", "--harness-step-timeout", "1",
                                            "-k", "fcfs-tight", "-p", "no:cacheprovider")
