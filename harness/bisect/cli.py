@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from harness.bisect.core import BisectError, BisectResult, parse_versions, run_bisect
+from harness.richtext import keep_words_whole
 
 
 def _fail(err: Console, message: str) -> None:
@@ -54,8 +55,8 @@ def _divergence_text(row) -> str:
     if row.same_as_previous:
         return f"same as {row.compared_with}"
     d = row.divergence or {}
-    return (f"vs {row.compared_with}: step {d.get('step')} {d.get('kind') or ''} "
-            f"{d.get('request') or ''} {d.get('field')}: {d.get('a')!s:.40} -> {d.get('b')!s:.40}")
+    where = " ".join(str(p) for p in (d.get("step"), d.get("kind"), d.get("request")) if p not in (None, ""))
+    return f"vs {row.compared_with}: step {where} {d.get('field')}: {d.get('a')!s:.40} -> {d.get('b')!s:.40}"
 
 
 def render(result: BisectResult, console: Console) -> None:
@@ -68,7 +69,7 @@ def render(result: BisectResult, console: Console) -> None:
         verdict = row.verdict if row.status == "ran" else f"{row.status}: {row.reason}"
         table.add_row(row.version, verdict, row.profile or "-", str(row.steps or "-"),
                       _divergence_text(row), f"{row.seconds:.0f}")
-    console.print(table)
+    console.print(keep_words_whole(table))  # a piped table wrapped OUTPUT-ONLY-COMPLET|E
     console.print(verdict_line(result), soft_wrap=True)
 
 
