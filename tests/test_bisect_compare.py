@@ -63,7 +63,7 @@ def test_regression_a_piped_table_keeps_invariant_ids_whole() -> None:
     text = out.getvalue()
     for word in ("OUTPUT-ONLY-COMPLETE", "SCHEDULED-NOT-PREEMPTED", "COMPUTED-CONTINUITY"):
         assert word in text, text
-    decisions = " ".join(line.split("│")[5].strip() for line in text.splitlines() if line.startswith("│"))
+    decisions = " ".join(filter(None, (ln.split("│")[5].strip() for ln in text.splitlines() if ln.startswith("│"))))
     assert decisions == "(first) vs 0.10.1.1: step 3 crash event: crash -> schedule r000000", text
     assert text.rstrip().splitlines()[-1] == ("2 of 2 releases ran: first change at 0.10.2 (since 0.10.1.1): "
                                               f"verdict ENGINE-CRASH ×1 -> {verdict}; decisions diverge at step 3")
