@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from harness.candidates.vllm import env as env_mod
-from harness.candidates.vllm.dedupe import MIN_BYTES, finished_sites, link_twins, share_with_finished_envs
+from harness.candidates.vllm.dedupe import finished_sites, link_twins, share_with_finished_envs
 from harness.candidates.vllm.env import MARKER, build_venv
 
 SITE = "lib/python3.11/site-packages"
@@ -28,25 +28,27 @@ def _env(root: Path, name: str, files: dict[str, bytes], *, finished: bool = Tru
     return env
 
 
-BIG = b"t" * MIN_BYTES
-OTHER = b"o" * MIN_BYTES
+BIG = b"t" * 65536
+OTHER = b"o" * 65536
 
 
 def test_identical_big_files_become_one_inode_and_nothing_else_changes(tmp_path) -> None:
     old = _env(tmp_path, "0.33.0", {"torch/lib/libtorch.so": BIG, "torch/small.py": b"x = 1\n",
-                                      "numpy/core.so": OTHER, "vllm/a.py": BIG})
+                                      "torch/py.typed": b"", "numpy/core.so": OTHER, "vllm/a.py": BIG})
     new = _env(tmp_path, "0.29.0", {"torch/lib/libtorch.so": BIG, "torch/small.py": b"x = 1\n",
-                                      "numpy/core.so": b"p" * MIN_BYTES, "vllm/b.py": BIG},
+                                      "torch/py.typed": b"", "numpy/core.so": b"p" * len(OTHER),
+                                      "vllm/b.py": BIG},
                finished=False)
     freed = share_with_finished_envs(new, [new / SITE], [tmp_path], marker=MARKER)
     a, b = old / SITE, new / SITE
     assert os.path.samefile(a / "torch/lib/libtorch.so", b / "torch/lib/libtorch.so")
-    # Small files, different bytes, and the same bytes at another path stay apart.
-    assert not os.path.samefile(a / "torch/small.py", b / "torch/small.py")
+    assert os.path.samefile(a / "torch/small.py", b / "torch/small.py")
+    # Empty files, different bytes, and the same bytes at another path stay apart.
+    assert not os.path.samefile(a / "torch/py.typed", b / "torch/py.typed")
     assert not os.path.samefile(a / "numpy/core.so", b / "numpy/core.so")
-    assert (b / "numpy/core.so").read_bytes() == b"p" * MIN_BYTES
+    assert (b / "numpy/core.so").read_bytes() == b"p" * len(OTHER)
     assert (b / "torch/lib/libtorch.so").read_bytes() == BIG
-    assert freed == (a / "torch/lib/libtorch.so").stat().st_blocks * 512 > 0
+    assert freed == sum((a / f).stat().st_blocks * 512 for f in ("torch/lib/libtorch.so", "torch/small.py")) > 0
     assert not list(b.rglob(".*link-*"))  # no temporary link left
 
 
