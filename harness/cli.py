@@ -679,8 +679,10 @@ def vllm_env(version: str | None, force: bool, serving: bool) -> None:
     from rich.markup import escape
 
     if serving or version is None:
-        if version is not None or not serving:
+        if version is not None:
             _fail("give a VERSION (e.g. 0.33.0) or --serving, not both")
+        if not serving:  # regression: this said "not both" when neither was given
+            _fail("give a VERSION (e.g. 0.33.0) or --serving")
         from harness.serve.cli import build_serving_env
 
         build_serving_env(force)

@@ -168,7 +168,10 @@ def render_matrix(report: MutationReport, console: Console) -> None:
                 for s in report.scenarios if r.cells[s].result.by_invariant.get(r.target)]
         table.add_row(r.mutant, r.target, r.layer, ", ".join(hits) or "-",
                       "[green]yes[/]" if r.killed else "[bold red]SURVIVED[/]",
-                      ", ".join(r.safety_catches) or "- (a semantics-only fault)")
+                      ", ".join(r.safety_catches)
+                      # Regression: a mutant no chosen scenario reaches (--scenario kv-connector)
+                      # was labelled semantics-only whatever its layer.
+                      or ("- (a semantics-only fault)" if r.killed else "-"))
     console.print(keep_words_whole(table))
     console.print("times the target invariant fired per scenario; * = the run ended early "
                   "(stalled or the candidate raised)")

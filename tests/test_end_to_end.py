@@ -148,6 +148,23 @@ def test_mutants_command_prints_kill_matrix() -> None:
     assert code == 1 and report["survivors"] == ["lifo-priority-victim"]
 
 
+def test_regression_a_survivor_is_not_called_a_semantics_only_fault() -> None:
+    """A new user's trial: ``--scenario kv-connector`` reaches no preemption, and the
+    surviving safety mutant no-give-back read "- (a semantics-only fault)"."""
+    code, out = run("mutants", "--mutant", "no-give-back", "--mutant", "free-head-first",
+                    "--scenario", "kv-connector")
+    assert code == 1
+    cells = {}
+    for line in out.splitlines():
+        parts = [c.strip() for c in line.split("│")]
+        if len(parts) == 8 and parts[1]:
+            name = parts[1]
+        if len(parts) == 8:
+            cells.setdefault(name, []).append(parts[6])
+    assert " ".join(filter(None, cells["no-give-back"])) == "-"
+    assert " ".join(filter(None, cells["free-head-first"])) == "- (a semantics-only fault)"
+
+
 def test_admit_after_preempt_witness(tmp_path: Path) -> None:
     path = tmp_path / "m.parquet"
     run("record", "synthetic:60", *TIGHT, "--engine", "mutant:admit-after-preempt", "-o", path)

@@ -142,7 +142,10 @@ def _alive(pid: int) -> bool:
 
 
 def test_vllm_env_without_version_or_serving_is_one_line() -> None:
+    """Regression (a new user's trial): no argument at all was told "not both"."""
     r = CliRunner().invoke(main, ["vllm-env"])
+    assert r.exit_code == 2 and r.output == "error: give a VERSION (e.g. 0.33.0) or --serving\n"
+    r = CliRunner().invoke(main, ["vllm-env", "0.33.0", "--serving"])
     assert r.exit_code == 2 and r.output == "error: give a VERSION (e.g. 0.33.0) or --serving, not both\n"
 
 
