@@ -53,3 +53,14 @@ def test_failed_build_leaves_only_its_log(tmp_path, monkeypatch, fail_at) -> Non
                    title="building x", verify=verify, marker={}, say=lambda _m: None)
     assert not target.exists() and (tmp_path / "x.log").exists()
     assert calls[-1] == ("installing vllm==0.33.0" if fail_at == "verify" else fail_at)
+
+
+def test_regression_a_killed_layered_build_leaves_nothing_for_long(tmp_path) -> None:
+    """A killed shared-layer or layered build left ``.tmp-NAME-PID`` (about 1 GB for a
+    layer) that no later build removed; the next build of the same name does."""
+    from harness.candidates.vllm.layered import _remove_leftovers
+
+    for name in (".tmp-0.10.1-111", ".tmp-0.10.1-222", ".tmp-0.10.1.1-333", "0.10.1"):
+        (tmp_path / name / "lib").mkdir(parents=True)
+    _remove_leftovers(tmp_path, ".tmp-0.10.1-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-0.10.1.1-333", "0.10.1"]

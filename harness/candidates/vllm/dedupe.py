@@ -36,22 +36,44 @@ def site_packages(env: Path) -> list[Path]:
     return sorted(p for p in env.glob("lib/python3*/site-packages") if p.is_dir())
 
 
+def _listing(folder: Path) -> list[Path]:
+    """``folder``'s entries, sorted; ``[]`` where it cannot be read (a
+    ``lost+found``, another user's folder: such a place is no twin, and
+    never a reason to throw a finished build away)."""
+    try:
+        return sorted(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def finished_sites(roots: Iterable[Path], *, exclude: Path, marker: str) -> list[Path]:
     """Folders whose files may be linked to: the ``site-packages`` of every env
     under ``roots`` holding ``marker`` (a finished build), every finished
     shared layer (``<root>/.shared/<sha>/.complete``), and the harness's own
     interpreter's ``purelib``/``platlib``; never ``exclude`` (the env being
-    built) or anything inside it."""
+    built) or anything inside it. What cannot be read is left out."""
     found: list[Path] = []
     for root in roots:
-        if not root.is_dir():
-            continue
-        for child in sorted(root.iterdir()):
-            if child == exclude or not child.is_dir() or child.name.startswith(".tmp"):
+        for child in _listing(root):
+            if child == exclude or child.name.startswith(".tmp") or not _is_dir(child):
                 continue
             if child.name == ".shared":
-                found += [layer for layer in sorted(child.iterdir()) if (layer / ".complete").exists()]
-            elif (child / marker).exists():
+                found += [layer for layer in _listing(child) if _exists(layer / ".complete")]
+            elif _exists(child / marker):
                 found += site_packages(child)
     own = {Path(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
     found += sorted(p for p in own if p.is_dir())
@@ -59,14 +81,23 @@ def finished_sites(roots: Iterable[Path], *, exclude: Path, marker: str) -> list
     return [p for p in dict.fromkeys(found) if exclude not in p.resolve().parents and p.resolve() != exclude]
 
 
+def _same_bytes(a: Path, b: Path) -> bool:
+    try:
+        return filecmp.cmp(a, b, shallow=False)
+    except OSError:  # unreadable (another user's 0600 file): not a twin
+        return False
+
+
 def link_twins(site: Path, others: list[Path]) -> int:
     """Replace each file under ``site`` (at least ``MIN_BYTES``) that has a twin
-    in one of ``others`` (same relative path, size, mode and bytes, same file
-    system) by a hard link to the twin; returns the bytes freed. The swap is
-    atomic (link to a temporary name, then rename over the file), so the env
-    is whole at every instant. A twin on another file system, or any OSError
-    on a file, leaves that file as it was."""
+    in one of ``others`` (same relative path, size, mode, owner and bytes, same
+    file system) by a hard link to the twin; returns the bytes freed. The swap
+    is atomic (link to a temporary name, then rename over the file), so the env
+    is whole at every instant. A twin on another file system, owned by another
+    user (who could then change code this env runs), or any OSError on a file,
+    leaves that file as it was."""
     freed = 0
+    tmp = site / f".sched-harness-link-{os.getpid()}"  # short: a long file name plus a suffix can pass 255 bytes
     for dirpath, _dirs, files in os.walk(site):
         for name in files:
             path = Path(dirpath, name)
@@ -84,14 +115,16 @@ def link_twins(site: Path, others: list[Path]) -> int:
                 except OSError:
                     continue
                 if (tst.st_dev != st.st_dev or tst.st_size != st.st_size or tst.st_mode != st.st_mode
-                        or twin.is_symlink() or not filecmp.cmp(path, twin, shallow=False)):
+                        or tst.st_uid != st.st_uid or twin.is_symlink() or not _same_bytes(path, twin)):
                     continue
-                tmp = path.with_name(f".{name}.link-{os.getpid()}")
                 try:
                     os.link(twin, tmp)
                     os.replace(tmp, path)
                 except OSError:
-                    tmp.unlink(missing_ok=True)
+                    try:
+                        tmp.unlink(missing_ok=True)
+                    except OSError:
+                        pass
                     continue
                 freed += st.st_blocks * 512
                 break

@@ -269,10 +269,13 @@ def ensure_env(version: str, *, log: Callable[[str], None] | None = None,
         log_path = target.parent / f"{version}.build.log"
 
         def verify(python: str) -> None:
+            # The scheduler must import with vLLM's CUDA kernels gone (strip_cuda_kernels), as
+            # the layered builds check.
             probe = subprocess.run(
-                [python, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
-                capture_output=True, text=True)
-            found = probe.stdout.strip()
+                [python, "-c", "import importlib.metadata as m, vllm.v1.core.sched.scheduler; "
+                               "print(m.version('vllm'))"],
+                capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+            found = (probe.stdout.strip().splitlines() or [""])[-1]
             if probe.returncode != 0 or found != version:
                 raise VLLMEnvError(f"vLLM {version} env is broken: installed vllm is "
                                    f"{found or 'missing'} ({probe.stderr.strip()[-200:]})")

@@ -67,6 +67,14 @@ def _check_space(root: Path, need_gb: float) -> None:
                            f"a build needs {need_gb:.1f} GB (HARNESS_VLLM_MIN_FREE_GB)")
 
 
+def _remove_leftovers(folder: Path, prefix: str) -> None:
+    """Remove ``folder/PREFIX<pid>`` folders: what a killed build of the same
+    env or layer left (about 1 GB for a layer). The caller holds that build's
+    lock, so no live builder owns one. Regression: they were never removed."""
+    for stale in folder.glob(f"{prefix}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def du_bytes(path: Path) -> int:
     """Bytes of the files under ``path`` (each hard-linked file once)."""
     seen, total = set(), 0
@@ -91,7 +99,7 @@ def shared_layer(root: Path, *, log: Callable[[str], None]) -> Path:
             return target
         _check_space(root, _min_free_gb())
         tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_leftovers(target.parent, f".tmp-{target.name}-")
         tmp.mkdir(parents=True)
         log_path = root / "shared-layer.build.log"
         log_path.write_text(f"building the shared layer at {target}\n")
@@ -128,6 +136,7 @@ def build_layered(version: str, root: Path, *, log: Callable[[str], None]) -> Pa
     started = time.monotonic()
     target = root / version
     tmp = root / f".tmp-{version}-{os.getpid()}"
+    _remove_leftovers(root, f".tmp-{version}-")
     log_path = root / f"{version}.build.log"
     log_path.write_text(f"building vLLM {version} (layered) at {target}\n")
     shutil.rmtree(tmp, ignore_errors=True)
