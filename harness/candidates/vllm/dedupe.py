@@ -5,10 +5,11 @@ unpacked) and mostly the same pinned dependencies (about 0.5 GB): the full
 venvs of ``env.SUPPORTED_VERSIONS``, the serving env, the shared layer of the
 layered envs, and usually the harness's own virtual environment too. Byte for
 byte the same files, written once per env, they filled a CI machine's disk
-(issue 14's "environments share what they can"). After a build, each (non-empty) file of
-the new env that has a twin (same path below ``site-packages``, same size,
-same mode, same bytes) in a finished env on the same file system is replaced
-by a hard link to that twin.
+(issue 14's "environments share what they can"). After a build, each
+non-empty file of the new env that has a twin (same path below
+``site-packages``, same size, mode, owner and bytes) in a finished env on the
+same file system is replaced by a hard link to that twin. What cannot be read
+is no twin: this pass never fails a build.
 
 Why hard links are safe here: pip never writes into an installed file; it
 unlinks and writes anew (uninstall, upgrade), which leaves the other env's
