@@ -139,7 +139,6 @@ def build_layered(version: str, root: Path, *, log: Callable[[str], None]) -> Pa
     _remove_leftovers(root, f".tmp-{version}-")
     log_path = root / f"{version}.build.log"
     log_path.write_text(f"building vLLM {version} (layered) at {target}\n")
-    shutil.rmtree(tmp, ignore_errors=True)
     wheels = root / WHEELS
     try:
         wheels.mkdir(exist_ok=True)
