@@ -104,15 +104,18 @@ class QueueDecoder:
     def __init__(self) -> None:
         self._previous: dict[tuple[int, str], list[str]] = {}
 
-    def decode_row(self, row: Row) -> None:
+    def decode_row(self, row: Row, changes: Row | None = None) -> None:
         """Replace the row's stored changes by the full lists, in place; the
         ``*_kept`` and ``*_head`` keys are removed (rows read as the recorder
-        made them)."""
+        made them). ``changes``: those keys' values when the caller read them
+        apart from the row (then ``row`` lacks them)."""
+        if changes is None:
+            changes = {column: row.pop(column, None) for column in DELTA_COLUMNS}
         snapshot = row.get("kind") in SNAPSHOT_KINDS
         rank = row.get("rank") or 0
         for name in QUEUE_COLUMNS:
-            kept = row.pop(f"{name}_kept", None)
-            head = row.pop(f"{name}_head", None)
+            kept = changes.get(f"{name}_kept")
+            head = changes.get(f"{name}_head")
             if not snapshot:
                 if kept is not None or head is not None:
                     raise ValueError(f"{row.get('kind')} row stores {name} as a change (only snapshots do)")
