@@ -12,7 +12,7 @@ TEST_STAMP := $(VENV)/.installed-test
 DEMO_TRACE := out/azure-code-500.parquet
 AZURE_CODE := ../shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_code.csv
 
-.PHONY: demo test bench bench-vllm clean
+.PHONY: demo test bench bench-check bench-vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ test: $(TEST_STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_reference.py
+
+bench-check: $(STAMP)
+	$(BIN)/python bench/bench_check.py
 
 bench-vllm: $(STAMP)
 	$(BIN)/harness vllm-env 0.33.0

@@ -24,6 +24,9 @@ not these ratios much):
   fuzz              examples per CPU second of ``harness fuzz`` on the reference (``fuzz(None)``):
                     goal >= 1,000.
 
+--baseline CHECKOUT also checks the --small trace with another checkout's code (PYTHONPATH, a child
+process) and prints ours over it: the before/after of a change, in one run.
+
 Where a goal is not met, the line after it names the functions the rest goes to (the top of a
 cProfile of that part, own time). --smoke: 20 and 60 requests, 10 fuzz examples, no profiles (the
 test suite's run: figures printed, nothing asserted). A benchmark, not a test: exit 0 unless a run
@@ -35,8 +38,10 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import resource
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -123,6 +128,9 @@ def main() -> int:
     parser.add_argument("--fuzz-examples", type=int, default=200, help="fuzz examples (default 200)")
     parser.add_argument("--out", default=str(REPO / "out" / "bench-check"), help="folder for the traces")
     parser.add_argument("--smoke", action="store_true", help="20 and 60 requests, 10 fuzz examples")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="also check the small trace with another checkout's code (e.g. the commit "
+                             "before a change), in a child process: its CPU seconds, and ours over it")
     args = parser.parse_args()
     if args.smoke:
         args.small, args.large, args.fuzz_examples = 20, "60", 10
@@ -154,6 +162,11 @@ def main() -> int:
           f"({per_row_small * 1e6:.1f} us/row)")
     print(f"  {big.name}: read_table {big_read_s:.3f}, check {big_check_s:.3f} "
           f"({per_row_big * 1e6:.1f} us/row)")
+
+    if args.baseline:
+        before_s = baseline_check_cpu(Path(args.baseline), small)
+        print(f"  {small.name} with {args.baseline}'s code (a child process): check {before_s:.3f} "
+              f"CPU s; this checkout's over it: {check_s / before_s:.3f}x")
 
     workload = load_workload(str(AZURE_CODE), limit=args.small, time_scale=TIME_SCALE, seed=SEED)
     config = EngineConfig(**DEMO_CONFIG)
@@ -191,6 +204,24 @@ def main() -> int:
             (lambda: where_it_goes(lambda: fuzz(None, max_examples=args.fuzz_examples, seed=SEED)))
             if profiles else None)
     return 0
+
+
+def baseline_check_cpu(checkout: Path, path: Path) -> float:
+    """CPU seconds of open_trace + check_trace of ``path`` with ``checkout``'s
+    harness (first on PYTHONPATH), measured inside a child process."""
+    code = ("import resource, sys\n"
+            "from harness.trace import open_trace\n"
+            "from harness.check.checker import check_trace\n"
+            "u = resource.getrusage(resource.RUSAGE_SELF)\n"
+            "check_trace(open_trace(sys.argv[1]))\n"
+            "v = resource.getrusage(resource.RUSAGE_SELF)\n"
+            "print(v.ru_utime + v.ru_stime - u.ru_utime - u.ru_stime)\n")
+    env = {**os.environ, "PYTHONPATH": str(checkout.resolve())}
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True,
+                          cwd=checkout)
+    if proc.returncode:
+        raise SystemExit(f"error: the baseline check failed: {proc.stderr.strip()[-500:]}")
+    return float(proc.stdout.split()[-1])
 
 
 def _record_to_temp(workload: Any, config: EngineConfig) -> None:
