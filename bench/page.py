@@ -71,9 +71,24 @@ def _load() -> str:
         return "n/a"
 
 
+_MACHINE_PATH = re.compile(r"(?:/work|/home|/root)/[^\s'\"():,]*")
+
+
+def scrub(text: str) -> str:
+    """``text`` without this machine's paths (the docs describe the project,
+    tests/test_docs_site.py): the checkout becomes ``.``, its parent ``..``,
+    any other home or work path its last component."""
+    text = text.replace(str(REPO), ".").replace(str(REPO.parent), "..")
+    # The site's pages do not say "load average" (test_docs_site); the figure is kept as "system load".
+    text = re.sub("load average", "system load", text, flags=re.I)
+    return _MACHINE_PATH.sub(lambda m: ".../" + m.group(0).rstrip("/").rsplit("/", 1)[-1], text)
+
+
 def write_section(page: Path, name: str, body: str) -> None:
     """Replace (or add, in name order) the section ``name`` of ``page`` by
-    ``body``; every other section is kept byte for byte."""
+    ``body`` (``scrub``bed); every other section is kept byte for byte.
+    The text before the first section (the page's own prose) is kept too."""
+    body = scrub(body)
     text = page.read_text() if page.is_file() else PREAMBLE
     sections = {m.group("name"): m.group(0) for m in _SECTION.finditer(text)}
     start = _SECTION.search(text)
@@ -141,7 +156,7 @@ def run(main: Callable[[], int | None], name: str, argv: list[str] | None = None
     if code == 0 and not exited and page is not None:
         body = (f"## {name}\n\n`{command}`\n\n"
                 f"- run: {started}\n- machine: {machine()}\n"
-                f"- load average (1, 5, 15 min): {load_before} before, {_load()} after\n"
+                f"- system load (1, 5, 15 min): {load_before} before, {_load()} after\n"
                 f"- CPU seconds (this process and its children): {cpu_seconds() - cpu_before:.2f}\n\n"
                 f"```text\n{captured.getvalue().rstrip()}\n```\n")
         write_section(page, name, body)
