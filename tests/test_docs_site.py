@@ -109,6 +109,17 @@ def _generated() -> set[Path]:
     return {(DOCS / uri).resolve() for uri in module.PAGES}
 
 
+def test_no_machine_paths_or_machine_details_in_the_docs() -> None:
+    """The pages describe the project, not the machine a figure was taken on."""
+    found = []
+    for path in _markdown_files():
+        text = path.read_text()
+        for needle in ("/work/", "/home/", "/root/", "load average", "2-core machine"):
+            if needle in text.lower():
+                found.append(f"{path.relative_to(ROOT)}: {needle}")
+    assert found == []
+
+
 def test_every_relative_link_resolves() -> None:
     generated, broken = _generated(), []
     for path in _markdown_files():
