@@ -42,9 +42,18 @@ def _code(text: str) -> str:
     return "<code>" + html.escape(" ".join(text.split())).replace("|", "&#124;") + "</code>"
 
 
+def _prose(text: str) -> str:
+    """Plain text (a help string, a statement) as Markdown: ``<`` and ``*`` outside code spans are
+    escaped, so ``a <b`` or ``*.toml ... *`` cannot turn into HTML or emphasis."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # the even parts are outside backticks
+        parts[i] = parts[i].replace("<", "&lt;").replace("*", "\\*")
+    return "`".join(parts)
+
+
 def _cell(text: Any) -> str:
     """A value as one Markdown table cell: no newlines, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    return _prose(" ".join(str(text).split())).replace("|", "\\|")
 
 
 # --- the CLI ----------------------------------------------------------------------------------------
@@ -80,7 +89,7 @@ def cli_page() -> str:
         lines += ["```", command.get_usage(ctx).strip(), "```", ""]
         help_text = inspect.cleandoc((command.help or "").split("\f")[0])
         if help_text:
-            lines += [click.unstyle(help_text).replace("\b\n", "\n"), ""]
+            lines += [_prose(click.unstyle(help_text).replace("\b\n", "\n")), ""]
         if isinstance(command, click.Group):
             subs = [(n, command.get_command(ctx, n)) for n in command.list_commands(ctx)]
             rows = [f"| `{path} {n}` | {_cell(c.get_short_help_str(200))} |" for n, c in subs
@@ -127,9 +136,9 @@ def invariants_page() -> str:
         for inv in entries:
             module = family_of(inv.id)
             lines += [f"### {inv.id}", "",
-                      f"{' '.join(inv.statement.split())}", "",
+                      _prose(" ".join(inv.statement.split())), "",
                       f"- **layer**: {layer}",
-                      f"- **why**: {' '.join(inv.why.split())}",
+                      f"- **why**: {_prose(' '.join(inv.why.split()))}",
                       f"- **source**: spec {' '.join(inv.spec.split()) or '(none)'}; "
                       f"`{module.replace('.', '/')}.py`", ""]
     lines += ["## Semantics profiles", "",
