@@ -2,10 +2,15 @@
 
 The reader (``Trace.iter_steps``) runs ``StepValidator.check_step`` on every
 step, so ``check``, ``replay`` and ``diff`` see the same usable rows or the
-same one-line ``TraceError``. What is refused here is what no engine can
-record (a recording or editing artifact), never an engine's decision: an
-impossible *value* of a decision (a negative scheduled count, a block id out
-of the pool) is left to the invariants, which report it with a witness.
+same one-line ``TraceError``. The values are checked column by column first
+(``suspect_rows``: pyarrow compute over the stored columns, each once, not
+over the rebuilt queues), and row by row only on the rows it flags: what is
+refused, and the message, are those of the per-row check (issue 24).
+
+What is refused here is what no engine can record (a recording or editing
+artifact), never an engine's decision: an impossible *value* of a decision
+(a negative scheduled count, a block id out of the pool) is left to the
+invariants, which report it with a witness.
 
 Refused: an unknown or null ``kind``; ``event_index`` not 0, 1, ... within
 the step; a null or out-of-range ``rank`` (``0 <= rank <
