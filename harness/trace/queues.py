@@ -132,7 +132,11 @@ class QueueDecoder:
                     had = "there is none" if previous is None else f"{len(previous)} ids"
                     shown = kept if len(kept) <= 4 else f"[{', '.join(map(str, kept[:4]))}, ... ({len(kept)} values)]"
                     raise ValueError(f"{name}_kept {shown} is not a slice of the previous {name} ({had})")
-                tail = (head or []) + previous[kept[0]:kept[0] + kept[1]] + tail
+                kept_slice = previous[kept[0]:kept[0] + kept[1]]  # one copy of the backlog, extended in place
+                if head:
+                    kept_slice[:0] = head
+                kept_slice += tail
+                tail = kept_slice
             elif head is not None:
                 raise ValueError(f"{name}_head without {name}_kept")
             row[name] = tail
