@@ -31,6 +31,7 @@ from rich.table import Table
 from reference.config import ConfigError
 from reference.candidate import CandidateError, CandidateFactory, CandidateRefused, crash_site
 from reference.engine import check_workload_supported
+from reference.words import did_you_mean, plural
 from reference.workload import WorkloadError
 from workloads.scenario import is_scenario_path, load_scenario
 
@@ -644,10 +645,13 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
         return
     for name in mutant_names:
         if name not in MUTANTS_AND_TARGETS:
-            raise click.BadParameter(f"unknown mutant {name!r}", param_hint="--mutant")
+            raise click.BadParameter(f"unknown mutant {name!r}" + (did_you_mean(name, MUTANTS_AND_TARGETS)
+                                                                   or " (--list lists them)"),
+                                     param_hint="--mutant")
     for name in scenario_names:
         if name not in MUTATION_SCENARIOS:
-            raise click.BadParameter(f"unknown scenario {name!r}", param_hint="--scenario")
+            raise click.BadParameter(f"unknown scenario {name!r}" + did_you_mean(name, MUTATION_SCENARIOS),
+                                     param_hint="--scenario")
     chosen = list(mutant_names) or list(MUTANTS_AND_TARGETS)
     scenarios = list(scenario_names) or list(MUTATION_SCENARIOS)
     with progress("running mutants", (len(chosen) + 1) * len(scenarios), enabled=not as_json) as update:

@@ -36,6 +36,7 @@ import reference
 from reference.candidate import CandidateFactory, CandidateRefused
 from reference.config import ConfigError
 from reference.scheduler import Scheduler
+from reference.words import did_you_mean
 
 from harness.check import CheckResult, check_steps
 from harness.trace.recorder import record
@@ -346,7 +347,8 @@ def update_goldens(directory: str | os.PathLike[str], names: Iterable[str] | Non
     selected = list(SCENARIOS) if names is None else list(dict.fromkeys(names))
     unknown = [n for n in selected if n not in SCENARIOS]
     if unknown:
-        raise GoldenError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+        raise GoldenError(f"unknown scenario {unknown[0]!r}"
+                          + (did_you_mean(unknown[0], SCENARIOS) or " (harness/scenarios/ holds them)"))
     if directory.exists() and not directory.is_dir():
         raise GoldenError(f"{directory}: not a folder")
     directory.mkdir(parents=True, exist_ok=True)

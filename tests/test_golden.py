@@ -306,7 +306,7 @@ def test_update_prunes_only_when_asked(copy: Path) -> None:
 
 def test_update_rejects_unknown_scenario_and_bad_partial_manifest(copy: Path) -> None:
     code, out = run("golden", "update", "--dir", copy, "--scenario", "nope")
-    assert code == 2 and "unknown scenario(s) nope" in out
+    assert code == 2 and "unknown scenario 'nope' (harness/scenarios/ holds them)" in out
     (copy / MANIFEST_NAME).write_text("[")
     code, out = run("golden", "update", "--dir", copy, "--scenario", "fcfs-tight")
     assert code == 2 and "without --scenario" in out
