@@ -733,8 +733,10 @@ def write_scenario(path: str | Path, requests: list[RequestSpec] | tuple[Request
 
 def write_scenario_text(path: str | Path, text: str) -> Path:
     """Write a scenario's ``text`` to ``path`` via a temp file in the same folder renamed
-    into place; on any failure the temp file is removed and nothing is left. Returns the path."""
+    into place; on any failure the temp file is removed and nothing is left. Missing parent
+    folders are created (as every ``-o``). Returns the path."""
     p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
