@@ -442,7 +442,9 @@ def render_report(result: DiffResult, console: Console) -> None:
     console.print(keep_words_whole(table))
     d = result.first_divergence
     if d is None:
-        console.print(f"[bold green]same[/]: identical events on all {result.stats_a['steps']} steps")
+        steps = result.stats_a["steps"]
+        console.print(f"[bold green]same[/]: identical events on " + ("the only step" if steps == 1
+                                                                        else f"all {steps} steps"))
         return
     console.print(f"[bold red]DIVERGENCE at step {d.step}[/], event #{d.event_index} ({escape(d.kind or '-')}), "
                   f"request {escape(d.request or '-')}, field {escape(d.field)}: "

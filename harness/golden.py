@@ -36,7 +36,7 @@ import reference
 from reference.candidate import CandidateFactory, CandidateRefused
 from reference.config import ConfigError
 from reference.scheduler import Scheduler
-from reference.words import did_you_mean
+from reference.words import did_you_mean, plural
 
 from harness.check import CheckResult, check_steps
 from harness.trace.recorder import record
@@ -447,8 +447,9 @@ def _update_one(directory: Path, scenario: Scenario,
 
 
 def _stats_line(entry: dict[str, Any]) -> str:
-    return (f"{entry['steps']} steps, {entry['requests']} requests, {entry['finished']} finished, "
-            f"{entry['preemptions']} preemptions, {entry['prefix_hit_tokens']} prefix-hit tokens")
+    return (f"{plural(entry['steps'], 'step')}, {plural(entry['requests'], 'request')}, "
+            f"{entry['finished']} finished, {plural(entry['preemptions'], 'preemption')}, "
+            f"{plural(entry['prefix_hit_tokens'], 'prefix-hit token')}")
 
 
 def _change_details(old_file: Path | None, old_entry: dict[str, Any] | None, entry: dict[str, Any],

@@ -148,3 +148,19 @@ def test_unbuilt_vllm_release_suggests_a_built_one_of_its_series(tmp_path: Path,
     with pytest.raises(CandidateSpecError) as info:
         resolve_candidate("vllm@0.30.0")
     assert str(info.value).endswith("run `harness vllm-env 0.30.0` (built here: 0.33.0)")
+
+
+# -- plurals in CLI output ---------------------------------------------------------------------
+
+def test_record_summary_says_1_request_and_1_preemption_not_1_preemptions(tmp_path: Path) -> None:
+    # Issue 27: "1 preemptions". Two 40-token prompts in 5 usable blocks of 16: the second preempts once.
+    src = tmp_path / "s.toml"
+    src.write_text('[config]\nnum_gpu_blocks = 6\nblock_size = 16\nmax_model_len = 80\n\n'
+                   '[[requests]]\nrequest_id = "A"\nprompt_len = 40\nmax_tokens = 20\narrival_step = 0\n\n'
+                   '[[requests]]\nrequest_id = "B"\nprompt_len = 20\nmax_tokens = 20\narrival_step = 0\n')
+    r = CliRunner().invoke(main, ["record", str(src), "-o", str(tmp_path / "t.parquet")])
+    assert r.exit_code == 0, r.output
+    line = r.output.strip().splitlines()[-1]
+    assert ", 1 preemption, " in line, line
+    r = CliRunner().invoke(main, ["record", "synthetic:1", "-o", str(tmp_path / "one.parquet")])
+    assert r.output.strip().splitlines()[-1].startswith(f"recorded {tmp_path / 'one.parquet'}: 11 steps, 1 request (")

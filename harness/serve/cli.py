@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from reference.config import ConfigError
+from reference.words import plural
 from reference.workload import WorkloadError
 
 
@@ -232,8 +233,8 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                                      candidate=candidate)
                 line = (f"vLLM {res.vllm_version} server: {res.answered}/{res.requests} answered "
                         f"({res.aborted} aborted by disconnect, {res.rejected} refused, {res.failed} "
-                        f"failed), {res.output_tokens} "
-                        f"output tokens in {res.serve_s:.1f} s ({res.tokens_per_s:.0f} tokens/s)")
+                        f"failed), {plural(res.output_tokens, 'output token')}"
+                        f" in {res.serve_s:.1f} s ({res.tokens_per_s:.0f} tokens/s)")
         except KeyboardInterrupt as exc:
             import signal as _signal
 
@@ -262,9 +263,10 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                   f"recorded up to it")
     for warning in conv.get("warnings", ()):
         err.print(f"[yellow]warning:[/] {escape(warning)}")
-    console.print(f"converted {jsonl} -> [bold]{output}[/]: {conv['steps']} steps, {conv['requests']} "
-                  f"requests, {conv['finished']} finished, {conv['aborted']} aborted, "
-                  f"{conv['preemptions']} preemptions, {conv['prefix_hit_tokens']} prefix-hit tokens")
+    console.print(f"converted {jsonl} -> [bold]{output}[/]: {plural(conv['steps'], 'step')}, "
+                  f"{plural(conv['requests'], 'request')}, {conv['finished']} finished, {conv['aborted']} aborted, "
+                  f"{plural(conv['preemptions'], 'preemption')}, "
+                  f"{plural(conv['prefix_hit_tokens'], 'prefix-hit token')}")
     from harness.cli import _check, _open, _report
 
     for req_id, why in sorted(getattr(res, "errors", {}).items())[:0 if conv.get("crashed") else 5]:
