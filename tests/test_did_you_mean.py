@@ -164,3 +164,42 @@ def test_record_summary_says_1_request_and_1_preemption_not_1_preemptions(tmp_pa
     assert ", 1 preemption, " in line, line
     r = CliRunner().invoke(main, ["record", "synthetic:1", "-o", str(tmp_path / "one.parquet")])
     assert r.output.strip().splitlines()[-1].startswith(f"recorded {tmp_path / 'one.parquet'}: 11 steps, 1 request (")
+
+
+def test_unknown_invariant_id_suggests() -> None:
+    from harness.check.invariants import describe, family_of
+
+    with pytest.raises(KeyError) as info:
+        describe("MAX-NUM-SEQ")
+    assert info.value.args[0] == "unknown invariant 'MAX-NUM-SEQ'; did you mean 'MAX-NUM-SEQS'?"
+    with pytest.raises(KeyError) as info:
+        family_of("zzz")
+    assert info.value.args[0] == "unknown invariant 'zzz' (`harness invariants` lists them)"
+
+
+def test_bisect_versions_not_a_release_suggests_and_counts_in_the_singular() -> None:
+    from harness.bisect.core import BisectError, parse_versions
+
+    with pytest.raises(BisectError) as info:
+        parse_versions("0.29.1,0.33.0")
+    assert str(info.value) == "--versions 0.29.1,0.33.0: 0.29.1 is not a vLLM release; did you mean '0.29.0'?"
+    with pytest.raises(BisectError) as info:
+        parse_versions("0.33.0")
+    assert str(info.value) == "--versions 0.33.0: names 1 release; bisect needs two or more"
+    assert parse_versions("0.33.0,0.33.5") == ["0.33.0", "0.33.5"]  # newer than the list: allowed
+
+
+def test_scenario_after_names_an_unknown_request_suggests(tmp_path: Path) -> None:
+    text = ('[config]\nnum_gpu_blocks = 16\nmax_model_len = 128\n\n'
+            '[[requests]]\nrequest_id = "prefill-1"\nprompt_len = 8\narrival_step = 0\n\n'
+            '[[requests]]\nrequest_id = "B"\nprompt_len = 8\nafter = "prefil-1 finishes"\n')
+    assert _load(tmp_path, text) == ("s.toml:13: requests[1]: after names unknown request 'prefil-1'; "
+                                     "did you mean 'prefill-1'?")
+
+
+def test_scenario_extract_unknown_request_suggests(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["scenario", "extract", "traces/shared-prefix.parquet", "--requests", "r00001",
+                                  "-o", str(tmp_path / "s.toml")])
+    assert r.exit_code == 2
+    assert r.output == ("error: traces/shared-prefix.parquet: no request 'r00001' in the trace (6 requests); "
+                        "did you mean 'r000001', 'r000005' or 'r000004'?\n")

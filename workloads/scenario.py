@@ -460,7 +460,7 @@ def _actions(actions: list[dict[str, Any]], reqs: list[dict[str, Any]], config: 
             for rid in action["request_ids"]:
                 if rid not in earliest:
                     raise fail(where + ["request_ids"], f"actions[{i}]: request_ids names unknown "
-                                                        f"request {rid!r}")
+                                                        f"request {rid!r}" + did_you_mean(rid, earliest))
                 if action["step"] < earliest[rid]:
                     raise fail(where + ["step"], f"actions[{i}]: step {action['step']} is in the past for "
                                                  f"{rid!r}: it arrives at step {earliest[rid]} at the earliest")
@@ -579,7 +579,8 @@ def _requests(reqs: list[dict[str, Any]], fail) -> list[RequestSpec]:
         if "after" in req:
             dep = req["after"].rsplit(" ", 1)[0]
             if dep not in index:
-                raise fail(where + ["after"], f"requests[{i}]: after names unknown request {dep!r}")
+                raise fail(where + ["after"], f"requests[{i}]: after names unknown request {dep!r}"
+                                              + did_you_mean(dep, index))
             deps[req["request_id"]] = dep
     for i, req in enumerate(reqs):
         if "after" not in req:
