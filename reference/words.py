@@ -8,14 +8,18 @@ and a count the same way. No vLLM counterpart: message text only.
   name (``difflib.get_close_matches``), never the whole list of a long one:
   ``"; did you mean 'max_num_seqs'?"``; a short list (8 or fewer) with no
   close match is given whole (``"; known: fcfs, priority"``); else ``""``.
+* ``missing_file_hint(path)``: the same for a file name not found, among
+  the names in its folder.
 * ``plural(n, noun)``: ``"1 preemption"``, ``"2 preemptions"``.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 _VERSION = re.compile(r"\d+(\.\d+)+")
 #: A list of at most this many names is given whole when nothing is close.
@@ -55,6 +59,17 @@ def did_you_mean(name: str, choices: Iterable[str], *, quote: bool = True, list_
     if list_whole and 0 < len(pool) <= LIST_WHOLE_UP_TO:
         return f"; known: {', '.join(pool)}"
     return ""
+
+
+def missing_file_hint(path: str | os.PathLike[str]) -> str:
+    """For a file that does not exist: ``"; did you mean 'fcfs-tight.toml'?"``
+    when its folder holds close names, else ``""`` (no folder, nothing close)."""
+    p = Path(path)
+    try:
+        siblings = [e.name for e in p.parent.iterdir()] if p.parent.is_dir() else []
+    except OSError:
+        return ""
+    return did_you_mean(p.name, close_matches(p.name, siblings), list_whole=False)
 
 
 def plural(n: int, noun: str, plural_form: str | None = None) -> str:

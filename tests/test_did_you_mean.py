@@ -203,3 +203,19 @@ def test_scenario_extract_unknown_request_suggests(tmp_path: Path) -> None:
     assert r.exit_code == 2
     assert r.output == ("error: traces/shared-prefix.parquet: no request 'r00001' in the trace (6 requests); "
                         "did you mean 'r000001', 'r000005' or 'r000004'?\n")
+
+
+def test_workload_spec_and_missing_files_suggest(tmp_path: Path) -> None:
+    def record(workload: str) -> str:
+        r = CliRunner().invoke(main, ["record", workload, "-o", str(tmp_path / "t.parquet")])
+        assert r.exit_code == 2
+        return r.output
+
+    assert record("synthtic:5") == "error: unrecognised workload spec 'synthtic:5'; did you mean 'synthetic:5'?\n"
+    (tmp_path / "azure-code.csv").write_text("x")
+    assert record(str(tmp_path / "azure_code.csv")) == \
+        f"error: {tmp_path / 'azure_code.csv'}: workload file not found; did you mean 'azure-code.csv'?\n"
+    assert record(str(tmp_path / "zzz.csv")) == f"error: {tmp_path / 'zzz.csv'}: workload file not found\n"
+    assert record("harness/scenarios/fcfs-tigt.toml") == (
+        "error: harness/scenarios/fcfs-tigt.toml: no such scenario file; did you mean 'fcfs-tight.toml', "
+        "'async-tight.toml' or 'fcfs-roomy.toml'?\n")

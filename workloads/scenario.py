@@ -39,7 +39,7 @@ import tomli_w
 from reference.config import DERIVED_KEYS, ConfigError, EngineConfig
 from reference.workload import EOS_TOKEN_ID, MAX_TOKEN_ID, VOCAB_SIZE, RequestSpec, Workload, WorkloadError
 from reference.workload import ACTION_KINDS, Action
-from reference.words import did_you_mean
+from reference.words import did_you_mean, missing_file_hint
 from workloads.synthetic import synthetic
 
 __all__ = ["FORMAT_VERSION", "SCENARIO_SCHEMA", "Scenario", "ScenarioError", "load_scenario",
@@ -302,6 +302,8 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         raw = p.read_bytes()
         text = raw.decode("utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"{p}: no such scenario file{missing_file_hint(p)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{p}:1: cannot read scenario ({exc.__class__.__name__}: {exc})") from None
     is_json = p.suffix.lower() == ".json"
