@@ -35,7 +35,7 @@ FAMILIES = (queues, preemption, budget, blocks, spec_decode, fences, kv_connecto
 # The order ``harness invariants`` has always listed (it is stable output).
 # An id not named here (a new invariant) is listed after these, in family order.
 _LISTING = (
-    "ARRIVAL-ADMISSIBLE", "STATE-CONTINUITY", "BUDGET-TOKENS", "BUDGET-THRESHOLD", "MAX-NUM-SEQS",
+    "ARRIVAL-ADMISSIBLE", "STATE-CONTINUITY", "BUDGET-TOKENS", "BUDGET-LEFT", "BUDGET-THRESHOLD", "MAX-NUM-SEQS",
     "PREEMPT-ONLY-RUNNING", "NO-ADMIT-AFTER-PREEMPT", "PREEMPT-EFFECTS", "PREEMPT-WAITING-HEAD",
     "FCFS-VICTIM-TAIL", "PRIORITY-VICTIM-MAX", "PRIORITY-GIVE-BACK", "RUNNING-ORDER", "ADMISSION-ORDER",
     "COMPUTED-CONTINUITY", "SCHEDULED-SPAN", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK", "BLOCKS-COVER",

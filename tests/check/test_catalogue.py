@@ -20,7 +20,7 @@ CHECK = Path(invariants.__file__).parent
 def test_every_invariant_is_shown_to_fire() -> None:
     # Doctored-trace tests: tests/check/test_queues.py, test_spec_decode.py, test_data_parallel.py.
     fired = {"ARRIVAL-ADMISSIBLE", "SCHEDULED-ONCE", "SPEC-ACCEPTANCE", "DP-ROUTING",
-             "STOP-MIN-TOKENS"}  # + test_lifecycle.py: a 0.33.0 engine checked under 0.20.2
+             "STOP-MIN-TOKENS", "BUDGET-LEFT"}  # BUDGET-LEFT: tests/check/test_budget.py  # + test_lifecycle.py: a 0.33.0 engine checked under 0.20.2
     for row in kill_matrix():
         for cell in row.cells.values():
             fired |= set(cell.result.by_invariant)
