@@ -30,6 +30,7 @@ from harness.check import (
     kv_connector,
     lifecycle,
     preemption,
+    progress,
     queues,
     spec_decode,
 )
@@ -217,6 +218,7 @@ class TraceChecker(TraceModel):
         blocks.check_conservation(self, "schedule_begin", ev["num_free_blocks"])
         st.eligible = len(running) + len(waiting)
         st.defer = budget.expected_defer(self, ev, running)
+        progress.snapshot(self, st, running)
 
     def _on_preempt(self, ev: dict, st: StepState) -> None:
         if st.reset is not None and st.reset_victims:
@@ -232,6 +234,7 @@ class TraceChecker(TraceModel):
         if preemption.check_scheduled_victim_withdrawn(self, st, rid):
             st.scheduled.remove(rid)
             st.kept_victims.append(rid)
+        progress.on_preempt(self, st, rid, ev.get("fence"))
         self._preempt_effects(req, ev, st)
         if rid in st.sim_running:
             index = st.sim_running.index(rid)
@@ -276,6 +279,7 @@ class TraceChecker(TraceModel):
         st.drafts[rid] = drafts
         blocks_before = len(req.blocks)
         if kind == "running":
+            progress.on_running_scheduled(self, st, rid, len(ev["block_ids"] or []))
             fences.check_not_past_max_tokens(self, req, computed)
             spec_decode.check_running_drafts(self, req, computed, n, drafts)
             if req.prefill_chunk:
@@ -397,6 +401,7 @@ class TraceChecker(TraceModel):
         blocks.check_conservation(self, "schedule_end", ev["num_free_blocks"])
         lifecycle.check_idle_admission(self, st)
         lifecycle.check_progress(self, st)
+        progress.check_step(self, ev, st, running, waiting)
         self.result.deferred_prefill_steps += bool(ev["defer_prefills"])
         budget.check_defer_flag(self, ev, st)
         if not st.preempted and not st.defer:

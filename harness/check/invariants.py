@@ -1,9 +1,12 @@
 """The invariant catalogue: stable ids, one-line statements, spec sections.
 
 Each id is what ``harness check`` reports; ``harness invariants`` lists them.
-Every entry is in one of two layers (``Invariant.layer``): *safety*, what
-every correct engine satisfies whatever its version (its ``why`` says why),
-and *semantics*, a rule of one vLLM version's design, checked only under a
+Every entry is in one of three layers (``Invariant.layer``): *safety*, what
+every correct engine satisfies whatever its version (its ``why`` says why:
+nothing corrupts); *progress*, what every correct engine keeps about making
+the progress it can (its ``why`` cites the public vLLM report of the bug
+class; the statement names the exceptions: ``harness.check.progress``); and
+*semantics*, a rule of one vLLM version's design, checked only under a
 profile of a version that has it (``harness.check.profiles``).
 The entries live next to their checks, one module per family (``FAMILIES``);
 this module only gathers them. Statements say what must hold, not what vLLM
@@ -21,16 +24,18 @@ from harness.check import (
     kv_connector,
     lifecycle,
     preemption,
+    progress,
     queues,
     spec_decode,
 )
-from harness.check.result import LAYERS, SAFETY, SEMANTICS, Invariant
+from harness.check.result import LAYERS, PROGRESS, SAFETY, SEMANTICS, Invariant
 
-__all__ = ["FAMILIES", "INVARIANTS", "SAFETY_IDS", "SEMANTICS_IDS", "Invariant", "describe", "family_of"]
+__all__ = ["FAMILIES", "INVARIANTS", "PROGRESS_IDS", "SAFETY_IDS", "SEMANTICS_IDS", "Invariant", "describe",
+           "family_of"]
 
 # Family modules, in the order of the spec's sections.
 FAMILIES = (queues, preemption, budget, blocks, spec_decode, fences, kv_connector, encoder, data_parallel,
-            lifecycle)
+            lifecycle, progress)
 
 # The order ``harness invariants`` has always listed (it is stable output).
 # An id not named here (a new invariant) is listed after these, in family order.
@@ -70,6 +75,7 @@ INVARIANTS, _FAMILY = _gather()
 #: The ids of each layer, in listing order.
 SAFETY_IDS = tuple(i for i, inv in INVARIANTS.items() if inv.layer == SAFETY)
 SEMANTICS_IDS = tuple(i for i, inv in INVARIANTS.items() if inv.layer == SEMANTICS)
+PROGRESS_IDS = tuple(i for i, inv in INVARIANTS.items() if inv.layer == PROGRESS)
 
 
 def describe(invariant_id: str) -> Invariant:
