@@ -402,6 +402,7 @@ class TraceChecker(TraceModel):
         lifecycle.check_idle_admission(self, st)
         lifecycle.check_progress(self, st)
         progress.check_step(self, ev, st, running, waiting)
+        progress.note_running(self, running)
         self.result.deferred_prefill_steps += bool(ev["defer_prefills"])
         budget.check_defer_flag(self, ev, st)
         if not st.preempted and not st.defer:

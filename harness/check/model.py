@@ -202,6 +202,7 @@ class TraceModel:
         # load was in flight (they hold their blocks until it reports done).
         self.kv_connector: bool = config.get("kv_connector", False)
         self.watermark: float = config.get("watermark", 0.0)  # admissions' reserve (harness.check.progress)
+        self.peak_running = 0  # the most requests running after a step so far (harness.check.progress)
         self.recompute_kv: bool = config.get("kv_load_failure_policy", "recompute") == "recompute"
         self.kv_queue: set[str] = set()
         self.inflight: dict[str, None] = {}

@@ -46,7 +46,7 @@ from harness.check.result import PROGRESS, Invariant
 INVARIANTS = [
     Invariant("PROGRESS-RUNNING", "In a step that preempts nothing and leaves token budget, every running request with tokens to compute is scheduled, unless it needs more blocks than are free, is a prefill chunk in a deferring or throttled step, has encoder inputs, or is held by max_model_len or the async max_tokens guard.", "3.3, 8 (progress)",
               PROGRESS, "A running request skipped while the step leaves budget and blocks starves for nothing: vllm-project/vllm#53130 (a scheduler that stops serving requests with the KV cache mostly free) and HabanaAI/vllm-fork#2247 (preempted groups left in the running queue: later scheduler passes break at once, starving every remaining decode)."),
-    Invariant("PROGRESS-ADMIT", "In a step that preempts nothing, leaves token budget, runs fewer than max_num_seqs and does not defer prefills, the first waiting request the step did not skip is one that does not fit: its blocks (bounded from above: the whole prompt plus lookahead, plus the watermark) exceed the free blocks, chunked prefill is off and its prompt exceeds the budget left, or a speculative decode's padding does; requests with encoder inputs, stale output in flight or a KV connector are not judged.", "3.4, 8 (progress)",
+    Invariant("PROGRESS-ADMIT", "In a step that preempts nothing, leaves token budget, runs fewer requests than the engine's admission cap (the most it has run at once so far, at most max_num_seqs: a fork may cap lower) and does not defer prefills, the first waiting request the step did not skip is one that does not fit: its blocks (bounded from above: the whole prompt plus lookahead, plus the watermark) exceed the free blocks, chunked prefill is off and its prompt exceeds the budget left, or a speculative decode's padding does; requests with encoder inputs, stale output in flight or a KV connector are not judged.", "3.4, 8 (progress)",
               PROGRESS, "An admission refused while blocks and budget are free leaves the engine idle with work waiting: vllm-project/vllm#53130 (admission stops for good while the KV cache is mostly free) and vllm-project/vllm#33499 (the waiting loop's break leaves usable KV capacity idle behind a blocked head)."),
     Invariant("PROGRESS-PREEMPT-NEEDED", "A preemption in schedule() happens only when the running request that triggered it did not fit: the blocks that request is then given are more than were free before the first preemption it caused.", "3.3 step 6, 8 (progress)",
               PROGRESS, "A preemption while the free blocks sufficed throws away computed KV and recomputes it for nothing: vllm-project/vllm#39375 (preemptions made before knowing they help: lower-priority requests preempted, higher-priority ones skipped) and vllm-project/vllm#37337 (reducing needless preemption)."),
@@ -170,6 +170,12 @@ def check_step(m: TraceModel, ev: dict, st: StepState, running_after: list[str],
         _check_admission(m, st, budget_left, free, deferring, running_after, waiting_after)
 
 
+def note_running(m: TraceModel, running_after: list[str]) -> None:
+    """At ``schedule_end``, after the checks: the most requests the engine has
+    run at once (PROGRESS-ADMIT's admission cap)."""
+    m.peak_running = max(m.peak_running, len(running_after))
+
+
 def _check_running(m: TraceModel, st: StepState, p: ProgressStep, budget_left: int, free: int,
                    deferring: bool, preempted: bool, running_after: set[str]) -> None:
     rule = "PROGRESS-AFTER-PREEMPT" if preempted else "PROGRESS-RUNNING"
@@ -199,7 +205,10 @@ def _check_running(m: TraceModel, st: StepState, p: ProgressStep, budget_left: i
 
 def _check_admission(m: TraceModel, st: StepState, budget_left: int, free: int, deferring: bool,
                      running_after: list[str], waiting_after: list[str]) -> None:
-    if deferring or m.kv_connector or len(running_after) >= m.max_num_seqs:
+    # The admission cap: max_num_seqs, or the engine's own lower one (a fork may cap
+    # running requests under it, legally): the most it has run at once so far.
+    cap = min(m.max_num_seqs, m.peak_running)
+    if deferring or m.kv_connector or len(running_after) >= cap:
         return
     skipped = set(st.skipped)
     head = next((r for r in waiting_after if r not in skipped), None)
@@ -217,4 +226,5 @@ def _check_admission(m: TraceModel, st: StepState, budget_left: int, free: int, 
     m.violate("PROGRESS-ADMIT", head,
               f"waiting ({req.num_tokens} tokens) and not admitted, although the step left "
               f"{budget_left} token(s) of budget, {free} free block(s) (it needed at most {needed}) "
-              f"and {len(running_after)} of max_num_seqs {m.max_num_seqs} running")
+              f"and {len(running_after)} running (it has run {m.peak_running} at once; "
+              f"max_num_seqs {m.max_num_seqs})")
