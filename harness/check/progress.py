@@ -52,7 +52,7 @@ INVARIANTS = [
               PROGRESS, "A preemption while the free blocks sufficed throws away computed KV and recomputes it for nothing: vllm-project/vllm#39375 (preemptions made before knowing they help: lower-priority requests preempted, higher-priority ones skipped) and vllm-project/vllm#37337 (reducing needless preemption)."),
     Invariant("PROGRESS-PREEMPT-FREES", "A preemption in schedule() returns blocks to the free queue now: its victim's free is not fenced (deferred behind a step in flight), so the allocation that triggered it can use them.", "3.3 step 6, 5.10, 8 (progress)",
               PROGRESS, "A preemption whose blocks stay held behind a fence frees nothing usable: the retry fails again and preempts the next victim, a cascade of zero-progress preemptions: vllm-project/vllm#49675 (fixes #49674, 'Stop zero-progress preemption cascades for deferred KV frees')."),
-    Invariant("PROGRESS-AFTER-PREEMPT", "In a step that preempts and leaves token budget, the running requests still running after the step that have tokens to compute are scheduled unless they need more blocks than are free (or another PROGRESS-RUNNING exception holds): a preemption never ends the step for requests that fit.", "3.3 step 6, 8 (progress)",
+    Invariant("PROGRESS-AFTER-PREEMPT", "In a step that preempts and leaves token budget, the running requests still running after the step that have tokens to compute are scheduled unless they need more blocks than are free (or another PROGRESS-RUNNING exception holds): a preemption never ends the step for requests that fit. Requests after a victim the step had not scheduled (it may have preempted itself, after which a release may end the loop: vLLM 0.29.0 under PRIORITY) are not judged.", "3.3 step 6, 8 (progress)",
               PROGRESS, "Budget and blocks lost after a preemption: the rest of the running queue starves although the preemption made room: HabanaAI/vllm-fork#2247 (after a preemption the scheduler breaks at once, starving the remaining decodes) and vllm-project/vllm-ascend#13423 (a preempted request's budget not restored in a custom scheduler)."),
 ]
 
@@ -83,6 +83,8 @@ class ProgressStep:
     #: ... of which not scheduled earlier in the step (one of them may have
     #: been the request at hand, preempting itself).
     unscheduled_victims: list[str] = field(default_factory=list)
+    #: Every victim of the step not scheduled earlier in it (PROGRESS-AFTER-PREEMPT).
+    step_unscheduled_victims: list[str] = field(default_factory=list)
 
 
 def watermark_blocks(m: TraceModel) -> int:
@@ -123,6 +125,7 @@ def on_preempt(m: TraceModel, st: StepState, rid: str, fence: int | None) -> Non
     p.victims.append(rid)
     if rid not in st.withdrawn and rid not in st.kept_victims:
         p.unscheduled_victims.append(rid)
+        p.step_unscheduled_victims.append(rid)
     if fence is not None:
         m.violate("PROGRESS-PREEMPT-FREES", rid,
                   f"preempted with its free fenced (fence {fence}): its blocks stay held behind a step "
@@ -180,7 +183,15 @@ def _check_running(m: TraceModel, st: StepState, p: ProgressStep, budget_left: i
                    deferring: bool, preempted: bool, running_after: set[str]) -> None:
     rule = "PROGRESS-AFTER-PREEMPT" if preempted else "PROGRESS-RUNNING"
     scheduled = set(st.scheduled) | set(st.kept_victims)
-    for rid, before in p.running.items():
+    order = list(p.running)
+    # A victim not scheduled earlier in the step may have been the request at
+    # hand preempting itself, after which a release may end the running loop
+    # (vLLM 0.29.0 breaks there under PRIORITY; 0.33.0 goes on): the requests
+    # after it in running order are not judged.
+    cut = min((order.index(v) for v in p.step_unscheduled_victims if v in order), default=len(order))
+    for index, (rid, before) in enumerate(p.running.items()):
+        if index > cut:
+            break
         if rid in scheduled or rid not in running_after or rid in st.aborted or before.exempt:
             continue
         req = m.reqs.get(rid)
