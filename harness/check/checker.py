@@ -35,6 +35,7 @@ from harness.check import (
     spec_decode,
 )
 from harness.check.encoder_cache import request_items
+from harness.check.invariants import root_cause_first
 from harness.check.model import Batch, ReqShadow, StepState, TraceModel, cdiv
 from harness.check.profiles import Profile, reference_profile
 from harness.check.profiles import resolve as resolve_profile
@@ -739,6 +740,8 @@ def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str
     # memory, schema_version None, are the recorder's own: nothing to doubt).
     observed = schema_version is not None and schema_version >= OBSERVED_SINCE
     result = _check_steps(config, steps, profile, observed, truncated, observe)
+    # Several ids for one request in one step: the root cause first (harness.check.invariants).
+    result.violations = root_cause_first(result.violations)
     result.profile = profile.name
     result.notes += unobserved_notes(schema_version)
     return result

@@ -31,7 +31,7 @@ from harness.check import (
 from harness.check.result import LAYERS, PROGRESS, SAFETY, SEMANTICS, Invariant
 
 __all__ = ["FAMILIES", "INVARIANTS", "PROGRESS_IDS", "SAFETY_IDS", "SEMANTICS_IDS", "Invariant", "describe",
-           "family_of"]
+           "family_of", "root_cause_first"]
 
 # Family modules, in the order of the spec's sections.
 FAMILIES = (queues, preemption, budget, blocks, spec_decode, fences, kv_connector, encoder, data_parallel,
@@ -87,3 +87,42 @@ def family_of(invariant_id: str) -> str:
     """The module holding the invariant's checks (e.g. ``harness.check.preemption``);
     KeyError for an unknown id."""
     return _FAMILY[invariant_id]
+
+
+#: Ids that notice the effects of a decision made earlier (bookkeeping that no
+#: longer adds up, a deferral computed from queues a wrong decision changed,
+#: a request left behind): listed after the decision rules of the same
+#: request and step. The progress layer comes last (lost progress is the
+#: consequence of any of them).
+CONSEQUENCE_IDS = frozenset({
+    "COMPUTED-CONTINUITY", "STATE-CONTINUITY", "BLOCK-CONSERVATION", "SCHEDULED-SPAN", "BLOCKS-COVER",
+    "OUTPUT-ONLY-COMPLETE", "PREFILL-DEFER", "FINISHED-IDS", "SCHEDULED-HAS-DATA", "IDLE-ADMISSION",
+    "NO-PROGRESS", "LIVENESS",
+})
+
+
+def _cause_rank(inv_id: str) -> int:
+    inv = INVARIANTS.get(inv_id)
+    if inv is not None and inv.layer == PROGRESS:
+        return 2
+    return 1 if inv_id in CONSEQUENCE_IDS else 0
+
+
+def root_cause_first(violations: list) -> list:
+    """``violations`` (``Violation``s in the order the checks ran, which is
+    the order vLLM takes its decisions) with each (step, request) group's
+    witnesses together, at the place of its first, ordered: the decision
+    rules first (which request runs, is preempted or admitted, how much it
+    gets, where its KV goes), then the ids that notice their effects
+    (``CONSEQUENCE_IDS``), then the progress layer; ties keep check order.
+    E.g. a PRIORITY victim left in num_scheduled_tokens: SCHEDULED-NOT-PREEMPTED
+    before the COMPUTED-CONTINUITY it causes; a request admitted in a step
+    that preempted: NO-ADMIT-AFTER-PREEMPT before PREFILL-DEFER. Step-level
+    witnesses (request None) form their own group."""
+    first: dict[tuple, int] = {}
+    for index, v in enumerate(violations):
+        first.setdefault((v.step, v.request), index)
+    order = sorted(range(len(violations)),
+                   key=lambda i: (first[(violations[i].step, violations[i].request)],
+                                  _cause_rank(violations[i].invariant), i))
+    return [violations[i] for i in order]
