@@ -421,9 +421,15 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_
         from harness.view.cli import divergence_of_replay, write_report
 
         write_report(html_report, trace, semantics, series=series, divergence=divergence_of_replay(divergence))
-    _report(result, divergence, as_json, trace,
-            {"candidate": candidate, "replayed_steps": compared})
-    sys.exit(EXIT_OK if result.ok and divergence is None else EXIT_FOUND)
+    # Under the fork gate (or safety) a decision that differs is information:
+    # the fork's own policy, not a failure; a crash still is one.
+    information = result.profile in PROFILES and not PROFILES[result.profile].semantics
+    extra = {"candidate": candidate, "replayed_steps": compared}
+    if information:
+        extra["divergence_is_information"] = True
+    _report(result, divergence, as_json, trace, extra)
+    ok = divergence is None or (information and divergence.field != "exception")
+    sys.exit(EXIT_OK if result.ok and ok else EXIT_FOUND)
 
 
 @main.command()
