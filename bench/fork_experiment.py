@@ -44,7 +44,7 @@ from workloads.scenario import load_scenario  # noqa: E402
 #: fork gate; "semantics" only a release's profile; "correct" nothing under the gate.
 CLASSES = [
     ("FreeBeforeFence", "safety"), ("PreemptKeepsComputed", "safety"), ("LeakOnFinish", "safety"),
-    ("TokenCapOverrun", "safety"), ("RunningCapPlusTwo", "safety"), ("AdmitOnePerStep", "progress"),
+    ("ForgetFinishedIds", "safety"), ("RunningCapPlusTwo", "safety"), ("AdmitOnePerStep", "progress"),
     ("KeepReserve", "progress"), ("SkipTailEveryThird", "progress"), ("NoLongPrefillThreshold", "semantics"),
     ("TighterTokenCap", "correct"), ("RunningCapTwo", "correct"), ("ChunkAt32", "correct"),
 ]
@@ -54,7 +54,7 @@ SCENARIOS = [
     "traces/scenarios/running-after-preemption", "traces/scenarios/preempt-and-recompute",
     "harness/scenarios/fcfs-tight", "harness/scenarios/fcfs-roomy", "harness/scenarios/priority-tight",
     "harness/scenarios/chunked-threshold", "harness/scenarios/deferred-frees",
-    "harness/scenarios/pipeline-3",
+    "harness/scenarios/pipeline-3", "traces/scenarios/deferred-free-pipeline",
 ]
 SEMANTICS = ("fork", "safety", "auto")
 

@@ -173,7 +173,8 @@ def render_matrix(report: MutationReport, console: Console) -> None:
                       ", ".join(r.safety_catches)
                       # Regression: a mutant no chosen scenario reaches (--scenario kv-connector)
                       # was labelled semantics-only whatever its layer.
-                      or ("- (a semantics-only fault)" if r.killed else "-"))
+                      or (("- (a progress fault: caught under --semantics fork)" if r.layer == "progress"
+                           else "- (a semantics-only fault)") if r.killed else "-"))
     console.print(keep_words_whole(table))
     console.print("times the target invariant fired per scenario; * = the run ended early "
                   "(stalled or the candidate raised)")

@@ -35,12 +35,14 @@ class LeakOnFinish(Scheduler):
         del self.requests[request.request_id]  # the bug: _free_request_blocks forgotten
 
 
-class TokenCapOverrun(Scheduler):
-    """Bug: the step's token cap is read 16 tokens too high."""
+class ForgetFinishedIds(Scheduler):
+    """Bug: a finished request is not reported in finished_req_ids (the model
+    runner keeps its state)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.max_num_scheduled_tokens += 16  # the bug
+    def _free_request(self, request, delay_free_blocks=False):
+        result = super()._free_request(request, delay_free_blocks)
+        self.finished_req_ids.discard(request.request_id)  # the bug
+        return result
 
 
 class RunningCapPlusTwo(Scheduler):

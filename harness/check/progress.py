@@ -161,9 +161,16 @@ def check_step(m: TraceModel, ev: dict, st: StepState, running_after: list[str],
     if p is None:
         return
     p.free_before_preempt, p.victims, p.unscheduled_victims = None, [], []
+    # The budget the engine says it left, never more than the configured cap
+    # leaves (a fork with a tighter cap of its own says less; a recording
+    # that computes it from a raised cap would say more than vLLM's input
+    # budget lets a step use).
     budget_left = ev.get("token_budget")
-    if budget_left is None or budget_left <= 0:
-        return  # the engine says it left no budget
+    if budget_left is None:
+        return
+    budget_left = min(budget_left, m.token_budget - st.total)
+    if budget_left <= 0:
+        return  # no budget left
     free = ev.get("num_free_blocks")
     free = len(m.free_queue) if free is None else free
     deferring = bool(ev.get("defer_prefills")) or bool(ev.get("throttle_prefills")) or st.defer
