@@ -352,10 +352,11 @@ def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, t
 
 
 _SEMANTICS = click.option(
-    "--semantics", default="auto", show_default=True, metavar="auto|safety|VERSION",
-    help="Which version-design rules to check on top of the safety invariants: 'auto' (the profile of "
+    "--semantics", default="auto", show_default=True, metavar="auto|safety|fork|VERSION",
+    help="Which rules to check on top of the safety invariants: 'auto' (the profile of "
          "the engine and version in the trace's metadata; safety only for an engine of unknown origin), "
-         "'safety' (none), or a profile: " + ", ".join(p for p in PROFILES if p != "safety") + ".")
+         "'safety' (nothing more), 'fork' (the fork gate: the progress layer, no version's design), "
+         "or a profile: " + ", ".join(p for p in PROFILES if p != "safety") + ".")
 
 
 _HTML_REPORT = click.option(
@@ -423,21 +424,29 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_
         from harness.view.cli import divergence_of_replay, write_report
 
         write_report(html_report, trace, semantics, series=series, divergence=divergence_of_replay(divergence))
-    _report(result, divergence, as_json, trace,
-            {"candidate": candidate, "replayed_steps": compared})
-    sys.exit(EXIT_OK if result.ok and divergence is None else EXIT_FOUND)
+    # Under the fork gate (or safety) a decision that differs is information:
+    # the fork's own policy, not a failure; a crash still is one.
+    information = result.profile in PROFILES and not PROFILES[result.profile].semantics
+    extra = {"candidate": candidate, "replayed_steps": compared}
+    if information:
+        extra["divergence_is_information"] = True
+    _report(result, divergence, as_json, trace, extra)
+    ok = divergence is None or (information and divergence.field != "exception")
+    sys.exit(EXIT_OK if result.ok and ok else EXIT_FOUND)
 
 
 @main.command()
-@click.option("--layer", type=click.Choice(["safety", "semantics"]), help="List one layer only.")
+@click.option("--layer", type=click.Choice(["safety", "progress", "semantics"]), help="List one layer only.")
 @click.option("--why", is_flag=True, help="Show why each is in its layer instead of its statement.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line (every field).")
 def invariants(layer: str | None, why: bool, as_json: bool) -> None:
     """List the invariant catalogue: id, layer, spec section, statement.
 
-    Safety invariants hold for every correct engine whatever its version;
-    semantics rules are one vLLM version's design, checked under the
-    profiles that have them (see --semantics of check)."""
+    Safety invariants hold for every correct engine whatever its version
+    (nothing corrupts); progress rules too (the engine makes the progress it
+    can; every profile but 'safety' checks them, and 'fork' checks only
+    these two layers); semantics rules are one vLLM version's design,
+    checked under the profiles that have them (see --semantics of check)."""
     chosen = [inv for inv in INVARIANTS.values() if layer is None or inv.layer == layer]
     if as_json:
         for inv in chosen:
@@ -451,8 +460,9 @@ def invariants(layer: str | None, why: bool, as_json: bool) -> None:
     for inv in chosen:
         table.add_row(inv.id, inv.layer, inv.spec, inv.why if why else inv.statement)
     console.print(keep_words_whole(table))
-    safety = sum(inv.layer == "safety" for inv in chosen)
-    console.print(f"{plural(len(chosen), 'invariant')}: {safety} safety, {len(chosen) - safety} semantics")
+    count = {name: sum(inv.layer == name for inv in chosen) for name in ("safety", "progress", "semantics")}
+    console.print(f"{plural(len(chosen), 'invariant')}: {count['safety']} safety, {count['progress']} progress, "
+                  f"{count['semantics']} semantics")
 
 
 @main.command()
@@ -782,10 +792,16 @@ def _finite_or_none(value: float | None, name: str) -> float | None:
                    "generated example).")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the minimal failing traces (Parquet) and their JSON descriptions.")
+@click.option("--semantics", default="auto", show_default=True, metavar="auto|safety|fork|VERSION",
+              help="What the candidate is held to: 'auto' (every rule of the version the reference "
+                   "mirrors, and its decisions compared with the reference's), 'safety' (the safety "
+                   "invariants only), 'fork' (the fork gate: safety + progress) or a release's profile; "
+                   "under any but 'auto' only violations, crashes and stalls are findings, a decision "
+                   "that differs from the reference's never is.")
 @_step_timeout
 def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, workers: int,
          report_known: bool, scenario_path: str | None, async_spec: bool, out_dir: str,
-         step_timeout: float) -> None:
+         semantics: str, step_timeout: float) -> None:
     """Fuzz CANDIDATE with small generated scenarios (hypothesis): check every invariant and,
     for a candidate other than the reference, compare its decisions with the reference's.
 
@@ -795,10 +811,17 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     shrunk and written to OUT_DIR as a replayable trace plus a JSON description (workers that
     shrink to the same scenario share one). A scenario on which the reference itself shows a
     known finding (a documented vLLM 0.33.0 behaviour, e.g. the KV-connector wedge) is passed
-    over and counted in the summary, unless --report-known. Exit 0 nothing found, 1 something
-    found, 2 bad arguments."""
+    over and counted in the summary, unless --report-known. A drawn config the candidate
+    refuses (e.g. async scheduling for a plain Scheduler subclass) is skipped and counted,
+    never a finding. Exit 0 nothing found, 1 something found, 2 bad arguments."""
     from harness.fuzz import FuzzWorkerError, WorkerProgress, fuzz_parallel, write_witnesses
     from harness.fuzz.report import render_summary, render_witnesses
+    from harness.fuzz.run import fuzz_profile
+
+    try:
+        fuzz_profile(semantics)
+    except ProfileError as exc:
+        _fail(str(exc))
 
     factory = _candidate(candidate, step_timeout)
     if async_spec and scenario_path is not None:
@@ -825,7 +848,7 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
             result = fuzz_parallel(candidate, workers=workers, max_examples=max_examples, seed=seed,
                                    time_budget_s=time_budget, on_progress=on_progress,
                                    skip_known=not report_known, base=base, async_spec=async_spec,
-                                   step_timeout=step_timeout)
+                                   step_timeout=step_timeout, semantics=semantics)
         except FuzzWorkerError as exc:
             _fail(str(exc))
     render_summary(result, candidate, seed, console)

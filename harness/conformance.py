@@ -5,16 +5,48 @@ plugin (harness/pytest_plugin.py)::
 
 For every canonical scenario (harness/scenarios/*.toml): the candidate must
 violate no invariant and must not stall or raise; and it must make exactly
-the decisions recorded in the golden trace of that scenario. A scenario whose
-config the candidate refuses (``CandidateRefused``: a vLLM release without an
+the decisions recorded in the golden trace of that scenario. The same holds
+(invariants only) for every scenario of the library (traces/scenarios/: the
+bug shapes and the progress scenarios) and of ``--harness-scenarios DIR``,
+and for a short fuzz (``--harness-fuzz-examples``). A scenario whose config
+the candidate refuses (``CandidateRefused``: a vLLM release without an
 option it sets, a config the driver cannot map) is skipped with the reason.
+
+``--harness-semantics`` chooses the rules: ``auto`` every rule of the version
+the reference mirrors; ``fork`` (the fork gate) the safety and progress
+layers only, and then a golden's decisions that differ are information (the
+run's last section), never failures: a fork's deliberate policy passes.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness.scenarios import SCENARIOS
+
+#: The scenario library: the checkout's traces/scenarios/, else the installed copy.
+_CHECKOUT_LIBRARY = Path(__file__).resolve().parents[1] / "traces" / "scenarios"
+LIBRARY = _CHECKOUT_LIBRARY if _CHECKOUT_LIBRARY.is_dir() else Path(__file__).resolve().parent / "library"
+
+
+def _library_files(config) -> list[Path]:
+    folder = config.getoption("--harness-scenarios", default=None)
+    files = sorted(LIBRARY.glob("*.toml")) if LIBRARY.is_dir() else []
+    if folder:
+        extra = Path(folder)
+        if not extra.is_dir():
+            raise pytest.UsageError(f"--harness-scenarios: {extra} is not a folder")
+        files += sorted(extra.glob("*.toml"))
+    return files
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "library_scenario" in metafunc.fixturenames:
+        files = _library_files(metafunc.config)
+        metafunc.parametrize("library_scenario", files,
+                             ids=[f"{p.parent.name}/{p.stem}" for p in files])
 
 
 def _witness(result) -> str:
@@ -24,11 +56,11 @@ def _witness(result) -> str:
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_invariants(scenario: str, harness_candidate) -> None:
+def test_invariants(scenario: str, harness_candidate, harness_profile) -> None:
     """The candidate violates no invariant on the scenario."""
     from harness.mutation import run_candidate
 
-    cell = run_candidate(harness_candidate, SCENARIOS[scenario])
+    cell = run_candidate(harness_candidate, SCENARIOS[scenario], harness_profile)
     if cell.refused:  # e.g. a vLLM release without an option the scenario sets: not compared, not failed
         pytest.skip(f"{scenario}: the candidate cannot run this scenario's config: {cell.refused}")
     if cell.ended:
@@ -53,14 +85,22 @@ def golden_results(harness_candidate, harness_golden_dir, harness_update_golden)
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_golden(scenario: str, golden_results: dict) -> None:
-    """The candidate makes the golden trace's decisions, step by step."""
+def test_golden(scenario: str, golden_results: dict, harness_profile) -> None:
+    """The candidate makes the golden trace's decisions, step by step (under
+    a --harness-semantics other than auto, a difference is information)."""
+    from harness.fuzz.run import compares_decisions
+    from harness.pytest_plugin import DIFFERENCES
+
     if not golden_results:
         return  # goldens were just re-recorded
     result = golden_results[scenario]
     if result.skipped:
         pytest.skip(f"{scenario}: the candidate cannot replay this golden: {result.skipped}")
     if not result.ok:
+        if harness_profile is not None and not compares_decisions(harness_profile) \
+                and result.divergence is not None:
+            DIFFERENCES.append(f"{scenario}: " + "; ".join(result.reasons))
+            return
         pytest.fail(f"{scenario}: " + "; ".join(result.reasons), pytrace=False)
 
 
@@ -68,3 +108,56 @@ def test_no_unused_goldens(golden_results: dict) -> None:
     unused = [name for name, r in golden_results.items() if r.unused]
     if unused:
         pytest.fail(f"golden traces for no scenario: {unused}", pytrace=False)
+
+
+class _LibraryScenario:
+    """A library scenario file as ``harness.mutation.run_candidate`` runs it."""
+
+    def __init__(self, path: Path) -> None:
+        from workloads.scenario import load_scenario
+
+        self.loaded = load_scenario(path)
+        self.seed = self.loaded.seed
+        self.name = path.stem
+
+    def make_workload(self):
+        return self.loaded.workload
+
+    def engine_config(self):
+        return self.loaded.engine_config()
+
+
+def test_library(library_scenario: Path, harness_candidate, harness_profile) -> None:
+    """The candidate violates no invariant on a library scenario (the bug
+    shapes and the progress scenarios of traces/scenarios/, and the files of
+    --harness-scenarios)."""
+    from harness.mutation import run_candidate
+
+    cell = run_candidate(harness_candidate, _LibraryScenario(library_scenario), harness_profile)
+    name = library_scenario.stem
+    if cell.refused:
+        pytest.skip(f"{name}: the candidate cannot run this scenario's config: {cell.refused}")
+    if cell.ended:
+        pytest.fail(f"{name}: run ended early: {cell.ended}", pytrace=False)
+    if not cell.result.ok:
+        pytest.fail(f"{name}: {cell.result.by_invariant}\n{_witness(cell.result)}", pytrace=False)
+
+
+def test_fuzz(harness_candidate, harness_candidate_spec, harness_profile, harness_fuzz_examples) -> None:
+    """A short fuzz (--harness-fuzz-examples, seed 0): no generated scenario
+    makes the candidate violate a rule it is held to, crash or stall (under
+    auto, nor decide differently from the reference). Drawn configs the
+    candidate refuses are skipped; the reference's known findings passed over."""
+    from harness.fuzz.run import fuzz, known_reference_finding
+    from reference.scheduler import Scheduler
+
+    if harness_fuzz_examples <= 0:
+        pytest.skip("--harness-fuzz-examples 0")
+    factory = None if harness_candidate_spec == "reference" else harness_candidate
+    result = fuzz(factory if factory is not Scheduler else None, max_examples=harness_fuzz_examples,
+                  seed=0, known=known_reference_finding, profile=harness_profile)
+    if result.found:
+        pytest.fail(f"fuzz: {result.failure.kind}: {result.failure.message}\n"
+                    f"  shrunk to {result.case.describe()}; reproduce with: harness fuzz --candidate "
+                    f"{harness_candidate_spec} --max-examples {harness_fuzz_examples} --seed 0 -o DIR",
+                    pytrace=False)

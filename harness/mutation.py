@@ -21,6 +21,7 @@ from harness.candidates.mutants import MUTANTS_AND_TARGETS
 
 from harness.check import CheckResult, check_steps
 from harness.check.invariants import INVARIANTS, SAFETY_IDS
+from harness.check.profiles import Profile
 from harness.trace.recorder import run_to_rows
 from harness.scenarios import ACTION_SCENARIOS, SCENARIOS, Scenario
 from harness.richtext import keep_words_whole
@@ -67,8 +68,9 @@ class MatrixRow:
         return [i for i in SAFETY_IDS if i in fired]
 
 
-def run_candidate(factory: CandidateFactory, scenario: Scenario) -> Cell:
-    """Run ``scenario`` on ``factory`` in memory and check every invariant."""
+def run_candidate(factory: CandidateFactory, scenario: Scenario, profile: Profile | None = None) -> Cell:
+    """Run ``scenario`` on ``factory`` in memory and check every invariant
+    ``profile`` holds (default: the reference's)."""
     steps: list = []
     ended = refused = ""
     try:
@@ -80,7 +82,7 @@ def run_candidate(factory: CandidateFactory, scenario: Scenario) -> Cell:
         ended = str(exc)
         if not isinstance(exc, CandidateCrash) and isinstance(exc.__cause__, CandidateRefused):
             refused = " ".join(str(exc.__cause__).split())
-    return Cell(check_steps(scenario.engine_config().to_dict(), steps), ended, refused)
+    return Cell(check_steps(scenario.engine_config().to_dict(), steps, profile), ended, refused)
 
 
 def kill_matrix(mutants: list[str] | None = None, scenarios: list[str] | None = None,
@@ -171,7 +173,8 @@ def render_matrix(report: MutationReport, console: Console) -> None:
                       ", ".join(r.safety_catches)
                       # Regression: a mutant no chosen scenario reaches (--scenario kv-connector)
                       # was labelled semantics-only whatever its layer.
-                      or ("- (a semantics-only fault)" if r.killed else "-"))
+                      or (("- (a progress fault: caught under --semantics fork)" if r.layer == "progress"
+                           else "- (a semantics-only fault)") if r.killed else "-"))
     console.print(keep_words_whole(table))
     console.print("times the target invariant fired per scenario; * = the run ended early "
                   "(stalled or the candidate raised)")

@@ -15,6 +15,14 @@ Options:
   --harness-step-timeout S   seconds a call into a module:factory candidate (run in its own
                              process) may take before the run ends as a hang at that step
                              (default harness.candidates.isolated.DEFAULT_STEP_TIMEOUT_S)
+  --harness-semantics NAME   what the candidate is held to: auto (default: every rule of the
+                             version the reference mirrors, and the goldens' decisions), safety,
+                             fork (the fork gate: safety + progress) or a release's profile; under
+                             any but auto a decision that differs from the golden's is reported as
+                             information (the diff summary at the end), never a failure
+  --harness-scenarios DIR    also run every scenario file (*.toml) in DIR, beside the library
+                             (traces/scenarios/)
+  --harness-fuzz-examples N  generated scenarios of the short fuzz (default 20; 0: no fuzz)
 """
 
 from __future__ import annotations
@@ -56,6 +64,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-step-timeout", default=None, type=float, metavar="SECONDS",
                     help="seconds a call into a module:factory candidate may take (a hang ends "
                          "that scenario's run at its step)")
+    group.addoption("--harness-semantics", default="auto", metavar="NAME",
+                    help="auto (every rule of the version the reference mirrors, and the goldens' "
+                         "decisions), safety, fork (safety + progress: the fork gate) or a release's "
+                         "profile; under any but auto a differing decision is information, not a failure")
+    group.addoption("--harness-scenarios", default=None, metavar="DIR",
+                    help="also run the scenario files (*.toml) in DIR, beside the library")
+    group.addoption("--harness-fuzz-examples", default=20, type=int, metavar="N",
+                    help="generated scenarios of the short fuzz (0: none)")
+
+
+#: Decisions that differ from the goldens' under a --harness-semantics other
+#: than auto: information, printed at the end of the run, never failures.
+DIFFERENCES: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+    if DIFFERENCES:
+        terminalreporter.section("sched-harness: decisions that differ from the goldens (information)")
+        for line in DIFFERENCES:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
@@ -86,3 +114,21 @@ def harness_golden_dir(request: pytest.FixtureRequest) -> Path:
 @pytest.fixture(scope="session")
 def harness_update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--harness-update-golden"))
+
+
+@pytest.fixture(scope="session")
+def harness_profile(request: pytest.FixtureRequest):
+    """The profile --harness-semantics names (None for auto: the reference's,
+    with the goldens' decisions compared)."""
+    from harness.check.profiles import ProfileError
+    from harness.fuzz.run import fuzz_profile
+
+    try:
+        return fuzz_profile(request.config.getoption("--harness-semantics"))
+    except ProfileError as exc:
+        pytest.exit(f"--harness-semantics: {exc}", returncode=4)
+
+
+@pytest.fixture(scope="session")
+def harness_fuzz_examples(request: pytest.FixtureRequest) -> int:
+    return int(request.config.getoption("--harness-fuzz-examples"))

@@ -30,8 +30,10 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
     blocks), the violations (the first ``MAX_PER_INVARIANT`` of each
     invariant), ``notes`` (checks the trace cannot feed, e.g. "not checkable
     on schema 5") and the divergence (None if none); ``extra`` adds keys
-    (``candidate``, ``replayed_steps``)."""
-    ok = result.ok and divergence is None
+    (``candidate``, ``replayed_steps``; ``divergence_is_information``: a
+    replay under a profile without a version's semantics, the fork gate or
+    safety, where a decision that differs is information, not a failure)."""
+    ok = result.ok and _divergence_ok(divergence, extra)
     return {"ok": ok, "trace": str(trace.path), "engine": trace.meta.get("engine"),
             "steps": result.steps, "requests": result.requests, "finished": result.finished,
             "rejected": result.rejected, "aborted": result.aborted,
@@ -53,6 +55,13 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
             **(extra or {})}
 
 
+def _divergence_ok(divergence: Divergence | None, extra: dict[str, Any] | None) -> bool:
+    """No divergence, or one that is information (a differing decision under
+    the fork gate or safety; a crash never is)."""
+    return divergence is None or (bool((extra or {}).get("divergence_is_information"))
+                                  and divergence.field != "exception")
+
+
 def _vllm_source_line(source: dict[str, Any]) -> str:
     """``0.33.0 at /x/bin/python, git 1a2b3c4d5e6f (dirty), scheduler_cls m:C``."""
     parts = [str(source.get("version", "?")) + (f" at {source['python']}" if source.get("python") else "")]
@@ -69,7 +78,7 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
     history, the divergence with both sides' rows of that step, and
     "conformant" when there is neither (with ``extra['replayed_steps']``
     after a replay)."""
-    ok = result.ok and divergence is None
+    ok = result.ok and _divergence_ok(divergence, extra)
     table = Table(show_header=False, box=None)
     rows = [("trace", str(trace.path)), ("engine", trace.meta.get("engine")),
             *([("vLLM", _vllm_source_line(trace.meta["vllm_source"]))]
@@ -135,12 +144,14 @@ def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str,
         n, k = result.num_violations, len(result.by_invariant)
         counts = ", ".join(f"{name} ×{count}" for name, count in sorted(result.by_invariant.items()))
         line = f"{n} violation{'s' * (n != 1)} of {k} invariant{'s' * (k != 1)}: {counts} {profile}"
-    elif divergence is not None:
+    elif not _divergence_ok(divergence, extra):
         line = f"not conformant {profile}"
     else:
         line = f"conformant {profile}"
     if divergence is not None and divergence.field == "exception":
         line += f"; the candidate crashed at step {divergence.step}"
+    elif divergence is not None and _divergence_ok(divergence, extra):
+        line += f"; decisions differ from step {divergence.step} (information: not held to a version's design)"
     elif divergence is not None:
         line += f"; first divergence at step {divergence.step}"
     elif extra:

@@ -140,7 +140,9 @@ def test_mutants_command_prints_kill_matrix() -> None:
                                    # Only scenarios with a reset_prefix_cache action kill these.
                                    "reset-while-held", "reset-keeps-cache", "reset-preempts-head",
                                    # Only async-spec-decode (async scheduling with drafts).
-                                   "stale-spec-output"]
+                                   "stale-spec-output",
+                                   # Only deferred-frees (a fenced victim).
+                                   "preempt-fenced"]
     assert report["reference_violations"] == {}
     cell = report["matrix"]["preempt-head"]["cells"]["fcfs-tight"]
     assert (cell["target_hits"], cell["ended"]) == (1, "")

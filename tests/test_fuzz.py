@@ -1007,7 +1007,7 @@ def test_regression_time_budget_overshoot_no_calls_after_the_stop(monkeypatch):
                 clock["stopped_at"] = clock["reads"]
             return clock["t"]
 
-    def one_second_example(factory, case):
+    def one_second_example(factory, case, profile=None):
         clock["t"] += 1.0
         return None
 

@@ -52,8 +52,10 @@ def test_piped_commands_print_no_progress_and_end_on_their_verdict() -> None:
     assert "comparing" not in r.output and r.exit_code == 0
     r = CliRunner().invoke(main, ["invariants"])
     safety = sum(inv.layer == "safety" for inv in INVARIANTS.values())
+    semantics = sum(inv.layer == "semantics" for inv in INVARIANTS.values())
     assert r.output.splitlines()[-1] == (f"{len(INVARIANTS)} invariants: {safety} safety, "
-                                         f"{len(INVARIANTS) - safety} semantics")
+                                         f"{len(INVARIANTS) - safety - semantics} progress, "
+                                         f"{semantics} semantics")
     r = CliRunner().invoke(main, ["mutants", "--mutant", "preempt-head", "--scenario", "preemption-heavy"])
     assert "running mutants" not in r.output
     assert r.output.splitlines()[-1] == "1/1 mutants killed"

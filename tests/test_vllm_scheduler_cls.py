@@ -136,6 +136,23 @@ def test_fuzz_finds_the_subclass_violation(classes_env, tmp_path):
     assert f"replay: PYTHONPATH={CLASSES} harness replay" in result.output
 
 
+@vllm
+@needs_vllm
+def test_async_scheduler_subclass_on_a_synchronous_scenario_is_refused_in_one_line(classes_env, tmp_path):
+    """Issue 23: vLLM's AsyncScheduler as scheduler_cls on the synchronous
+    pipeline-3 scenario was run and misjudged (SCHEDULED-SPAN x346); it is
+    refused in one line (exit 2, no trace), and golden check skips it."""
+    out = tmp_path / "p3.parquet"
+    result = _invoke("record", str(REPO / "harness/scenarios/pipeline-3.toml"), "-o", str(out),
+                     "--engine", spec("AsyncPlainScheduler"))
+    assert result.exit_code == 2, result.output
+    errors = [ln for ln in result.output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0].endswith(
+        "scheduler_cls custom_schedulers.AsyncPlainScheduler is an AsyncScheduler subclass: it runs "
+        "only with async_scheduling = true, and this config is synchronous (no trace written)"), errors
+    assert not out.exists()
+
+
 BAD_CLASSES = {
     "not-a-scheduler": (spec("NotAScheduler"),
                         "scheduler_cls custom_schedulers:NotAScheduler is class "

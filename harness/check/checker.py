@@ -32,10 +32,12 @@ from harness.check import (
     kv_connector,
     lifecycle,
     preemption,
+    progress,
     queues,
     spec_decode,
 )
 from harness.check.encoder_cache import request_items
+from harness.check.invariants import root_cause_first
 from harness.check.model import Batch, ReqShadow, StepState, TraceModel, cdiv
 from harness.check.profiles import Profile, reference_profile
 from harness.check.profiles import resolve as resolve_profile
@@ -219,6 +221,7 @@ class TraceChecker(TraceModel):
         blocks.check_conservation(self, "schedule_begin", ev["num_free_blocks"])
         st.eligible = len(running) + len(waiting)
         st.defer = budget.expected_defer(self, ev, running)
+        progress.snapshot(self, st, running)
 
     def _on_preempt(self, ev: dict, st: StepState) -> None:
         if st.reset is not None and st.reset_victims:
@@ -234,6 +237,7 @@ class TraceChecker(TraceModel):
         if preemption.check_scheduled_victim_withdrawn(self, st, rid):
             st.scheduled.remove(rid)
             st.kept_victims.append(rid)
+        progress.on_preempt(self, st, rid, ev.get("fence"))
         self._preempt_effects(req, ev, st)
         if rid in st.sim_running:
             index = st.sim_running.index(rid)
@@ -278,6 +282,7 @@ class TraceChecker(TraceModel):
         st.drafts[rid] = drafts
         blocks_before = len(req.blocks)
         if kind == "running":
+            progress.on_running_scheduled(self, st, rid, len(ev["block_ids"] or []))
             fences.check_not_past_max_tokens(self, req, computed)
             spec_decode.check_running_drafts(self, req, computed, n, drafts)
             if req.prefill_chunk:
@@ -399,6 +404,8 @@ class TraceChecker(TraceModel):
         blocks.check_conservation(self, "schedule_end", ev["num_free_blocks"])
         lifecycle.check_idle_admission(self, st)
         lifecycle.check_progress(self, st)
+        progress.check_step(self, ev, st, running, waiting)
+        progress.note_running(self, running)
         self.result.deferred_prefill_steps += bool(ev["defer_prefills"])
         budget.check_defer_flag(self, ev, st)
         if not st.preempted and not st.defer:
@@ -735,6 +742,8 @@ def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str
     # memory, schema_version None, are the recorder's own: nothing to doubt).
     observed = schema_version is not None and schema_version >= OBSERVED_SINCE
     result = _check_steps(config, steps, profile, observed, truncated, observe)
+    # Several ids for one request in one step: the root cause first (harness.check.invariants).
+    result.violations = root_cause_first(result.violations)
     result.profile = profile.name
     result.notes += unobserved_notes(schema_version)
     return result

@@ -1,9 +1,12 @@
 """The invariant catalogue: stable ids, one-line statements, spec sections.
 
 Each id is what ``harness check`` reports; ``harness invariants`` lists them.
-Every entry is in one of two layers (``Invariant.layer``): *safety*, what
-every correct engine satisfies whatever its version (its ``why`` says why),
-and *semantics*, a rule of one vLLM version's design, checked only under a
+Every entry is in one of three layers (``Invariant.layer``): *safety*, what
+every correct engine satisfies whatever its version (its ``why`` says why:
+nothing corrupts); *progress*, what every correct engine keeps about making
+the progress it can (its ``why`` cites the public vLLM report of the bug
+class; the statement names the exceptions: ``harness.check.progress``); and
+*semantics*, a rule of one vLLM version's design, checked only under a
 profile of a version that has it (``harness.check.profiles``).
 The entries live next to their checks, one module per family (``FAMILIES``);
 this module only gathers them. Statements say what must hold, not what vLLM
@@ -23,21 +26,23 @@ from harness.check import (
     kv_connector,
     lifecycle,
     preemption,
+    progress,
     queues,
     spec_decode,
 )
-from harness.check.result import LAYERS, SAFETY, SEMANTICS, Invariant
+from harness.check.result import LAYERS, PROGRESS, SAFETY, SEMANTICS, Invariant
 
-__all__ = ["FAMILIES", "INVARIANTS", "SAFETY_IDS", "SEMANTICS_IDS", "Invariant", "describe", "family_of"]
+__all__ = ["FAMILIES", "INVARIANTS", "PROGRESS_IDS", "SAFETY_IDS", "SEMANTICS_IDS", "Invariant", "describe",
+           "family_of", "root_cause_first"]
 
 # Family modules, in the order of the spec's sections.
 FAMILIES = (queues, preemption, budget, blocks, spec_decode, fences, kv_connector, encoder, data_parallel,
-            lifecycle)
+            lifecycle, progress)
 
 # The order ``harness invariants`` has always listed (it is stable output).
 # An id not named here (a new invariant) is listed after these, in family order.
 _LISTING = (
-    "ARRIVAL-ADMISSIBLE", "STATE-CONTINUITY", "BUDGET-TOKENS", "BUDGET-THRESHOLD", "MAX-NUM-SEQS",
+    "ARRIVAL-ADMISSIBLE", "STATE-CONTINUITY", "BUDGET-TOKENS", "BUDGET-LEFT", "BUDGET-THRESHOLD", "MAX-NUM-SEQS",
     "PREEMPT-ONLY-RUNNING", "NO-ADMIT-AFTER-PREEMPT", "PREEMPT-EFFECTS", "PREEMPT-WAITING-HEAD",
     "FCFS-VICTIM-TAIL", "PRIORITY-VICTIM-MAX", "PRIORITY-GIVE-BACK", "RUNNING-ORDER", "ADMISSION-ORDER",
     "COMPUTED-CONTINUITY", "SCHEDULED-SPAN", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK", "BLOCKS-COVER",
@@ -72,6 +77,7 @@ INVARIANTS, _FAMILY = _gather()
 #: The ids of each layer, in listing order.
 SAFETY_IDS = tuple(i for i, inv in INVARIANTS.items() if inv.layer == SAFETY)
 SEMANTICS_IDS = tuple(i for i, inv in INVARIANTS.items() if inv.layer == SEMANTICS)
+PROGRESS_IDS = tuple(i for i, inv in INVARIANTS.items() if inv.layer == PROGRESS)
 
 
 def describe(invariant_id: str) -> Invariant:
@@ -85,6 +91,45 @@ def family_of(invariant_id: str) -> str:
     KeyError for an unknown id (its message names the close ids)."""
     _known(invariant_id)
     return _FAMILY[invariant_id]
+
+
+#: Ids that notice the effects of a decision made earlier (bookkeeping that no
+#: longer adds up, a deferral computed from queues a wrong decision changed,
+#: a request left behind): listed after the decision rules of the same
+#: request and step. The progress layer comes last (lost progress is the
+#: consequence of any of them).
+CONSEQUENCE_IDS = frozenset({
+    "COMPUTED-CONTINUITY", "STATE-CONTINUITY", "BLOCK-CONSERVATION", "SCHEDULED-SPAN", "BLOCKS-COVER",
+    "OUTPUT-ONLY-COMPLETE", "PREFILL-DEFER", "FINISHED-IDS", "SCHEDULED-HAS-DATA", "IDLE-ADMISSION",
+    "NO-PROGRESS", "LIVENESS",
+})
+
+
+def _cause_rank(inv_id: str) -> int:
+    inv = INVARIANTS.get(inv_id)
+    if inv is not None and inv.layer == PROGRESS:
+        return 2
+    return 1 if inv_id in CONSEQUENCE_IDS else 0
+
+
+def root_cause_first(violations: list) -> list:
+    """``violations`` (``Violation``s in the order the checks ran, which is
+    the order vLLM takes its decisions) with each (step, request) group's
+    witnesses together, at the place of its first, ordered: the decision
+    rules first (which request runs, is preempted or admitted, how much it
+    gets, where its KV goes), then the ids that notice their effects
+    (``CONSEQUENCE_IDS``), then the progress layer; ties keep check order.
+    E.g. a PRIORITY victim left in num_scheduled_tokens: SCHEDULED-NOT-PREEMPTED
+    before the COMPUTED-CONTINUITY it causes; a request admitted in a step
+    that preempted: NO-ADMIT-AFTER-PREEMPT before PREFILL-DEFER. Step-level
+    witnesses (request None) form their own group."""
+    first: dict[tuple, int] = {}
+    for index, v in enumerate(violations):
+        first.setdefault((v.step, v.request), index)
+    order = sorted(range(len(violations)),
+                   key=lambda i: (first[(violations[i].step, violations[i].request)],
+                                  _cause_rank(violations[i].invariant), i))
+    return [violations[i] for i in order]
 
 
 def _known(invariant_id: str) -> None:

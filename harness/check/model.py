@@ -134,6 +134,8 @@ class StepState:
     reset: tuple[bool, bool] | None = None
     reset_victims: list[str] = field(default_factory=list)
     reset_preempted: list[str] = field(default_factory=list)
+    # The progress layer's facts of this step (harness.check.progress.ProgressStep).
+    progress: Any = None
 
 
 def chain_hash(parent: bytes | None, tokens: list[int], extra: tuple | None = None) -> bytes:
@@ -199,6 +201,8 @@ class TraceModel:
         # reservation of an async load), and requests finished while their
         # load was in flight (they hold their blocks until it reports done).
         self.kv_connector: bool = config.get("kv_connector", False)
+        self.watermark: float = config.get("watermark", 0.0)  # admissions' reserve (harness.check.progress)
+        self.peak_running = 0  # the most requests running after a step so far (harness.check.progress)
         self.recompute_kv: bool = config.get("kv_load_failure_policy", "recompute") == "recompute"
         self.kv_queue: set[str] = set()
         self.inflight: dict[str, None] = {}

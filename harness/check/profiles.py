@@ -1,8 +1,9 @@
 """Semantics profiles: which version-design rules ``harness check`` applies.
 
-The catalogue has two layers (``Invariant.layer``). *Safety* invariants hold
+The catalogue has three layers (``Invariant.layer``). *Safety* invariants hold
 for every correct engine whatever its version, so every profile checks all
-of them. *Semantics* rules are one vLLM version's design (the free-queue
+of them; *progress* rules too, so every profile but ``safety`` checks them
+(``fork``, the fork gate, is safety + progress and nothing of a version). *Semantics* rules are one vLLM version's design (the free-queue
 order, the capacity guard, the prefill cadence, the padding of a new
 decode, ...): a profile names the ones a version line has, and the knobs of
 the shared model (``harness.check.model``) where a release does the same
@@ -10,7 +11,7 @@ thing differently (0.20.2 returns every freed block to the tail of the free
 queue: the model follows it instead of dropping ALLOC-FROM-HEAD).
 
 ``resolve(semantics, meta)`` picks the profile for ``harness check
---semantics auto|safety|VERSION``: ``auto`` reads the trace's metadata
+--semantics auto|safety|fork|VERSION``: ``auto`` reads the trace's metadata
 (``engine``, ``engine_version``, ``vllm_semantics``); the reference and its
 mutants get the version the reference mirrors, ``vllm@X`` gets X's profile
 when one was measured for X, and anything else (an unmeasured release, a
@@ -26,8 +27,8 @@ from typing import Any
 
 from reference.words import did_you_mean
 
-from harness.check.invariants import INVARIANTS, SAFETY_IDS, SEMANTICS_IDS
-from harness.check.result import SAFETY
+from harness.check.invariants import INVARIANTS, PROGRESS_IDS, SAFETY_IDS, SEMANTICS_IDS
+from harness.check.result import PROGRESS, SAFETY
 
 __all__ = ["PROFILES", "Profile", "ProfileError", "resolve"]
 
@@ -85,6 +86,9 @@ class Profile:
     #: ``num_waiting > len(deferred_waiting)`` (1615-1616) with the skipped
     #: set the model tracks.
     victims_behind_skipped: bool = False
+    #: The progress layer (``harness.check.progress``) is checked: every
+    #: profile but ``safety``; it holds for every correct engine.
+    progress: bool = True
 
     def __post_init__(self) -> None:
         unknown = sorted(self.semantics - set(SEMANTICS_IDS))
@@ -92,7 +96,9 @@ class Profile:
 
     def checks(self, invariant_id: str) -> bool:
         """True if a violation of ``invariant_id`` counts under this profile."""
-        return INVARIANTS[invariant_id].layer == SAFETY or invariant_id in self.semantics
+        layer = INVARIANTS[invariant_id].layer
+        return (layer == SAFETY or (layer == PROGRESS and self.progress)
+                or invariant_id in self.semantics)
 
     @property
     def checked(self) -> tuple[str, ...]:
@@ -103,7 +109,11 @@ class Profile:
 _ALL = frozenset(SEMANTICS_IDS)
 
 # The safety invariants only: what every correct engine satisfies.
-SAFETY_ONLY = Profile("safety", (), frozenset())
+SAFETY_ONLY = Profile("safety", (), frozenset(), progress=False)
+#: The fork gate: safety + progress, no version's design. What a fork of
+#: vLLM runs in CI: a deliberate policy change passes, a bug that corrupts
+#: or loses progress does not (issue 23).
+FORK = Profile("fork", (), frozenset())
 
 #: Profiles by name. 0.33.0 is the reference's: every semantics rule.
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -123,6 +133,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("0.20.2", ("0.20.2",), _ALL - {"PREFILL-DEFER", "RESET-PREEMPTS-RUNNING"},
             free_unhashed_to_head=False, cache_at_update_with_spec=False, min_tokens_first=True,
             victims_behind_skipped=True),
+    FORK,
     SAFETY_ONLY,
 )}
 
@@ -182,4 +193,4 @@ def reference_profile() -> Profile:
     return PROFILES[reference.VLLM_VERSION]
 
 
-assert set(SAFETY_IDS).isdisjoint(_ALL)
+assert set(SAFETY_IDS).isdisjoint(_ALL) and set(PROGRESS_IDS).isdisjoint(_ALL)

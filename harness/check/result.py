@@ -15,10 +15,11 @@ from typing import Any
 MAX_PER_INVARIANT = 10
 
 
-#: The two layers of the catalogue (``Invariant.layer``).
-SAFETY = "safety"        # every correct engine, whatever its version
+#: The three layers of the catalogue (``Invariant.layer``).
+SAFETY = "safety"        # every correct engine, whatever its version: nothing corrupts
+PROGRESS = "progress"    # every correct engine, whatever its version: it makes the progress it can
 SEMANTICS = "semantics"  # one vLLM version's design (see harness.check.profiles)
-LAYERS = (SAFETY, SEMANTICS)
+LAYERS = (SAFETY, PROGRESS, SEMANTICS)
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,9 @@ class Invariant:
 
     ``layer`` is SAFETY for a property every correct engine has whatever its
     version (``why``: the argument that it holds for every version: what
-    breaks otherwise), or SEMANTICS for a rule of one vLLM version's design
+    breaks otherwise), PROGRESS for a rule every correct engine keeps about
+    making the progress it can (``why``: the public vLLM report of the bug
+    class it catches; the statement names its exceptions), or SEMANTICS for a rule of one vLLM version's design
     (``why``: the design choice it encodes; the profiles say which versions
     have it, ``harness.check.profiles``).
     """

@@ -27,6 +27,9 @@ def render_summary(result: ParallelFuzzResult, candidate: str, seed: int, consol
         console.print("passed over known reference findings: "
                       + ", ".join(f"{name} x{n}" for name, n in result.known.items())
                       + " (--report-known to stop at them)")
+    if result.refused:
+        console.print(f"skipped {result.refused} drawn config{'s' * (result.refused != 1)} the candidate "
+                      f"refused (not findings), e.g. {escape(result.refusal)}")
 
 
 def render_witnesses(result: ParallelFuzzResult, witnesses: list[Witness], console: Console) -> None:

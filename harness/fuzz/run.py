@@ -18,12 +18,13 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
 
-from reference.candidate import CandidateCrash, CandidateError, CandidateFactory
+from reference.candidate import CandidateCrash, CandidateError, CandidateFactory, CandidateRefused
 from reference.engine import EngineStalled
 from reference.kv_connector import held_prefix_tokens
 from reference.scheduler import Scheduler
 
 from harness.check import CheckResult, check_steps
+from harness.check.profiles import Profile, reference_profile
 from harness.trace.recorder import Row, run_to_rows
 from harness.replay import first_difference
 from harness.fuzz.strategies import FuzzCase, fuzz_cases, request_subsets
@@ -35,14 +36,17 @@ class Run:
     """One in-memory run: its steps (rows), how it ended, its check result."""
 
     steps: list[tuple[int, list[Row]]]
-    ended: str  # "" normally, "stalled: ...", "crashed: ..." or "exception: ..." (the factory)
+    # "" normally, "stalled: ...", "crashed: ...", "refused: ..." (the candidate
+    # declined the drawn config: CandidateRefused) or "exception: ..." (the factory)
+    ended: str
     result: CheckResult
 
 
 @dataclass
 class Failure:
     """Why a case fails. ``kind``: reference-violation, violation, divergence,
-    exception or stall."""
+    exception or stall; ``refused`` is no failure: the candidate declined the
+    drawn config (``fuzz`` counts it as a skip, never a finding)."""
 
     kind: str
     message: str
@@ -55,10 +59,11 @@ class Failure:
                 "step": self.step, **self.details}
 
 
-def run_case(factory: CandidateFactory, case: FuzzCase) -> Run:
-    """Run ``case`` in memory with ``factory``'s scheduler and check the rows.
-    A stall or a candidate exception ends the run (``Run.ended``), never raises;
-    a crash inside a step is in the rows too (its ``crash`` row: ENGINE-CRASH)."""
+def run_case(factory: CandidateFactory, case: FuzzCase, profile: Profile | None = None) -> Run:
+    """Run ``case`` in memory with ``factory``'s scheduler and check the rows
+    under ``profile`` (default: the reference's). A stall, a refusal or a
+    candidate exception ends the run (``Run.ended``), never raises; a crash
+    inside a step is in the rows too (its ``crash`` row: ENGINE-CRASH)."""
     steps: list[tuple[int, list[Row]]] = []
     ended = ""
     config = case.engine_config()
@@ -70,8 +75,11 @@ def run_case(factory: CandidateFactory, case: FuzzCase) -> Run:
     except CandidateCrash as exc:
         ended = f"crashed: {exc}"
     except CandidateError as exc:
-        ended = f"exception: {exc}"
-    return Run(steps, ended, check_steps(config.to_dict(), steps))
+        if isinstance(exc.__cause__, CandidateRefused):
+            ended = "refused: " + " ".join(str(exc.__cause__).split())
+        else:
+            ended = f"exception: {exc}"
+    return Run(steps, ended, check_steps(config.to_dict(), steps, profile))
 
 
 def _violation_failure(kind: str, result: CheckResult) -> Failure:
@@ -82,8 +90,17 @@ def _violation_failure(kind: str, result: CheckResult) -> Failure:
                    {"violations": [v.to_dict() for v in result.violations[:5]]})
 
 
-def evaluate(factory: CandidateFactory | None, case: FuzzCase) -> Failure | None:
-    """None if ``case`` passes; ``factory`` None or Scheduler means the reference alone."""
+def evaluate(factory: CandidateFactory | None, case: FuzzCase,
+             profile: Profile | None = None) -> Failure | None:
+    """None if ``case`` passes; ``factory`` None or Scheduler means the reference alone.
+
+    ``profile`` (default: the reference's, every rule of the version it
+    mirrors): what the candidate's run is checked under. A profile without
+    that version's semantics (``safety``, the ``fork`` gate) makes only
+    violations, crashes and stalls findings: a decision that differs from the
+    reference's is the fork's own policy, never a failure (issue 23). A
+    candidate that refuses the drawn config gives ``Failure("refused")``,
+    which ``fuzz`` counts as a skip."""
     ref = run_case(Scheduler, case)
     if not ref.result.ok:
         return _violation_failure("reference-violation", ref.result)
@@ -91,7 +108,10 @@ def evaluate(factory: CandidateFactory | None, case: FuzzCase) -> Failure | None
         return Failure("reference-violation", f"the reference raised: {ref.ended}")
     if factory is None or factory is Scheduler:
         return None
-    cand = run_case(factory, case)
+    profile = profile if profile is not None else reference_profile()
+    cand = run_case(factory, case, profile)
+    if cand.ended.startswith("refused"):
+        return Failure("refused", cand.ended.removeprefix("refused: "))
     if cand.ended.startswith("crashed"):
         # A crash is a violation (ENGINE-CRASH) of the candidate's own trace:
         # its witness is recorded with the candidate, checked, and fails.
@@ -103,6 +123,8 @@ def evaluate(factory: CandidateFactory | None, case: FuzzCase) -> Failure | None
                        cand.steps[-1][0] if cand.steps else 0)
     if not cand.result.ok:
         return _violation_failure("violation", cand.result)
+    if not compares_decisions(profile):
+        return None
     for (rs, rrows), (cs, crows) in zip(ref.steps, cand.steps):
         if rs != cs:
             return Failure("divergence", f"step numbers differ: reference {rs}, candidate {cs}", step=rs)
@@ -115,6 +137,13 @@ def evaluate(factory: CandidateFactory | None, case: FuzzCase) -> Failure | None
         return Failure("divergence", f"reference ran {len(ref.steps)} steps, candidate {len(cand.steps)}",
                        step=min(len(ref.steps), len(cand.steps)))
     return None
+
+
+def compares_decisions(profile: Profile) -> bool:
+    """Whether a run under ``profile`` must also decide as the reference does:
+    only under a profile holding the reference's version semantics (the
+    safety layer and the fork gate judge the candidate's trace alone)."""
+    return bool(profile.semantics) and profile.name == reference_profile().name
 
 
 # ----------------------------------------------------------------- known findings
@@ -206,6 +235,11 @@ class FuzzResult:
     #: Generated examples passed over as known reference findings (``fuzz``'s
     #: ``known``), by name.
     known: dict[str, int] = field(default_factory=dict)
+    #: Generated examples the candidate refused to run (a config it cannot
+    #: take, e.g. async scheduling for a plain Scheduler subclass): skips,
+    #: never findings; ``refusal``: the first one's reason.
+    refused: int = 0
+    refusal: str = ""
 
     @property
     def found(self) -> bool:
@@ -217,7 +251,8 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
          time_budget_s: float | None = None,
          on_example: Callable[[int, bool], None] | None = None,
          known: Callable[[FuzzCase, Failure], str | None] | None = None,
-         base: FuzzCase | None = None, async_spec: bool = False) -> FuzzResult:
+         base: FuzzCase | None = None, async_spec: bool = False,
+         profile: Profile | None = None) -> FuzzResult:
     """Search for a failing case; deterministic for a given ``seed`` (no
     database, no deadline). On a failure hypothesis shrinks it and the
     returned ``case`` is the minimal one. ``max_examples`` (>= 1) bounds the
@@ -232,9 +267,12 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
     scenarios, subsets of ``base``'s requests (``request_subsets``), ``base``
     itself tried first, so a failure shrinks to the fewest requests that
     still fail. ``async_spec``: only async scheduling with speculative
-    decoding (``fuzz_cases(async_spec=True)``; ignored with ``base``)."""
+    decoding (``fuzz_cases(async_spec=True)``; ignored with ``base``).
+    ``profile``: what the candidate is checked under (``evaluate``). A case
+    the candidate refuses is counted (``FuzzResult.refused``), never a finding."""
     start = time.monotonic()
-    state = {"n": 0, "found": False, "last": None, "shrink": 0, "stopped": False}
+    state = {"n": 0, "found": False, "last": None, "shrink": 0, "stopped": False, "refused": 0,
+             "refusal": ""}
     known_counts: dict[str, int] = {}
 
     @settings(max_examples=max_examples, deadline=None, database=None, derandomize=False,
@@ -251,7 +289,12 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
             state["shrink"] += 1
         else:
             state["n"] += 1
-        failure = evaluate(factory, case)
+        failure = evaluate(factory, case, profile)
+        if failure is not None and failure.kind == "refused":
+            if not state["found"]:
+                state["refused"] += 1
+                state["refusal"] = state["refusal"] or failure.message
+            failure = None
         if failure is not None and known is not None:
             name = known(case, failure)
             if name is not None:
@@ -267,20 +310,42 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
 
     # The whole scenario is tried first, outside hypothesis (an explicit example would
     # not be shrunk); if no generated subset fails, it is the witness, unshrunk.
-    base_failure = evaluate(factory, base) if base is not None else None
+    base_failure = evaluate(factory, base, profile) if base is not None else None
+    if base_failure is not None and base_failure.kind == "refused":
+        state["refused"] += 1
+        state["refusal"] = base_failure.message
+        base_failure = None
     if base_failure is not None and known is not None and known(base, base_failure) is not None:
         base_failure = None
+
+    def done(result: FuzzResult) -> FuzzResult:
+        result.refused, result.refusal = state["refused"], state["refusal"]
+        return result
+
     try:
         prop()
     except _StopFuzz:
         if base_failure is not None:
-            return FuzzResult(state["n"] + 1, time.monotonic() - start, base, base_failure, 0, True,
-                              known_counts)
-        return FuzzResult(state["n"], time.monotonic() - start, budget_exhausted=True, known=known_counts)
+            return done(FuzzResult(state["n"] + 1, time.monotonic() - start, base, base_failure, 0, True,
+                                   known_counts))
+        return done(FuzzResult(state["n"], time.monotonic() - start, budget_exhausted=True,
+                               known=known_counts))
     except _Found:
         case, failure = state["last"]
-        return FuzzResult(state["n"], time.monotonic() - start, case, failure, state["shrink"],
-                          state["stopped"], known_counts)
+        return done(FuzzResult(state["n"], time.monotonic() - start, case, failure, state["shrink"],
+                               state["stopped"], known_counts))
     if base_failure is not None:
-        return FuzzResult(state["n"] + 1, time.monotonic() - start, base, base_failure, 0, False, known_counts)
-    return FuzzResult(state["n"], time.monotonic() - start, known=known_counts)
+        return done(FuzzResult(state["n"] + 1, time.monotonic() - start, base, base_failure, 0, False,
+                               known_counts))
+    return done(FuzzResult(state["n"], time.monotonic() - start, known=known_counts))
+
+
+def fuzz_profile(semantics: str) -> Profile | None:
+    """The profile ``harness fuzz --semantics`` names: None for ``auto`` (the
+    reference's, with the decisions compared), else the named profile
+    (``safety``, ``fork``, a release). Raises ProfileError for an unknown name."""
+    if semantics == "auto":
+        return None
+    from harness.check.profiles import resolve
+
+    return resolve(semantics, {})[0]

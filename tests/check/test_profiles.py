@@ -34,16 +34,22 @@ def test_auto_picks_the_profile_of_the_engine_in_the_metadata(meta, name, reason
 def test_a_named_profile_overrides_the_metadata_and_an_unknown_one_is_refused() -> None:
     assert resolve("safety", {"engine": "reference", "vllm_semantics": "0.33.0"})[0].name == "safety"
     with pytest.raises(ProfileError, match=r"^unknown semantics '0.1.0': expected auto, 0.33.0, 0.29.0, "
-                                           r"0.20.2, safety$"):
+                                           r"0.20.2, fork, safety$"):
         resolve("0.1.0", {})
 
 
 def test_every_profile_checks_every_safety_invariant_and_only_semantics_ids_are_optional() -> None:
-    assert len(SAFETY_IDS) + len(SEMANTICS_IDS) == len(INVARIANTS)
+    from harness.check.invariants import PROGRESS_IDS
+
+    assert len(SAFETY_IDS) + len(PROGRESS_IDS) + len(SEMANTICS_IDS) == len(INVARIANTS)
     for profile in PROFILES.values():
         assert set(SAFETY_IDS) <= set(profile.checked)
+        # The progress layer: every profile but safety.
+        assert (set(PROGRESS_IDS) <= set(profile.checked)) == (profile.name != "safety")
     assert set(PROFILES["0.33.0"].checked) == set(INVARIANTS)
     assert set(PROFILES["safety"].checked) == set(SAFETY_IDS)
+    # The fork gate: safety + progress, nothing of a version's design.
+    assert set(PROFILES["fork"].checked) == set(SAFETY_IDS) | set(PROGRESS_IDS)
 
 
 def test_free_queue_knob_a_0_33_engine_checked_as_0_20_2_allocates_off_the_head(scenario_rows) -> None:
@@ -78,4 +84,4 @@ def test_cli_check_semantics_names_the_profile_and_refuses_an_unknown_one() -> N
     r = runner.invoke(main, ["check", "traces/shared-prefix.parquet", "--semantics", "9.9.9"])
     assert r.exit_code == 2
     assert r.output.strip().splitlines()[-1].endswith(
-        "unknown semantics '9.9.9': expected auto, 0.33.0, 0.29.0, 0.20.2, safety")
+        "unknown semantics '9.9.9': expected auto, 0.33.0, 0.29.0, 0.20.2, fork, safety")

@@ -7,8 +7,8 @@ invariant that must catch it. Select one with ``--engine mutant:NAME`` or
 One module per invariant family, as in ``harness/check/``: ``queues``
 (queues, admission, preemption, token budget, stop rules, a crash), ``blocks`` (KV
 blocks and the prefix cache), ``spec_async`` (speculative decoding, async
-scheduling and fences, prefill cadence), ``kv_connector`` (remote KV loads)
-and ``encoder`` (encoder budget and cache). A new mutant goes into its
+scheduling and fences, prefill cadence), ``kv_connector`` (remote KV loads),
+``encoder`` (encoder budget and cache) and ``progress`` (the progress layer). A new mutant goes into its
 family's module and gets one entry in ``MUTANTS_AND_TARGETS`` below (its
 order is the kill matrix's). Imports: ``reference`` only.
 """
@@ -31,6 +31,8 @@ from harness.candidates.mutants.spec_async import (DraftsOnPrefill, NoDraftRollb
                                                    IgnoreThrottle, StaleSpecOutput)
 from harness.candidates.mutants.kv_connector import (FreeWhileLoading, CacheBeforeLoad, NoLoadReservation,
                                                      PromoteEarly)
+from harness.candidates.mutants.progress import (SkipRunningTail, AdmitOnePerStep, EagerPreempt,
+                                                 PreemptFenced, StopAfterPreempt)
 from harness.candidates.mutants.encoder import (IgnoreEncoderBudget, NoEncoderCacheCheck, EvictNewestFirst,
                                                 NoEncoderGiveBack)
 
@@ -80,6 +82,12 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "reset-keeps-cache": (ResetKeepsCache, "HIT-AFTER-RESET"),
     "reset-preempts-head": (ResetPreemptsHead, "RESET-PREEMPTS-RUNNING"),
     "stale-spec-output": (StaleSpecOutput, "SPEC-TOKENS"),
+    # The progress layer (harness/check/progress.py): nothing corrupts, progress is lost.
+    "skip-running-tail": (SkipRunningTail, "PROGRESS-RUNNING"),
+    "admit-one-per-step": (AdmitOnePerStep, "PROGRESS-ADMIT"),
+    "eager-preempt": (EagerPreempt, "PROGRESS-PREEMPT-NEEDED"),
+    "preempt-fenced": (PreemptFenced, "PROGRESS-PREEMPT-FREES"),
+    "stop-after-preempt": (StopAfterPreempt, "PROGRESS-AFTER-PREEMPT"),
 }
 MUTANTS: dict[str, type[Scheduler]] = {k: v[0] for k, v in MUTANTS_AND_TARGETS.items()}
 EXPECTED_INVARIANT: dict[str, str] = {k: v[1] for k, v in MUTANTS_AND_TARGETS.items()}

@@ -592,6 +592,19 @@ class Driver:
             # What a GPU platform leaves on (the scheduler itself only reads the
             # class; VllmConfig.max_concurrent_batches reads the flag).
             sc.async_scheduling = True
+        elif custom_cls is not None:
+            try:
+                from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+            except ImportError:
+                AsyncScheduler = None
+            if AsyncScheduler is not None and issubclass(custom_cls, AsyncScheduler):
+                # vLLM builds the class as given: an AsyncScheduler keeps output
+                # placeholders for a step in flight, which only an async engine
+                # (async_scheduling, two batches in flight) has; in a synchronous
+                # config they would be misjudged (issue 23: SCHEDULED-SPAN x346).
+                raise DriverError(f"scheduler_cls {scheduler_cls_name(custom_cls)} is an AsyncScheduler "
+                                  f"subclass: it runs only with async_scheduling = true, and this "
+                                  f"config is synchronous")
         if custom_cls is not None:
             # Built directly, like AsyncScheduler above (what vLLM's
             # SchedulerConfig.get_scheduler_cls returns for scheduler_cls).
