@@ -248,7 +248,8 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
             elif kind == "note":
                 what = rec.get("what", "?")
                 notes["notes"].append(what)
-                if what == "reset_prefix_cache" and rec.get("result") is not False:
+                if what == "reset_prefix_cache" and rec.get("result") is not False \
+                        and last_after is not None:  # before the first schedule() nothing is cached
                     raise _ProtocolBreak(f"line {number}: the prefix cache was reset (the model "
                                          f"cannot follow a reset: its hits and frees differ after it)")
                 if what == "streaming_update":
