@@ -122,3 +122,95 @@ def test_vllm_tests_on_a_selection_of_0_33_0s_own_tests(tmp_path: Path) -> None:
     assert report["plain_passed"] == report["injected_passed"] >= 10
     assert report["recordings"] >= 10 and report["converted"] == report["recordings"]
     assert report["replay_diverged"] == 0 and report["replay_identical"] == report["clean"] >= 1
+
+
+# -- without vLLM: the sdist fetch, the JUnit reading, the pins, the report ------------------
+
+def _serve(files: dict[str, bytes]):
+    """A local HTTP index serving ``files`` (path -> body); returns (server, base URL)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = files.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}"
+
+
+def test_fetch_sdist_checks_the_index_sha256_and_caches_it(tmp_path: Path, monkeypatch) -> None:
+    import hashlib
+
+    from harness.candidates.vllm import own_tests
+
+    body = b"not really a tarball"
+    digest = hashlib.sha256(body).hexdigest()
+    page = {"files": [{"filename": "vllm-0.33.0.tar.gz", "url": "/files/vllm-0.33.0.tar.gz",
+                       "hashes": {"sha256": "0" * 64}, "size": len(body)}]}
+    files = {"/simple/vllm/": json.dumps(page).encode(), "/files/vllm-0.33.0.tar.gz": body}
+    server, base = _serve(files)
+    try:
+        monkeypatch.setenv("HARNESS_VLLM_ENVS", str(tmp_path / "envs"))
+        monkeypatch.setenv("PIP_INDEX_URL", f"{base}/simple")
+        with pytest.raises(own_tests.OwnTestsError, match=f"sha256 {digest} is not the index's 0000"):
+            own_tests.fetch_sdist("0.33.0")
+        assert list((tmp_path / "envs" / "sdists").iterdir()) == []  # nothing half-written left
+        page["files"][0]["hashes"]["sha256"] = digest
+        files["/simple/vllm/"] = json.dumps(page).encode()
+        path = own_tests.fetch_sdist("0.33.0")
+        assert path == tmp_path / "envs" / "sdists" / "vllm-0.33.0.tar.gz" and path.read_bytes() == body
+        del files["/files/vllm-0.33.0.tar.gz"]  # cached: the index is not asked again
+        assert own_tests.fetch_sdist("0.33.0") == path
+        with pytest.raises(own_tests.OwnTestsError, match="lists no vllm-0.29.0.tar.gz"):
+            own_tests.fetch_sdist("0.29.0")
+    finally:
+        server.shutdown()
+
+
+def test_junit_outcomes_rebuild_node_ids_and_pins_come_from_the_release(tmp_path: Path) -> None:
+    from harness.candidates.vllm.own_tests import _junit_outcomes, _pins
+
+    (tmp_path / "tests" / "v1").mkdir(parents=True)
+    (tmp_path / "tests" / "v1" / "test_a.py").write_text("")
+    (tmp_path / "junit.xml").write_text(
+        '<testsuites><testsuite>'
+        '<testcase classname="tests.v1.test_a" name="test_x[1]"/>'
+        '<testcase classname="tests.v1.test_a.TestK" name="test_y"><failure/></testcase>'
+        '<testcase classname="tests.v1.test_a" name="test_z"><skipped/></testcase>'
+        '<testcase classname="tests.v1.test_a" name="test_x[1]"><error/></testcase>'
+        '</testsuite></testsuites>')
+    assert _junit_outcomes(tmp_path / "junit.xml", tmp_path) == {
+        "tests/v1/test_a.py::test_x[1]": "failed",  # an error at teardown after its pass
+        "tests/v1/test_a.py::TestK::test_y": "failed",
+        "tests/v1/test_a.py::test_z": "skipped"}
+    req = tmp_path / "requirements" / "test"
+    req.mkdir(parents=True)
+    req.joinpath("cpu.txt").write_text("pytest==9.1.0\n    # via -r x\ntblib==3.1.0\ntorch==2.13.0\n")
+    assert _pins(tmp_path) == {"pytest": "9.1.0", "tblib": "3.1.0"}
+
+
+def test_protocol_kinds_name_every_line_the_converter_writes() -> None:
+    from harness.candidates.vllm.own_tests_report import protocol_kind
+
+    assert [protocol_kind(line) for line in (
+        "the driver left EngineCore's protocol at a.jsonl:line 9: schedule() called with 1 batch(es) ...",
+        "... update_from_output() without a schedule(): ...",
+        "... given a SchedulerOutput that no schedule() returned (built by hand) ...",
+        "... the running queue changed outside schedule() ...",
+        "... request(s) 'a' entered the waiting queue outside schedule() ...",
+        "... 1 request(s) aborted between schedule() and update_from_output() ...",
+        "... the prefix cache was reset ...",
+        "... a streaming-input update of request 'a' ...",
+        "stopped by the driver after step 3 with 1 request(s) live ...",
+        "something else")] == [
+        "schedule-twice", "update-without-schedule", "hand-built-output", "queue-edited",
+        "preempted-by-hand", "mid-step-abort", "prefix-cache-reset", "streaming-input",
+        "stopped-by-driver", "other"]

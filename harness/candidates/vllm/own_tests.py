@@ -221,18 +221,20 @@ class RunResult:
     returncode: int = 0
 
 
-def _junit_outcomes(path: Path) -> dict[str, str]:
+def _junit_outcomes(path: Path, root: Path) -> dict[str, str]:
+    """``{node id: passed|failed|skipped}`` from pytest's JUnit XML (``root``: the
+    tests' root, where a classname's module file is looked up)."""
     out: dict[str, str] = {}
     if not path.is_file():
         return out
     for case in ET.parse(path).getroot().iter("testcase"):
         cls, name = case.get("classname", ""), case.get("name", "")
-        module = cls.replace(".", "/")
         # classname is a dotted module[.Class]: rebuild the node id.
         parts = cls.split(".")
+        module = cls.replace(".", "/")
         for i in range(len(parts), 0, -1):
             candidate = "/".join(parts[:i]) + ".py"
-            if candidate.startswith("tests/") or i == 1:
+            if (root / candidate).is_file():
                 module = candidate + "".join(f"::{p}" for p in parts[i:])
                 break
         outcome = "passed"
@@ -278,7 +280,7 @@ def run_pytest(version: str, root: Path, files: list[str], k: str | None, record
             last = time.monotonic()
     proc.wait()
     end = os.times()
-    result = RunResult(outcomes=_junit_outcomes(junit),
+    result = RunResult(outcomes=_junit_outcomes(junit, root),
                        cpu_s=(end.children_user - start.children_user)
                        + (end.children_system - start.children_system),
                        returncode=proc.returncode)

@@ -73,7 +73,7 @@ def vllm_tests(version: str, files: tuple[str, ...], k: str | None, out_dir: str
     tmp = out / f".report.{os.getpid()}.json"
     tmp.write_text(json.dumps(report, indent=1, sort_keys=True))
     os.replace(tmp, out / "report.json")
-    found = bool(report["broken_by_recorder"] or report["violations"])
+    found = bool(report["broken_by_recorder"] or report["violations"] or report["recorder_errors"])
     if as_json:
         print(json.dumps(report, sort_keys=True))
     else:

@@ -66,7 +66,8 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
     ``recordings``, ``converted``, ``checkable``, ``clean``, ``artefacts``
     (``{kind: count}``), ``violations`` (unexplained: one dict each, with the
     test, recording, step, rule, message), ``replay_identical``,
-    ``replay_diverged`` (counts; ``divergences``: each one), ``refused`` (recordings that did not convert, with the
+    ``replay_diverged`` (counts; ``divergences``: each one), ``recorder_errors``
+    (the recorder failed to start or stopped: defects of ours), ``refused`` (recordings that did not convert, with the
     reason), ``files`` (``{file: FileRow as a dict}``)."""
     from harness.candidates.resolve import resolve_candidate
     from harness.candidates.vllm.recording_convert import ConvertError, convert, recording_path
@@ -88,7 +89,7 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
         "injected_passed": sum(o == "passed" for o in injected.values()),
         "broken_by_recorder": broken, "recordings": 0, "converted": 0, "checkable": 0, "clean": 0,
         "artefacts": {}, "violations": [], "replay_identical": 0, "replay_diverged": 0, "divergences": [],
-        "refused": [], "unrecorded": 0,
+        "refused": [], "unrecorded": 0, "recorder_errors": [],
     }
     manifest = record_dir / "manifest.jsonl"
     entries = [json.loads(line) for line in manifest.read_text().splitlines()] if manifest.is_file() else []
@@ -105,20 +106,28 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
         row = files.setdefault(_file_of(entry.get("nodeid")), FileRow())
         if "unrecorded" in entry:
             report["unrecorded"] += 1
-            artefact(row, "unrecorded-config")
+            if not str(entry["unrecorded"]).startswith("failed: "):  # a configuration it does not record
+                artefact(row, "unrecorded-config")
+            else:  # the recorder could not start: a defect of ours
+                report["recorder_errors"].append({"test": entry.get("nodeid"), "recording": entry["file"],
+                                                  "error": entry["unrecorded"]})
             continue
         row.recordings += 1
         report["recordings"] += 1
         src = record_dir / entry["file"]
         out = trace_dir / (Path(entry["file"]).stem + ".parquet")
         try:
-            convert(recording_path(src), out)
+            summary = convert(recording_path(src), out)
         except ConvertError as exc:
             report["refused"].append({"test": entry.get("nodeid"), "recording": entry["file"],
                                       "reason": str(exc)})
             continue
         row.converted += 1
         report["converted"] += 1
+        stopped = [w for w in summary["warnings"] if w.startswith("recording stopped early")]
+        if stopped:  # the recorder raised while vLLM ran on (non-strict): a defect of ours
+            report["recorder_errors"].append({"test": entry.get("nodeid"), "recording": entry["file"],
+                                              "error": stopped[0]})
         try:
             trace = open_trace(out)
         except TraceError:  # no complete step (a test that never completed one)
@@ -190,6 +199,8 @@ def render(report: dict[str, Any]) -> list[str]:
                      f"[{v['semantics']}]: {v['message']}")
     for d in report["divergences"]:
         lines.append(f"replay diverged: {d['test']} ({d['recording']}): {d['divergence']}")
+    for e in report["recorder_errors"]:
+        lines.append(f"recorder error: {e['test']} ({e['recording']}): {e['error']}")
     for nodeid in report["broken_by_recorder"]:
         lines.append(f"broken by the recorder: {nodeid}")
     return lines

@@ -718,14 +718,14 @@ def _start_recorder(sched):
     except RecordingError as exc:
         if os.environ.get(ENV_UNRECORDABLE) == "run":  # a test runner: vLLM runs as it would
             _log.warning("sched-harness: not recording this scheduler: %s", exc)
-            return _NotRecording(f"{exc}")
+            return _NotRecording(f"refused: {exc}")
         raise
     except Exception as exc:
         if os.environ.get(ENV_STRICT) == "1":
             raise
         _log.error("sched-harness recording could not start (%s: %s); serving without recording",
                    type(exc).__name__, exc)
-        return _NotRecording(f"{type(exc).__name__}: {exc}")
+        return _NotRecording(f"failed: {type(exc).__name__}: {exc}")
 
 
 # -- aborts that arrive between schedule() and update_from_output() ---------
