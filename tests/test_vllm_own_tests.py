@@ -98,9 +98,11 @@ def test_reset_prefix_cache_mid_step_abort_and_object_new_behave_as_vllm(tmp_pat
 
 #: A selection of 0.33.0's tests that exercises the recorder's fixed paths: the prefix-cache
 #: reset, aborts (mid-step too), spec decode, a KV connector, preemption, prefix caching.
-SELECTION = ("test_reset_prefix_cache or test_abort or test_stop_via_update or "
+SELECTION = ("test_scheduler_reset_prefix_cache or test_stop_via_update_from_output or "
              "test_preempt_during_execution or test_schedule_spec_decoding_stats or "
-             "test_prefill_plp or test_mm_prefix_caching")
+             "test_kv_connector_basic or test_abort_request_waiting_for_remote_kvs or "
+             "test_update_draft_token_ids_strips_ngram_padding or test_prefill_plp or "
+             "test_reset_prefix_cache")
 
 
 @pytest.mark.vllm

@@ -122,6 +122,12 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
             report["refused"].append({"test": entry.get("nodeid"), "recording": entry["file"],
                                       "reason": str(exc)})
             continue
+        except Exception as exc:  # the converter failed on a recording: a defect of ours, named
+            report["refused"].append({"test": entry.get("nodeid"), "recording": entry["file"],
+                                      "reason": f"converter error: {type(exc).__name__}: {exc}"})
+            report["recorder_errors"].append({"test": entry.get("nodeid"), "recording": entry["file"],
+                                              "error": f"convert raised {type(exc).__name__}: {exc}"})
+            continue
         row.converted += 1
         report["converted"] += 1
         stopped = [w for w in summary["warnings"] if w.startswith("recording stopped early")]
@@ -140,7 +146,12 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
             artefact(row, protocol_kind(protocol))
         for feature in sorted((trace.meta.get("vllm_recording") or {}).get("unmodelled") or {}):
             artefact(row, f"unmodelled-{feature}")
-        results = {s: check_trace(trace, s) for s in ("auto", "safety")}
+        try:
+            results = {s: check_trace(trace, s) for s in ("auto", "safety")}
+        except Exception as exc:  # the checker failed on a converted trace: a defect of ours
+            report["recorder_errors"].append({"test": entry.get("nodeid"), "recording": entry["file"],
+                                              "error": f"check raised {type(exc).__name__}: {exc}"})
+            continue
         seen = set()
         for semantics, result in results.items():
             for v in result.violations:
