@@ -25,6 +25,11 @@ _PROTOCOL_KINDS = (
     ("update_from_output() without a schedule", "update-without-schedule"),
     ("no schedule() returned", "hand-built-output"),
     ("running queue changed", "queue-edited"),
+    ("called outside schedule()", "preempted-by-hand"),
+    ("the scheduler was paused", "paused"),
+    ("added again after it finished", "request-id-reused"),
+    ("model output omits", "model-output-incomplete"),
+    ("finish_requests() with", "finished-by-hand"),
     ("entered the waiting queue outside", "preempted-by-hand"),
     ("aborted between schedule", "mid-step-abort"),
     ("prefix cache was reset", "prefix-cache-reset"),
@@ -170,6 +175,9 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
         report["clean"] += 1
         profile, _ = resolve_profile("auto", trace.meta)
         if version not in profile.versions:
+            continue
+        if (trace.meta.get("vllm_recording") or {}).get("unmodelled"):
+            artefact(row, "not-replayed-unmodelled")  # the reference cannot re-drive that feature
             continue
         try:
             divergence, _ = replay(trace, reference)

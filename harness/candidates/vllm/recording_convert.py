@@ -196,6 +196,7 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
 
     last_after: dict | None = None   # the previous schedule's ``after`` snapshot
     arrived: set[str] = set()         # requests added since it
+    added: set[str] = set()           # every request id added
     try:
         for number, rec in _read_records(path):
             kind = rec["t"]
@@ -213,6 +214,11 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
             if crashed and kind != "end":
                 raise ConvertError(f"{path}:{number}: a {kind!r} record after the crash")
             if kind == "arrival":
+                if rec["request_id"] in added:
+                    # vLLM's ids are unique among live requests only; a trace's for the run.
+                    raise _ProtocolBreak(f"line {number}: request id {rec['request_id']!r} added again "
+                                         f"after it finished (a trace needs unique ids)")
+                added.add(rec["request_id"])
                 inputs.append(("arrival", rec))
                 arrived.add(rec["request_id"])
             elif kind == "abort":
@@ -223,6 +229,10 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
                         f"line {number}: {len(rec['finished'])} request(s) aborted between schedule() "
                         f"and update_from_output() (a trace step has no place for it; "
                         f"SCHED_HARNESS_MID_STEP_ABORTS=defer records it after the update)")
+                if rec.get("status", "FINISHED_ABORTED") != "FINISHED_ABORTED":
+                    # EngineCore finishes requests from outside only by aborting them.
+                    raise _ProtocolBreak(f"line {number}: finish_requests() with {rec['status']} (EngineCore "
+                                         f"calls it only to abort): the driver left EngineCore's protocol")
                 inputs.append(("abort", rec))
             elif kind == "schedule":
                 resolve(rec["before"])
@@ -252,9 +262,15 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
                         and last_after is not None:  # before the first schedule() nothing is cached
                     raise _ProtocolBreak(f"line {number}: the prefix cache was reset (the model "
                                          f"cannot follow a reset: its hits and frees differ after it)")
+                if what == "pause_state" and rec.get("state") != "UNPAUSED":
+                    raise _ProtocolBreak(f"line {number}: the scheduler was paused ({rec.get('state')}; "
+                                         f"pausing is not modelled)")
                 if what == "streaming_update":
                     raise _ProtocolBreak(f"line {number}: a streaming-input update of request "
                                          f"{rec.get('request_id')!r} (streaming input is not modelled)")
+            elif kind == "protocol":
+                raise _ProtocolBreak(f"line {number}: {rec.get('what', '?')}: the driver left "
+                                     f"EngineCore's protocol")
             elif kind == "error":
                 notes["error"] = rec.get("error", "?")
                 # The recorder stops here; only its end record may follow.
@@ -308,11 +324,14 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
     notes["trailing_inputs"] = len(inputs)
 
 
-def _unmodelled(meta_rec: dict) -> dict[str, str]:
+def _unmodelled(meta_rec: dict, unsupported: dict[str, int]) -> dict[str, str]:
     """The recording's features the model cannot follow (the recorder's
     ``unmodelled``; read from its warnings in a recording made before it wrote
-    one): ``harness check`` skips the rules they keep it from judging."""
+    one; streaming-input requests): ``harness check`` skips the rules they keep
+    it from judging."""
     out = dict(meta_rec.get("unmodelled") or {})
+    for what, n in sorted(unsupported.items()):  # request features the reference does not model
+        out.setdefault(what, f"{n} request(s) with {what.replace('_', ' ')}")
     for w in meta_rec.get("warnings", ()):
         if w.startswith("a KV connector is configured"):
             out.setdefault("kv_connector", "a KV connector")
@@ -628,7 +647,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         "unmapped_config": unmapped_config, "config_overrides": dict(overrides or {}),
         "dropped_idle_steps": dropped_idle,
         "mid_step_aborts": notes["mid_step_aborts"], "warnings": warnings,
-        "unmodelled": _unmodelled(meta_rec),
+        "unmodelled": _unmodelled(meta_rec, unsupported),
     }
 
     def finished_of(f: dict, where: int) -> FinishedRequest:

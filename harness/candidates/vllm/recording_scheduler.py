@@ -279,6 +279,7 @@ class _Recorder:
         self.batches = 0        # schedule() calls so far (each one's ``batch`` number)
         self.in_flight: dict[int, tuple[int, Any]] = {}  # id(SchedulerOutput) -> (batch, it)
         self.hooks = _ev.DecisionHooks(sched)
+        self.hooks.outside = self.on_outside
         self.use_v2 = bool(getattr(sched, "use_v2_model_runner",
                                    os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"))
         self.path = _output_path(vc)
@@ -411,9 +412,13 @@ class _Recorder:
         sched, out = self.sched, {}
         if getattr(sched, "connector", None) is not None:
             out["kv_connector"] = f"a KV connector ({type(sched.connector).__name__})"
-        groups = len(getattr(sched.kv_cache_config, "kv_cache_groups", ()) or ())
-        if groups > 1:
-            out["kv_cache_groups"] = f"{groups} KV-cache groups (group 0's blocks recorded)"
+        groups = list(getattr(sched.kv_cache_config, "kv_cache_groups", ()) or ())
+        if len(groups) > 1:
+            out["kv_cache_groups"] = f"{len(groups)} KV-cache groups (group 0's blocks recorded)"
+        kinds = sorted({type(getattr(g, "kv_cache_spec", None)).__name__ for g in groups}
+                       - {"FullAttentionSpec", "NoneType"})
+        if kinds:  # sliding window, Mamba, MLA, ...: allocation the model does not follow
+            out["kv_cache_spec"] = f"KV-cache spec {', '.join(kinds)}"
         return out
 
     # -- writing -------------------------------------------------------------
@@ -478,6 +483,8 @@ class _Recorder:
             unsupported.append("lora")
         if request.prompt_token_ids is None:
             unsupported.append("prompt_embeds")
+        if getattr(request, "resumable", False):
+            unsupported.append("streaming_input")
         stop_ids = [int(t) for t in (getattr(params, "stop_token_ids", None) or ())]
         eos = getattr(params, "eos_token_id", None)
         if eos is None:
@@ -627,6 +634,15 @@ class _Recorder:
                 if ids is not None and len(ids):
                     sampled.append([r, list(ids)])
         batch = self.in_flight.pop(id(so), (None, None))[0]
+        if live and getattr(so, "total_num_scheduled_tokens", 0):
+            # EngineCore's model runner lists every request of the batch (an empty
+            # list for a chunk that samples nothing); a unit test's hand-made
+            # ModelRunnerOutput may leave some out.
+            missing = [q.request_id for q in live if q.request_id not in index]
+            if missing:
+                self._write({"t": "protocol", "step": self.steps,
+                             "what": f"the model output omits {len(missing)} scheduled request(s) "
+                                     f"({', '.join(map(repr, missing[:3]))})"})
         return live, sampled, batch
 
     def after_update(self, pre: tuple) -> None:
@@ -654,6 +670,14 @@ class _Recorder:
         self._write({"t": "drafts", "step": self.steps - 1, "stored": stored,
                      "states": _ev.request_states(self.sched)})
         self.fh.flush()
+
+    def on_outside(self, method: str, request_id: str) -> None:
+        """A scheduler method that only ``schedule()`` calls in EngineCore's loop was
+        called from outside it: a ``protocol`` record (the converter ends the trace
+        there)."""
+        if self.enabled:
+            self._write({"t": "protocol", "step": self.steps,
+                         "what": f"{method}({request_id!r}) called outside schedule()"})
 
     def note(self, what: str, **fields) -> None:
         self._write({"t": "note", "what": what, "step": self.steps, **fields})
@@ -927,6 +951,13 @@ def _build_recording_scheduler(async_scheduling: bool = False):
                 rec.guard(rec.on_crash, "update_draft_token_ids", exc, None)
                 raise
             rec.guard(rec.on_drafts, draft_token_ids)
+
+        def set_pause_state(self, *args, **kwargs):
+            result = super().set_pause_state(*args, **kwargs)
+            rec = self._sched_harness
+            state = getattr(self, "_pause_state", None)
+            rec.guard(rec.note, "pause_state", state=str(getattr(state, "name", state)))
+            return result
 
         def reset_prefix_cache(self, *args, **kwargs):
             result = super().reset_prefix_cache(*args, **kwargs)
