@@ -44,7 +44,7 @@ def main() -> int:
             worst = max(worst, 2)
             continue
         report = json.loads(proc.stdout)
-        from harness.candidates.vllm.own_tests_report import render
+        from harness.vllm_tests_report import render
 
         for line in render(report):
             print(line)

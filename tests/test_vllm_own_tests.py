@@ -200,7 +200,7 @@ def test_junit_outcomes_rebuild_node_ids_and_pins_come_from_the_release(tmp_path
 
 
 def test_protocol_kinds_name_every_line_the_converter_writes() -> None:
-    from harness.candidates.vllm.own_tests_report import protocol_kind
+    from harness.vllm_tests_report import protocol_kind
 
     assert [protocol_kind(line) for line in (
         "the driver left EngineCore's protocol at a.jsonl:line 9: schedule() called with 1 batch(es) ...",

@@ -698,26 +698,12 @@ def check_trace(trace: Trace, semantics: str = "auto", *, observe: Observer | No
     return result
 
 
-#: Rules the model cannot judge on a recording with a feature it does not follow,
-#: by the ``unmodelled`` key of a trace's ``vllm_recording`` metadata
-#: (``recording_convert``): the block rules, for what vLLM's KV manager does
-#: there beyond the model's one pool of full-attention blocks.
-UNMODELLED_RULES: dict[str, tuple[str, ...]] = {
-    "kv_connector": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
-                     "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK",
-                     "REMOTE-KV-LOADING", "REMOTE-KV-RESERVATION", "REMOTE-KV-ABORT-HOLDS"),
-    "streaming_input": ("STOP-RULES", "LIVENESS"),
-    "kv_cache_spec": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
-                      "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK"),
-    "kv_cache_groups": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
-                        "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK"),
-}
-
-
 def unjudged_rules(meta: dict[str, Any]) -> dict[str, str]:
     """``{rule id: the feature's description}`` for the rules a trace's recorded
     features keep the model from judging (empty for every trace but a vLLM
     recording with one of ``UNMODELLED_RULES``'s features)."""
+    from harness.check.invariants import UNMODELLED_RULES  # the catalogue imports the families
+
     features = (meta.get("vllm_recording") or {}).get("unmodelled") or {}
     out: dict[str, str] = {}
     for feature, description in sorted(features.items()):

@@ -81,3 +81,19 @@ def family_of(invariant_id: str) -> str:
     """The module holding the invariant's checks (e.g. ``harness.check.preemption``);
     KeyError for an unknown id."""
     return _FAMILY[invariant_id]
+
+
+#: Rules the model cannot judge on a recording with a feature it does not follow,
+#: by the ``unmodelled`` key of a trace's ``vllm_recording`` metadata
+#: (``recording_convert``): the block rules, for what vLLM's KV manager does
+#: there beyond the model's one pool of full-attention blocks.
+UNMODELLED_RULES: dict[str, tuple[str, ...]] = {
+    "kv_connector": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
+                     "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK",
+                     "REMOTE-KV-LOADING", "REMOTE-KV-RESERVATION", "REMOTE-KV-ABORT-HOLDS"),
+    "streaming_input": ("STOP-RULES", "LIVENESS"),
+    "kv_cache_spec": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
+                      "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK"),
+    "kv_cache_groups": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
+                        "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK"),
+}

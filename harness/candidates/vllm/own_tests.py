@@ -21,7 +21,7 @@ A release's source distribution on PyPI holds its unit tests (``tests/v1/core``:
   tests build (``pytest_inject/sched_harness_vllm_tests.py``), one recording per
   scheduler.
 
-``harness/candidates/vllm/own_tests_report.py`` turns the two runs and the
+``harness.vllm_tests_report.py`` turns the two runs and the
 recordings into the report (convert, check, replay).
 """
 

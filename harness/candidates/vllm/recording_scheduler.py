@@ -406,7 +406,7 @@ class _Recorder:
 
     def _unmodelled(self) -> dict[str, str]:
         """``{feature: description}`` for what the trace's model cannot follow
-        (``harness.check.checker.UNMODELLED_RULES`` names the rules it then
+        (``harness.check.invariants.UNMODELLED_RULES`` names the rules it then
         skips): a KV connector (its external tokens and remote loads), more
         than one KV-cache group (only group 0's blocks are recorded)."""
         sched, out = self.sched, {}

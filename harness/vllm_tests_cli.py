@@ -37,7 +37,7 @@ def vllm_tests(version: str, files: tuple[str, ...], k: str | None, out_dir: str
     tests cannot be fetched or run. Build the env first: `harness vllm-env VERSION`."""
     from harness.candidates.vllm import own_tests
     from harness.candidates.vllm.env import check_version
-    from harness.candidates.vllm.own_tests_report import analyse, render
+    from harness.vllm_tests_report import analyse, render
 
     def log(line: str) -> None:
         if not as_json:
