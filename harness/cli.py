@@ -882,5 +882,10 @@ from harness.serve.cli import register as _register_serve  # noqa: E402
 
 _register_serve(main)
 
+# `harness vllm-tests` (harness.vllm_tests_cli.py).
+from harness.vllm_tests_cli import vllm_tests as _vllm_tests  # noqa: E402
+
+main.add_command(_vllm_tests)
+
 if __name__ == "__main__":
     main(prog_name="harness")

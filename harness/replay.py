@@ -176,7 +176,8 @@ def replay(trace: Trace, candidate_factory: CandidateFactory,
     ``exception``, kind ``crash``, at its ``crash`` row (``actual``: the
     crash's one line). A trace that ended in the same stall or crash (the
     same rows) is matched, not diverged from. A salvaged trace (its footer's
-    ``salvaged``: the recording was killed) is compared up to its last step.
+    ``salvaged``: the recording was killed), or one whose driver left the
+    engine's protocol or stopped (``protocol``), is compared up to its last step.
     """
     config = trace.config
     workload = workload_from_trace(trace)
@@ -190,8 +191,11 @@ def replay(trace: Trace, candidate_factory: CandidateFactory,
     def on_step_rows(step: int, rows: list[Row]) -> None:
         nonlocal compared
         expected_step, expected = next(recorded, (None, []))
-        if expected_step is None and trace.summary.get("salvaged") is not None:
-            raise _Salvaged()  # the recording was cut off here: nothing more to compare
+        if expected_step is None and (trace.summary.get("salvaged") is not None
+                                      or trace.summary.get("protocol") is not None):
+            # The recording was cut off here, or its driver left the engine's protocol
+            # or stopped driving (the footer's "protocol"): nothing more to compare.
+            raise _Salvaged()
         if expected_step is None:
             raise _Diverged(Divergence(step, None, "event", "end of trace", f"step {step}", 0, None,
                                        "", [], rows))

@@ -341,7 +341,8 @@ class EngineConfig:
             raise ConfigError("step costs must be >= 0 and not both 0")
         # vLLM (SchedulerConfig.verify_max_model_len): without chunked prefill a
         # whole prompt must fit one step's budget.
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len \
+                and not _ACCEPT_VLLM_CRASH.get():  # a trace's config: the Scheduler vLLM built
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
                 f"max_model_len ({self.max_model_len}) with chunked prefill disabled")
@@ -350,8 +351,12 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs})")
         # vLLM (check_enough_kv_cache_memory): one max_model_len request must fit the pool.
+        # That is the engine's start-up check, not the Scheduler's: a trace's config
+        # (``from_dict(accept_vllm_crash=True)``, what the engine ran) may hold a smaller
+        # pool. Regression: recordings of vLLM's own scheduler tests, which build a
+        # Scheduler over a few blocks, were refused.
         needed = -(-self.max_model_len // self.block_size)
-        if needed > self.num_gpu_blocks - 1:
+        if needed > self.num_gpu_blocks - 1 and not _ACCEPT_VLLM_CRASH.get():
             raise ConfigError(
                 f"max_model_len {self.max_model_len} needs {needed} KV blocks of "
                 f"{self.block_size} tokens but the pool has only {self.num_gpu_blocks - 1} "

@@ -99,7 +99,13 @@ def test_an_abort_between_schedule_and_update_is_applied_after_the_update(monkey
     rec = SimpleNamespace(enabled=True, mid_step=True)
     calls = []
     sched = SimpleNamespace(finish_requests=lambda ids, st: calls.append((ids, st.name)))
+    # Regression (issue 22): deferring was the default, so vLLM's own unit tests saw the
+    # recorder change what vLLM does; only the engines serve-record starts defer.
     monkeypatch.delenv(rs.ENV_MID_STEP_ABORTS, raising=False)
+    assert rs._defer_mid_step_abort(rec, "a", status) is False
+    from harness.serve.offline import child_env
+
+    monkeypatch.setenv(rs.ENV_MID_STEP_ABORTS, child_env(Path("/tmp/x.jsonl"))[rs.ENV_MID_STEP_ABORTS])
     assert rs._defer_mid_step_abort(rec, "a", status) is True
     assert rs._defer_mid_step_abort(rec, ["b", "c"], status) is True
     assert calls == []  # nothing freed inside the step

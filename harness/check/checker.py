@@ -690,13 +690,42 @@ def check_trace(trace: Trace, semantics: str = "auto", *, observe: Observer | No
     ProfileError for an unknown name, TraceError for an unreadable trace."""
     profile, reason = resolve_profile(semantics, trace.meta)
     salvaged = trace.summary.get("salvaged")
+    protocol = trace.summary.get("protocol")
+    skip = unjudged_rules(trace.meta)
     result = check_steps(trace.meta["config"], trace.iter_steps(), profile,
-                         schema_version=trace.meta.get("schema_version"), truncated=salvaged is not None,
-                         observe=observe)
+                         schema_version=trace.meta.get("schema_version"),
+                         truncated=salvaged is not None or protocol is not None,
+                         observe=observe, skip=skip)
     result.profile_reason = reason
     if salvaged is not None:
         result.notes.append(f"{salvaged}: LIVENESS and the end-of-trace checks not run")
+    if protocol is not None:
+        result.notes.append(f"{protocol}: the steps before it are checked; LIVENESS and the "
+                            f"end-of-trace checks not run")
+    for feature, rules in _by_feature(skip).items():
+        result.notes.append(f"{', '.join(rules)}: not judged ({feature}: the model cannot follow it)")
     return result
+
+
+def unjudged_rules(meta: dict[str, Any]) -> dict[str, str]:
+    """``{rule id: the feature's description}`` for the rules a trace's recorded
+    features keep the model from judging (empty for every trace but a vLLM
+    recording with one of ``UNMODELLED_RULES``'s features)."""
+    from harness.check.invariants import UNMODELLED_RULES  # the catalogue imports the families
+
+    features = (meta.get("vllm_recording") or {}).get("unmodelled") or {}
+    out: dict[str, str] = {}
+    for feature, description in sorted(features.items()):
+        for rule in UNMODELLED_RULES.get(feature, ()):
+            out.setdefault(rule, description)
+    return out
+
+
+def _by_feature(skip: dict[str, str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for rule, feature in skip.items():
+        out.setdefault(feature, []).append(rule)
+    return out
 
 
 def unobserved_notes(schema_version: int | None) -> list[str]:
@@ -720,7 +749,8 @@ Observer = Callable[[int, list[dict[str, Any]], list[TraceChecker]], None]
 
 def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
                 profile: Profile | None = None, *, schema_version: int | None = None,
-                truncated: bool = False, observe: Observer | None = None) -> CheckResult:
+                  truncated: bool = False, observe: Observer | None = None,
+                skip: dict[str, str] | None = None) -> CheckResult:
     """Run every invariant ``profile`` checks (default: the reference's,
     every rule of the vLLM version it mirrors) over ``steps`` (as yielded by
     ``Trace.iter_steps``; ``schema_version``: the trace's, for the notes on
@@ -741,7 +771,7 @@ def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str
     # A trace known to record what each step leaves behind (rows made in
     # memory, schema_version None, are the recorder's own: nothing to doubt).
     observed = schema_version is not None and schema_version >= OBSERVED_SINCE
-    result = _check_steps(config, steps, profile, observed, truncated, observe)
+    result = _check_steps(config, steps, profile, observed, truncated, observe, frozenset(skip or ()))
     # Several ids for one request in one step: the root cause first (harness.check.invariants).
     result.violations = root_cause_first(result.violations)
     result.profile = profile.name
@@ -751,10 +781,11 @@ def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str
 
 def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
                  profile: Profile, observed: bool, truncated: bool = False,
-                 observe: Observer | None = None) -> CheckResult:
+                 observe: Observer | None = None, skip: frozenset[str] = frozenset()) -> CheckResult:
     dp = config.get("data_parallel_size", 1)
     if dp == 1:
         checker = TraceChecker(config, profile, observed=observed)
+        checker.checked = checker.checked - skip  # rules the model cannot judge here
         for step, events in steps:
             checker.check_step(step, events)
             if observe is not None:
@@ -763,6 +794,8 @@ def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[st
         checker.crashed = checker.crashed or truncated
         return checker.finish()
     checkers = [TraceChecker(config, profile, observed=observed) for _ in range(dp)]
+    for checker in checkers:
+        checker.checked = checker.checked - skip
     for checker in checkers:
         checker.interval = 1  # the cadence is the coordinator's throttle flag
         checker.dp_interval = config.get("prefill_schedule_interval", 1)

@@ -136,3 +136,19 @@ def _known(invariant_id: str) -> None:
     if invariant_id not in INVARIANTS:
         raise KeyError(f"unknown invariant {invariant_id!r}"
                        + (did_you_mean(invariant_id, INVARIANTS) or " (`harness invariants` lists them)"))
+
+
+#: Rules the model cannot judge on a recording with a feature it does not follow,
+#: by the ``unmodelled`` key of a trace's ``vllm_recording`` metadata
+#: (``recording_convert``): the block rules, for what vLLM's KV manager does
+#: there beyond the model's one pool of full-attention blocks.
+UNMODELLED_RULES: dict[str, tuple[str, ...]] = {
+    "kv_connector": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
+                     "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK",
+                     "REMOTE-KV-LOADING", "REMOTE-KV-RESERVATION", "REMOTE-KV-ABORT-HOLDS"),
+    "streaming_input": ("STOP-RULES", "LIVENESS"),
+    "kv_cache_spec": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
+                      "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK"),
+    "kv_cache_groups": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
+                        "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK"),
+}

@@ -86,6 +86,9 @@ def child_env(trace_jsonl: Path | None, candidate: CandidateClass | None = None)
     env.pop(ENV_BASE_CLS, None)
     if trace_jsonl is not None:
         env["SCHED_HARNESS_TRACE"] = str(trace_jsonl)
+        # A client's disconnect between schedule() and update_from_output() is applied
+        # after the update, where the trace can hold it (recording_scheduler.py).
+        env.setdefault("SCHED_HARNESS_MID_STEP_ABORTS", "defer")
     if candidate is not None:
         env.update(candidate.env(str(REPO_ROOT)))
     return env

@@ -157,6 +157,10 @@ class TraceWriter:
         # The rows end where the run was cut off (the footer's "salvaged", as
         # ``harness.trace.salvage`` writes it): a recording without its end.
         self.salvaged: str | None = None
+        # The driver left the engine's protocol, or stopped with requests live (the
+        # footer's "protocol", a vLLM recording of a unit test): the rows before it
+        # are complete steps; end-of-trace rules are not claimed.
+        self.protocol: str | None = None
 
     @property
     def temp_dir(self) -> Path:
@@ -201,6 +205,8 @@ class TraceWriter:
                 summary["crashed"] = self.crashed
             if self.salvaged is not None:
                 summary["salvaged"] = self.salvaged
+            if self.protocol is not None:
+                summary["protocol"] = self.protocol
             joined = join_segments(self._segments, self._schema, summary, self._tmp / "trace.parquet")
             # mkdtemp's folder is 0700 and files take the umask: the trace gets the usual mode.
             umask = os.umask(0)

@@ -163,6 +163,10 @@ class DecisionHooks:
         self.kv_freed: list[tuple[str, list[int], int | None]] = []
         self.in_schedule = False
         self.active = True
+        # Called as outside(method, request id) when a preemption happens outside
+        # schedule() (a unit test calling _preempt_request by hand; a reset that
+        # preempts the running requests): the recording scheduler sets it.
+        self.outside = None
         kvm = sched.kv_cache_manager
         orig_alloc = kvm.allocate_slots
         # allocate_slots(request, num_new_tokens, ...): where each argument the
@@ -278,6 +282,8 @@ class DecisionHooks:
         def _preempt_request(request, *args, **kwargs):
             if not hooks.active:
                 return orig_preempt(request, *args, **kwargs)
+            if not hooks.in_schedule and hooks.outside is not None:
+                hooks.outside("_preempt_request", request.request_id)
             computed_before = request.num_computed_tokens
             hooks.freed.pop(request.request_id, None)
             hooks.fences.pop(request.request_id, None)

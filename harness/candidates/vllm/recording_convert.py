@@ -63,6 +63,17 @@ class ConvertError(ValueError):
     """The JSONL cannot be turned into a trace; the message names the file and line."""
 
 
+class _ProtocolBreak(Exception):
+    """The recorded driver left EngineCore's protocol here (a unit test calling
+    ``schedule()`` twice, ``update_from_output()`` with a SchedulerOutput that
+    no ``schedule()`` returned, editing the queues by hand) or did what the
+    model cannot follow (a prefix-cache reset, a streaming-input update, an
+    abort between ``schedule()`` and ``update_from_output()`` at vLLM's
+    timing). The trace keeps the complete steps before it; the footer's
+    ``protocol`` names it (``harness check`` then claims no end-of-trace
+    rule)."""
+
+
 def _read_records(path: Path, after: int = 0):
     """Yield (line number, record) of the lines after line ``after``; stop
     quietly at a torn last line."""
@@ -136,9 +147,12 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
     def start_batch(rec: dict) -> int:
         nonlocal next_batch
         if len(in_flight) >= max_batches:
-            raise ConvertError(
-                f"{path}:{number}: schedule with {len(in_flight)} batch(es) in flight and no update "
-                f"(max_concurrent_batches={max_batches}): an update is missing or out of order")
+            # Regression: refused as a whole ("an update is missing"), losing the
+            # complete steps before it (vLLM's own tests call schedule() twice).
+            raise _ProtocolBreak(
+                f"line {number}: schedule() called with {len(in_flight)} batch(es) in flight and no "
+                f"update_from_output() (max_concurrent_batches={max_batches}): the driver left "
+                f"EngineCore's protocol")
         batch = rec.get("batch")
         if batch is None and numbered:
             raise ConvertError(f"{path}:{number}: schedule record without its batch (a format 3 "
@@ -153,12 +167,15 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
 
     def complete_batch(rec: dict, step: dict) -> None:
         if not in_flight:
-            raise ConvertError(f"{path}:{number}: update without a schedule")
+            raise _ProtocolBreak(f"line {number}: update_from_output() without a schedule(): the "
+                                 f"driver left EngineCore's protocol")
         oldest = in_flight[0][0]
         batch = rec.get("batch")
         if batch is None and numbered and rec["t"] == "update":
-            raise ConvertError(f"{path}:{number}: update record without its batch (a format 3 "
-                               f"recording numbers every batch): the log was edited")
+            # The recorder writes no batch for a SchedulerOutput it did not see returned.
+            raise _ProtocolBreak(f"line {number}: update_from_output() given a SchedulerOutput that "
+                                 f"no schedule() returned (built by hand): the driver left "
+                                 f"EngineCore's protocol")
         batch = oldest if batch is None else batch  # format 1 and 2 (and a crash record): implicit
         if batch != oldest:
             raise ConvertError(f"{path}:{number}: update of batch {batch} while batch {oldest} is the "
@@ -177,82 +194,127 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
             inputs = []
         return current
 
-    for number, rec in _read_records(path):
-        kind = rec["t"]
-        if ended:
-            # Regression: records after the end (or after an ``error``, where
-            # the recorder stops and writes only its end) were converted, or
-            # silently dropped; no recorder writes them.
-            raise ConvertError(f"{path}:{number}: a {kind!r} record after the recording's end: "
-                               f"the log was edited")
-        if kind == "meta":
-            if number != 1:
-                raise ConvertError(f"{path}:{number}: a second meta record")
-            numbered = fill = isinstance(rec.get("format"), int) and rec["format"] >= 3
-            continue
-        if crashed and kind != "end":
-            raise ConvertError(f"{path}:{number}: a {kind!r} record after the crash")
-        if kind == "arrival":
-            inputs.append(("arrival", rec))
-        elif kind == "abort":
-            if rec.get("mid_step"):
-                notes["mid_step_aborts"] += len(rec["finished"])
-            inputs.append(("abort", rec))
-        elif kind == "schedule":
-            resolve(rec["before"])
-            resolve(rec["after"])
-            if current is not None:
-                steps.append(current)
-            batch = start_batch(rec)
-            current = new_step(rec, None)
-            current["batch"] = batch
-            inputs = []
-        elif kind == "update":
-            step = update_step()
-            complete_batch(rec, step)
-            step["update"] = rec
-        elif kind == "drafts":
-            if rec["stored"] or rec.get("states"):
-                if current is None or current["update"] is None:
-                    raise ConvertError(f"{path}:{number}: drafts outside a step")
-                current["drafts"].extend(rec["stored"])
-                current["draft_states"].extend(rec.get("states") or ())
-        elif kind == "note":
-            notes["notes"].append(rec.get("what", "?"))
-        elif kind == "error":
-            notes["error"] = rec.get("error", "?")
-            # The recorder stops here; only its end record may follow.
-            for number, rec in _read_records(path, after=number):
-                if rec["t"] != "end" or notes["complete"]:
-                    raise ConvertError(f"{path}:{number}: a {rec['t']!r} record after the recording's "
-                                       f"error record: the log was edited")
-                notes["complete"] = True
-            break
-        elif kind == "crash":
-            call = rec.get("call")
-            if call == "schedule":
-                if rec.get("before") is not None:
-                    resolve(rec["before"])
+    last_after: dict | None = None   # the previous schedule's ``after`` snapshot
+    arrived: set[str] = set()         # requests added since it
+    added: set[str] = set()           # every request id added
+    try:
+        for number, rec in _read_records(path):
+            kind = rec["t"]
+            if ended:
+                # Regression: records after the end (or after an ``error``, where
+                # the recorder stops and writes only its end) were converted, or
+                # silently dropped; no recorder writes them.
+                raise ConvertError(f"{path}:{number}: a {kind!r} record after the recording's end: "
+                                   f"the log was edited")
+            if kind == "meta":
+                if number != 1:
+                    raise ConvertError(f"{path}:{number}: a second meta record")
+                numbered = fill = isinstance(rec.get("format"), int) and rec["format"] >= 3
+                continue
+            if crashed and kind != "end":
+                raise ConvertError(f"{path}:{number}: a {kind!r} record after the crash")
+            if kind == "arrival":
+                if rec["request_id"] in added:
+                    # vLLM's ids are unique among live requests only; a trace's for the run.
+                    raise _ProtocolBreak(f"line {number}: request id {rec['request_id']!r} added again "
+                                         f"after it finished (a trace needs unique ids)")
+                added.add(rec["request_id"])
+                inputs.append(("arrival", rec))
+                arrived.add(rec["request_id"])
+            elif kind == "abort":
+                if rec.get("mid_step"):
+                    # vLLM's timing (SCHED_HARNESS_MID_STEP_ABORTS unset or record): the
+                    # trace's step has no place between schedule and update for it.
+                    raise _ProtocolBreak(
+                        f"line {number}: {len(rec['finished'])} request(s) aborted between schedule() "
+                        f"and update_from_output() (a trace step has no place for it; "
+                        f"SCHED_HARNESS_MID_STEP_ABORTS=defer records it after the update)")
+                if rec.get("status", "FINISHED_ABORTED") != "FINISHED_ABORTED":
+                    # EngineCore finishes requests from outside only by aborting them.
+                    raise _ProtocolBreak(f"line {number}: finish_requests() with {rec['status']} (EngineCore "
+                                         f"calls it only to abort): the driver left EngineCore's protocol")
+                inputs.append(("abort", rec))
+            elif kind == "schedule":
+                resolve(rec["before"])
+                resolve(rec["after"])
+                _check_queues_untouched(rec["before"], last_after, arrived, number)
+                last_after, arrived = rec["after"], set()
                 if current is not None:
                     steps.append(current)
-                current = new_step(None, rec)
+                batch = start_batch(rec)
+                current = new_step(rec, None)
+                current["batch"] = batch
                 inputs = []
-            elif call == "update_from_output" and in_flight:
+            elif kind == "update":
                 step = update_step()
                 complete_batch(rec, step)
-                step["crash"] = rec
-            elif call == "update_draft_token_ids" and current is not None and current["update"] is not None:
-                current["crash"] = rec
-            else:
-                raise ConvertError(f"{path}:{number}: crash in {call!r} outside its step")
-            notes["crash"] = rec
-            steps.append(current)
-            current, crashed = None, True
-        elif kind == "end":
-            notes["complete"] = True
-            ended = True
-        yield from steps
-        steps.clear()
+                step["update"] = rec
+            elif kind == "drafts":
+                if rec["stored"] or rec.get("states"):
+                    if current is None or current["update"] is None:
+                        raise ConvertError(f"{path}:{number}: drafts outside a step")
+                    current["drafts"].extend(rec["stored"])
+                    current["draft_states"].extend(rec.get("states") or ())
+            elif kind == "note":
+                what = rec.get("what", "?")
+                notes["notes"].append(what)
+                if what == "reset_prefix_cache" and rec.get("result") is not False \
+                        and last_after is not None:  # before the first schedule() nothing is cached
+                    raise _ProtocolBreak(f"line {number}: the prefix cache was reset (the model "
+                                         f"cannot follow a reset: its hits and frees differ after it)")
+                if what == "pause_state" and rec.get("state") != "UNPAUSED":
+                    raise _ProtocolBreak(f"line {number}: the scheduler was paused ({rec.get('state')}; "
+                                         f"pausing is not modelled)")
+                if what == "streaming_update":
+                    raise _ProtocolBreak(f"line {number}: a streaming-input update of request "
+                                         f"{rec.get('request_id')!r} (streaming input is not modelled)")
+            elif kind == "protocol":
+                raise _ProtocolBreak(f"line {number}: {rec.get('what', '?')}: the driver left "
+                                     f"EngineCore's protocol")
+            elif kind == "error":
+                notes["error"] = rec.get("error", "?")
+                # The recorder stops here; only its end record may follow.
+                for number, rec in _read_records(path, after=number):
+                    if rec["t"] != "end" or notes["complete"]:
+                        raise ConvertError(f"{path}:{number}: a {rec['t']!r} record after the recording's "
+                                           f"error record: the log was edited")
+                    notes["complete"] = True
+                break
+            elif kind == "crash":
+                call = rec.get("call")
+                if call == "schedule":
+                    if rec.get("before") is not None:
+                        resolve(rec["before"])
+                    if current is not None:
+                        steps.append(current)
+                    current = new_step(None, rec)
+                    inputs = []
+                elif call == "update_from_output" and in_flight:
+                    step = update_step()
+                    complete_batch(rec, step)
+                    step["crash"] = rec
+                elif call == "update_draft_token_ids" and current is not None and current["update"] is not None:
+                    current["crash"] = rec
+                else:
+                    raise ConvertError(f"{path}:{number}: crash in {call!r} outside its step")
+                notes["crash"] = rec
+                steps.append(current)
+                current, crashed = None, True
+            elif kind == "end":
+                notes["complete"] = True
+                notes["ended_by"] = rec.get("by")
+                ended = True
+            yield from steps
+            steps.clear()
+    except _ProtocolBreak as brk:
+        notes["protocol"] = str(brk)
+        # The complete steps before the break are kept; a step cut off after its
+        # schedule() (no update) is not.
+        for step in steps + ([current] if current is not None else []):
+            if step["schedule"] is None or step["update"] is not None or step["crash"] is not None:
+                yield step
+        notes["trailing_inputs"] = 0
+        return
     if current is not None:
         if current["update"] is not None:
             yield current
@@ -262,9 +324,64 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
     notes["trailing_inputs"] = len(inputs)
 
 
+def _unmodelled(meta_rec: dict, unsupported: dict[str, int]) -> dict[str, str]:
+    """The recording's features the model cannot follow (the recorder's
+    ``unmodelled``; read from its warnings in a recording made before it wrote
+    one; streaming-input requests): ``harness check`` skips the rules they keep
+    it from judging."""
+    out = dict(meta_rec.get("unmodelled") or {})
+    for what, n in sorted(unsupported.items()):  # request features the reference does not model
+        out.setdefault(what, f"{n} request(s) with {what.replace('_', ' ')}")
+    for w in meta_rec.get("warnings", ()):
+        if w.startswith("a KV connector is configured"):
+            out.setdefault("kv_connector", "a KV connector")
+        elif "KV-cache groups (the trace keeps group 0" in w:
+            out.setdefault("kv_cache_groups", w.split(" (")[0])
+    return out
+
+
+def recording_path(jsonl_path: str | os.PathLike[str]) -> Path:
+    """The recording file for ``jsonl_path``: itself, or with data parallelism the
+    one rank file the recorder wrote beside it (``NAME.dp<rank>.jsonl``,
+    ``recording_scheduler._output_path``). Raises ConvertError when there is none,
+    or several (convert each rank's file)."""
+    src = Path(jsonl_path)
+    if src.is_file():
+        return src
+    ranks = sorted(src.parent.glob(f"{src.stem}.dp*{src.suffix or '.jsonl'}")) if src.parent.is_dir() else []
+    ranks = [p for p in ranks if p.stem[len(src.stem) + 3:].isdigit()]
+    if len(ranks) == 1:
+        return ranks[0]
+    if ranks:
+        raise ConvertError(f"{src}: no such file; a data-parallel engine wrote one file per rank "
+                           f"({', '.join(p.name for p in ranks)}): convert each")
+    raise ConvertError(f"{src}: no such file")
+
+
+def _check_queues_untouched(before: dict, last_after: dict | None, arrived: set[str], number: int) -> None:
+    """The queues at a ``schedule()`` hold what the previous one left: running
+    only loses requests between them (update_from_output, aborts: never one
+    added or reordered), and a waiting request was waiting then, or arrived
+    since. Anything else was done by hand (a unit test appending to
+    ``running``, calling ``_preempt_request``): a protocol break."""
+    if last_after is None:
+        return
+    prev = iter(last_after["running"])
+    if not all(any(r == p for p in prev) for r in before["running"]):
+        raise _ProtocolBreak(f"line {number}: the running queue changed outside schedule() "
+                             f"(edited by hand): the driver left EngineCore's protocol")
+    allowed = set(last_after["waiting"]) | arrived
+    extra = [r for r in before["waiting"] if r not in allowed]
+    if extra:
+        raise _ProtocolBreak(f"line {number}: request(s) {', '.join(map(repr, extra[:3]))} entered the "
+                             f"waiting queue outside schedule() and add_request() (a preemption by "
+                             f"hand): the driver left EngineCore's protocol")
+
+
 def _new_notes() -> dict[str, Any]:
     return {"mid_step_aborts": 0, "notes": [], "error": None, "complete": False,
-            "dropped_incomplete_step": False, "trailing_inputs": 0, "crash": None}
+            "dropped_incomplete_step": False, "trailing_inputs": 0, "crash": None,
+            "protocol": None, "ended_by": None}
 
 
 def _is_idle(src: Path, sched_rec: dict) -> bool:
@@ -363,18 +480,19 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     from reference.output import (
         FinishedRequest,
         Preemption,
+        Promotion,
+        RemoteLoad,
         RequestState,
         ScheduledRequest,
         SchedulerOutput,
+        Skip,
         UpdateResult,
         Withdrawal,
     )
     from reference.request import RequestStatus
     from reference.workload import RequestSpec, Workload, WorkloadError
 
-    src = Path(jsonl_path)
-    if not src.is_file():
-        raise ConvertError(f"{src}: no such file")
+    src = recording_path(jsonl_path)
     meta_rec = next((rec for _, rec in _read_records(src)), None)
     if meta_rec is None or meta_rec.get("t") != "meta":
         raise ConvertError(f"{src}: does not start with a sched-harness meta record")
@@ -382,6 +500,15 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         raise ConvertError(f"{src}: unknown recording format {meta_rec.get('format')!r} "
                            f"(this converter reads {', '.join(map(str, READABLE_FORMATS))})")
     values, unmapped_config = _map_config(meta_rec, EngineConfig, DERIVED_KEYS)
+    dp_rank_note = None
+    raw = meta_rec.get("vllm_config", {})
+    if (raw.get("parallel_config.data_parallel_size") or 1) > 1:
+        # One rank's scheduler: its own queues and pool (the coordinator's routing
+        # is not in the recording).
+        dp_rank_note = (f"rank {raw.get('parallel_config.data_parallel_rank', '?')} of a data-parallel "
+                        f"engine (data_parallel_size {raw['parallel_config.data_parallel_size']}): "
+                        f"converted as one scheduler")
+        values["data_parallel_size"] = 1
     values.update(overrides or {})
     try:
         config = EngineConfig.from_dict(values, accept_vllm_crash=True)  # what vLLM ran
@@ -484,9 +611,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     if meta_rec["format"] == 1:
         warnings.append("format 1 recording: what requests hold after schedule() (request_state rows) "
                         "was not recorded, and the request data's ids are taken from the decisions")
-    if notes["mid_step_aborts"]:
-        warnings.append(f"{notes['mid_step_aborts']} request(s) aborted between schedule and "
-                        f"update were moved to the next step (replay diverges there)")
+    if dp_rank_note:
+        warnings.append(dp_rank_note)
     if inversions:
         warnings.append(f"{inversions} request(s) added after one with a later wall-clock "
                         f"arrival time (PRIORITY ties may replay differently)")
@@ -496,6 +622,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         warnings.append(f"{notes['notes'].count(what)} {what} event(s) (not representable in a trace)")
     if notes["error"]:
         warnings.append(f"recording stopped early: {notes['error']}")
+    if notes["protocol"]:
+        warnings.append(f"the trace ends before a protocol break: {notes['protocol']}")
     if notes["dropped_incomplete_step"] or notes["trailing_inputs"]:
         warnings.append(f"incomplete tail dropped (a step without its update: "
                         f"{notes['dropped_incomplete_step']}; inputs after the last step: "
@@ -519,6 +647,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         "unmapped_config": unmapped_config, "config_overrides": dict(overrides or {}),
         "dropped_idle_steps": dropped_idle,
         "mid_step_aborts": notes["mid_step_aborts"], "warnings": warnings,
+        "unmodelled": _unmodelled(meta_rec, unsupported),
     }
 
     def finished_of(f: dict, where: int) -> FinishedRequest:
@@ -553,6 +682,20 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         if e["type"] == "preempt":
             return Preemption(rid(e["request_id"], where), e["num_computed_tokens"],
                               list(e["freed_block_ids"]))
+        # Regression: "unknown decision 'kv_load'" (the recorder writes the KV
+        # connector's decisions as the vLLM driver normalises them).
+        if e["type"] == "skip":
+            return Skip(rid(e["request_id"], where), e["reason"])
+        if e["type"] == "kv_load":
+            return RemoteLoad(rid(e["request_id"], where), e["num_prefix_hit_tokens"],
+                              e["num_external_tokens"], list(e["block_ids"]), e["reserved_blocks"])
+        if e["type"] == "kv_promote":
+            if e["status"] not in status_names:
+                raise ConvertError(f"{src}:{where}: request {e['request_id']!r} promoted to status "
+                                   f"{e['status']} (the reference has no such status)")
+            return Promotion(rid(e["request_id"], where), RequestStatus[e["status"]],
+                             e["num_computed_tokens"], bool(e["load_failed"]),
+                             list(e["freed_block_ids"]))
         raise ConvertError(f"{src}:{where}: unknown decision {e['type']!r}")
 
     # -- pass 3: the rows, through the recorder's own step_rows -------------------
@@ -565,6 +708,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         # A recording that ends before the run did (no end record: the server was cut
         # off; or the recorder stopped early): requests still live at its end are not
         # LIVENESS findings (``harness check`` says why in a note).
+        if notes["protocol"]:
+            writer.protocol = f"the driver left EngineCore's protocol at {src.name}:{notes['protocol']}"
         if notes["error"]:
             writer.salvaged = f"a vLLM recording stopped early ({notes['error']})"
         elif not notes["complete"]:
@@ -653,6 +798,14 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                     summary["finished"] += len(rec.update.finished)
             writer.add_step(step_rows(rec))
             index += 1
+        live = summary["requests"] - summary["finished"] - summary["aborted"]
+        if writer.protocol is None and live > 0 and notes["ended_by"] in ("driver", "exit"):
+            # A unit test stops driving with requests live (no shutdown(): the recorder
+            # was closed by the test runner, or at exit): not a LIVENESS finding.
+            writer.protocol = (f"stopped by the driver after step {index - 1} with {live} request(s) "
+                               f"live (the recording was closed by {notes['ended_by']}, not by "
+                               f"shutdown())")
+    summary["protocol"] = writer.protocol
     summary.update(steps=index, events=writer.num_rows, dropped_idle_steps=dropped_idle,
                    reordered_abort_steps=reordered_aborts, warnings=warnings,
                    path=str(parquet_path))

@@ -279,6 +279,7 @@ class _Recorder:
         self.batches = 0        # schedule() calls so far (each one's ``batch`` number)
         self.in_flight: dict[int, tuple[int, Any]] = {}  # id(SchedulerOutput) -> (batch, it)
         self.hooks = _ev.DecisionHooks(sched)
+        self.hooks.outside = self.on_outside
         self.use_v2 = bool(getattr(sched, "use_v2_model_runner",
                                    os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"))
         self.path = _output_path(vc)
@@ -297,7 +298,7 @@ class _Recorder:
         meta = {"t": "meta", "format": FORMAT, "vllm_version": vllm.__version__,
                 "pid": os.getpid(), "started_unix": time.time(), "path": str(self.path),
                 "config": self._engine_config(vc), "vllm_config": self._raw_config(vc),
-                "warnings": self._warnings(vc)}
+                "warnings": self._warnings(vc), "unmodelled": self._unmodelled()}
         if getattr(sched, "_sched_harness_base", None):  # the user's class under the recorder
             meta["scheduler_cls"] = sched._sched_harness_base
         self._write(meta)
@@ -403,16 +404,34 @@ class _Recorder:
             out.append("LoRA is enabled (max_loras limits are not modelled)")
         return out
 
+    def _unmodelled(self) -> dict[str, str]:
+        """``{feature: description}`` for what the trace's model cannot follow
+        (``harness.check.invariants.UNMODELLED_RULES`` names the rules it then
+        skips): a KV connector (its external tokens and remote loads), more
+        than one KV-cache group (only group 0's blocks are recorded)."""
+        sched, out = self.sched, {}
+        if getattr(sched, "connector", None) is not None:
+            out["kv_connector"] = f"a KV connector ({type(sched.connector).__name__})"
+        groups = list(getattr(sched.kv_cache_config, "kv_cache_groups", ()) or ())
+        if len(groups) > 1:
+            out["kv_cache_groups"] = f"{len(groups)} KV-cache groups (group 0's blocks recorded)"
+        kinds = sorted({type(getattr(g, "kv_cache_spec", None)).__name__ for g in groups}
+                       - {"FullAttentionSpec", "NoneType"})
+        if kinds:  # sliding window, Mamba, MLA, ...: allocation the model does not follow
+            out["kv_cache_spec"] = f"KV-cache spec {', '.join(kinds)}"
+        return out
+
     # -- writing -------------------------------------------------------------
     def _write(self, record: dict) -> None:
         self.fh.write(record)
 
-    def guard(self, fn, *args):
-        """Run a recording step; a failure stops recording (raises in strict mode)."""
+    def guard(self, fn, *args, **kwargs):
+        """Run a recording step, ``fn(*args, **kwargs)``; a failure stops
+        recording (raises in strict mode)."""
         if not self.enabled:
             return None
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except Exception as exc:
             if self.strict:
                 raise
@@ -428,12 +447,20 @@ class _Recorder:
                 pass
             return None
 
-    def close(self) -> None:
+    def close(self, by: str = "exit") -> None:
+        """Write the ``end`` record and rename the file into place (once).
+        ``by``: what closed it: ``shutdown`` (vLLM's), ``crash``, ``driver`` (a
+        test runner stopping a scheduler it drove), ``exit`` (the interpreter
+        ended without a shutdown)."""
         if self.closed:
             return
         self.closed = True
+        # Nothing is written after the end (the file descriptor is closed, and
+        # its number may be another file's by then).
+        self.enabled = False
+        self.hooks.active = False
         try:
-            self._write({"t": "end", "steps": self.steps, "ended_unix": time.time()})
+            self._write({"t": "end", "steps": self.steps, "ended_unix": time.time(), "by": by})
             self.fh.close()
             os.replace(self.tmp, self.path)
         except Exception as exc:  # shutdown must not fail because of us
@@ -456,6 +483,8 @@ class _Recorder:
             unsupported.append("lora")
         if request.prompt_token_ids is None:
             unsupported.append("prompt_embeds")
+        if getattr(request, "resumable", False):
+            unsupported.append("streaming_input")
         stop_ids = [int(t) for t in (getattr(params, "stop_token_ids", None) or ())]
         eos = getattr(params, "eos_token_id", None)
         if eos is None:
@@ -605,6 +634,15 @@ class _Recorder:
                 if ids is not None and len(ids):
                     sampled.append([r, list(ids)])
         batch = self.in_flight.pop(id(so), (None, None))[0]
+        if live and getattr(so, "total_num_scheduled_tokens", 0):
+            # EngineCore's model runner lists every request of the batch (an empty
+            # list for a chunk that samples nothing); a unit test's hand-made
+            # ModelRunnerOutput may leave some out.
+            missing = [q.request_id for q in live if q.request_id not in index]
+            if missing:
+                self._write({"t": "protocol", "step": self.steps,
+                             "what": f"the model output omits {len(missing)} scheduled request(s) "
+                                     f"({', '.join(map(repr, missing[:3]))})"})
         return live, sampled, batch
 
     def after_update(self, pre: tuple) -> None:
@@ -633,6 +671,14 @@ class _Recorder:
                      "states": _ev.request_states(self.sched)})
         self.fh.flush()
 
+    def on_outside(self, method: str, request_id: str) -> None:
+        """A scheduler method that only ``schedule()`` calls in EngineCore's loop was
+        called from outside it: a ``protocol`` record (the converter ends the trace
+        there)."""
+        if self.enabled:
+            self._write({"t": "protocol", "step": self.steps,
+                         "what": f"{method}({request_id!r}) called outside schedule()"})
+
     def note(self, what: str, **fields) -> None:
         self._write({"t": "note", "what": what, "step": self.steps, **fields})
 
@@ -648,14 +694,23 @@ class _Recorder:
         self._write(record)
         self.enabled = False
         self.hooks.active = False
-        self.close()
+        self.close("crash")
 
 
 # -- a recorder that cannot start must not stop the server -----------------
 
+#: ``run``: a configuration the recorder refuses (RecordingError) runs unrecorded
+#: instead of stopping the start-up (``harness vllm-tests``: vLLM's own tests must
+#: behave as without the recorder).
+ENV_UNRECORDABLE = "SCHED_HARNESS_UNRECORDABLE"
+
+
 class _NotRecording:
     """Stands in for ``_Recorder`` when it could not start: every hook is a no-op,
-    so the scheduler is vLLM's own."""
+    so the scheduler is vLLM's own. ``reason``: why (None: never started)."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        self.reason = reason
 
     enabled = False
     closed = True
@@ -663,13 +718,15 @@ class _NotRecording:
     mid_step = False
     steps = 0
 
-    def guard(self, fn, *args):
+    def guard(self, fn, *args, **kwargs):
         return None
 
-    def close(self) -> None:
+    def close(self, by: str = "exit") -> None:
         return None
 
     def __getattr__(self, name: str):  # on_add, begin_abort, ...: never called through guard
+        if name.startswith("__"):  # e.g. __isabstractmethod__ (ABCMeta looks at class attributes)
+            raise AttributeError(name)
         return lambda *args, **kwargs: None
 
 
@@ -682,14 +739,17 @@ def _start_recorder(sched):
     ``SCHED_HARNESS_STRICT=1``)."""
     try:
         return _Recorder(sched)
-    except RecordingError:
+    except RecordingError as exc:
+        if os.environ.get(ENV_UNRECORDABLE) == "run":  # a test runner: vLLM runs as it would
+            _log.warning("sched-harness: not recording this scheduler: %s", exc)
+            return _NotRecording(f"refused: {exc}")
         raise
     except Exception as exc:
         if os.environ.get(ENV_STRICT) == "1":
             raise
         _log.error("sched-harness recording could not start (%s: %s); serving without recording",
                    type(exc).__name__, exc)
-        return _NotRecording()
+        return _NotRecording(f"failed: {type(exc).__name__}: {exc}")
 
 
 # -- aborts that arrive between schedule() and update_from_output() ---------
@@ -697,16 +757,21 @@ def _start_recorder(sched):
 # vLLM's EngineCore.step processes the aborts that came in while the model ran
 # (``_process_aborts_queue``) after ``schedule()`` and before
 # ``update_from_output()``. The trace's step has no such point: its aborts are
-# inputs before ``schedule()``. Recorded where they happen, such an abort would
-# leave a step whose request reached the end of its tokens but sampled
-# nothing, with blocks freed under the step (OUTPUT-ONLY-COMPLETE and
-# BLOCK-CONSERVATION on a correct server). So by default (``SCHED_HARNESS_MID_STEP_ABORTS``
-# unset or ``defer``) the recording scheduler applies such an abort right after
+# inputs before ``schedule()``. Recorded where they happen (the default,
+# ``SCHED_HARNESS_MID_STEP_ABORTS`` unset or ``record``), vLLM's behaviour is
+# untouched and the abort record says ``mid_step``; the converter ends the
+# trace before that step (a protocol fact: the steps before it are checked).
+# ``defer`` (what ``harness serve-record`` sets for the engines it starts,
+# ``harness/serve/offline.py``) applies such an abort right after
 # ``update_from_output()`` instead, as if the client had gone away a moment
 # later (when a disconnect reaches the engine is a race anyway): the request
 # gets this step's token (or finishes by itself) and is aborted before the
-# next ``schedule()``, where the trace has it. ``record`` keeps vLLM's timing
-# and the converter moves the abort to the next step with a warning.
+# next ``schedule()``, where the trace has it. A deferred abort is applied at
+# the latest before the next ``schedule()`` or at ``shutdown()``.
+#
+# Regression: ``defer`` was the default, so a unit test that aborted between
+# ``schedule()`` and ``update_from_output()`` and then looked at the request
+# (or never called update) saw vLLM behave differently under the recorder.
 
 ENV_MID_STEP_ABORTS = "SCHED_HARNESS_MID_STEP_ABORTS"
 
@@ -714,7 +779,7 @@ ENV_MID_STEP_ABORTS = "SCHED_HARNESS_MID_STEP_ABORTS"
 def _defer_mid_step_abort(rec, request_ids, finished_status) -> bool:
     """True (and the ids kept for later) when this ``finish_requests`` call is an
     abort between schedule() and update_from_output() that is to be deferred."""
-    if not (rec.enabled and rec.mid_step and os.environ.get(ENV_MID_STEP_ABORTS, "defer") == "defer"):
+    if not (rec.enabled and rec.mid_step and os.environ.get(ENV_MID_STEP_ABORTS, "record") == "defer"):
         return False
     if getattr(finished_status, "name", "") != "FINISHED_ABORTED" or request_ids is None:
         return False
@@ -726,9 +791,12 @@ def _defer_mid_step_abort(rec, request_ids, finished_status) -> bool:
 
 def _apply_deferred_aborts(sched, rec) -> None:
     """Apply the aborts ``_defer_mid_step_abort`` kept (in arrival order), now that
-    the step's update is done; they are recorded as inputs of the next step."""
+    the step's update is done (or, when none came, before the next ``schedule()``
+    or at ``shutdown()``); they are recorded as inputs of the next step."""
     pending = rec.__dict__.pop("deferred_aborts", None)
     rec.mid_step = False
+    if pending is None:
+        return
     for ids, status in pending or ():
         sched.finish_requests(ids, status)
 
@@ -806,6 +874,11 @@ def _build_recording_scheduler(async_scheduling: bool = False):
 
         _sched_harness_async = async_scheduling
 
+        #: Regression: a scheduler built with ``object.__new__`` (vLLM's own tests
+        #: do, to call one method) never ran ``__init__`` and every override
+        #: raised AttributeError; it now runs as vLLM's own, unrecorded.
+        _sched_harness = _NotRecording()
+
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self._sched_harness = _start_recorder(self)
@@ -833,6 +906,8 @@ def _build_recording_scheduler(async_scheduling: bool = False):
 
         def schedule(self, *args, **kwargs):
             rec = self._sched_harness
+            if "deferred_aborts" in rec.__dict__:  # deferred, and no update came
+                _apply_deferred_aborts(self, rec)
             if not rec.enabled:
                 return super().schedule(*args, **kwargs)
             throttle = bool(kwargs.get("throttle_prefills", args[0] if args else False))
@@ -877,6 +952,13 @@ def _build_recording_scheduler(async_scheduling: bool = False):
                 raise
             rec.guard(rec.on_drafts, draft_token_ids)
 
+        def set_pause_state(self, *args, **kwargs):
+            result = super().set_pause_state(*args, **kwargs)
+            rec = self._sched_harness
+            state = getattr(self, "_pause_state", None)
+            rec.guard(rec.note, "pause_state", state=str(getattr(state, "name", state)))
+            return result
+
         def reset_prefix_cache(self, *args, **kwargs):
             result = super().reset_prefix_cache(*args, **kwargs)
             rec = self._sched_harness
@@ -884,10 +966,13 @@ def _build_recording_scheduler(async_scheduling: bool = False):
             return result
 
         def shutdown(self) -> None:
+            rec = self._sched_harness
+            if "deferred_aborts" in rec.__dict__:
+                _apply_deferred_aborts(self, rec)
             try:
                 super().shutdown()
             finally:
-                self._sched_harness.close()
+                self._sched_harness.close("shutdown")
 
     RecordingScheduler.__module__ = __name__
     if async_scheduling:

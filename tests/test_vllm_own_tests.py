@@ -1,0 +1,218 @@
+"""vLLM's own scheduler tests under the recorder (issue 22): the recorder bugs they exposed, and
+``harness vllm-tests`` on a small selection of 0.33.0's tests.
+
+The first test runs one script under vLLM 0.33.0's CPU venv (the recording scheduler built as the
+vLLM driver builds vLLM's Scheduler) and checks what vLLM's tests tripped on:
+``reset_prefix_cache`` raised TypeError; an abort between ``schedule()`` and
+``update_from_output()`` was held back until an update that never came (vLLM behaved differently
+under the recorder); a scheduler built with ``object.__new__`` raised AttributeError. The second
+runs ``harness vllm-tests 0.33.0 -k ...`` (the sdist fetched once and cached beside the envs; the
+full files are ``bench/vllm_own_tests.py``).
+
+``HARNESS_SKIP_VLLM=1`` skips both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+REPO = Path(__file__).resolve().parent.parent
+SKIP = os.environ.get("HARNESS_SKIP_VLLM") == "1"
+
+SCRIPT = r'''
+import json, os, sys
+from harness.candidates.vllm.driver import Driver  # the CPU-only vLLM defaults
+from harness.candidates.vllm.recording_scheduler import RecordingScheduler
+from harness.candidates.vllm.candidate import driver_config
+from reference.config import EngineConfig
+
+out = {}
+driver = Driver()
+driver.Scheduler = RecordingScheduler
+os.environ["SCHED_HARNESS_TRACE"] = sys.argv[1]
+driver.init(driver_config(EngineConfig(num_gpu_blocks=64, block_size=16, max_model_len=256,
+                                       max_num_batched_tokens=256, enable_prefix_caching=True)), 0)
+sched = driver.sched
+out["reset"] = sched.reset_prefix_cache()
+for i in range(2):
+    driver.add({"request_id": f"q{i}", "prompt_token_ids": list(range(1 + i, 40 + i)), "max_tokens": 4,
+                "ignore_eos": True, "eos_token_id": 2, "priority": 0, "arrival_time": 0.0})
+so = sched.schedule()
+sched.finish_requests(["q0"], driver.RequestStatus.FINISHED_ABORTED)
+# vLLM applies the abort at once (no update follows in this test).
+out["q0_status"] = sched.requests["q0"].status.name if "q0" in sched.requests else "removed"
+out["running"] = [r.request_id for r in sched.running]
+out["free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+sched.shutdown()
+bare = object.__new__(RecordingScheduler)
+try:
+    bare.reset_prefix_cache()
+except AttributeError as exc:
+    out["bare"] = str(exc)
+print("RESULT " + json.dumps(out))
+'''
+
+
+@pytest.mark.vllm
+def test_reset_prefix_cache_mid_step_abort_and_object_new_behave_as_vllm(tmp_path: Path) -> None:
+    """Regressions: ``_Recorder.guard() got an unexpected keyword argument 'result'``; a deferred
+    mid-step abort never applied; ``object.__new__`` schedulers."""
+    if SKIP:
+        pytest.skip("HARNESS_SKIP_VLLM=1")
+    from harness.candidates.vllm.env import ensure_env
+    from harness.candidates.vllm.recording_convert import convert
+
+    python = ensure_env("0.33.0", log=lambda line: print(f"vllm-env: {line}", file=sys.stderr))
+    script = tmp_path / "drive.py"
+    script.write_text(SCRIPT)
+    jsonl = tmp_path / "rec.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(REPO), SCHED_HARNESS_STRICT="1", VLLM_USE_V2_MODEL_RUNNER="0")
+    env.pop("SCHED_HARNESS_MID_STEP_ABORTS", None)
+    proc = subprocess.run([str(python), str(script), str(jsonl)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert proc.returncode == 0 and line, proc.stderr[-4000:]
+    got = json.loads(line[len("RESULT "):])
+    assert got["reset"] is True
+    assert got["q0_status"] in ("FINISHED_ABORTED", "removed") and got["running"] == ["q1"]
+    assert got["free_blocks"] == 63 - 3  # q1's 3 blocks (39 tokens of 16); q0's freed at once
+    assert "_sched_harness" not in got["bare"]  # vLLM's own attribute is what is missing
+    records = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert [r["what"] for r in records if r["t"] == "note"] == ["reset_prefix_cache"]
+    assert [r["result"] for r in records if r["t"] == "note"] == [True]
+    assert [(r["mid_step"], [f["request_id"] for f in r["finished"]]) for r in records
+            if r["t"] == "abort"] == [(True, ["q0"])]
+    assert records[-1]["t"] == "end" and records[-1]["by"] == "shutdown"
+    summary = convert(jsonl, tmp_path / "rec.parquet")
+    assert summary["steps"] == 0
+    # The reset came before any step (nothing cached: no break); the abort at vLLM's timing is one.
+    assert "1 request(s) aborted between schedule() and update_from_output()" in summary["protocol"]
+
+
+#: A selection of 0.33.0's tests that exercises the recorder's fixed paths: the prefix-cache
+#: reset, aborts (mid-step too), spec decode, a KV connector, preemption, prefix caching.
+SELECTION = ("test_scheduler_reset_prefix_cache or test_stop_via_update_from_output or "
+             "test_preempt_during_execution or test_schedule_spec_decoding_stats or "
+             "test_kv_connector_basic or test_abort_request_waiting_for_remote_kvs or "
+             "test_update_draft_token_ids_strips_ngram_padding or test_prefill_plp or "
+             "test_reset_prefix_cache")
+
+
+@pytest.mark.vllm
+def test_vllm_tests_on_a_selection_of_0_33_0s_own_tests(tmp_path: Path) -> None:
+    if SKIP:
+        pytest.skip("HARNESS_SKIP_VLLM=1")
+    from harness.candidates.vllm.own_tests import OwnTestsError, fetch_sdist
+    from harness.cli import main
+
+    try:
+        fetch_sdist("0.33.0")
+    except OwnTestsError as exc:  # no index reachable and nothing cached
+        pytest.skip(str(exc))
+    result = CliRunner().invoke(main, ["vllm-tests", "0.33.0", "-k", SELECTION, "-o", str(tmp_path),
+                                       "--json"])
+    assert result.exit_code == 0, result.output[-3000:]
+    report = json.loads(result.output)
+    assert report["broken_by_recorder"] == [] and report["violations"] == []
+    assert report["plain_passed"] == report["injected_passed"] >= 10
+    assert report["recordings"] >= 10 and report["converted"] == report["recordings"]
+    assert report["replay_diverged"] == 0 and report["replay_identical"] == report["clean"] >= 1
+
+
+# -- without vLLM: the sdist fetch, the JUnit reading, the pins, the report ------------------
+
+def _serve(files: dict[str, bytes]):
+    """A local HTTP index serving ``files`` (path -> body); returns (server, base URL)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = files.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}"
+
+
+def test_fetch_sdist_checks_the_index_sha256_and_caches_it(tmp_path: Path, monkeypatch) -> None:
+    import hashlib
+
+    from harness.candidates.vllm import own_tests
+
+    body = b"not really a tarball"
+    digest = hashlib.sha256(body).hexdigest()
+    page = {"files": [{"filename": "vllm-0.33.0.tar.gz", "url": "/files/vllm-0.33.0.tar.gz",
+                       "hashes": {"sha256": "0" * 64}, "size": len(body)}]}
+    files = {"/simple/vllm/": json.dumps(page).encode(), "/files/vllm-0.33.0.tar.gz": body}
+    server, base = _serve(files)
+    try:
+        monkeypatch.setenv("HARNESS_VLLM_ENVS", str(tmp_path / "envs"))
+        monkeypatch.setenv("PIP_INDEX_URL", f"{base}/simple")
+        with pytest.raises(own_tests.OwnTestsError, match=f"sha256 {digest} is not the index's 0000"):
+            own_tests.fetch_sdist("0.33.0")
+        assert list((tmp_path / "envs" / "sdists").iterdir()) == []  # nothing half-written left
+        page["files"][0]["hashes"]["sha256"] = digest
+        files["/simple/vllm/"] = json.dumps(page).encode()
+        path = own_tests.fetch_sdist("0.33.0")
+        assert path == tmp_path / "envs" / "sdists" / "vllm-0.33.0.tar.gz" and path.read_bytes() == body
+        del files["/files/vllm-0.33.0.tar.gz"]  # cached: the index is not asked again
+        assert own_tests.fetch_sdist("0.33.0") == path
+        with pytest.raises(own_tests.OwnTestsError, match="lists no vllm-0.29.0.tar.gz"):
+            own_tests.fetch_sdist("0.29.0")
+    finally:
+        server.shutdown()
+
+
+def test_junit_outcomes_rebuild_node_ids_and_pins_come_from_the_release(tmp_path: Path) -> None:
+    from harness.candidates.vllm.own_tests import _junit_outcomes, _pins
+
+    (tmp_path / "tests" / "v1").mkdir(parents=True)
+    (tmp_path / "tests" / "v1" / "test_a.py").write_text("")
+    (tmp_path / "junit.xml").write_text(
+        '<testsuites><testsuite>'
+        '<testcase classname="tests.v1.test_a" name="test_x[1]"/>'
+        '<testcase classname="tests.v1.test_a.TestK" name="test_y"><failure/></testcase>'
+        '<testcase classname="tests.v1.test_a" name="test_z"><skipped/></testcase>'
+        '<testcase classname="tests.v1.test_a" name="test_x[1]"><error/></testcase>'
+        '</testsuite></testsuites>')
+    assert _junit_outcomes(tmp_path / "junit.xml", tmp_path) == {
+        "tests/v1/test_a.py::test_x[1]": "failed",  # an error at teardown after its pass
+        "tests/v1/test_a.py::TestK::test_y": "failed",
+        "tests/v1/test_a.py::test_z": "skipped"}
+    req = tmp_path / "requirements" / "test"
+    req.mkdir(parents=True)
+    req.joinpath("cpu.txt").write_text("pytest==9.1.0\n    # via -r x\ntblib==3.1.0\ntorch==2.13.0\n")
+    assert _pins(tmp_path) == {"pytest": "9.1.0", "tblib": "3.1.0"}
+
+
+def test_protocol_kinds_name_every_line_the_converter_writes() -> None:
+    from harness.vllm_tests_report import protocol_kind
+
+    assert [protocol_kind(line) for line in (
+        "the driver left EngineCore's protocol at a.jsonl:line 9: schedule() called with 1 batch(es) ...",
+        "... update_from_output() without a schedule(): ...",
+        "... given a SchedulerOutput that no schedule() returned (built by hand) ...",
+        "... the running queue changed outside schedule() ...",
+        "... request(s) 'a' entered the waiting queue outside schedule() ...",
+        "... 1 request(s) aborted between schedule() and update_from_output() ...",
+        "... the prefix cache was reset ...",
+        "... a streaming-input update of request 'a' ...",
+        "stopped by the driver after step 3 with 1 request(s) live ...",
+        "something else")] == [
+        "schedule-twice", "update-without-schedule", "hand-built-output", "queue-edited",
+        "preempted-by-hand", "mid-step-abort", "prefix-cache-reset", "streaming-input",
+        "stopped-by-driver", "other"]
