@@ -29,9 +29,10 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
     blocks), the violations (the first ``MAX_PER_INVARIANT`` of each
     invariant), ``notes`` (checks the trace cannot feed, e.g. "not checkable
     on schema 5") and the divergence (None if none); ``extra`` adds keys
-    (``candidate``, ``replayed_steps``)."""
+    (``candidate``, ``replayed_steps``); ``verdict`` is the text report's last line."""
     ok = result.ok and divergence is None
     return {"ok": ok, "trace": str(trace.path), "engine": trace.meta.get("engine"),
+            "verdict": verdict(result, divergence, extra),
             "steps": result.steps, "requests": result.requests, "finished": result.finished,
             "rejected": result.rejected, "aborted": result.aborted,
             "preemptions": result.preemptions, "prefix_hit_tokens": result.prefix_hit_tokens,
