@@ -115,6 +115,12 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def error_row(path: str, code: int, error: str, cpu_s: float = 0.0) -> TraceRow:
+    """The row of a trace without a report: ``error`` the one line naming
+    the file and the problem, ``verdict`` that line without the path."""
+    return TraceRow(path, code, error.removeprefix(f"{path}: "), cpu_s=cpu_s, error=error)
+
+
 def row_of(path: str, code: int, stdout: str, stderr: str, cpu_s: float) -> TraceRow:
     """The row of one check's exit code and output (``--json``'s object on
     stdout; for an unusable trace the error line on stderr)."""
@@ -124,8 +130,8 @@ def row_of(path: str, code: int, stdout: str, stderr: str, cpu_s: float) -> Trac
         report = None
     cpu_s = round(cpu_s, 3)
     if not isinstance(report, dict):
-        error = _last_line(stderr).removeprefix("error: ") or f"exit {code} without a report"
-        return TraceRow(path, code, error.removeprefix(f"{path}: "), cpu_s=cpu_s, error=error)
+        error = _last_line(stderr).removeprefix("error: ") or f"{path}: exit {code} without a report"
+        return error_row(path, code, error, cpu_s)
     verdict = report.get("verdict") or ("conformant" if report.get("ok") else "not conformant")
     return TraceRow(path, code, verdict, dict(sorted((report.get("violations_by_invariant") or {}).items())),
                     report.get("steps"), cpu_s)
@@ -184,8 +190,7 @@ def check_local(paths: Sequence[str], params: dict[str, Any], task: CheckTask, w
                 with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker) as alone:
                     done(i, alone.submit(check_row, path, params, task).result())
             except BrokenProcessPool:
-                error = f"{path}: the process checking it died"
-                done(i, TraceRow(path, EXIT_UNUSABLE, error, error=error))
+                done(i, error_row(path, EXIT_UNUSABLE, f"{path}: the process checking it died"))
     return [rows[i] for i in range(len(paths))]
 
 

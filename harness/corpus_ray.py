@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.corpus import CheckTask, TraceRow, check_row
+from harness.corpus import EXIT_UNUSABLE, CheckTask, TraceRow, check_row, error_row
 
 #: Times Ray re-runs a task whose worker died.
 MAX_RETRIES = 3
@@ -73,7 +73,7 @@ def check_ray(paths: Sequence[str], params: dict[str, Any], task: CheckTask,
                 row = ray.get(ref)
             except Exception as exc:  # retries spent: this trace's row says so
                 error = f"{paths[i]}: the Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-                row = TraceRow(paths[i], 2, error, error=error)
+                row = error_row(paths[i], EXIT_UNUSABLE, error)
             rows[i] = row
             if on_row is not None:
                 on_row(i, row)
