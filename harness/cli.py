@@ -471,13 +471,14 @@ def _check_corpus(paths: list[str], as_json: bool, html_report: str | None, work
             from harness.corpus_ray import RayUnavailable, check_ray, init_ray, shutdown
 
             try:
-                init_ray(None if ray_address == "local" else ray_address)
+                started = init_ray(None if ray_address == "local" else ray_address)
             except RayUnavailable as exc:
                 _fail(str(exc))
             try:
                 rows = check_ray(paths, options, check_one_json, on_row)
             finally:
-                shutdown()
+                if started:
+                    shutdown()
             runner = "Ray " + ("local cluster" if ray_address == "local" else ray_address)
         else:
             rows = check_local(paths, options, check_one_json, workers, on_row)

@@ -37,10 +37,13 @@ def _ray():
     return ray
 
 
-def init_ray(address: str | None, num_cpus: int = LOCAL_CPUS) -> None:
+def init_ray(address: str | None, num_cpus: int = LOCAL_CPUS) -> bool:
     """Join the cluster at ``address``, or start a local one of ``num_cpus``
-    CPUs (``address`` None). Raises RayUnavailable."""
+    CPUs (``address`` None); True if this call did (False: this process had
+    already joined one, which is used as it is). Raises RayUnavailable."""
     ray = _ray()
+    if ray.is_initialized():
+        return False
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                               "logging_level": logging.ERROR, "configure_logging": True}
     try:
@@ -51,6 +54,7 @@ def init_ray(address: str | None, num_cpus: int = LOCAL_CPUS) -> None:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = address or "a local cluster"
         raise RayUnavailable(f"--ray: cannot start or reach {where}: {exc}") from None
+    return True
 
 
 def check_ray(paths: Sequence[str], params: dict[str, Any], task: CheckTask,
