@@ -227,12 +227,12 @@ def corpus_dict(rows: Sequence[TraceRow], runner: str) -> dict[str, Any]:
             "traces": [r.to_dict() for r in rows], "totals": totals(rows)}
 
 
-_WORDS = {EXIT_OK: "conformant", EXIT_FOUND: "violation", EXIT_UNUSABLE: "unusable",
+_WORDS = {EXIT_OK: "conformant", EXIT_FOUND: "violating", EXIT_UNUSABLE: "unusable",
           EXIT_INCOMPLETE: "incomplete"}
 
 
 def corpus_verdict(rows: Sequence[TraceRow]) -> str:
-    """The last line: "20 traces: 18 conformant, 1 violation, 1 unusable (exit 2)"."""
+    """The last line: "20 traces: 18 conformant, 1 violating, 1 unusable (exit 2)"."""
     t = totals(rows)
     parts = [f"{n} {_WORDS.get(int(code), f'exit {code}')}"
              for code, n in sorted(t["by_exit"].items(), key=lambda kv: severity(int(kv[0])))]

@@ -92,7 +92,7 @@ def test_text_table_and_the_verdict_last(corpus: Path) -> None:
     result = _invoke(corpus / "fcfs-tight.parquet", corpus / "sub" / "mutant.parquet")
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
-    assert lines[-1] == "2 traces: 1 conformant, 1 violation (exit 1)"
+    assert lines[-1] == "2 traces: 1 conformant, 1 violating (exit 1)"
     assert lines[-3] == "violations: MAX-NUM-SEQS ×2"
     assert str(corpus / "sub" / "mutant.parquet") in result.output  # paths whole, never cut
 
@@ -119,7 +119,7 @@ def test_corpus_exit_most_severe_with_incomplete_and_unknown_codes() -> None:
     assert corpus_exit(rows(1, 7)) == 7     # unknown: above a violation...
     assert corpus_exit(rows(7, 2, 3)) == 2  # ...below unusable
     assert corpus_verdict(rows(0, 3, 1, 7, 2)) == \
-        "5 traces: 1 conformant, 1 incomplete, 1 violation, 1 exit 7, 1 unusable (exit 2)"
+        "5 traces: 1 conformant, 1 incomplete, 1 violating, 1 exit 7, 1 unusable (exit 2)"
     assert totals(rows(3, 3))["incomplete"] == 2
 
 
