@@ -423,8 +423,9 @@ def check(trace_paths: tuple[str, ...], as_json: bool, semantics: str, html_repo
         except CorpusError as exc:
             _fail(str(exc))
         if len(expanded) > 1:
-            _check_corpus(expanded, as_json, html_report, workers, ray_address,
-                          {"semantics": semantics})
+            # Every other option of check goes to each trace's check as it is.
+            options = {k: v for k, v in click.get_current_context().params.items() if k not in _CORPUS_OWN}
+            _check_corpus(expanded, as_json, html_report, workers, ray_address, options)
         trace_paths = tuple(expanded)
     trace_path = trace_paths[0]
     _refuse_report_path(html_report, trace_path)
@@ -436,6 +437,10 @@ def check(trace_paths: tuple[str, ...], as_json: bool, semantics: str, html_repo
         write_report(html_report, trace, semantics, series=series)
     _report(result, None, as_json, trace)
     sys.exit(EXIT_OK if result.ok else EXIT_FOUND)
+
+
+#: check's parameters corpus mode sets per trace (the rest go to each trace's check as given).
+_CORPUS_OWN = ("trace_paths", "as_json", "html_report", "workers", "ray_address")
 
 
 def check_one_json(path: str, options: dict[str, Any]) -> tuple[int, str, str]:
