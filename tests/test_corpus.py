@@ -145,3 +145,42 @@ def test_a_dead_worker_costs_only_its_own_trace(corpus: Path) -> None:
     assert [(r.exit, r.verdict) for r in rows] == [
         (0, "conformant (profile 0.33.0)"), (2, "the process checking it died"),
         (1, "2 violations of 1 invariant: MAX-NUM-SEQS ×2 (profile 0.33.0)")]
+
+
+def _cut_with_salvaged_line(tmp_path: Path) -> Path:
+    """traces/preemption-heavy.parquet cut at half its steps, a ``salvaged``
+    line in its footer, resealed: a run that did not end (issue 26)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from harness.trace import SUMMARY_KEY
+    from harness.trace.writer import reseal
+
+    source = ROOT / "traces" / "preemption-heavy.parquet"
+    table = pq.read_table(source)
+    rows = table.to_pylist()
+    steps = sorted({r["step"] for r in rows})
+    rows = [r for r in rows if r["step"] <= steps[len(steps) // 2 - 1]]
+    kv = dict(pq.ParquetFile(source).metadata.metadata)
+    kv.pop(b"ARROW:schema", None)
+    summary = json.loads(kv[SUMMARY_KEY])
+    summary.pop("trace_sha256", None)
+    summary.update(steps=len({r["step"] for r in rows}), events=len(rows),
+                   salvaged=f"salvaged from a run cut off after step {rows[-1]['step']}")
+    kv[SUMMARY_KEY] = json.dumps(summary, sort_keys=True).encode()
+    out = tmp_path / "half.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema).replace_schema_metadata(kv), out)
+    return reseal(out, out)
+
+
+def test_an_incomplete_run_row_is_what_check_says_of_it_alone(tmp_path: Path) -> None:
+    """Whatever exit code and verdict check gives an incomplete run (3 once
+    issue 26 lands; 0 with a note before), its row carries them, and a
+    corpus of it and a conformant golden exits with that code."""
+    half = _cut_with_salvaged_line(tmp_path)
+    alone = _invoke(half, "--json")
+    report = json.loads(_invoke(GOLDEN / "fcfs-tight.parquet", half, "--json").output)
+    row = report["traces"][1]
+    assert (row["exit"], row["verdict"]) == (alone.exit_code, json.loads(alone.output)["verdict"])
+    assert report["exit"] == alone.exit_code
+    assert row["steps"] == json.loads(alone.output)["steps"] == 80
