@@ -444,18 +444,20 @@ _CORPUS_OWN = ("trace_paths", "as_json", "html_report", "workers", "ray_address"
 
 
 def check_one_json(path: str, options: dict[str, Any]) -> tuple[int, str, str]:
-    """``harness check PATH --json`` with ``options`` (check's other options),
-    run in this process: its exit code, stdout and stderr. The task of every
-    corpus row (``harness.corpus``), so a row is what check says of that trace."""
+    """``harness check PATH --json`` with ``options`` (check's other options
+    by parameter name; those not given take their defaults), run in this
+    process: its exit code, stdout and stderr. The task of every corpus row
+    (``harness.corpus``), so a row is what check says of that trace."""
     import contextlib
     import io
 
+    params = {p.name: p.default for p in check.params if p.name}
+    params.update(options, trace_paths=(path,), as_json=True, html_report=None, workers=1, ray_address=None)
     out, errs = io.StringIO(), io.StringIO()
     code: Any = EXIT_OK
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(errs):
         try:
-            check.callback(trace_paths=(path,), **{**options, "as_json": True, "html_report": None,
-                                                    "workers": 1, "ray_address": None})
+            check.callback(**params)
         except SystemExit as exc:
             code = exc.code
     return (code if isinstance(code, int) else EXIT_UNUSABLE), out.getvalue(), errs.getvalue()
