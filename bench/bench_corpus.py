@@ -126,4 +126,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:  # bench/page.py (issue 24), where present: this bench's section of docs/benchmarks.md
+        import page
+    except ImportError:
+        sys.exit(main())
+    sys.exit(page.run(main, "bench_corpus"))
