@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import glob
 import json
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -171,18 +172,15 @@ def check_local(paths: Sequence[str], params: dict[str, Any], task: CheckTask, w
         for i, path in enumerate(paths):
             done(i, check_row(path, params, task))
         return [rows[i] for i in range(len(paths))]
-    import multiprocessing
-
     ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=ctx, initializer=_init_worker)
     try:
-        with ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=ctx,
-                                 initializer=_init_worker) as pool:
-            futures = {pool.submit(check_row, p, params, task): i for i, p in enumerate(paths)}
-            from concurrent.futures import as_completed
-
-            for fut in as_completed(futures):
-                done(futures[fut], fut.result())
+        futures = {pool.submit(check_row, p, params, task): i for i, p in enumerate(paths)}
+        for fut in as_completed(futures):
+            done(futures[fut], fut.result())
+        pool.shutdown()
     except BrokenProcessPool:
+        pool.shutdown(wait=False, cancel_futures=True)
         for i, path in enumerate(paths):
             if i in rows:
                 continue
@@ -191,6 +189,9 @@ def check_local(paths: Sequence[str], params: dict[str, Any], task: CheckTask, w
                     done(i, alone.submit(check_row, path, params, task).result())
             except BrokenProcessPool:
                 done(i, error_row(path, EXIT_UNUSABLE, f"{path}: the process checking it died"))
+    except BaseException:  # Ctrl-C, SIGTERM: the queued traces are not waited for
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
     return [rows[i] for i in range(len(paths))]
 
 
