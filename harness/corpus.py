@@ -21,6 +21,7 @@ is a row saying so).
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
 import multiprocessing
@@ -38,6 +39,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.richtext import keep_words_whole
+from harness.trace.writer import SEGMENT_GLOB
 
 #: Exit codes as ``harness check`` gives them (``harness.cli``): 3 is an
 #: incomplete run with no violation in the steps it has (issue 26).
@@ -84,14 +86,20 @@ class TraceRow:
 def expand_paths(paths: Sequence[str]) -> list[str]:
     """The traces PATHs name, in the order given: a file as it is, a folder as
     its ``*.parquet`` files (recursively, sorted), anything else as a glob
-    (sorted matches, ``**`` recursive). A trace named twice is checked once.
+    (sorted matches, ``**`` recursive). A killed recording's folder of
+    segments (``seg-*.parquet``) is one path, whose check says to salvage it.
+    A trace named twice is checked once.
     Raises CorpusError naming a PATH that names no trace."""
     out: list[str] = []
     seen: set[str] = set()
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
-            found = sorted(str(f) for f in p.rglob("*.parquet") if f.is_file())
+        if p.is_dir() and any(p.glob(SEGMENT_GLOB)):
+            found = [raw]  # a killed recording's segments: check names it and says to salvage it
+        elif p.is_dir():
+            # The segments of a killed recording under it: one row for their folder, as above.
+            found = sorted(dict.fromkeys(str(f.parent) if fnmatch.fnmatch(f.name, SEGMENT_GLOB) else str(f)
+                                         for f in p.rglob("*.parquet") if f.is_file()))
             if not found:
                 raise CorpusError(f"{raw}: a folder without any *.parquet trace")
         elif p.exists() or p.is_symlink():

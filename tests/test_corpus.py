@@ -184,3 +184,16 @@ def test_an_incomplete_run_row_is_what_check_says_of_it_alone(tmp_path: Path) ->
     assert (row["exit"], row["verdict"]) == (alone.exit_code, json.loads(alone.output)["verdict"])
     assert report["exit"] == alone.exit_code
     assert row["steps"] == json.loads(alone.output)["steps"] == 80
+
+
+def test_a_killed_recordings_segments_are_one_row_saying_salvage(tmp_path: Path) -> None:
+    segments = tmp_path / "recordings" / ".run.parquet.1234.tmp"
+    segments.mkdir(parents=True)
+    for i in range(2):
+        (segments / f"seg-{i:06d}.parquet").write_bytes((GOLDEN / "fcfs-tight.parquet").read_bytes())
+    (tmp_path / "recordings" / "ok.parquet").write_bytes((GOLDEN / "fcfs-tight.parquet").read_bytes())
+    assert expand_paths([str(tmp_path / "recordings")]) == [str(segments), str(tmp_path / "recordings" / "ok.parquet")]
+    assert expand_paths([str(segments)]) == [str(segments)]
+    report = json.loads(_invoke(tmp_path / "recordings", "--json").output)
+    assert [t["exit"] for t in report["traces"]] == [2, 0]
+    assert "harness salvage" in report["traces"][0]["error"]
