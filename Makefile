@@ -12,15 +12,17 @@ TEST_STAMP := $(VENV)/.installed-test
 DEMO_TRACE := out/azure-code-500.parquet
 AZURE_CODE := ../shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_code.csv
 
-.PHONY: demo test bench bench-vllm clean
+.PHONY: demo test bench bench-check bench-vllm clean
 
 $(STAMP): pyproject.toml
+	@echo "setting up $(VENV): the package and its dependencies (about 1 min the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e .
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
+	@echo "setting up $(VENV): the test extra (pytest, pytest-xdist, torch CPU; about 2 min the first time)"
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(TEST_STAMP)
 
@@ -35,11 +37,19 @@ demo: $(STAMP)
 # modules share a worker (the vLLM ones) is decided in tests/conftest.py.
 TEST_WORKERS ?= auto
 
+# First the vLLM environments the vllm-marked tests use, one progress line each (tests/prepare_envs.py;
+# HARNESS_SKIP_VLLM=1 skips them: the fast tier). Then pytest: `-v` undoes pyproject's `-q` once, so
+# pytest-xdist prints the worker and test counts ("2 workers [1213 items]") and a dot per test.
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (exit 5), treated as success"; exit 0; fi; exit $$rc
+	@$(BIN)/python tests/prepare_envs.py
+	@echo "pytest -n $(TEST_WORKERS): the test count shows once the workers have collected the suite"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -v; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (exit 5), treated as success"; exit 0; fi; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_reference.py
+
+bench-check: $(STAMP)
+	$(BIN)/python bench/bench_check.py
 
 bench-vllm: $(STAMP)
 	$(BIN)/harness vllm-env 0.33.0

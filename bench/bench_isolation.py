@@ -33,9 +33,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # importable even without the editable install
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
 
 from harness.candidates.isolated import isolated_factory  # noqa: E402
 from harness.golden import DEFAULT_DIR, check_goldens  # noqa: E402
+from harness.replay import replay  # noqa: E402
+from harness.trace import open_trace  # noqa: E402
 from reference.scheduler import Scheduler  # noqa: E402
 
 
@@ -62,13 +66,24 @@ class _Counting:
         return call
 
 
-def _time(factory, repeat: int) -> float:
+# --smoke: one golden replayed instead of `golden check` of them all.
+SMOKE_GOLDEN = Path(DEFAULT_DIR) / "preemption-heavy.parquet"
+
+
+def _run(factory, smoke: bool) -> list[str]:
+    """The goldens (or, with ``smoke``, SMOKE_GOLDEN) that failed."""
+    if smoke:
+        divergence, _ = replay(open_trace(SMOKE_GOLDEN), factory)
+        return [] if divergence is None else [SMOKE_GOLDEN.stem]
+    return [r.scenario for r in check_goldens(DEFAULT_DIR, factory) if not r.ok]
+
+
+def _time(factory, repeat: int, smoke: bool = False) -> float:
     best = float("inf")
     for _ in range(repeat):
         start = time.perf_counter()
-        results = check_goldens(DEFAULT_DIR, factory)
+        failed = _run(factory, smoke)
         best = min(best, time.perf_counter() - start)
-        failed = [r.scenario for r in results if not r.ok]
         if failed:
             print(f"golden check failed: {', '.join(failed)}")
             sys.exit(1)
@@ -78,17 +93,21 @@ def _time(factory, repeat: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="the test suite's run: --repeat 1")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeat = 1
     print(f"# {' '.join(sys.argv)} | Python {platform.python_version()} | {platform.machine()} | "
           f"{os.cpu_count()} CPUs | load average {os.getloadavg()[0]:.1f}")
     _Counting.calls = 0
-    check_goldens(DEFAULT_DIR, lambda config: _Counting(Scheduler(config)))
+    _run(lambda config: _Counting(Scheduler(config)), args.smoke)
     calls = _Counting.calls
-    goldens = len(list(Path(DEFAULT_DIR).glob("*.parquet")))
-    trusted = _time(Scheduler, args.repeat)
-    checked = _time(CheckedScheduler, args.repeat)
-    isolated = _time(isolated_factory("reference.scheduler:Scheduler"), args.repeat)
-    print(f"golden check of {goldens} goldens, {calls} candidate calls, best of {args.repeat}:")
+    goldens = 1 if args.smoke else len(list(Path(DEFAULT_DIR).glob("*.parquet")))
+    trusted = _time(Scheduler, args.repeat, args.smoke)
+    checked = _time(CheckedScheduler, args.repeat, args.smoke)
+    isolated = _time(isolated_factory("reference.scheduler:Scheduler"), args.repeat, args.smoke)
+    print(f"golden {'replay' if args.smoke else 'check'} of {goldens} goldens, {calls} candidate calls, "
+          f"best of {args.repeat}:")
     print(f"  (a) in-process, trusted:   {trusted:6.2f} s")
     print(f"  (b) in-process, checked:   {checked:6.2f} s  (+{(checked - trusted) / trusted:.0%}, "
           f"{(checked - trusted) / calls * 1e6:.1f} us per call)")
@@ -97,4 +116,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(page.run(main, "bench_isolation"))

@@ -24,6 +24,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +35,8 @@ AZURE_CODE = REPO.parent / "shared" / "data" / "azure-llm-inference-2023" / "Azu
 DEMO = ["--seed", "0", "--set", "num_gpu_blocks=600", "--set", "max_num_seqs=64",
         "--set", "max_num_batched_tokens=2048", "--set", "max_model_len=8192"]
 HARNESS = [sys.executable, "-m", "harness.cli"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
 
 
 def measure(args: list[str]) -> tuple[float, float, float, int]:
@@ -53,7 +56,12 @@ def main() -> int:
     parser.add_argument("--time-scales", default="30,1", help="arrival compressions")
     parser.add_argument("--commands", default="record,check,replay,diff")
     parser.add_argument("--out", default=str(REPO / "out" / "bench-memory"), help="folder for the traces")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the test suite's run: 20 requests, --time-scale 30, record and check, a temp folder")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.time_scales, args.commands = "20", "30", "record,check"
+        args.out = tempfile.mkdtemp(prefix="bench-memory-")
     if not AZURE_CODE.is_file():
         print(f"error: {AZURE_CODE}: not found (the shared data folder beside the checkout)", file=sys.stderr)
         return 2
@@ -108,4 +116,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(page.run(main, "bench_memory"))

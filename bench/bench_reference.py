@@ -43,6 +43,8 @@ from typing import Any, TypeVar
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # importable even without the editable install
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
 
 import pyarrow  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -98,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="use the first N requests of the trace (default 1000)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of the fast parts (a, c, d); the best is reported (default 3)")
+    parser.add_argument("--smoke", action="store_true", help="the test suite's run: --limit 30 --repeat 1")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.limit, args.repeat = 30, 1
     if args.limit < 1 or args.repeat < 1:
         parser.error("--limit and --repeat must be >= 1")
 
@@ -215,4 +220,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(page.run(main, "bench_reference"))

@@ -35,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
 
 from harness.serve.cli import default_model, load_serve_inputs  # noqa: E402
 from harness.serve.offline import record_offline  # noqa: E402
@@ -49,7 +51,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="skip the two server runs")
     ap.add_argument("--limit", type=int, default=64, help="requests of the Azure code trace [64]")
     ap.add_argument("--model", default=None, help="model folder [the default tiny llama]")
+    ap.add_argument("--smoke", action="store_true", help="the test suite's run: --quick --limit 4")
     args = ap.parse_args()
+    if args.smoke:
+        args.quick, args.limit = True, 4
     model = Path(args.model) if args.model else default_model()
     config, wl, seed = load_serve_inputs(str(AZURE), SETS, args.limit, 20.0, None, 1, False)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
@@ -82,4 +87,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(page.run(main, "bench_serve"))

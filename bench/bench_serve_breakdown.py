@@ -134,7 +134,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=64, help="requests of the Azure code trace [64]")
     ap.add_argument("--profile", nargs=2, metavar=("OPS", "OUTDIR"), help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true", help="the test suite's run: --limit 4")
     args = ap.parse_args()
+    if args.smoke:
+        args.limit = 4
     if args.profile:  # the second half, under the serving env
         profile(Path(args.profile[0]), Path(args.profile[1]))
         return 0
@@ -155,4 +158,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The --profile half runs under the serving env and prints to its parent: no page of its own.
+    if "--profile" in sys.argv:
+        sys.exit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+    import page
+    sys.exit(page.run(main, "bench_serve_breakdown"))

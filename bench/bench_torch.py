@@ -37,6 +37,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # importable even without the editable install
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
 
 from harness.outputs import OutputsError, import_torch
 from reference.config import EngineConfig
@@ -47,20 +49,26 @@ AZURE_CODE = (REPO / ".." / "shared" / "data" / "azure-llm-inference-2023"
               / "AzureLLMInferenceTrace_code.csv").resolve()
 
 
-def decode_workload():
-    wl = synthetic(num_requests=64, seed=0, prompt_len=(32, 128), output_len=(64, 128), arrival_rate=1000.0)
+def decode_workload(smoke: bool = False):
+    if smoke:  # the test suite's run
+        wl = synthetic(num_requests=2, seed=0, prompt_len=(8, 16), output_len=(4, 8), arrival_rate=1000.0)
+    else:
+        wl = synthetic(num_requests=64, seed=0, prompt_len=(32, 128), output_len=(64, 128),
+                       arrival_rate=1000.0)
     config = EngineConfig(block_size=16, num_gpu_blocks=1024, max_model_len=512, max_num_seqs=32,
                           max_num_batched_tokens=2048)
     return wl, config
 
 
-def prefill_workload(limit: int):
-    if AZURE_CODE.exists():
+def prefill_workload(limit: int, max_tokens: int = 32, smoke: bool = False):
+    if smoke:
+        wl = synthetic(num_requests=limit, seed=0, prompt_len=(64, 128), output_len=(4, 8), arrival_rate=1000.0)
+    elif AZURE_CODE.exists():
         wl = load_workload(str(AZURE_CODE), limit=limit, time_scale=100)
     else:
         wl = synthetic(num_requests=limit, seed=0, prompt_len=(1024, 3072), output_len=(16, 32),
                        arrival_rate=1000.0)
-    wl = dataclasses.replace(wl, requests=tuple(dataclasses.replace(r, max_tokens=min(r.max_tokens, 32))
+    wl = dataclasses.replace(wl, requests=tuple(dataclasses.replace(r, max_tokens=min(r.max_tokens, max_tokens))
                                                 for r in wl.requests))
     config = EngineConfig(block_size=16, num_gpu_blocks=4096, max_model_len=8192, max_num_seqs=16,
                           max_num_batched_tokens=2048)
@@ -125,7 +133,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads")
     parser.add_argument("--kv-integrity", action="store_true", help="also time integrity mode")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the test suite's run: CPU, 2 tiny decode requests, 1 short prefill")
     args = parser.parse_args()
+    if args.smoke:
+        args.device, args.limit = "cpu", 1
     try:
         torch = import_torch()
     except OutputsError as exc:
@@ -146,8 +158,8 @@ def main() -> int:
         print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
               f"{args.threads} CPU thread(s), GPU: {gpu}")
     rows = []
-    dwl, dconf = decode_workload()
-    pwl, pconf = prefill_workload(args.limit)
+    dwl, dconf = decode_workload(args.smoke)
+    pwl, pconf = prefill_workload(args.limit, 4 if args.smoke else 32, args.smoke)
     for device in devices:
         for integrity in ([False, True] if args.kv_integrity else [False]):
             rows.append(bench_engine("decode", dwl, dconf, device, integrity, torch))
@@ -166,4 +178,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(page.run(main, "bench_torch"))

@@ -23,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
 
 from harness.report import report_dict  # noqa: E402
 from harness.trace import TraceError, open_trace  # noqa: E402
@@ -45,7 +47,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", nargs="?", default=str(ROOT / "out" / "azure-code-500.parquet"))
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true",
+                    help="the test suite's run: traces/azure-code-15.parquet (unless TRACE is given), --repeat 1")
     args = ap.parse_args()
+    if args.smoke:
+        args.repeat = 1
+        if args.trace == ap.get_default("trace"):
+            args.trace = str(ROOT / "traces" / "azure-code-15.parquet")
     try:
         trace = open_trace(args.trace)
     except TraceError as exc:
@@ -69,4 +77,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(page.run(main, "bench_views"))

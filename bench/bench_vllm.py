@@ -326,7 +326,7 @@ class ReferenceBackend:
         from reference.request import Request, SamplingParams
         from reference.scheduler import Scheduler
 
-        self.config = EngineConfig(**config)
+        self.config = EngineConfig.from_dict(config)  # a to_dict(): it holds the derived keys
         self.sched = Scheduler(self.config)
         self.runner = ScriptedModelRunner(seed)
         self.Request, self.SamplingParams, self.RequestScript = Request, SamplingParams, RequestScript
@@ -498,7 +498,11 @@ def main(argv: list[str] | None = None) -> int:
                              "vLLM's engine uses True unless stats logging is disabled)")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="do not collect and freeze the GC heap before each scenario")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the test suite's run: --sizes 8 --steps 20 --warmup 2 --azure-limit 20")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.steps, args.warmup, args.azure_limit = "8", 20, 2, 20
     steps = args.steps if args.steps is not None else (200 if args.quick else 1000)
     azure_limit = args.azure_limit if args.azure_limit is not None else (100 if args.quick else 500)
     try:
@@ -637,4 +641,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The --_vllm-child half runs under vLLM's venv (standard library only): no page.
+    if sys.argv[1:2] == ["--_vllm-child"]:
+        sys.exit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+    import page
+    sys.exit(page.run(main, "bench_vllm"))

@@ -32,12 +32,15 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
 
 from harness.candidates.resolve import resolve_candidate  # noqa: E402
 from harness.check import check_trace  # noqa: E402
@@ -141,7 +144,12 @@ def main() -> int:
     ap.add_argument("--recording", default="fcfs-tight,prefix-sharing,eos-stop-abort,spec-decode-priority",
                     help="canonical scenarios to record through RecordingScheduler too ('' for none)")
     ap.add_argument("--semantics", default="auto", help="profile to check under (auto, safety, a version)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the test suite's run: vLLM 0.33.0, the fcfs-tight scenario, a temp folder")
     args = ap.parse_args()
+    if args.smoke:
+        args.versions, args.scenarios, args.recording = "0.33.0", "fcfs-tight", "fcfs-tight"
+        args.out = Path(tempfile.mkdtemp(prefix="semantics-versions-"))
     global SEMANTICS
     SEMANTICS = args.semantics
     wanted = {n for n in args.scenarios.split(",") if n}
@@ -177,4 +185,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(page.run(main, "semantics_versions"))

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
 
 from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings  # noqa: E402
 
@@ -61,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", type=int, default=200, help="cases to draw (default 200)")
     parser.add_argument("--seed", type=int, default=2024, help="hypothesis seed (default 2024)")
     parser.add_argument("--version", default="0.33.0", help="vLLM version (default 0.33.0)")
+    parser.add_argument("--smoke", action="store_true", help="the test suite's run: --configs 2")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.configs = 2
     factory = resolve_candidate(f"vllm@{args.version}")
     totals = {"configs": 0, "identical": 0, "steps": 0, "identical_steps": 0, "preemptions": 0,
               "stale_spec_outputs": 0, "ref_violations": 0, "vllm_violations": 0}
@@ -116,4 +121,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(page.run(main, "vllm_async_spec_sweep"))

@@ -31,6 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # importable even without the editable install
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
 
 from reference.candidate import CandidateError, CandidateRefused  # noqa: E402
 
@@ -67,7 +69,7 @@ def compare(golden: Path, trace: Path) -> tuple[int, int, int, int | None]:
     return same, same_loose, total, first
 
 
-def run_release(version: str, tmp: Path) -> dict:
+def run_release(version: str, tmp: Path, names: list[str] | None = None) -> dict:
     t0 = time.monotonic()
     out = {"version": version, "scenarios": 0, "refused": [], "identical": 0,
            "identical_without_capacity_bound": 0, "steps": 0, "first_divergence": None,
@@ -77,7 +79,7 @@ def run_release(version: str, tmp: Path) -> dict:
     except CandidateSpecError as exc:
         out["error"] = str(exc)
         return out
-    for name in sorted(SCENARIOS):
+    for name in names or sorted(SCENARIOS):
         scenario = SCENARIOS[name]
         path = tmp / f"{version}-{name}.parquet"
         try:
@@ -105,13 +107,21 @@ def run_release(version: str, tmp: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("versions", nargs="+")
+    parser.add_argument("versions", nargs="*")
     parser.add_argument("--json", dest="json_path")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the test suite's run: vLLM 0.33.0 (unless versions are given), one scenario")
     args = parser.parse_args()
+    names = None
+    if args.smoke:
+        args.versions = args.versions or ["0.33.0"]
+        names = [sorted(SCENARIOS)[0]]
+    if not args.versions:
+        parser.error("give at least one vLLM version")
     rows = []
     with tempfile.TemporaryDirectory(prefix="sched-harness-fidelity-") as tmp:
         for version in args.versions:
-            row = run_release(version, Path(tmp))
+            row = run_release(version, Path(tmp), names)
             rows.append(row)
             if "error" in row:
                 print(f"{version}: {row['error']}", flush=True)
@@ -129,4 +139,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(page.run(main, "vllm_fidelity"))

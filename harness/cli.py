@@ -31,6 +31,7 @@ from rich.table import Table
 from reference.config import ConfigError
 from reference.candidate import CandidateError, CandidateFactory, CandidateRefused, crash_site
 from reference.engine import check_workload_supported
+from reference.words import did_you_mean, plural
 from reference.workload import WorkloadError
 from workloads.scenario import is_scenario_path, load_scenario
 
@@ -266,10 +267,12 @@ def record(workload: str, output: str, limit: int | None, time_scale: float, see
             _fail(f"--model torch: {exc}")
         except OSError as exc:  # no space left, a vanished folder, ...: the temp file is gone
             _fail(f"{output}: cannot write the trace: {exc.strerror or exc}")
-    console.print(f"recorded [bold]{output}[/]: {summary.steps} steps, {summary.requests} requests "
+    console.print(f"recorded [bold]{output}[/]: {plural(summary.steps, 'step')}, "
+                  f"{plural(summary.requests, 'request')} "
                   f"({summary.finished} finished, {summary.rejected} rejected, {summary.aborted} aborted), "
-                  f"{summary.preemptions} preemptions, {summary.prefix_hit_tokens} prefix-hit tokens, "
-                  + (f"{summary.remote_kv_loads} remote KV loads ({summary.failed_kv_loads} failed), "
+                  f"{plural(summary.preemptions, 'preemption')}, "
+                  f"{plural(summary.prefix_hit_tokens, 'prefix-hit token')}, "
+                  + (f"{plural(summary.remote_kv_loads, 'remote KV load')} ({summary.failed_kv_loads} failed), "
                      if summary.remote_kv_loads else "")
                   + f"{summary.clock:.2f} s virtual time")
     found = False
@@ -556,7 +559,7 @@ def invariants(layer: str | None, why: bool, as_json: bool) -> None:
         table.add_row(inv.id, inv.layer, inv.spec, inv.why if why else inv.statement)
     console.print(keep_words_whole(table))
     safety = sum(inv.layer == "safety" for inv in chosen)
-    console.print(f"{len(chosen)} invariants: {safety} safety, {len(chosen) - safety} semantics")
+    console.print(f"{plural(len(chosen), 'invariant')}: {safety} safety, {len(chosen) - safety} semantics")
 
 
 @main.command()
@@ -632,9 +635,9 @@ def scenario_extract(trace_path: str, request_ids: str | None, steps: str | None
     result.write(output)
     for warning in result.warnings:
         err.print(f"[bold yellow]warning:[/] {escape(warning)}")
-    console.print(f"wrote [bold]{output}[/]: {len(result.request_ids)} requests"
+    console.print(f"wrote [bold]{output}[/]: {plural(len(result.request_ids), 'request')}"
                   + (", faithful (same decisions on a re-run)" if not result.warnings
-                     else f", {len(result.warnings)} warning(s)"))
+                     else f", {plural(len(result.warnings), 'warning')}"))
 
 
 @main.group()
@@ -672,10 +675,10 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float) -> None:
         if not r.ok:
             console.print(f"[bold red]FAIL[/] {r.scenario:<{width}}  {escape(r.reason)}")
         elif r.skipped:
-            console.print(f"[yellow]skip[/] {r.scenario:<{width}}  {r.steps} steps checked; not replayed: "
+            console.print(f"[yellow]skip[/] {r.scenario:<{width}}  {plural(r.steps, 'step')} checked; not replayed: "
                           f"{escape(r.skipped)}")
         else:
-            console.print(f"[bold green]ok  [/] {r.scenario:<{width}}  {r.steps} steps, "
+            console.print(f"[bold green]ok  [/] {r.scenario:<{width}}  {plural(r.steps, 'step')}, "
                           f"{r.replayed_steps} replayed identically")
     failed = sum(not r.ok for r in results)
     skipped = sum(r.ok and bool(r.skipped) for r in results)
@@ -751,10 +754,13 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
         return
     for name in mutant_names:
         if name not in MUTANTS_AND_TARGETS:
-            raise click.BadParameter(f"unknown mutant {name!r}", param_hint="--mutant")
+            raise click.BadParameter(f"unknown mutant {name!r}" + (did_you_mean(name, MUTANTS_AND_TARGETS)
+                                                                   or " (--list lists them)"),
+                                     param_hint="--mutant")
     for name in scenario_names:
         if name not in MUTATION_SCENARIOS:
-            raise click.BadParameter(f"unknown scenario {name!r}", param_hint="--scenario")
+            raise click.BadParameter(f"unknown scenario {name!r}" + did_you_mean(name, MUTATION_SCENARIOS),
+                                     param_hint="--scenario")
     chosen = list(mutant_names) or list(MUTANTS_AND_TARGETS)
     scenarios = list(scenario_names) or list(MUTATION_SCENARIOS)
     with progress("running mutants", (len(chosen) + 1) * len(scenarios), enabled=not as_json) as update:
@@ -914,7 +920,7 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
         sys.exit(EXIT_OK)
     witnesses = write_witnesses(out_dir, candidate, factory, result)
     render_witnesses(result, witnesses, console)
-    console.print(f"found: {len(witnesses)} witness{'es' * (len(witnesses) != 1)} written to {out_dir}",
+    console.print(f"found: {plural(len(witnesses), 'witness')} written to {out_dir}",
                   style="bold red", markup=False)
     sys.exit(EXIT_FOUND)
 

@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.brief import short, short_repr, short_text
 from harness.trace.recorder import Row
 from harness.replay import first_difference
 from harness.trace import SCHEMA_VERSION, Trace, TraceError
@@ -418,9 +419,10 @@ _BRIEF_KEYS = ("kind", "request_id", "schedule_kind", "num_computed_tokens", "nu
 
 
 def brief_row(row: Row) -> str:
-    """One line per row: its non-null decision/state columns (no prompts)."""
-    return " ".join(f"{k}={row[k]}" if k != "kind" else str(row[k])
-                    for k in _BRIEF_KEYS if row.get(k) not in (None, []))
+    """One line per row: its non-null decision/state columns (no prompts),
+    long lists elided and floats rounded, at most ``brief.MAX_LINE`` characters."""
+    return short_text(" ".join(f"{k}={short(row[k])}" if k != "kind" else str(row[k])
+                               for k in _BRIEF_KEYS if row.get(k) not in (None, [])))
 
 
 def render_report(result: DiffResult, console: Console) -> None:
@@ -432,7 +434,7 @@ def render_report(result: DiffResult, console: Console) -> None:
     if result.config_differs:
         console.print("[bold yellow]CONFIG DIFFERS[/] (decisions compared anyway):")
         for key, values in result.config_diff.items():
-            console.print(f"  {escape(key)}: A {escape(repr(values['a']))}, B {escape(repr(values['b']))}")
+            console.print(f"  {escape(key)}: A {escape(short_repr(values['a']))}, B {escape(short_repr(values['b']))}")
     table = Table("statistic", "A", "B", "delta (B - A)")
     delta = result.delta
     for key in TraceStats.FIELDS:
@@ -440,26 +442,28 @@ def render_report(result: DiffResult, console: Console) -> None:
     console.print(keep_words_whole(table))
     d = result.first_divergence
     if d is None:
-        console.print(f"[bold green]same[/]: identical events on all {result.stats_a['steps']} steps")
+        steps = result.stats_a["steps"]
+        console.print(f"[bold green]same[/]: identical events on " + ("the only step" if steps == 1
+                                                                        else f"all {steps} steps"))
         return
     console.print(f"[bold red]DIVERGENCE at step {d.step}[/], event #{d.event_index} ({escape(d.kind or '-')}), "
                   f"request {escape(d.request or '-')}, field {escape(d.field)}: "
-                  f"A {escape(repr(d.a))}, B {escape(repr(d.b))}")
+                  f"A {escape(short_repr(d.a))}, B {escape(short_repr(d.b))}")
     if d.decision_diff:
         console.print(f"  decision rows ({'/'.join(DECISION_KINDS)}), DeepDiff A -> B:")
         for line in d.decision_diff.splitlines():
             if line.strip():
-                console.print("    " + escape(line))
+                console.print("    " + escape(short_text(line)))
     end_a, end_b = d.prev_end_a, d.prev_end_b
     if end_a is not None or end_b is not None:
         if end_a == end_b or end_b is None or end_a is None:
             end = end_a or end_b
             console.print(f"  step {d.step - 1} schedule_end" + (" (same in A and B)" if end_a == end_b else "")
-                          + f": waiting {escape(str(end['waiting']))} running {escape(str(end['running']))}")
+                          + f": waiting {escape(short(end['waiting']))} running {escape(short(end['running']))}")
         else:
             for side, end in (("A", end_a), ("B", end_b)):
                 console.print(f"  {side} step {d.step - 1} schedule_end: waiting "
-                              f"{escape(str(end['waiting']))} running {escape(str(end['running']))}")
+                              f"{escape(short(end['waiting']))} running {escape(short(end['running']))}")
     for side, rows in (("A", d.rows_a), ("B", d.rows_b)):
         console.print(f"  {side} step {d.step}:" + ("" if rows else " (none)"))
         for row in rows[:_CONTEXT_ROWS]:

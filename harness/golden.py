@@ -36,6 +36,7 @@ import reference
 from reference.candidate import CandidateFactory, CandidateRefused
 from reference.config import ConfigError
 from reference.scheduler import Scheduler
+from reference.words import did_you_mean, plural
 
 from harness.check import CheckResult, check_steps
 from harness.trace.recorder import record
@@ -346,7 +347,8 @@ def update_goldens(directory: str | os.PathLike[str], names: Iterable[str] | Non
     selected = list(SCENARIOS) if names is None else list(dict.fromkeys(names))
     unknown = [n for n in selected if n not in SCENARIOS]
     if unknown:
-        raise GoldenError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+        raise GoldenError(f"unknown scenario {unknown[0]!r}"
+                          + (did_you_mean(unknown[0], SCENARIOS) or " (harness/scenarios/ holds them)"))
     if directory.exists() and not directory.is_dir():
         raise GoldenError(f"{directory}: not a folder")
     directory.mkdir(parents=True, exist_ok=True)
@@ -445,8 +447,9 @@ def _update_one(directory: Path, scenario: Scenario,
 
 
 def _stats_line(entry: dict[str, Any]) -> str:
-    return (f"{entry['steps']} steps, {entry['requests']} requests, {entry['finished']} finished, "
-            f"{entry['preemptions']} preemptions, {entry['prefix_hit_tokens']} prefix-hit tokens")
+    return (f"{plural(entry['steps'], 'step')}, {plural(entry['requests'], 'request')}, "
+            f"{entry['finished']} finished, {plural(entry['preemptions'], 'preemption')}, "
+            f"{plural(entry['prefix_hit_tokens'], 'prefix-hit token')}")
 
 
 def _change_details(old_file: Path | None, old_entry: dict[str, Any] | None, entry: dict[str, Any],

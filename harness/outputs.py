@@ -30,6 +30,7 @@ from harness.trace.playback import load_recorded_outputs, trace_model
 from harness.replay import workload_from_trace
 from harness.trace import Trace
 from reference.workload import RequestSpec
+from reference.words import plural
 
 NEAR_TIE_GAP = 1e-9
 TORCH_PIN = "torch==2.13.0"
@@ -182,7 +183,7 @@ def render_torch_run(runner_factory: Any, kv_integrity: bool, console: Console) 
     ``runner_factory``: the ``TorchRunnerFactory`` the recording used."""
     tokens = sum(r.num_scheduled_tokens for r in runner_factory.runners)
     console.print(f"model: tiny-transformer (torch, {runner_factory.device.type}), "
-                  f"{tokens} tokens run through the paged KV cache")
+                  f"{plural(tokens, 'token')} run through the paged KV cache")
     if not kv_integrity:
         return False
     n = runner_factory.num_findings
@@ -190,7 +191,7 @@ def render_torch_run(runner_factory: Any, kv_integrity: bool, console: Console) 
         console.print("[bold green]KV integrity: every K/V read matched the dense computation[/]")
         return False
     kinds = runner_factory.findings_by_kind
-    console.print(f"[bold red]KV integrity: {n} finding(s)[/] "
+    console.print(f"[bold red]KV integrity: {plural(n, 'finding')}[/] "
                   f"({', '.join(f'{k}: {v}' for k, v in sorted(kinds.items()))}); the first:")
     console.print(escape(runner_factory.findings[0].describe()))
     return True
@@ -200,12 +201,13 @@ def render_outputs(report: OutputReport, console: Console) -> bool:
     """Print the output oracle's verdict (the first five mismatches in
     full); True when some request differs."""
     if report.ok:
-        console.print(f"[bold green]outputs: {report.requests} requests, {report.tokens} tokens, all "
+        console.print(f"[bold green]outputs: {plural(report.requests, 'request')}, {plural(report.tokens, 'token')}, all "
                       f"equal to a dense unbatched forward[/]")
         return False
-    verdict = (f"outputs: {len(report.mismatches)} of {report.requests} requests differ "
+    verdict = (f"outputs: {len(report.mismatches)} of {plural(report.requests, 'request')} "
+               f"{'differs' if len(report.mismatches) == 1 else 'differ'} "
                f"from a dense unbatched forward")
-    console.print(f"[bold red]{verdict}[/] ({report.tokens} tokens compared)")
+    console.print(f"[bold red]{verdict}[/] ({plural(report.tokens, 'token')} compared)")
     for m in report.mismatches[:5]:
         console.print("  " + escape(m.describe()))
     if report.mismatches:

@@ -107,9 +107,22 @@ def _normalise(row: Row) -> Row:
     return {k: v for k, v in row.items() if v is not None}
 
 
+def _same(expected: Row, actual: Row) -> bool:
+    """``_normalise(expected) == _normalise(actual)`` without building either
+    (a trace's rows hold every column, a fresh run's only the set ones)."""
+    count = 0
+    for key, value in actual.items():
+        if value is not None:
+            if expected.get(key) != value:
+                return False
+            count += 1
+    values = list(expected.values())
+    return len(values) - values.count(None) == count
+
+
 def first_difference(step: int, expected: list[Row], actual: list[Row]) -> Divergence | None:
     """Compare one step's events; None when identical."""
-    if expected == actual:
+    if len(expected) == len(actual) and all(map(_same, expected, actual)):
         return None
     for index, (exp, act) in enumerate(zip_longest(expected, actual)):
         exp_n = _normalise(exp) if exp is not None else None

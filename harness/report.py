@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.brief import short, short_repr, short_text
 from harness.check import MAX_PER_INVARIANT, CheckResult
 from harness.check.invariants import INVARIANTS
 from harness.replay import Divergence
@@ -112,10 +113,11 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
     elif divergence is not None:
         console.print(f"[bold red]DIVERGENCE[/] at step {divergence.step}, event #{divergence.event_index}"
                       f" ({divergence.kind or '-'}), request {divergence.request or '-'}, "
-                      f"field {divergence.field}: expected {divergence.expected!r}, got {divergence.actual!r}")
+                      f"field {divergence.field}: expected {short_repr(divergence.expected)}, "
+                      f"got {short_repr(divergence.actual)}")
     if divergence is not None:
         if divergence.diff:
-            console.print(divergence.diff)
+            console.print("\n".join(short_text(line) for line in divergence.diff.splitlines()))
         for side, rows in (("trace", divergence.context_expected), ("candidate", divergence.context_actual)):
             console.print(f"  {side} step {divergence.step}:")
             for row in rows[:12]:
@@ -154,4 +156,4 @@ def brief_row(row: dict[str, Any]) -> str:
             "num_prefix_hit_tokens", "block_ids", "token_ids", "finish_reason", "num_free_blocks")
     if row.get("kind") == "crash":  # status: the call, stop_reason: where
         keys = ("kind", "status", "message", "stop_reason")
-    return " ".join(f"{k}={row[k]}" for k in keys if row.get(k) not in (None, []))
+    return short_text(" ".join(f"{k}={short(row[k])}" for k in keys if row.get(k) not in (None, [])))

@@ -15,6 +15,7 @@ from rich.markup import escape
 from harness.trace import TraceError
 from harness.trace.salvage import salvage
 from harness.trace.writer import SEGMENT_GLOB
+from reference.words import plural
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
@@ -54,5 +55,5 @@ def salvage_cmd(folder: str, output: str) -> None:
     for line in result.skipped:
         _err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
     _err.print(f"[yellow]warning:[/] {escape(result.line)}", soft_wrap=True)
-    click.echo(f"salvaged {result.out}: {result.steps} steps, {result.events} events from "
-               f"{result.segments} row group(s), up to step {result.last_step}")
+    click.echo(f"salvaged {result.out}: {plural(result.steps, 'step')}, {plural(result.events, 'event')} from "
+               f"{plural(result.segments, 'row group')}, up to step {result.last_step}")

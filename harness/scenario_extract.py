@@ -56,6 +56,7 @@ from reference.candidate import CandidateCrash, CandidateFactory
 from reference.config import EngineConfig
 from reference.engine import EngineStalled
 from reference.scheduler import Scheduler
+from reference.words import did_you_mean, plural
 from reference.workload import EOS_TOKEN_ID, Action, RequestSpec, Workload, WorkloadError
 from workloads.scenario import dump_scenario, write_scenario_text
 
@@ -177,7 +178,8 @@ def extract(trace: Trace, *, requests: Sequence[str] | None = None, steps: tuple
         unknown = [r for r in requests if r not in lives]
         if unknown:
             raise ExtractError(f"{trace.path}: no request {', '.join(map(repr, unknown))} in the trace "
-                               f"({len(lives)} requests)")
+                               f"({plural(len(lives), 'request')})"
+                               + did_you_mean(unknown[0], order, list_whole=False))
         wanted = set(requests)
         chosen = [r for r in order if r in wanted]
     warnings: list[str] = []

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference.runners.scripted import parse_draft_acceptance_pattern
+from reference.words import did_you_mean
 
 POLICIES = ("fcfs", "priority")
 #: Keys added after traces were first recorded: ``to_dict`` (trace metadata,
@@ -395,7 +396,8 @@ class EngineConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names - set(DERIVED_KEYS))
         if unknown:
-            raise ConfigError(f"unknown config key(s): {', '.join(unknown)}")
+            raise ConfigError(unknown_key_message(unknown[0], names) if len(unknown) == 1
+                              else f"unknown config keys: {', '.join(unknown)}")
         token = _ACCEPT_VLLM_CRASH.set(accept_vllm_crash)
         try:
             return cls(**upgrade_config_keys(data))
@@ -414,9 +416,17 @@ class EngineConfig:
                                   "from pipeline_parallel_size and async_scheduling (async_scheduling=true "
                                   "gives 2, pipeline_parallel_size=N gives N)")
             if key not in fields:
-                raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(fields))}")
+                raise ConfigError(unknown_key_message(key, fields))
             values[key] = _parse_value(key, str(fields[key].type), raw)
         return dataclasses.replace(self, **values)
+
+
+def unknown_key_message(key: str, known: Any) -> str:
+    """One line for a config key ``key`` not among ``known`` (EngineConfig's
+    fields): the close matches, not the whole list of ~30 keys."""
+    hint = did_you_mean(key, sorted(known))
+    return f"unknown config key {key!r}" + (hint or f" (no key is close; {len(known)} keys: "
+                                                    f"EngineConfig in reference/config.py)")
 
 
 def _parse_value(key: str, type_name: str, raw: str) -> Any:

@@ -148,8 +148,8 @@ def test_stale_output_is_the_witness_of_the_0_20_2_resume(tmp_path) -> None:
     result = check_steps(trace.meta["config"], trace.iter_steps(), profile)
     assert profile.name == VERSION
     assert [(v.invariant, v.step, v.request, v.message) for v in result.violations] == [
-        ("STALE-OUTPUT", 110, "r000025", "admitted (resumed) with 1 tokens of stale output still in flight"),
-        ("STALE-OUTPUT", 137, "r000030", "admitted (resumed) with 1 tokens of stale output still in flight")]
+        ("STALE-OUTPUT", 110, "r000025", "admitted (resumed) with 1 token of stale output still in flight"),
+        ("STALE-OUTPUT", 137, "r000030", "admitted (resumed) with 1 token of stale output still in flight")]
 
 
 @pytest.mark.vllm

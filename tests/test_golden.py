@@ -248,7 +248,8 @@ def test_update_into_empty_dir_then_unchanged(tmp_path: Path) -> None:
     lines = lines_by_scenario(out)
     assert set(lines) == set(SCENARIOS)
     assert all(line.startswith("new") for line in lines.values()), out
-    assert "392 steps, 60 requests, 60 finished, 1 preemptions, 60 prefix-hit tokens" \
+    # "1 preemption", not "1 preemptions" (issue 27).
+    assert "392 steps, 60 requests, 60 finished, 1 preemption, 60 prefix-hit tokens" \
         in lines["fcfs-tight"]
     assert sorted(p.name for p in target.iterdir()) == \
         sorted([MANIFEST_NAME] + [f"{s}.parquet" for s in SCENARIOS])  # no temp files left
@@ -306,7 +307,7 @@ def test_update_prunes_only_when_asked(copy: Path) -> None:
 
 def test_update_rejects_unknown_scenario_and_bad_partial_manifest(copy: Path) -> None:
     code, out = run("golden", "update", "--dir", copy, "--scenario", "nope")
-    assert code == 2 and "unknown scenario(s) nope" in out
+    assert code == 2 and "unknown scenario 'nope' (harness/scenarios/ holds them)" in out
     (copy / MANIFEST_NAME).write_text("[")
     code, out = run("golden", "update", "--dir", copy, "--scenario", "fcfs-tight")
     assert code == 2 and "without --scenario" in out

@@ -64,7 +64,7 @@ def test_a_sigkilled_record_is_salvaged_whole_row_groups_and_checks(tmp_path: Pa
     code, output = run("salvage", folder, "-o", salvaged)
     assert code == 0, output
     last = output.strip().splitlines()[-1]
-    assert last.startswith(f"salvaged {salvaged}: {steps} steps, {rows} events from {len(kept)} row group(s)")
+    assert last.startswith(f"salvaged {salvaged}: {steps} steps, {rows} events from {len(kept)} row group{'s' * (len(kept) != 1)}")
     trace = open_trace(salvaged)  # schema 7, digest verified
     assert trace.summary["steps"] == steps and trace.num_rows == rows
     assert trace.summary["salvaged"].startswith(f"salvaged from a run cut off after step {steps - 1}:")

@@ -6,6 +6,7 @@ the exact step; every bad input exits 2 with ``file:line: problem``."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,7 +17,7 @@ from harness.cli import main
 from harness.replay import replay
 from harness.trace import SCHEMA_VERSION, open_trace
 from reference.scheduler import Scheduler
-from workloads.scenario import load_scenario
+from workloads.scenario import FORMAT_VERSION, ScenarioError, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "traces" / "scenarios"
 
@@ -222,7 +223,8 @@ REQ = '[[requests]]\nrequest_id = "{rid}"\nprompt_len = 8\n{extra}\n'
 @pytest.mark.parametrize("body, line, problem", [
     (BASE + REQ.format(rid="A", extra="arrival_step = 0\ncolour = 1"), 9, "unknown key 'colour'"),
     ("bogus = 1\n" + BASE + REQ.format(rid="A", extra="arrival_step = 0"), 1, "unknown key 'bogus'"),
-    (BASE + "bogus = 1\n" + REQ.format(rid="A", extra="arrival_step = 0"), 5, "unknown config key(s): bogus"),
+    (BASE + "bogus = 1\n" + REQ.format(rid="A", extra="arrival_step = 0"), 5,
+     "unknown config key 'bogus' (no key is close; 30 keys: EngineConfig in reference/config.py)"),
     (BASE + REQ.format(rid="A", extra="arrival_step = 0") + REQ.format(rid="A", extra="arrival_step = 0"),
      10, "duplicate request_id 'A'"),
     (BASE + REQ.format(rid="A", extra='after = "Z finishes"'), 8, "unknown request 'Z'"),
@@ -317,3 +319,17 @@ def test_set_overrides_the_file_config(tmp_path: Path) -> None:
     out = record(SCENARIOS / "prefix-reuse-after-finish.toml", tmp_path / "t.parquet",
                  "--set", "enable_prefix_caching=false")
     assert figures(out)[2] == {}
+
+
+def test_scenario_without_format_version_reads_as_the_current_version(tmp_path: Path) -> None:
+    # Issue 27: a hand-written file without `format_version` was refused ("'format_version' is a
+    # required property"); it reads as FORMAT_VERSION, and a wrong one is still refused.
+    src = tmp_path / "s.toml"
+    src.write_text('[config]\nnum_gpu_blocks = 16\nmax_model_len = 128\n\n[[requests]]\nrequest_id = "A"\nprompt_len = 8\n'
+                   'arrival_step = 0\n')
+    scenario = load_scenario(src)
+    assert scenario.workload.params == {"format_version": FORMAT_VERSION, "request_order": ["A"]}
+    src.write_text("format_version = 2\n" + src.read_text())
+    with pytest.raises(ScenarioError, match=rf"^{re.escape(str(src))}:1: format_version: format_version must be 1 "
+                                            rf"\(this harness reads version 1\)$"):
+        load_scenario(src)

@@ -17,6 +17,7 @@ import dataclasses
 import os
 import re
 
+from reference.words import close_matches
 from reference.workload import EOS_TOKEN_ID, Workload, WorkloadError
 from workloads._common import (DEFAULT_SYNTHETIC_RATE, DEFAULT_SYNTHETIC_REQUESTS, FIRST_PROMPT_TOKEN_ID,
                                MAX_SYNTHETIC_REQUESTS, MOONCAKE_BLOCK_TOKENS, check_common)
@@ -94,6 +95,10 @@ def load_workload(
             priority_levels=priority_levels,
             arrival_rate=DEFAULT_SYNTHETIC_RATE * time_scale,
         )
+    head, sep, tail = s.partition(":")
+    close = close_matches(head, ["synthetic"], n=1)
+    if close:
+        raise WorkloadError(f"unrecognised workload spec {s!r}; did you mean '{close[0]}{sep}{tail}'?")
     raise WorkloadError(
         f"unrecognised workload spec {s!r}: expected a .csv (Azure) or .jsonl (Mooncake) path, "
         f"'synthetic' or 'synthetic:N'"

@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 from typing import Any, Iterator
 
+from reference.words import missing_file_hint
 from reference.workload import VOCAB_SIZE, RequestSpec, WorkloadError, is_int, is_real
 
 FIRST_PROMPT_TOKEN_ID = 10  # synthesised prompt tokens are in [FIRST_PROMPT_TOKEN_ID, VOCAB_SIZE)
@@ -77,7 +78,7 @@ def read_file(path: Any) -> tuple[Path, bytes]:
     try:
         data = p.read_bytes()
     except FileNotFoundError as exc:
-        raise WorkloadError(f"{p}: workload file not found") from exc
+        raise WorkloadError(f"{p}: workload file not found{missing_file_hint(p)}") from exc
     except OSError as exc:
         raise WorkloadError(f"{p}: cannot read workload file: {exc.strerror or exc}") from exc
     if not data.strip():

@@ -23,6 +23,7 @@ by scanning the text for its table (``[config]``, ``[synthetic]``, the i-th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -35,9 +36,10 @@ from typing import Any
 import jsonschema
 import tomli_w
 
-from reference.config import ConfigError, EngineConfig
+from reference.config import DERIVED_KEYS, ConfigError, EngineConfig
 from reference.workload import EOS_TOKEN_ID, MAX_TOKEN_ID, VOCAB_SIZE, RequestSpec, Workload, WorkloadError
 from reference.workload import ACTION_KINDS, Action
+from reference.words import did_you_mean, missing_file_hint
 from workloads.synthetic import synthetic
 
 __all__ = ["FORMAT_VERSION", "SCENARIO_SCHEMA", "Scenario", "ScenarioError", "load_scenario",
@@ -144,11 +146,11 @@ SCENARIO_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "additionalProperties": False,
-    "required": ["format_version"],
+    # format_version may be left out of a hand-written file: it reads as FORMAT_VERSION.
     # The workload: listed requests, or a generator's arguments (_check_workload_tables).
     "oneOf": [{"required": ["requests"]}, {"required": ["synthetic"]}],
     "properties": {
-        "format_version": {"const": FORMAT_VERSION},
+        "format_version": {"const": FORMAT_VERSION, "default": FORMAT_VERSION},
         "description": {"type": "string"},
         "seed": {"type": "integer"},
         "config": {"type": "object"},
@@ -280,7 +282,9 @@ class _Lines:
             return self._key_in(start, len(self.lines), str(path[1])) or start + 1
         first_table = next((i for i, _ in self._tables()), len(self.lines)) if not self.is_json \
             else len(self.lines)
-        return self._key_in(0, first_table, str(path[0])) or 1
+        # A top-level key, or else a table of that name (a misspelt ``[[request]]``).
+        return self._key_in(0, first_table, str(path[0])) or \
+            next((i + 1 for i, name in (self._tables() if not self.is_json else ()) if name == path[0]), 1)
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -298,6 +302,8 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         raw = p.read_bytes()
         text = raw.decode("utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"{p}: no such scenario file{missing_file_hint(p)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{p}:1: cannot read scenario ({exc.__class__.__name__}: {exc})") from None
     is_json = p.suffix.lower() == ".json"
@@ -329,7 +335,10 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         EngineConfig.from_dict(config)
     except ConfigError as exc:
-        key = next((k for k in config if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
+        # An unknown key first (the message may name a known one: "did you mean 'max_num_seqs'?").
+        fields = {f.name for f in dataclasses.fields(EngineConfig)} | set(DERIVED_KEYS)
+        key = next((k for k in config if k not in fields), None) or \
+            next((k for k in config if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
         raise fail(["config"] + ([key] if key else []), f"bad config: {exc}") from None
     if "synthetic" in doc:
         if doc.get("actions"):
@@ -377,12 +386,12 @@ def _validate_schema(doc: Any, fail) -> None:
         # Unknown keys first: the schema's message for them is hard to read.
         for key in doc:
             if key not in SCENARIO_SCHEMA["properties"]:
-                raise fail([key], f"unknown key {key!r} (known: "
-                                  f"{', '.join(SCENARIO_SCHEMA['properties'])})")
+                raise fail([key], _unknown_top_level(key))
         for i, req in enumerate(doc.get("requests") or []):
             for key in req if isinstance(req, dict) else ():
                 if key not in _REQUEST["properties"]:
-                    raise fail(["requests", i, key], f"requests[{i}]: unknown key {key!r}")
+                    raise fail(["requests", i, key], f"requests[{i}]: unknown key {key!r}"
+                                                     + did_you_mean(key, _REQUEST["properties"]))
         _check_action_keys(doc.get("actions"), fail)
     error = jsonschema.exceptions.best_match(_VALIDATOR(SCENARIO_SCHEMA).iter_errors(doc))
     if error is None:
@@ -413,7 +422,8 @@ def _check_action_keys(actions: Any, fail) -> None:
             continue
         for key in action:
             if key not in _ACTION["properties"]:
-                raise fail(["actions", i, key], f"actions[{i}]: unknown key {key!r}")
+                raise fail(["actions", i, key], f"actions[{i}]: unknown key {key!r}"
+                                                + did_you_mean(key, _ACTION["properties"]))
         kind = action.get("kind")
         if kind not in _ACTION_KEYS:
             raise fail(["actions", i, "kind"], f"actions[{i}]: kind must be one of "
@@ -452,7 +462,7 @@ def _actions(actions: list[dict[str, Any]], reqs: list[dict[str, Any]], config: 
             for rid in action["request_ids"]:
                 if rid not in earliest:
                     raise fail(where + ["request_ids"], f"actions[{i}]: request_ids names unknown "
-                                                        f"request {rid!r}")
+                                                        f"request {rid!r}" + did_you_mean(rid, earliest))
                 if action["step"] < earliest[rid]:
                     raise fail(where + ["step"], f"actions[{i}]: step {action['step']} is in the past for "
                                                  f"{rid!r}: it arrives at step {earliest[rid]} at the earliest")
@@ -473,6 +483,11 @@ def _check_workload_tables(doc: Any, fail) -> None:
     (``oneOf``, ``additionalProperties``) name neither the table nor the key."""
     if not isinstance(doc, dict):
         return
+    if "requests" not in doc and "synthetic" not in doc:
+        # A misspelt table (``[[request]]``) is named, with what it should read, before "neither".
+        for key in doc:
+            if key not in SCENARIO_SCHEMA["properties"]:
+                raise fail([key], _unknown_top_level(key))
     if ("requests" in doc) == ("synthetic" in doc):
         raise fail(["synthetic" if "synthetic" in doc else "format_version"],
                    "give exactly one of [[requests]] and [synthetic], got "
@@ -480,8 +495,24 @@ def _check_workload_tables(doc: Any, fail) -> None:
     table = doc.get("synthetic")
     for key in table if isinstance(table, dict) else ():
         if key not in _SYNTHETIC["properties"]:
-            raise fail(["synthetic", key], f"synthetic: unknown key {key!r} (known: "
-                                           f"{', '.join(_SYNTHETIC['properties'])})")
+            raise fail(["synthetic", key], f"synthetic: unknown key {key!r}"
+                                           + (did_you_mean(key, _SYNTHETIC["properties"])
+                                              or f" (known: {', '.join(_SYNTHETIC['properties'])})"))
+
+
+def _unknown_top_level(key: str) -> str:
+    """"unknown table [[request]]; did you mean [[requests]]?" (a table's name
+    as written in TOML: ``[config]``, ``[[requests]]``), or the same for a key."""
+    tables = {"config": "[config]", "synthetic": "[synthetic]", "requests": "[[requests]]",
+              "actions": "[[actions]]"}
+    known = list(SCENARIO_SCHEMA["properties"])
+    hint = did_you_mean(key, known)
+    for name, written in tables.items():
+        hint = hint.replace(repr(name), written)
+    close = hint.startswith("; did you mean")
+    if not close:
+        hint = f" (known: {', '.join(tables.get(k, k) for k in known)})"
+    return f"unknown key {key!r}{hint}"
 
 
 def synthetic_workload(table: dict[str, Any], seed: int = 0) -> Workload:
@@ -550,7 +581,8 @@ def _requests(reqs: list[dict[str, Any]], fail) -> list[RequestSpec]:
         if "after" in req:
             dep = req["after"].rsplit(" ", 1)[0]
             if dep not in index:
-                raise fail(where + ["after"], f"requests[{i}]: after names unknown request {dep!r}")
+                raise fail(where + ["after"], f"requests[{i}]: after names unknown request {dep!r}"
+                                              + did_you_mean(dep, index))
             deps[req["request_id"]] = dep
     for i, req in enumerate(reqs):
         if "after" not in req:
@@ -704,8 +736,10 @@ def write_scenario(path: str | Path, requests: list[RequestSpec] | tuple[Request
 
 def write_scenario_text(path: str | Path, text: str) -> Path:
     """Write a scenario's ``text`` to ``path`` via a temp file in the same folder renamed
-    into place; on any failure the temp file is removed and nothing is left. Returns the path."""
+    into place; on any failure the temp file is removed and nothing is left. Missing parent
+    folders are created (as every ``-o``). Returns the path."""
     p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")

@@ -25,6 +25,7 @@ from typing import Any
 
 from reference.candidate import CandidateError, CandidateRefused
 from reference.config import EngineConfig
+from reference.words import did_you_mean, plural
 from reference.workload import Workload
 
 from harness.candidates.vllm.env import VLLMEnvError, check_version, ensure_env, version_tuple
@@ -58,10 +59,15 @@ def parse_versions(text: str) -> list[str]:
         else:
             chosen = sorted({check_version(v.strip()) for v in text.split(",") if v.strip()},
                             key=version_tuple)
+            for v in chosen:
+                # Up to the newest listed release, RELEASES is PyPI's list: anything else is a slip.
+                if v not in RELEASES and version_tuple(v) < version_tuple(RELEASES[-1]):
+                    raise BisectError(f"--versions {text}: {v} is not a vLLM release"
+                                      + did_you_mean(v, RELEASES, list_whole=False))
     except VLLMEnvError as exc:
         raise BisectError(f"--versions {text}: {exc}") from None
     if len(chosen) < 2:
-        raise BisectError(f"--versions {text}: names {len(chosen)} release(s); bisect needs two or more")
+        raise BisectError(f"--versions {text}: names {plural(len(chosen), 'release')}; bisect needs two or more")
     return chosen
 
 

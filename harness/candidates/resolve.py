@@ -18,6 +18,7 @@ from reference.candidate import CandidateFactory
 from harness.candidates.mutants import MUTANTS
 from reference.scheduler import Scheduler
 from reference.guard import TRUSTED_MODULES
+from reference.words import did_you_mean
 
 
 class CandidateSpecError(ValueError):
@@ -40,14 +41,17 @@ def resolve_candidate(spec: str, *, step_timeout: float | None = None, isolate: 
     if spec.startswith("mutant:"):
         name = spec.split(":", 1)[1]
         if name not in MUTANTS:
-            raise CandidateSpecError(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
+            raise CandidateSpecError(f"unknown mutant {name!r}" + (did_you_mean(name, MUTANTS) or
+                                                                   " (`harness mutants --list` lists them)"))
         return MUTANTS[name]
     if spec.startswith("vllm@"):
         return _vllm_factory(spec, step_timeout)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
+        close = did_you_mean(spec, ["reference"], list_whole=False) if "@" not in spec and not sep else ""
         raise CandidateSpecError(
-            f"unknown candidate {spec!r}: use 'reference', 'mutant:NAME' or 'package.module:factory'")
+            f"unknown candidate {spec!r}" + (close + " (" if close else ": use ")
+            + "'reference', 'mutant:NAME', 'vllm@VERSION' or 'package.module:factory'" + (")" if close else ""))
     if isolate and not (module_name + ".").startswith(TRUSTED_MODULES):
         # Someone else's module: imported only inside its own process (its
         # import may os._exit(0), hang or print), checked there before any run.

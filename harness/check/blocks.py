@@ -8,6 +8,8 @@ against the model's shadow pool (``TraceModel.owners``, ``free_queue``,
 
 from __future__ import annotations
 
+from reference.words import plural
+
 from harness.check.model import ReqShadow, TraceModel, cdiv
 from harness.check.result import SAFETY, SEMANTICS, Invariant
 
@@ -142,13 +144,13 @@ def check_blocks_cover(m: TraceModel, req: ReqShadow, blocks_before: int, end: i
     the need; tables never shrink)."""
     need = max(blocks_before, cdiv(end, m.bs))
     if len(req.blocks) != need:
-        m.violate("BLOCKS-COVER", req.request_id, f"table has {len(req.blocks)} blocks for {end} tokens, needs {need}")
+        m.violate("BLOCKS-COVER", req.request_id, f"table has {plural(len(req.blocks), 'block')} for {plural(end, 'token')}, needs {need}")
 
 
 def check_load_cover(m: TraceModel, req: ReqShadow, loaded: int) -> None:
     """BLOCKS-COVER after an async KV load of ``loaded`` tokens (hit + external)."""
     if len(req.blocks) != cdiv(loaded, m.bs):
-        m.violate("BLOCKS-COVER", req.request_id, f"table has {len(req.blocks)} blocks for {loaded} loaded tokens")
+        m.violate("BLOCKS-COVER", req.request_id, f"table has {plural(len(req.blocks), 'block')} for {plural(loaded, 'loaded token')}")
 
 
 def check_reset(m: TraceModel, succeeded: bool, forced: bool) -> None:

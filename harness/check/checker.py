@@ -21,6 +21,8 @@ from array import array
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from reference.words import plural
+
 from harness.check import (
     blocks,
     budget,
@@ -256,7 +258,7 @@ class TraceChecker(TraceModel):
         req.in_flight -= n
         req.placeholders -= st.placeholders_added.pop(rid, 0)
         self.unregister_withdrawn(req, st.registered_before.pop(rid, req.registered))
-        self.note(req, f"withdrawn: {n} tokens given back")
+        self.note(req, f"withdrawn: {plural(n, 'token')} given back")
 
     def _on_schedule(self, ev: dict, st: StepState) -> None:
         rid, kind = ev["request_id"], ev["schedule_kind"]

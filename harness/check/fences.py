@@ -9,6 +9,8 @@ of deferred frees (``TraceModel.deferred``).
 
 from __future__ import annotations
 
+from reference.words import plural
+
 from harness.check.model import ReqShadow, StepState, TraceModel
 from harness.check.result import SAFETY, Invariant
 
@@ -28,7 +30,7 @@ def check_not_past_max_tokens(m: TraceModel, req: ReqShadow, computed: int) -> N
     max_tokens is not scheduled again."""
     if req.placeholders > 0 and computed + 2 - req.placeholders >= req.num_prompt_tokens + req.max_tokens:
         m.violate("ASYNC-PLACEHOLDERS", req.request_id,
-                  f"scheduled with {req.placeholders} tokens in flight that already reach "
+                  f"scheduled with {plural(req.placeholders, 'token')} in flight that already reach "
                   f"max_tokens {req.max_tokens} (computed {computed})")
 
 
@@ -45,7 +47,7 @@ def check_no_stale_at_admission(m: TraceModel, req: ReqShadow, kind: str) -> Non
     """STALE-OUTPUT: no request is admitted while its pre-preemption output is in flight."""
     if req.stale > 0:
         m.violate("STALE-OUTPUT", req.request_id,
-                  f"admitted ({kind}) with {req.stale} tokens of stale output still in flight")
+                  f"admitted ({kind}) with {plural(req.stale, 'token')} of stale output still in flight")
 
 
 def check_skip_reason(m: TraceModel, ev: dict, req: ReqShadow | None) -> None:

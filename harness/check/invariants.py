@@ -12,6 +12,8 @@ happens to do: where real vLLM breaks one, that is a finding.
 
 from __future__ import annotations
 
+from reference.words import did_you_mean
+
 from harness.check import (
     blocks,
     budget,
@@ -73,11 +75,19 @@ SEMANTICS_IDS = tuple(i for i, inv in INVARIANTS.items() if inv.layer == SEMANTI
 
 
 def describe(invariant_id: str) -> Invariant:
-    """The catalogue entry; KeyError for an unknown id."""
+    """The catalogue entry; KeyError for an unknown id (its message names the close ids)."""
+    _known(invariant_id)
     return INVARIANTS[invariant_id]
 
 
 def family_of(invariant_id: str) -> str:
     """The module holding the invariant's checks (e.g. ``harness.check.preemption``);
-    KeyError for an unknown id."""
+    KeyError for an unknown id (its message names the close ids)."""
+    _known(invariant_id)
     return _FAMILY[invariant_id]
+
+
+def _known(invariant_id: str) -> None:
+    if invariant_id not in INVARIANTS:
+        raise KeyError(f"unknown invariant {invariant_id!r}"
+                       + (did_you_mean(invariant_id, INVARIANTS) or " (`harness invariants` lists them)"))

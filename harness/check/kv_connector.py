@@ -10,6 +10,8 @@ per-request ``kv_done``/``kv_failed`` flags.
 
 from __future__ import annotations
 
+from reference.words import plural
+
 from harness.check.model import ReqShadow, StepState, TraceModel, cdiv
 from harness.check.result import SAFETY, SEMANTICS, Invariant
 
@@ -60,7 +62,7 @@ def check_load_size(m: TraceModel, req: ReqShadow, hit: int, ext: int) -> None:
     """REMOTE-KV-LOADING: 0 < ext and hit + ext <= num_tokens."""
     if ext <= 0 or hit + ext > req.num_tokens:
         m.violate("REMOTE-KV-LOADING", req.request_id,
-                  f"loads {ext} external tokens after a {hit}-token hit of {req.num_tokens} tokens")
+                  f"loads {plural(ext, 'external token')} after a {hit}-token hit of {req.num_tokens} tokens")
 
 
 def expected_reservation(m: TraceModel, ev: dict, rid: str) -> int:
@@ -70,7 +72,7 @@ def expected_reservation(m: TraceModel, ev: dict, rid: str) -> int:
     reserved += cdiv(1 + m.num_spec, m.bs) if m.num_spec else 0
     if (ev["reserved_blocks"] or 0) != reserved:
         m.violate("REMOTE-KV-RESERVATION", rid,
-                  f"reserved {ev['reserved_blocks']} blocks, but in-flight prefills "
+                  f"reserved {plural(ev['reserved_blocks'] or 0, 'block')}, but in-flight prefills "
                   f"{list(m.inflight)} still need {reserved}")
     return reserved
 

@@ -9,6 +9,8 @@ properties of spec 8.
 
 from __future__ import annotations
 
+from reference.words import plural
+
 from harness.check.model import ReqShadow, StepState, TraceModel
 from harness.check.result import SAFETY, SEMANTICS, Invariant
 
@@ -54,8 +56,8 @@ def check_output_complete(m: TraceModel, req: ReqShadow, end: int, drafts: list[
     to ``end``) reached its known tokens; 1 to 1 + drafts tokens."""
     if end - len(drafts) < req.num_tokens or not 1 <= len(tokens) <= 1 + len(drafts):
         m.violate("OUTPUT-ONLY-COMPLETE", req.request_id,
-                  f"{len(tokens)} token(s) sampled by a step reaching {end} of "
-                  f"{req.num_tokens} tokens + {len(drafts)} drafts")
+                  f"{plural(len(tokens), 'token')} sampled by a step reaching {end} of "
+                  f"{plural(req.num_tokens, 'token')} + {plural(len(drafts), 'draft')}")
 
 
 def check_outputs_present(m: TraceModel, st: StepState) -> None:

@@ -8,6 +8,8 @@ request it scheduled earlier in the step if that is the victim.
 
 from __future__ import annotations
 
+from reference.words import plural
+
 from harness.check.model import ReqShadow, StepState, TraceModel
 from harness.check.result import SAFETY, SEMANTICS, Invariant
 
@@ -141,7 +143,7 @@ def check_withdraw(m: TraceModel, st: StepState, rid: str, n: int, req: ReqShado
         m.violate("PRIORITY-GIVE-BACK", rid, "withdrew a request not scheduled this step")
         return False
     if st.scheduled_tokens.get(rid) != n:
-        m.violate("PRIORITY-GIVE-BACK", rid, f"gave back {n} tokens but {st.scheduled_tokens.get(rid)} were scheduled")
+        m.violate("PRIORITY-GIVE-BACK", rid, f"gave back {plural(n, 'token')} but {st.scheduled_tokens.get(rid)} were scheduled")
     return True
 
 

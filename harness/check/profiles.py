@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from reference.words import did_you_mean
+
 from harness.check.invariants import INVARIANTS, SAFETY_IDS, SEMANTICS_IDS
 from harness.check.result import SAFETY
 
@@ -139,8 +141,9 @@ def resolve(semantics: str, meta: dict[str, Any]) -> tuple[Profile, str]:
     if semantics != "auto":
         profile = PROFILES.get(semantics)
         if profile is None:
-            raise ProfileError(f"unknown semantics {semantics!r}: expected auto, "
-                               + ", ".join(PROFILES))
+            hint = did_you_mean(semantics, ["auto", *PROFILES], list_whole=False)
+            raise ProfileError(f"unknown semantics {semantics!r}" + (hint or ": expected auto, "
+                                                                      + ", ".join(PROFILES)))
         return profile, "chosen with --semantics"
     engine = str(meta.get("engine") or "")
     if engine == "reference" or engine.startswith("mutant:"):

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from harness.fuzz.parallel import ParallelFuzzResult
 from harness.fuzz.witness import Witness
+from reference.words import plural
 
 
 def render_summary(result: ParallelFuzzResult, candidate: str, seed: int, console: Console) -> None:
@@ -20,7 +21,7 @@ def render_summary(result: ParallelFuzzResult, candidate: str, seed: int, consol
     stop = " (time budget spent)" if result.budget_exhausted and not result.found else ""
     used = len(result.workers)
     on = f" on {used} workers" if used > 1 else ""
-    console.print(f"fuzzed [bold]{candidate}[/]: {result.examples} examples{on} in "
+    console.print(f"fuzzed [bold]{candidate}[/]: {plural(result.examples, 'example')}{on} in "
                   f"{result.elapsed_s:.1f} s, seed {seed}{stop}")
     if result.known:
         console.print("passed over known reference findings: "
@@ -35,7 +36,7 @@ def render_witnesses(result: ParallelFuzzResult, witnesses: list[Witness], conso
     used = len(result.workers)
     if used > 1:
         console.print(f"[bold red]FOUND[/] by {len(result.found)} of {used} workers, "
-                      f"{len(witnesses)} distinct shrunk scenario(s):")
+                      f"{plural(len(witnesses), 'distinct shrunk scenario')}:")
     for wit in witnesses:
         res = wit.worker.result
         failure, case = res.failure, res.case

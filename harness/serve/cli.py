@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from reference.config import ConfigError
+from reference.words import plural
 from reference.workload import WorkloadError
 
 
@@ -66,19 +67,45 @@ def model_tiny(output: str, seed: int, arch: str, vocab: int, force: bool) -> No
     """Write a tiny random-weight causal LM (2 layers, hidden 256, bf16) with save_pretrained.
 
     Deterministic: the same seed, arch and vocab give the same bytes (the sha256
-    printed is over the files). Runs in the serving env (`harness vllm-env --serving`).
+    printed is over the files). Runs in the serving env, which it builds first
+    when it is missing (as `harness vllm-env --serving`: once, typically 2-5 min,
+    with progress).
     """
     from harness.candidates.vllm.env import VLLMEnvError
-    from harness.serve.model import ModelError, build_tiny_model
+    from harness.serve.model import ModelError, build_tiny_model, check_tiny_model_args
 
     console, err = _consoles()
     try:
+        check_tiny_model_args(output, arch=arch, vocab=vocab, force=force)  # before a build of minutes
+        _serving_env_with_progress()
         with err.status(f"writing a tiny {arch} model", spinner="dots") if err.is_terminal else _null():
             info = build_tiny_model(output, seed=seed, arch=arch, vocab=vocab, force=force)
     except (ModelError, VLLMEnvError) as exc:
         _fail(str(exc))
+    except OSError as exc:
+        _fail(f"cannot build the serving env: {exc}")
     console.print(f"wrote {info['path']}: {arch}, {info['parameters']:,} parameters, "
                   f"{info['bytes'] / 1e6:.1f} MB, sha256 {info['sha256'][:16]}")
+
+
+def _serving_env_with_progress() -> Path:
+    """The serving env's Python, building it first when it is missing: a line
+    saying so, each build stage on stderr and a spinner with the elapsed time
+    (regression, issue 27: `harness model tiny` failed until it was built by
+    hand). Raises VLLMEnvError."""
+    from harness.progress import progress
+    from harness.serve.env import ensure_serving_env, serving_env_dir, serving_env_ready
+
+    _, err = _consoles()
+    if serving_env_ready():
+        return ensure_serving_env()
+    err.print(f"the CPU serving env is not built: building it at {escape(str(serving_env_dir()))} first "
+              f"(once; typically 2-5 min)", soft_wrap=True)
+    with progress("building the CPU serving env", None) as update:
+        def log(line: str) -> None:
+            err.print(f"[dim]vllm-env:[/] {escape(line)}", soft_wrap=True)
+            update(description=f"building the CPU serving env: {line}")
+        return ensure_serving_env(log=log)
 
 
 class _null:
@@ -232,8 +259,8 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                                      candidate=candidate)
                 line = (f"vLLM {res.vllm_version} server: {res.answered}/{res.requests} answered "
                         f"({res.aborted} aborted by disconnect, {res.rejected} refused, {res.failed} "
-                        f"failed), {res.output_tokens} "
-                        f"output tokens in {res.serve_s:.1f} s ({res.tokens_per_s:.0f} tokens/s)")
+                        f"failed), {plural(res.output_tokens, 'output token')}"
+                        f" in {res.serve_s:.1f} s ({res.tokens_per_s:.0f} tokens/s)")
         except KeyboardInterrupt as exc:
             import signal as _signal
 
@@ -262,9 +289,10 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                   f"recorded up to it")
     for warning in conv.get("warnings", ()):
         err.print(f"[yellow]warning:[/] {escape(warning)}")
-    console.print(f"converted {jsonl} -> [bold]{output}[/]: {conv['steps']} steps, {conv['requests']} "
-                  f"requests, {conv['finished']} finished, {conv['aborted']} aborted, "
-                  f"{conv['preemptions']} preemptions, {conv['prefix_hit_tokens']} prefix-hit tokens")
+    console.print(f"converted {jsonl} -> [bold]{output}[/]: {plural(conv['steps'], 'step')}, "
+                  f"{plural(conv['requests'], 'request')}, {conv['finished']} finished, {conv['aborted']} aborted, "
+                  f"{plural(conv['preemptions'], 'preemption')}, "
+                  f"{plural(conv['prefix_hit_tokens'], 'prefix-hit token')}")
     from harness.cli import _check, _open, _report
 
     for req_id, why in sorted(getattr(res, "errors", {}).items())[:0 if conv.get("crashed") else 5]:

@@ -52,14 +52,11 @@ def read_vocab_size(path: str | Path) -> int | None:
 MODEL_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors"})
 
 
-def build_tiny_model(out: str | Path, *, seed: int = 0, arch: str = "llama",
-                     vocab: int = DEFAULT_VOCAB, force: bool = False) -> dict:
-    """Write a tiny ``arch`` model with random weights drawn from ``seed`` to folder ``out``.
-
-    Returns ``{"path", "parameters", "bytes", "sha256"}`` (``sha256``: ``model_digest``).
-    Raises ModelError for a bad argument, an existing non-empty ``out`` (unless
-    ``force``) or a failed build, VLLMEnvError when the serving env is missing.
-    """
+def check_tiny_model_args(out: str | Path, *, arch: str = "llama", vocab: int = DEFAULT_VOCAB,
+                          force: bool = False) -> Path:
+    """``out`` as a Path if a tiny model may be written there (``build_tiny_model``'s
+    checks, made before any work: ``harness model tiny`` builds the serving env
+    only after them). Raises ModelError."""
     if arch not in ARCHS:
         raise ModelError(f"unknown arch {arch!r}: expected one of {', '.join(ARCHS)}")
     if not 16 <= vocab <= 1_000_000:
@@ -78,6 +75,18 @@ def build_tiny_model(out: str | Path, *, seed: int = 0, arch: str = "llama",
             raise ModelError(f"{target}: --force replaces only a tiny-model folder, and it holds "
                              f"{foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''} "
                              f"(choose a new or empty folder)")
+    return target
+
+
+def build_tiny_model(out: str | Path, *, seed: int = 0, arch: str = "llama",
+                     vocab: int = DEFAULT_VOCAB, force: bool = False) -> dict:
+    """Write a tiny ``arch`` model with random weights drawn from ``seed`` to folder ``out``.
+
+    Returns ``{"path", "parameters", "bytes", "sha256"}`` (``sha256``: ``model_digest``).
+    Raises ModelError for a bad argument, an existing non-empty ``out`` (unless
+    ``force``) or a failed build, VLLMEnvError when the serving env is missing.
+    """
+    target = check_tiny_model_args(out, arch=arch, vocab=vocab, force=force)
     python = require_serving_env()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -102,5 +111,6 @@ def build_tiny_model(out: str | Path, *, seed: int = 0, arch: str = "llama",
     return {"path": str(target), "parameters": params, "bytes": size, "sha256": model_digest(target)}
 
 
-__all__ = ["ARCHS", "DEFAULT_VOCAB", "ModelError", "VLLMEnvError", "build_tiny_model", "model_digest",
+__all__ = ["ARCHS", "DEFAULT_VOCAB", "ModelError", "VLLMEnvError", "build_tiny_model", "check_tiny_model_args",
+           "model_digest",
            "read_vocab_size"]

@@ -104,15 +104,18 @@ class QueueDecoder:
     def __init__(self) -> None:
         self._previous: dict[tuple[int, str], list[str]] = {}
 
-    def decode_row(self, row: Row) -> None:
+    def decode_row(self, row: Row, changes: Row | None = None) -> None:
         """Replace the row's stored changes by the full lists, in place; the
         ``*_kept`` and ``*_head`` keys are removed (rows read as the recorder
-        made them)."""
+        made them). ``changes``: those keys' values when the caller read them
+        apart from the row (then ``row`` lacks them)."""
+        if changes is None:
+            changes = {column: row.pop(column, None) for column in DELTA_COLUMNS}
         snapshot = row.get("kind") in SNAPSHOT_KINDS
         rank = row.get("rank") or 0
         for name in QUEUE_COLUMNS:
-            kept = row.pop(f"{name}_kept", None)
-            head = row.pop(f"{name}_head", None)
+            kept = changes.get(f"{name}_kept")
+            head = changes.get(f"{name}_head")
             if not snapshot:
                 if kept is not None or head is not None:
                     raise ValueError(f"{row.get('kind')} row stores {name} as a change (only snapshots do)")
@@ -129,7 +132,11 @@ class QueueDecoder:
                     had = "there is none" if previous is None else f"{len(previous)} ids"
                     shown = kept if len(kept) <= 4 else f"[{', '.join(map(str, kept[:4]))}, ... ({len(kept)} values)]"
                     raise ValueError(f"{name}_kept {shown} is not a slice of the previous {name} ({had})")
-                tail = (head or []) + previous[kept[0]:kept[0] + kept[1]] + tail
+                kept_slice = previous[kept[0]:kept[0] + kept[1]]  # one copy of the backlog, extended in place
+                if head:
+                    kept_slice[:0] = head
+                kept_slice += tail
+                tail = kept_slice
             elif head is not None:
                 raise ValueError(f"{name}_head without {name}_kept")
             row[name] = tail

@@ -8,6 +8,7 @@ whose ``str()`` is one line naming the file; ``Trace.iter_steps()`` streams
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -22,8 +23,8 @@ import pyarrow.parquet as pq
 
 from harness.trace.schema import (COLUMNS, DIGEST_SINCE, METADATA_KEY, READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION,
                                   SUMMARY_KEY, absent_columns)
-from harness.trace.queues import QueueDecoder
-from harness.trace.validate import RowError, StepValidator
+from harness.trace.queues import DELTA_COLUMNS, SNAPSHOT_KINDS, QueueDecoder
+from harness.trace.validate import RowError, StepValidator, suspect_rows
 from harness.trace.writer import digest_of_file
 from reference.config import ConfigError, EngineConfig
 
@@ -56,21 +57,29 @@ class Trace:
         """
         current: int | None = None
         events: list[dict[str, Any]] = []
+        suspects: list[bool] = []
         last_key = (-1, -1)
         num_steps = 0
         validator = StepValidator(self.config.data_parallel_size)
         queues = QueueDecoder()
         try:
             present = [c for c in COLUMNS if c in self._file.schema_arrow.names]
-            absent = dict.fromkeys(c for c in COLUMNS if c not in present)
-            for batch in self._file.iter_batches(batch_size=BATCH_ROWS, columns=present):
-                for row in batch.to_pylist():
+            absent = dict.fromkeys(c for c in COLUMNS if c not in present and c not in DELTA_COLUMNS)
+            # The queue changes are read apart from the rows, which never hold them.
+            stored = [c for c in present if c not in DELTA_COLUMNS]
+            changed = [c for c in present if c in DELTA_COLUMNS]
+            for batch, batch_suspects in _batches(self._file, present):
+                changes = zip(*(batch.column(c).to_pylist() for c in changed)) if changed \
+                    else itertools.repeat(())
+                for row, suspect, change in zip(batch.select(stored).to_pylist(), batch_suspects, changes):
                     if absent:
                         row.update(absent)  # an older schema: its missing columns read as null
-                    try:
-                        queues.decode_row(row)  # whole queues again (schema 8 stores changes)
-                    except ValueError as exc:
-                        raise RowError(f"step {row.get('step')} event {row.get('event_index')}: {exc}") from None
+                    if row["kind"] in SNAPSHOT_KINDS or any(v is not None for v in change):
+                        try:  # whole queues again (schema 8 stores changes)
+                            queues.decode_row(row, dict(zip(changed, change)))
+                        except ValueError as exc:
+                            raise RowError(f"step {row.get('step')} event {row.get('event_index')}: {exc}") \
+                                from None
                     key = (row["step"], row["event_index"])
                     if None in key:
                         raise TraceError(f"{self.path}: a row without its step or event_index")
@@ -80,13 +89,14 @@ class Trace:
                     last_key = key
                     if row["step"] != current:
                         if current is not None:
-                            validator.check_step(current, events)
+                            validator.check_step(current, events, suspects)
                             yield current, events
-                        current, events = row["step"], []
+                        current, events, suspects = row["step"], [], []
                         num_steps += 1
                     events.append(row)
+                    suspects.append(suspect)
             if current is not None:
-                validator.check_step(current, events)
+                validator.check_step(current, events, suspects)
         except RowError as exc:
             raise TraceError(f"{self.path}: bad row: {exc}") from None
         except (OSError, pa.ArrowException) as exc:
@@ -100,6 +110,17 @@ class Trace:
 
 #: Rows turned into dicts at a time by ``iter_steps`` (bounded memory).
 BATCH_ROWS = 1024
+#: Rows read and validated column by column at a time (``suspect_rows``: a
+#: fixed cost per call, so more rows than BATCH_ROWS; Arrow memory only).
+SCAN_ROWS = 16 * BATCH_ROWS
+
+
+def _batches(file: pq.ParquetFile, columns: list[str]) -> Iterator[tuple[pa.RecordBatch, list[bool]]]:
+    """(batch of at most BATCH_ROWS rows, its rows' ``suspect_rows`` flags), in file order."""
+    for scan in file.iter_batches(batch_size=SCAN_ROWS, columns=columns):
+        suspects = suspect_rows(scan)  # the stored columns, vectorised
+        for start in range(0, scan.num_rows, BATCH_ROWS):
+            yield scan.slice(start, BATCH_ROWS), suspects[start:start + BATCH_ROWS]
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 

@@ -2,10 +2,15 @@
 
 The reader (``Trace.iter_steps``) runs ``StepValidator.check_step`` on every
 step, so ``check``, ``replay`` and ``diff`` see the same usable rows or the
-same one-line ``TraceError``. What is refused here is what no engine can
-record (a recording or editing artifact), never an engine's decision: an
-impossible *value* of a decision (a negative scheduled count, a block id out
-of the pool) is left to the invariants, which report it with a witness.
+same one-line ``TraceError``. The values are checked column by column first
+(``suspect_rows``: pyarrow compute over the stored columns, each once, not
+over the rebuilt queues), and row by row only on the rows it flags: what is
+refused, and the message, are those of the per-row check (issue 24).
+
+What is refused here is what no engine can record (a recording or editing
+artifact), never an engine's decision: an impossible *value* of a decision
+(a negative scheduled count, a block id out of the pool) is left to the
+invariants, which report it with a witness.
 
 Refused: an unknown or null ``kind``; ``event_index`` not 0, 1, ... within
 the step; a null or out-of-range ``rank`` (``0 <= rank <
@@ -25,6 +30,9 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from reference.request import RequestStatus
 from reference.workload import WorkloadError
@@ -60,6 +68,25 @@ _TIME_COLUMNS = ("clock_s", "arrival_time_s", "abort_time_s")
 # Token ids (vocabulary indices: no tokenizer or model produces a negative one).
 # Not spec_token_ids: vLLM pads drafts with -1 placeholders (recorded as they are).
 _TOKEN_COLUMNS = ("prompt_token_ids", "stop_token_ids", "token_ids", "output_token_ids")
+_SPEC_KINDS = frozenset({"arrival", "reject"})
+
+
+# A control character as _check_values defines it (C0, DEL, C1), for RE2.
+_CONTROL_RE = r"[\x{00}-\x{1f}\x{7f}-\x{9f}]"
+# Kinds whose value checks are rare enough to run on every such row.
+_ALWAYS_CHECKED = frozenset({"reset_prefix_cache", "crash"})
+_FINISH_KINDS = frozenset({"finish", "abort"})
+_STATUS_KINDS = frozenset({"preempt", "kv_promote", "request_state"})
+_VALUE_SETS: dict[frozenset[str], pa.Array] = {}
+
+
+def _value_set(names: frozenset[str]) -> pa.Array:
+    """``names`` as an Arrow string array (built once per set: building one
+    costs more than the lookup)."""
+    found = _VALUE_SETS.get(names)
+    if found is None:
+        found = _VALUE_SETS[names] = pa.array(sorted(names), pa.string())
+    return found
 
 
 class RowError(ValueError):
@@ -77,8 +104,13 @@ class StepValidator:
         self.num_ranks = num_ranks
         self._crashed_at: int | None = None
 
-    def check_step(self, step: int, rows: list[Row]) -> None:
-        """Raise RowError naming the step and event of the first bad row."""
+    def check_step(self, step: int, rows: list[Row], suspects: list[bool] | None = None) -> None:
+        """Raise RowError naming the step and event of the first bad row.
+
+        ``suspects`` (parallel to ``rows``, from ``suspect_rows`` over the
+        stored columns): the rows whose own values need the per-row check; the
+        others only have their order checked (and an ``arrival``/``reject``
+        row its request spec). None checks every row's values."""
         if self._crashed_at is not None:
             raise RowError(f"step {step} follows the crash at step {self._crashed_at} (a crash ends the run)")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -106,10 +138,91 @@ class StepValidator:
                 _close(where, open_rows, crashed)
                 rank, phase, sub, open_rows = r, _INPUT, 0, []
             phase, sub = _advance(where, kind, phase, sub, open_rows)
-            _check_values(where, kind, row)
+            if suspects is None or suspects[index]:
+                _check_values(where, kind, row)
+            elif kind in _SPEC_KINDS:
+                _check_spec(where, kind, row)
             if kind == "crash":
                 self._crashed_at = step
         _close(f"step {step}", open_rows, crashed)
+
+
+def suspect_rows(batch: pa.RecordBatch) -> list[bool]:
+    """Which rows of ``batch`` (as stored: queue snapshots as changes) may fail
+    ``_check_values``: one bool per row, computed column by column with
+    pyarrow compute (no Python loop over values).
+
+    A superset of the rows ``_check_values`` refuses, so ``check_step`` runs
+    the per-row check on these alone and still refuses exactly what it
+    refused before, with the same message. A rebuilt snapshot queue holds its
+    stored ids (``<queue>``, ``<queue>_head``) and a slice of the previous
+    snapshot of the same queue, whose ids were checked on their own row: an
+    id with a control character or a null is flagged on the first row that
+    stores it, the first row whose rebuilt queue holds it."""
+    n = batch.num_rows
+    names = set(batch.schema.names)
+    flagged: list[pa.Array] = []  # row indices (int64 arrays)
+
+    def rows_where(mask: Any) -> None:
+        flagged.append(pc.indices_nonzero(pc.fill_null(mask, True)))
+
+    def elements_where(column: str, element_mask: Any) -> None:
+        values = batch.column(column)
+        flat = pc.list_flatten(values)
+        mask = pc.fill_null(element_mask(flat), True)
+        if pc.any(mask).as_py():
+            flagged.append(pc.filter(pc.list_parent_indices(values), mask))
+
+    kind = batch.column("kind")
+
+    def kind_in(kinds: frozenset[str]) -> Any:
+        return pc.is_in(kind, value_set=_value_set(kinds))
+
+    def not_in(column: str, allowed: frozenset[str]) -> Any:
+        return pc.invert(pc.is_in(batch.column(column), value_set=_value_set(allowed)))
+
+    for column in names:
+        # "null inside <column>"; the child array's null count (which may count
+        # values outside the slice: a superset) skips the clean columns cheaply.
+        values = batch.column(column)
+        if pa.types.is_list(values.type) and values.values.null_count:
+            elements_where(column, pc.is_null)
+    for column in _ID_COLUMNS:
+        if column not in names:
+            continue
+        if pa.types.is_list(batch.schema.field(column).type):
+            elements_where(column, lambda flat: pc.match_substring_regex(flat, _CONTROL_RE))
+        else:
+            rows_where(pc.fill_null(pc.match_substring_regex(batch.column(column), _CONTROL_RE), False))
+    rid = batch.column("request_id")
+    rows_where(pc.and_(kind_in(_REQUEST_KINDS), pc.fill_null(pc.equal(pc.utf8_length(rid), 0), True)))
+    for column in _TIME_COLUMNS:
+        if column in names:
+            values = batch.column(column)
+            ok = pc.and_(pc.is_finite(values), pc.greater_equal(values, 0))
+            rows_where(pc.and_(pc.is_valid(values), pc.invert(pc.fill_null(ok, False))))
+    for column in _TOKEN_COLUMNS:
+        if column in names:
+            lowest = pc.min(batch.column(column).values).as_py()
+            if lowest is not None and lowest < 0:
+                elements_where(column, lambda flat: pc.less(flat, 0))
+    rows_where(pc.and_(pc.equal(kind, "schedule_begin"), pc.is_null(batch.column("clock_s"))))
+    bad_finish = pc.or_(not_in("status", _FINISHED_STATUSES),
+                        pc.and_(pc.is_valid(batch.column("finish_reason")),
+                                not_in("finish_reason", _FINISH_REASONS)))
+    rows_where(pc.and_(kind_in(_FINISH_KINDS), bad_finish))
+    rows_where(pc.and_(kind_in(_STATUS_KINDS), not_in("status", _STATUSES)))
+    rows_where(kind_in(_ALWAYS_CHECKED))
+    bad_schedule = pc.or_(not_in("schedule_kind", _SCHEDULE_KINDS),
+                          pc.or_(pc.is_null(batch.column("num_computed_tokens")),
+                                 pc.is_null(batch.column("num_scheduled_tokens"))))
+    rows_where(pc.and_(pc.equal(kind, "schedule"), bad_schedule))
+    suspects = [False] * n
+    for indices in flagged:
+        if len(indices):
+            for i in indices.to_pylist():
+                suspects[i] = True
+    return suspects
 
 
 def _advance(where: str, kind: str, phase: int, sub: int, open_rows: list[str]) -> tuple[int, int]:
@@ -215,9 +328,14 @@ def _check_values(where: str, kind: str, row: Row) -> None:
         for column in ("num_computed_tokens", "num_scheduled_tokens"):
             if row.get(column) is None:
                 raise RowError(f"{where}: schedule row without {column}")
-    if kind in ("arrival", "reject"):
-        try:
-            spec_from_row(row)
-        except (WorkloadError, ValueError, TypeError, KeyError) as exc:
-            raise RowError(f"{where}: {kind} row is not a valid request ({' '.join(str(exc).split())[:160]})") \
-                from None
+    if kind in _SPEC_KINDS:
+        _check_spec(where, kind, row)
+
+
+def _check_spec(where: str, kind: str, row: Row) -> None:
+    """RowError unless an ``arrival``/``reject`` row rebuilds a RequestSpec."""
+    try:
+        spec_from_row(row)
+    except (WorkloadError, ValueError, TypeError, KeyError) as exc:
+        raise RowError(f"{where}: {kind} row is not a valid request ({' '.join(str(exc).split())[:160]})") \
+            from None

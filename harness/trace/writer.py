@@ -73,7 +73,12 @@ def _row_bytes(row: dict[str, Any]) -> int:
     size = 0
     for value in row.values():
         if isinstance(value, list):
-            size += 4 * len(value) + sum(len(v) for v in value if isinstance(v, str))
+            size += 4 * len(value)
+            if value and value[0].__class__ is str:  # a list of ids: their lengths at C speed
+                try:
+                    size += sum(map(len, value))
+                except TypeError:  # not only strings
+                    size += sum(len(v) for v in value if isinstance(v, str))
         elif isinstance(value, str):
             size += len(value)
         else:
@@ -140,8 +145,7 @@ class TraceWriter:
         self._schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = _make_temp_dir(self.path)
-        self._columns = tuple(self._schema.names)
-        self._buffer: dict[str, list[Any]] = {c: [] for c in self._columns}
+        self._buffer: list[dict[str, Any]] = []  # rows as stored (queue changes), in order
         self._buffered = 0
         self._buffered_bytes = 0
         self._segments: list[Path] = []
@@ -163,10 +167,9 @@ class TraceWriter:
         """Buffer one step's rows; write a segment when the buffer is full."""
         self._num_steps += 1
         for row in rows:
-            row = self._queues.encode_row(row)
-            for column in self._columns:
-                self._buffer[column].append(row.get(column))
-            self._buffered_bytes += _row_bytes(row)
+            stored = self._queues.encode_row(row)
+            self._buffer.append(stored if stored is not row else dict(row))  # the caller keeps its row
+            self._buffered_bytes += _row_bytes(stored)
         self._buffered += len(rows)
         if self._buffered >= self.rows_per_group or self._buffered_bytes >= self.bytes_per_group:
             self._flush()
@@ -175,14 +178,15 @@ class TraceWriter:
         """Write the buffer as the next segment (``.part``, then renamed)."""
         if not self._buffered:
             return
-        table = pa.Table.from_pydict(self._buffer, schema=self._schema)
+        # Missing keys read as null, keys outside the schema are left out (pyarrow's conversion).
+        table = pa.Table.from_pylist(self._buffer, schema=self._schema)
         final = self._tmp / f"seg-{len(self._segments):06d}.parquet"
         part = final.with_suffix(".part")
         pq.write_table(table, part, **_PARQUET_OPTIONS)
         os.replace(part, final)
         self._segments.append(final)
         self.num_rows += self._buffered
-        self._buffer = {c: [] for c in self._columns}
+        self._buffer = []
         self._buffered = 0
         self._buffered_bytes = 0
 

@@ -22,6 +22,7 @@ from harness.progress import every_steps, progress
 from harness.trace import Trace, TraceError, open_trace
 from harness.view.files import write_atomic
 from harness.view.series import Series, derive
+from reference.words import plural
 
 console = Console(stderr=False, highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -176,7 +177,8 @@ def report(trace_path: str, against_path: str | None, output: str, semantics: st
     trace = _open(trace_path)
     against = _open(against_path) if against_path else None
     series, b_series, divergence = write_report(output, trace, semantics, against=against)
-    line = f"report written to {output}: {len(series.steps)} steps, {len(series.requests)} requests; "
+    line = (f"report written to {output}: {plural(len(series.steps), 'step')}, "
+            f"{plural(len(series.requests), 'request')}; ")
     if b_series is None:
         line += _verdict(series)
     else:
@@ -229,6 +231,6 @@ def export(trace_path: str, perfetto: bool, output: str | None, tables_dir: str 
         _fail(f"{exc.filename or output or tables_dir}: cannot write ({exc.strerror or exc})")
     for path in written:
         console.print(f"wrote {path}", markup=False)
-    console.print(f"exported {len(series.steps)} steps, {len(series.requests)} requests; "
+    console.print(f"exported {plural(len(series.steps), 'step')}, {plural(len(series.requests), 'request')}; "
                   + _verdict(series), markup=False)
 

@@ -11,9 +11,11 @@ from pathlib import Path
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` via ``.<name>.<random>.tmp`` in the same
-    folder and ``os.replace``; returns the path. Raises OSError (no folder,
-    no permission); the temp file is removed then."""
+    folder and ``os.replace``; returns the path. Missing parent folders are
+    created, as every ``-o`` does (issue 27). Raises OSError (no permission,
+    a parent that is a file); the temp file is removed then."""
     target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     try:
         with os.fdopen(fd, "wb") as fh:

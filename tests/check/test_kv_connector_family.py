@@ -18,5 +18,6 @@ def test_remote_kv_reservation_fires_when_a_load_records_the_wrong_reservation(s
     result = check_steps(config, rows)
     (v,) = result.violations
     assert (v.invariant, v.step, v.request) == ("REMOTE-KV-RESERVATION", step, load["request_id"])
-    assert v.message.startswith(f"reserved {reserved + 1} blocks, but in-flight prefills ")
+    # "1 block", not "1 blocks" (issue 27).
+    assert v.message.startswith(f"reserved {reserved + 1} block{'s' * (reserved + 1 != 1)}, but in-flight prefills ")
     assert v.message.endswith(f" still need {reserved}")

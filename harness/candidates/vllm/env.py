@@ -107,6 +107,21 @@ def env_dir(version: str) -> Path:
     return envs_root() / version
 
 
+def built_versions() -> list[str]:
+    """The releases with a ready env in any of ``envs_roots()``, sorted by
+    version (for "did you mean" on ``vllm@VERSION``)."""
+    found: set[str] = set()
+    for root in envs_roots():
+        try:
+            entries = list(root.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if re.fullmatch(r"\d+\.\d+\.\d+(\.\d+)?", entry.name) and _ready_at(entry, entry.name):
+                found.add(entry.name)
+    return sorted(found, key=version_tuple)
+
+
 def env_python(version: str) -> Path:
     """The Python of ``version``'s venv (it may not exist yet: see ``is_ready``)."""
     return env_dir(version) / "bin" / "python"

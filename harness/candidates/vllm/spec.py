@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.candidates.vllm.env import VLLMEnvError, check_version, env_python, is_ready
+from reference.words import close_matches, did_you_mean
+
+from harness.candidates.vllm.env import VLLMEnvError, built_versions, check_version, env_python, is_ready
 
 #: Seconds allowed for the metadata probe of a ``vllm@PATH`` interpreter
 #: (no vLLM import: the installed distribution and the package's folder).
@@ -140,7 +142,7 @@ def split_spec(spec: str) -> tuple[str, dict[str, str]]:
         if not sep or not value.strip():
             raise VLLMSpecError(f"{spec!r}: expected key=value after ',', got {item!r}")
         if key not in _OPTIONS:
-            raise VLLMSpecError(f"{spec!r}: unknown option {key!r} (known: {', '.join(_OPTIONS)})")
+            raise VLLMSpecError(f"{spec!r}: unknown option {key!r}{did_you_mean(key, _OPTIONS)}")
         if key in options:
             raise VLLMSpecError(f"{spec!r}: option {key!r} given twice")
         options[key] = value.strip()
@@ -294,8 +296,12 @@ def parse_vllm_spec(spec: str) -> VLLMTarget:
     if not is_ready(version):
         from harness.candidates.vllm.env import env_dir
 
+        built = built_versions()
+        close = close_matches(version, built, n=1)  # a built release of the same series
         raise VLLMSpecError(f"candidate {spec!r}: the vLLM {version} env is not built "
-                            f"({env_dir(version)}); run `harness vllm-env {version}`")
+                            f"({env_dir(version)}); run `harness vllm-env {version}`"
+                            + (f"; or did you mean vllm@{close[0]} (built)?" if close
+                               else f" (built here: {', '.join(built)})" if built else ""))
     return VLLMTarget(spec, env_python(version), version, True, scheduler_cls, pythonpath)
 
 
