@@ -18,7 +18,9 @@ The repository in layers, each importing only the layers above it in this list:
   ``isolated``, real vLLM in ``vllm/``); imports ``reference`` and ``harness.trace``.
 - The tools, one module each, over all of the above: ``replay``, ``diff``,
   ``golden``, ``mutation``, ``fuzz``, ``outputs`` (the torch output oracle),
-  ``conformance`` and ``pytest_plugin``; ``scenarios`` (the canonical scenarios
+  ``conformance`` and ``pytest_plugin``; ``corpus`` (``check`` over many
+  traces, in a process pool) and ``corpus_ray`` (the same on Ray, the
+  ``[ray]`` extra); ``scenarios`` (the canonical scenarios
   they share: a package that loads one scenario file each,
   ``harness/scenarios/*.toml``); ``cli`` (the ``harness`` command: parse, call,
   print), with ``signals`` (how a command ends: SIGINT/SIGTERM, usage errors,

@@ -106,6 +106,27 @@ def _step_timeout(command):
              "vllm@ candidate) that takes longer ends the run as a hang at that step (exit 1).")(command)
 
 
+class _Workers(click.ParamType):
+    """``--workers``: a positive integer, or ``0`` / ``auto`` for every available CPU."""
+
+    name = "N"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        from harness.fuzz import MAX_WORKERS, available_cpus
+
+        text = str(value).strip().lower()
+        if text in ("0", "auto"):
+            return min(available_cpus(), MAX_WORKERS)
+        try:
+            n = int(text)
+        except ValueError:
+            n = -1
+        if not 1 <= n <= MAX_WORKERS:
+            self.fail(f"must be an integer from 1 to {MAX_WORKERS}, or 0 / 'auto' for every CPU "
+                      f"({available_cpus()} here); got {value!r}", param, ctx)
+        return n
+
+
 @click.group(cls=HarnessGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="sched-harness")
 def main() -> None:
@@ -377,12 +398,40 @@ def _checked(trace: Trace, semantics: str, html_report: str | None,
 
 
 @main.command()
-@click.argument("trace_path", metavar="TRACE")
+@click.argument("trace_paths", metavar="PATH...", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a report.")
 @_SEMANTICS
 @_HTML_REPORT
-def check(trace_path: str, as_json: bool, semantics: str, html_report: str | None) -> None:
-    """Check every invariant of TRACE from the trace alone."""
+@click.option("--workers", type=_Workers(), default="1", show_default=True,
+              help="Several traces: processes checking them in parallel; 0 or 'auto': one per CPU.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Several traces: check them as Ray tasks (the [ray] extra) on the cluster at ADDRESS "
+                   "('auto', HOST:PORT, ray://HOST:PORT), or on a local 2-CPU cluster started for the "
+                   "run when no ADDRESS is given (put --ray after the paths, or write --ray=ADDRESS).")
+def check(trace_paths: tuple[str, ...], as_json: bool, semantics: str, html_report: str | None,
+          workers: int, ray_address: str | None) -> None:
+    """Check every invariant of a trace from the trace alone.
+
+    PATH is a trace, a folder (its *.parquet, recursively) or a glob. Several
+    traces: one row each (exit, verdict, violations by id, steps, CPU s) and
+    the totals, each trace checked as `harness check TRACE` would; exit 0 all
+    conformant, 1 any violation, 2 any unusable (every trace still reported).
+    """
+    if ray_address not in (None, "local") and (Path(ray_address).exists() or "*" in ray_address):
+        trace_paths, ray_address = (*trace_paths, ray_address), "local"  # `--ray PATH`: PATH is a trace
+    if len(trace_paths) > 1 or not Path(trace_paths[0]).is_file():
+        from harness.corpus import CorpusError, expand_paths
+
+        try:
+            expanded = expand_paths(trace_paths)
+        except CorpusError as exc:
+            _fail(str(exc))
+        if len(expanded) > 1:
+            # Every other option of check goes to each trace's check as it is.
+            options = {k: v for k, v in click.get_current_context().params.items() if k not in _CORPUS_OWN}
+            _check_corpus(expanded, as_json, html_report, workers, ray_address, options)
+        trace_paths = tuple(expanded)
+    trace_path = trace_paths[0]
     _refuse_report_path(html_report, trace_path)
     trace = _open(trace_path)
     result, series = _checked(trace, semantics, html_report, as_json)
@@ -392,6 +441,64 @@ def check(trace_path: str, as_json: bool, semantics: str, html_report: str | Non
         write_report(html_report, trace, semantics, series=series)
     _report(result, None, as_json, trace)
     sys.exit(EXIT_OK if result.ok else EXIT_FOUND)
+
+
+#: check's parameters corpus mode sets per trace (the rest go to each trace's check as given).
+_CORPUS_OWN = ("trace_paths", "as_json", "html_report", "workers", "ray_address")
+
+
+def check_one_json(path: str, options: dict[str, Any]) -> tuple[int, str, str]:
+    """``harness check PATH --json`` with ``options`` (check's other options
+    by parameter name; those not given take their defaults), run in this
+    process: its exit code, stdout and stderr. The task of every corpus row
+    (``harness.corpus``), so a row is what check says of that trace."""
+    import contextlib
+    import io
+
+    params = {p.name: p.default for p in check.params if p.name}
+    params.update(options, trace_paths=(path,), as_json=True, html_report=None, workers=1, ray_address=None)
+    out, errs = io.StringIO(), io.StringIO()
+    code: Any = EXIT_OK
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(errs):
+        try:
+            check.callback(**params)
+        except SystemExit as exc:
+            code = exc.code
+    return (code if isinstance(code, int) else EXIT_UNUSABLE), out.getvalue(), errs.getvalue()
+
+
+def _check_corpus(paths: list[str], as_json: bool, html_report: str | None, workers: int,
+                  ray_address: str | None, options: dict[str, Any]) -> None:
+    """``harness check`` of several traces (``harness.corpus``): rows, totals,
+    the corpus exit."""
+    from harness.corpus import check_local, corpus_dict, corpus_exit, render_corpus
+
+    if html_report is not None:
+        _fail("--report takes one trace; several PATHs (or a folder or glob) name "
+              f"{len(paths)} traces")
+    with progress("checking traces", len(paths), enabled=not as_json) as update:
+        on_row = lambda _i, _row: update(advance=1)  # noqa: E731
+        if ray_address is not None:
+            from harness.corpus_ray import RayUnavailable, check_ray, init_ray, shutdown
+
+            try:
+                started = init_ray(None if ray_address == "local" else ray_address)
+            except RayUnavailable as exc:
+                _fail(str(exc))
+            try:
+                rows = check_ray(paths, options, check_one_json, on_row)
+            finally:
+                if started:
+                    shutdown()
+            runner = "Ray " + ("local cluster" if ray_address == "local" else ray_address)
+        else:
+            rows = check_local(paths, options, check_one_json, workers, on_row)
+            runner = f"{workers} worker{'s' * (workers != 1)}"
+    if as_json:
+        click.echo(json.dumps(corpus_dict(rows, runner)))
+    else:
+        render_corpus(rows, runner, console)
+    sys.exit(corpus_exit(rows))
 
 
 @main.command()
@@ -718,27 +825,6 @@ def vllm_env(version: str | None, force: bool, serving: bool) -> None:
         _fail(f"cannot build the vLLM {version} env: {exc}")
     # The verdict, ending on the env's Python (scripts take the last word).
     console.print(f"vLLM {version} env ready: {python}", markup=False)
-
-
-class _Workers(click.ParamType):
-    """``--workers``: a positive integer, or ``0`` / ``auto`` for every available CPU."""
-
-    name = "N"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        from harness.fuzz import MAX_WORKERS, available_cpus
-
-        text = str(value).strip().lower()
-        if text in ("0", "auto"):
-            return min(available_cpus(), MAX_WORKERS)
-        try:
-            n = int(text)
-        except ValueError:
-            n = -1
-        if not 1 <= n <= MAX_WORKERS:
-            self.fail(f"must be an integer from 1 to {MAX_WORKERS}, or 0 / 'auto' for every CPU "
-                      f"({available_cpus()} here); got {value!r}", param, ctx)
-        return n
 
 
 def _fuzz_base(path: str):

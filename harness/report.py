@@ -32,9 +32,11 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
     on schema 5") and the divergence (None if none); ``extra`` adds keys
     (``candidate``, ``replayed_steps``; ``divergence_is_information``: a
     replay under a profile without a version's semantics, the fork gate or
-    safety, where a decision that differs is information, not a failure)."""
+    safety, where a decision that differs is information, not a failure);
+    ``verdict`` is the text report's last line."""
     ok = result.ok and _divergence_ok(divergence, extra)
     return {"ok": ok, "trace": str(trace.path), "engine": trace.meta.get("engine"),
+            "verdict": verdict(result, divergence, extra),
             "steps": result.steps, "requests": result.requests, "finished": result.finished,
             "rejected": result.rejected, "aborted": result.aborted,
             "preemptions": result.preemptions, "prefix_hit_tokens": result.prefix_hit_tokens,

@@ -20,7 +20,7 @@ sys.path.insert(0, str(BENCH))
 import page  # noqa: E402
 
 # The scripts that need only this project's venv, and those that drive vLLM.
-PLAIN = ["bench_check", "bench_isolation", "bench_memory", "bench_reference", "bench_torch", "bench_views"]
+PLAIN = ["bench_check", "bench_corpus", "bench_isolation", "bench_memory", "bench_reference", "bench_torch", "bench_views"]
 VLLM = ["bench_vllm", "bench_serve", "bench_serve_breakdown", "semantics_versions", "vllm_async_spec_sweep",
         "vllm_fidelity"]
 

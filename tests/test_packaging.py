@@ -40,6 +40,8 @@ OPTIONAL = {
     "vllm": {"harness/candidates/vllm/driver.py", "harness/candidates/vllm/events.py",
              "harness/candidates/vllm/recording_scheduler.py", "harness/serve/offline_runner.py",
              "harness/serve/cpu_async.py"},
+    # The [ray] extra: only `harness check --ray` (imported inside a function) and its test.
+    "ray": {"harness/corpus_ray.py"},
     # vLLM's own dependency: the recording scheduler encodes with it inside vLLM (json when absent).
     "msgspec": {"harness/candidates/vllm/recording_scheduler.py"},
 }
@@ -106,6 +108,13 @@ def test_extras_pin_torch_and_the_test_extra_brings_it() -> None:
     assert "torch" not in {_name(r) for r in project["dependencies"]}
     assert "sched-harness[torch]" in extras["test"] and "pytest>=8" in extras["test"]
     assert "hypothesis>=6.100" in project["dependencies"]
+
+
+def test_ray_extra_pinned_and_the_test_extra_brings_it() -> None:
+    # The Ray corpus tests (tests/test_corpus_ray.py) run in CI because `[test]` installs `[ray]`.
+    extras = _project()["optional-dependencies"]
+    assert extras["ray"] == ["ray==2.60.0"]
+    assert "sched-harness[ray]" in extras["test"]
 
 
 def _harness_without_torch(*args: str) -> subprocess.CompletedProcess:

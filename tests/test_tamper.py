@@ -286,7 +286,10 @@ def test_unreadable_file_is_one_line(tmp_path: Path) -> None:
 
 
 def test_a_directory_is_refused(tmp_path: Path) -> None:
-    assert_unusable(tmp_path, "is a directory", ("check",))
+    # `check` takes a folder as a corpus (issue 25): one without traces is refused in one line;
+    # `replay` takes one trace.
+    assert_unusable(tmp_path, "a folder without any *.parquet trace", ("check",))
+    assert_unusable(tmp_path, "is a directory", ("replay",))
 
 
 # -- the property: mutate a valid trace at random ----------------------------------------

@@ -1,0 +1,199 @@
+"""``harness check PATH...`` over a corpus (issue 25, harness/corpus.py):
+files, folders and globs expand to traces; one row per trace carrying the
+exit code and verdict line ``harness check TRACE`` gives; the corpus exit is
+the most severe (0 < 3 < 1 < 2); a bad file is one row and hides nothing;
+``--workers 2`` gives the rows of ``--workers 1`` in input order; one trace
+keeps the single report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import check_one_json, main
+from harness.corpus import (CorpusError, TraceRow, check_local, corpus_exit, corpus_verdict, expand_paths,
+                            totals)
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "golden"
+MUTANT = ROOT / "traces" / "mutant-ignore-max-num-seqs.parquet"
+OPTIONS = {"semantics": "auto"}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two goldens, the mutant's trace (2 MAX-NUM-SEQS violations), a file of
+    junk and a truncated trace, in a folder with a subfolder."""
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "sub").mkdir()
+    for name in ("fcfs-tight", "spec-decode"):
+        (root / f"{name}.parquet").write_bytes((GOLDEN / f"{name}.parquet").read_bytes())
+    (root / "sub" / "mutant.parquet").write_bytes(MUTANT.read_bytes())
+    (root / "sub" / "junk.parquet").write_bytes(b"junk\n")
+    (root / "cut.parquet").write_bytes((GOLDEN / "pipeline-3.parquet").read_bytes()[:3000])
+    (root / "notes.txt").write_text("not a trace")
+    return root
+
+
+def _invoke(*args: object):
+    return CliRunner().invoke(main, ["check", *map(str, args)])
+
+
+def test_folders_recursively_globs_sorted_and_each_trace_once(corpus: Path) -> None:
+    paths = expand_paths([str(corpus), str(corpus / "*.parquet"), str(corpus / "fcfs-tight.parquet")])
+    assert [os.path.relpath(p, corpus) for p in paths] == [
+        "cut.parquet", "fcfs-tight.parquet", "spec-decode.parquet", "sub/junk.parquet", "sub/mutant.parquet"]
+    assert expand_paths([str(corpus / "missing.parquet")]) == [str(corpus / "missing.parquet")]
+    with pytest.raises(CorpusError, match="no file matches"):
+        expand_paths([str(corpus / "*.nothing")])
+    (corpus.parent / "empty").mkdir(exist_ok=True)
+    with pytest.raises(CorpusError, match="a folder without any"):
+        expand_paths([str(corpus.parent / "empty")])
+
+
+def test_every_trace_one_row_with_checks_exit_and_verdict(corpus: Path) -> None:
+    result = _invoke(corpus, corpus / "missing.parquet", "--json")
+    assert result.exit_code == 2, result.output
+    report = json.loads(result.output)
+    rows = {os.path.relpath(t["path"], corpus): t for t in report["traces"]}
+    assert list(rows) == ["cut.parquet", "fcfs-tight.parquet", "spec-decode.parquet", "sub/junk.parquet",
+                          "sub/mutant.parquet", "missing.parquet"]
+    assert {k: r["exit"] for k, r in rows.items()} == {
+        "cut.parquet": 2, "fcfs-tight.parquet": 0, "spec-decode.parquet": 0, "sub/junk.parquet": 2,
+        "sub/mutant.parquet": 1, "missing.parquet": 2}
+    assert rows["sub/mutant.parquet"]["violations"] == {"MAX-NUM-SEQS": 2}
+    assert rows["sub/mutant.parquet"]["verdict"] == "2 violations of 1 invariant: MAX-NUM-SEQS ×2 (profile 0.33.0)"
+    assert rows["fcfs-tight.parquet"]["verdict"] == "conformant (profile 0.33.0)"
+    assert rows["fcfs-tight.parquet"]["steps"] == 392 and rows["spec-decode.parquet"]["steps"] == 127
+    assert rows["missing.parquet"]["error"] == f"{corpus / 'missing.parquet'}: no such file"
+    assert rows["missing.parquet"]["verdict"] == "no such file"
+    assert "not a Parquet file or truncated" in rows["sub/junk.parquet"]["error"]
+    # Each row is exactly what `harness check TRACE` says of that trace alone.
+    for path in (corpus / "sub" / "mutant.parquet", corpus / "sub" / "junk.parquet"):
+        alone = _invoke(path, "--json")
+        row = rows[os.path.relpath(path, corpus)]
+        assert alone.exit_code == row["exit"]
+        if alone.exit_code != 2:
+            assert json.loads(alone.output)["verdict"] == row["verdict"]
+    assert report["totals"] == {"traces": 6, "by_exit": {"0": 2, "1": 1, "2": 3}, "conformant": 2,
+                                "violating": 1, "unusable": 3, "incomplete": 0,
+                                "violations": {"MAX-NUM-SEQS": 2}, "steps": 392 + 127 + rows["sub/mutant.parquet"]["steps"],
+                                "cpu_s": report["totals"]["cpu_s"]}
+    assert (report["ok"], report["exit"], report["runner"]) == (False, 2, "1 worker")
+
+
+def test_text_table_and_the_verdict_last(corpus: Path) -> None:
+    result = _invoke(corpus / "fcfs-tight.parquet", corpus / "sub" / "mutant.parquet")
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert lines[-1] == "2 traces: 1 conformant, 1 violating (exit 1)"
+    assert lines[-3] == "violations: MAX-NUM-SEQS ×2"
+    assert str(corpus / "sub" / "mutant.parquet") in result.output  # paths whole, never cut
+
+
+def test_one_trace_keeps_the_single_report(corpus: Path) -> None:
+    alone = _invoke(GOLDEN / "fcfs-tight.parquet")
+    assert alone.exit_code == 0
+    assert alone.output.strip().splitlines()[-1] == "conformant (profile 0.33.0)"
+    assert "traces:" not in alone.output and "CPU s" not in alone.output
+    # A folder or glob naming a single trace is that trace's report too.
+    assert _invoke(str(corpus / "fcfs-*.parquet")).output.strip().splitlines()[-1] == "conformant (profile 0.33.0)"
+    nothing = _invoke(str(corpus / "*.nothing"))
+    assert nothing.exit_code == 2 and "no file matches this pattern" in nothing.output
+
+
+def test_corpus_exit_most_severe_with_incomplete_and_unknown_codes() -> None:
+    def rows(*codes: int) -> list[TraceRow]:
+        return [TraceRow(f"t{i}", c, "v") for i, c in enumerate(codes)]
+
+    assert corpus_exit(rows()) == 0
+    assert corpus_exit(rows(0, 0)) == 0
+    assert corpus_exit(rows(0, 3)) == 3
+    assert corpus_exit(rows(3, 1, 0)) == 1
+    assert corpus_exit(rows(1, 7)) == 7     # unknown: above a violation...
+    assert corpus_exit(rows(7, 2, 3)) == 2  # ...below unusable
+    assert corpus_verdict(rows(0, 3, 1, 7, 2)) == \
+        "5 traces: 1 conformant, 1 incomplete, 1 violating, 1 exit 7, 1 unusable (exit 2)"
+    assert totals(rows(3, 3))["incomplete"] == 2
+
+
+def test_two_workers_same_rows_in_input_order(corpus: Path) -> None:
+    paths = expand_paths([str(corpus)])
+    one = check_local(paths, OPTIONS, check_one_json, workers=1)
+    two = check_local(paths, OPTIONS, check_one_json, workers=2)
+    assert [r.path for r in two] == paths
+    assert all(a.same_outcome(b) for a, b in zip(one, two, strict=True))
+
+
+def kill_own_process_on_spec_decode(path: str, options: dict) -> tuple[int, str, str]:
+    """A task whose process dies (SIGKILL) on one trace, every time."""
+    if path.endswith("spec-decode.parquet"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return check_one_json(path, options)
+
+
+def test_a_dead_worker_costs_only_its_own_trace(corpus: Path) -> None:
+    paths = [str(corpus / "fcfs-tight.parquet"), str(corpus / "spec-decode.parquet"),
+             str(corpus / "sub" / "mutant.parquet")]
+    rows = check_local(paths, OPTIONS, kill_own_process_on_spec_decode, workers=2)
+    assert [(r.exit, r.verdict) for r in rows] == [
+        (0, "conformant (profile 0.33.0)"), (2, "the process checking it died"),
+        (1, "2 violations of 1 invariant: MAX-NUM-SEQS ×2 (profile 0.33.0)")]
+
+
+def _cut_with_salvaged_line(tmp_path: Path) -> Path:
+    """traces/preemption-heavy.parquet cut at half its steps, a ``salvaged``
+    line in its footer, resealed: a run that did not end (issue 26)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from harness.trace import SUMMARY_KEY
+    from harness.trace.writer import reseal
+
+    source = ROOT / "traces" / "preemption-heavy.parquet"
+    table = pq.read_table(source)
+    rows = table.to_pylist()
+    steps = sorted({r["step"] for r in rows})
+    rows = [r for r in rows if r["step"] <= steps[len(steps) // 2 - 1]]
+    kv = dict(pq.ParquetFile(source).metadata.metadata)
+    kv.pop(b"ARROW:schema", None)
+    summary = json.loads(kv[SUMMARY_KEY])
+    summary.pop("trace_sha256", None)
+    summary.update(steps=len({r["step"] for r in rows}), events=len(rows),
+                   salvaged=f"salvaged from a run cut off after step {rows[-1]['step']}")
+    kv[SUMMARY_KEY] = json.dumps(summary, sort_keys=True).encode()
+    out = tmp_path / "half.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema).replace_schema_metadata(kv), out)
+    return reseal(out, out)
+
+
+def test_an_incomplete_run_row_is_what_check_says_of_it_alone(tmp_path: Path) -> None:
+    """Whatever exit code and verdict check gives an incomplete run (3 once
+    issue 26 lands; 0 with a note before), its row carries them, and a
+    corpus of it and a conformant golden exits with that code."""
+    half = _cut_with_salvaged_line(tmp_path)
+    alone = _invoke(half, "--json")
+    report = json.loads(_invoke(GOLDEN / "fcfs-tight.parquet", half, "--json").output)
+    row = report["traces"][1]
+    assert (row["exit"], row["verdict"]) == (alone.exit_code, json.loads(alone.output)["verdict"])
+    assert report["exit"] == alone.exit_code
+    assert row["steps"] == json.loads(alone.output)["steps"] == 80
+
+
+def test_a_killed_recordings_segments_are_one_row_saying_salvage(tmp_path: Path) -> None:
+    segments = tmp_path / "recordings" / ".run.parquet.1234.tmp"
+    segments.mkdir(parents=True)
+    for i in range(2):
+        (segments / f"seg-{i:06d}.parquet").write_bytes((GOLDEN / "fcfs-tight.parquet").read_bytes())
+    (tmp_path / "recordings" / "ok.parquet").write_bytes((GOLDEN / "fcfs-tight.parquet").read_bytes())
+    assert expand_paths([str(tmp_path / "recordings")]) == [str(segments), str(tmp_path / "recordings" / "ok.parquet")]
+    assert expand_paths([str(segments)]) == [str(segments)]
+    report = json.loads(_invoke(tmp_path / "recordings", "--json").output)
+    assert [t["exit"] for t in report["traces"]] == [2, 0]
+    assert "harness salvage" in report["traces"][0]["error"]
