@@ -35,8 +35,9 @@ demo: $(STAMP)
 # modules share a worker (the vLLM ones) is decided in tests/conftest.py.
 TEST_WORKERS ?= auto
 
+# Under the reaper shim (harness/children.py): a Ctrl-C leaves no process of the run behind.
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (exit 5), treated as success"; exit 0; fi; exit $$rc
+	$(BIN)/python -m harness.children -- $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (exit 5), treated as success"; exit 0; fi; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_reference.py

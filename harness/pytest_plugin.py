@@ -15,6 +15,8 @@ Options:
   --harness-step-timeout S   seconds a call into a module:factory candidate (run in its own
                              process) may take before the run ends as a hang at that step
                              (default harness.candidates.isolated.DEFAULT_STEP_TIMEOUT_S)
+  --harness-allow-unsealed   accept goldens without tamper evidence (no trace_sha256 digest);
+                             by default such a golden fails, as in `harness golden check`
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-step-timeout", default=None, type=float, metavar="SECONDS",
                     help="seconds a call into a module:factory candidate may take (a hang ends "
                          "that scenario's run at its step)")
+    group.addoption("--harness-allow-unsealed", action="store_true",
+                    help="accept golden traces without tamper evidence (by default they fail)")
 
 
 @pytest.fixture(scope="session")
@@ -86,3 +90,9 @@ def harness_golden_dir(request: pytest.FixtureRequest) -> Path:
 @pytest.fixture(scope="session")
 def harness_update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--harness-update-golden"))
+
+
+@pytest.fixture(scope="session")
+def harness_require_sealed(request: pytest.FixtureRequest) -> bool:
+    """True unless --harness-allow-unsealed: an unsealed golden fails."""
+    return not request.config.getoption("--harness-allow-unsealed")

@@ -134,6 +134,12 @@ class StepState:
     reset: tuple[bool, bool] | None = None
     reset_victims: list[str] = field(default_factory=list)
     reset_preempted: list[str] = field(default_factory=list)
+    # OUTPUT-ORDER: requests with an output row in this update, and the
+    # highest scheduling index of the processed batch seen so far.
+    output_seen: set[str] = field(default_factory=set)
+    output_index: int = -1
+    # PREEMPT-EFFECTS (schema 6): victims with a request_state row after schedule_end.
+    state_rows: set[str] = field(default_factory=set)
 
 
 def chain_hash(parent: bytes | None, tokens: list[int], extra: tuple | None = None) -> bytes:

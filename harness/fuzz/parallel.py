@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.children import set_parent_death_signal
-from harness.fuzz.run import FuzzResult, fuzz, known_reference_finding
+from harness.fuzz.run import SHRINK_BUDGET_S, FuzzResult, fuzz, known_reference_finding
 from harness.fuzz.strategies import FuzzCase
 
 #: Most worker processes ``fuzz_parallel`` starts.
@@ -142,7 +142,8 @@ class ParallelFuzzResult:
 
 def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline: float | None,
                  queue: Any, skip_known: bool = False, base: FuzzCase | None = None,
-                 async_spec: bool = False, step_timeout: float | None = None) -> None:
+                 async_spec: bool = False, step_timeout: float | None = None,
+                 shrink_budget_s: float | None = SHRINK_BUDGET_S) -> None:
     """Body of one worker process (top level, so ``spawn`` can import it).
 
     ``deadline``: the wall-clock time (``time.time()``) at which the run's
@@ -170,7 +171,7 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline:
         time_budget_s = None if deadline is None else max(0.0, deadline - time.time())
         result = fuzz(factory, max_examples=max_examples, seed=seed, time_budget_s=time_budget_s,
                       on_example=on_example, known=known_reference_finding if skip_known else None,
-                      base=base, async_spec=async_spec)
+                      base=base, async_spec=async_spec, shrink_budget_s=shrink_budget_s)
         queue.put(("done", worker, result))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent stops the run
         raise SystemExit(130) from None
@@ -184,7 +185,8 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
                   time_budget_s: float | None = None,
                   on_progress: Callable[[list[WorkerProgress]], None] | None = None,
                   skip_known: bool = False, base: FuzzCase | None = None,
-                  async_spec: bool = False, step_timeout: float | None = None) -> ParallelFuzzResult:
+                  async_spec: bool = False, step_timeout: float | None = None,
+                  shrink_budget_s: float | None = SHRINK_BUDGET_S) -> ParallelFuzzResult:
     """Fuzz the candidate named ``spec`` (``reference``, ``mutant:NAME``,
     ``module:factory``, ...) on ``workers`` processes.
 
@@ -203,7 +205,8 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     case's requests instead of generated scenarios (``fuzz(base=...)``).
     ``async_spec``: only async scheduling with drafts (``fuzz(async_spec=True)``).
     ``step_timeout``: seconds a module:factory candidate's call may take
-    (``resolve_candidate``). A SIGTERM or SIGINT here (the harness's handler
+    (``resolve_candidate``); ``shrink_budget_s``: seconds each worker may
+    shrink its failure (``fuzz``). A SIGTERM or SIGINT here (the harness's handler
     raises UserInterrupt) terminates the workers on the way out; a worker
     whose parent dies without that (``kill -9``) is killed by the kernel.
     Raises ValueError for ``workers`` outside 1..MAX_WORKERS or
@@ -229,7 +232,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
         result = fuzz(factory, max_examples=shares[0], seed=seeds[0], time_budget_s=time_budget_s,
                       on_example=lambda n, shrinking: report(0, examples=n, shrinking=shrinking),
                       known=known_reference_finding if skip_known else None, base=base,
-                      async_spec=async_spec)
+                      async_spec=async_spec, shrink_budget_s=shrink_budget_s)
         report(0, done=True)
         return ParallelFuzzResult(seed, [WorkerResult(0, seeds[0], shares[0], result)],
                                   time.monotonic() - start)
@@ -239,7 +242,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     queue = ctx.Queue()
     procs = [ctx.Process(target=_fuzz_worker, name=f"harness-fuzz-{i}", daemon=True,
                          args=(spec, i, seeds[i], shares[i], deadline, queue, skip_known, base,
-                               async_spec, step_timeout))
+                               async_spec, step_timeout, shrink_budget_s))
              for i in range(len(shares))]
     results: dict[int, FuzzResult] = {}
     try:
