@@ -58,7 +58,9 @@ def check_output_order(m: TraceModel, st: StepState, rid: str) -> bool:
     comes after the previous output's in the batch's scheduling order, and has
     no earlier output in this batch. False for a second output (the row is then
     ignored: the shadow keeps the first)."""
-    index = st.batch.scheduled.index(rid)
+    if st.batch_positions is None:
+        st.batch_positions = {r: i for i, r in enumerate(st.batch.scheduled)}
+    index = st.batch_positions[rid]
     if rid in st.output_seen:
         m.violate("OUTPUT-ORDER", rid, "a second output row for this request in the processed batch "
                                        f"(of step {st.batch.step})")

@@ -138,6 +138,7 @@ class StepState:
     # highest scheduling index of the processed batch seen so far.
     output_seen: set[str] = field(default_factory=set)
     output_index: int = -1
+    batch_positions: dict[str, int] | None = None  # request -> index in batch.scheduled (built once)
     # PREEMPT-EFFECTS (schema 6): victims with a request_state row after schedule_end.
     state_rows: set[str] = field(default_factory=set)
 
