@@ -186,6 +186,7 @@ if child == 0:
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != shim:
         os._exit(1)
+    os.environ.pop("HARNESS_SHIM_FORWARD_SIGINT", None)
     try:
         os.execvp(sys.argv[1], sys.argv[1:])
     finally:

@@ -190,3 +190,13 @@ def test_help_documents_exit_3() -> None:
     for command in ("check", "replay"):
         code, out = run(command, "--help")
         assert code == 0 and "3 an incomplete run" in " ".join(out.split()) and "--allow-incomplete" in out
+
+
+def test_every_golden_and_example_trace_is_sealed_and_complete() -> None:
+    """What the plugin and ``golden check`` compare against (and the example
+    traces) is written by ``TraceWriter``: sealed, and of a complete run."""
+    paths = sorted((ROOT / "golden").glob("*.parquet")) + sorted((ROOT / "traces").glob("*.parquet"))
+    assert len(paths) >= 26
+    for path in paths:
+        trace = open_trace(path)
+        assert (path.name, trace.sealed, trace.incomplete) == (path.name, True, None)
