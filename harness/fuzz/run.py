@@ -216,8 +216,8 @@ class _Deadline:
         return self.at is not None and time.monotonic() >= self.at
 
     def factory(self) -> CandidateFactory | None:
-        if self._factory is None:
-            return None
+        if self._factory is None or isinstance(self._factory, type):
+            return self._factory  # the reference and the mutants: in this process, never timed
         inner = self._factory
 
         def bounded(config):
@@ -227,7 +227,8 @@ class _Deadline:
                 candidate.step_timeout = max(_MIN_CALL_S, min(candidate.step_timeout, left))
             return candidate
         # What a factory describes of itself (trace metadata, a label) stays visible.
-        bounded.__dict__.update(getattr(inner, "__dict__", {}))
+        bounded.__dict__.update({k: v for k, v in getattr(inner, "__dict__", {}).items()
+                                 if not k.startswith("__")})
         return bounded
 
 
