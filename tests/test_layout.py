@@ -161,7 +161,7 @@ _SHARED = re.compile(r"`(\.\./shared/[\w./-]+)`")
 
 
 def test_every_path_the_docs_mention_exists() -> None:
-    docs = dict.fromkeys([ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+    docs = dict.fromkeys([ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
             *sorted(ROOT / f / "README.md" for f in FOLDERS if (ROOT / f / "README.md").exists())])
     assert len(docs) >= 7  # README.md, docs/ and the folder READMEs (tests, bench, golden, traces)
     shared_here = (ROOT.parent / "shared").is_dir()
