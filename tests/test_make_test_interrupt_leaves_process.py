@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Stands for pytest: leaves a daemon (double fork + setsid), then waits for Ctrl-C.
 RUN = """\
-import os, sys, time
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a test runner may start us with it ignored
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
