@@ -38,12 +38,13 @@ demo: $(STAMP)
 TEST_WORKERS ?= auto
 
 # First the vLLM environments the vllm-marked tests use, one progress line each (tests/prepare_envs.py;
-# HARNESS_SKIP_VLLM=1 skips them: the fast tier). Then pytest: `-v` undoes pyproject's `-q` once, so
-# pytest-xdist prints the worker and test counts ("2 workers [1213 items]") and a dot per test.
+# HARNESS_SKIP_VLLM=1 skips them: the fast tier). Then pytest, under the reaper shim (harness/children.py:
+# a Ctrl-C leaves no process of the run behind); `-v` undoes pyproject's `-q` once, so pytest-xdist
+# prints the worker and test counts ("2 workers [1213 items]") and a dot per test.
 test: $(TEST_STAMP)
 	@$(BIN)/python tests/prepare_envs.py
 	@echo "pytest -n $(TEST_WORKERS): the test count shows once the workers have collected the suite"
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -v; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (exit 5), treated as success"; exit 0; fi; exit $$rc
+	$(BIN)/python -m harness.children -- $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -v; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (exit 5), treated as success"; exit 0; fi; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_reference.py

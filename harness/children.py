@@ -19,6 +19,21 @@ layers, each covering what the one before cannot:
 
 Children are started with ``start_new_session=True``, so each leads a process
 group holding everything it forks; the group id is the child's PID.
+
+A process group does not hold a descendant that calls ``setsid`` (a daemon's
+double fork), and such a grandchild, orphaned, is adopted by init. So a
+candidate's process runs under a *reaper shim* (``shim_command``, issue 26):
+a tiny process of ours, the child the harness starts, that is a child
+subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``): every orphan of its tree,
+whatever session it made, is re-parented to the shim and so stays in its
+descendant tree, which ``kill_tree`` walks through ``/proc`` (each
+descendant stopped first, so none can fork behind the walk, then killed).
+``stop_process_group`` kills that tree before the group; the shim itself,
+when the candidate exits on its own or it gets SIGTERM (the watchdog, the
+parent-death signal), kills whatever the candidate left and exits with the
+candidate's status. The harness's stdio is never inherited by a candidate:
+its stdin and stdout are the protocol's pipes, its stderr a pipe that
+``relay_stderr`` copies to the harness's stderr (or a log file).
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ import sys
 from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def set_parent_death_signal(sig: int) -> bool:
@@ -58,12 +74,232 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
     return preexec
 
 
+def descendants(pid: int) -> list[int]:
+    """The PIDs of every descendant of ``pid`` (children, their children, ...),
+    parents first, read from ``/proc/PID/task/TID/children`` (Linux 3.5+;
+    empty elsewhere or once ``pid`` is gone)."""
+    found: list[int] = []
+    seen = {pid}
+    todo = [pid]
+    while todo:
+        parent = todo.pop(0)
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                if kid not in seen:
+                    seen.add(kid)
+                    found.append(kid)
+                    todo.append(kid)
+    return found
+
+
+def kill_tree(pid: int, rounds: int = 50) -> list[int]:
+    """SIGKILL every descendant of ``pid`` (not ``pid`` itself), whatever
+    process group or session it made: each is SIGSTOPped as it is found, and
+    the tree walked again until a walk finds nothing new, so a process cannot
+    fork a child behind the walk; then all are killed. Returns the PIDs
+    signalled. Never raises. (A descendant whose parent died is found only if
+    an ancestor is a subreaper: the reaper shim.)"""
+    stopped: list[int] = []
+    for _ in range(rounds):
+        new = [p for p in descendants(pid) if p not in stopped]
+        if not new:
+            break
+        for p in new:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except OSError:
+                pass
+        stopped += new
+    for p in stopped:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    return stopped
+
+
+# The reaper shim's whole program (``python -I -S -c``: nothing of ours
+# imported, ~15 ms): subreaper, fork + exec the command (with a parent-death
+# signal), forward SIGINT, reap every orphan that comes to it; when the
+# command ends, or on SIGTERM, kill what is left of its tree and exit as the
+# command did (the same code, or the same signal).
+_SHIM = r"""
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(36, 1, 0, 0, 0)
+parent = os.getppid()
+def tree():
+    found, todo = [], [os.getpid()]
+    while todo:
+        p = todo.pop(0)
+        try:
+            tasks = os.listdir("/proc/%d/task" % p)
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open("/proc/%d/task/%s/children" % (p, t)) as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for k in kids:
+                if k not in found:
+                    found.append(k)
+                    todo.append(k)
+    return found
+def kill_all():
+    stopped = []
+    for _ in range(50):
+        new = [p for p in tree() if p not in stopped]
+        if not new:
+            break
+        for p in new:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except OSError:
+                pass
+        stopped += new
+    for p in stopped:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+shim = os.getpid()
+child = os.fork()
+if child == 0:
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != shim:
+        os._exit(1)
+    os.environ.pop("HARNESS_SHIM_FORWARD_SIGINT", None)
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    finally:
+        os._exit(127)
+def on_term(sig, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    kill_all()
+    os._exit(128 + sig)
+def on_int(sig, frame):
+    if os.environ.get("HARNESS_SHIM_FORWARD_SIGINT") != "0":
+        try:
+            os.kill(child, signal.SIGINT)
+        except OSError:
+            pass
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGINT, on_int)
+libc.prctl(1, signal.SIGTERM, 0, 0, 0)
+if os.getppid() != parent:
+    on_term(signal.SIGTERM, None)
+while True:
+    try:
+        pid, status = os.waitpid(-1, 0)
+    except InterruptedError:
+        continue
+    except ChildProcessError:
+        status = 0
+        break
+    if pid == child:
+        break
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+kill_all()
+if os.WIFSIGNALED(status):
+    sig = os.WTERMSIG(status)
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+"""
+
+
+def shim_command(argv: list[str]) -> list[str]:
+    """``argv`` run under the reaper shim (see the module docstring): start
+    the result with ``start_new_session=True``; the process started is the
+    shim, its only child runs ``argv`` with the same stdin, stdout and
+    stderr, and its exit status is the command's (a signal's death included).
+    A SIGINT to the shim is passed on to the command (environment
+    ``HARNESS_SHIM_FORWARD_SIGINT=0``: not, for a shim in a terminal's
+    foreground group, where the command gets the terminal's own)."""
+    return [sys.executable, "-I", "-S", "-c", _SHIM, *argv]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m harness.children -- COMMAND ...``: run COMMAND under the
+    reaper shim in the foreground (``make test`` does, issue 26): when it
+    ends, by Ctrl-C too, every process it left behind (a vLLM driver's
+    model-registry subprocess, a watchdog, anything in another session) is
+    killed; the exit status is COMMAND's."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        print("usage: python -m harness.children -- COMMAND [ARG...]", file=sys.stderr)
+        raise SystemExit(2)
+    os.environ["HARNESS_SHIM_FORWARD_SIGINT"] = "0"
+    command = shim_command(args)
+    os.execv(command[0], command)
+
+
+if __name__ == "__main__":
+    main()
+
+
+def relay_stderr(stream, sink_fd: int = 2) -> None:
+    """Copy what a child writes to its stderr pipe (``stream``, the read end)
+    to ``sink_fd`` (default the harness's own stderr) in a daemon thread,
+    until end of stream: the child never holds the harness's stderr, so
+    nothing it leaves behind can keep a reader of that stderr waiting."""
+    import threading
+
+    def pump() -> None:
+        try:
+            fd = stream.fileno()
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                try:
+                    os.write(sink_fd, chunk)
+                except OSError:
+                    pass
+        except (OSError, ValueError):
+            pass
+        finally:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    threading.Thread(target=pump, name="candidate-stderr", daemon=True).start()
+
+
 def stop_process_group(proc: subprocess.Popen) -> None:
     """SIGKILL the process group ``proc`` leads and ``proc`` itself, reap it
     (up to 5 s) and close its stdin/stdout pipes. Call it once per process:
     once ``proc`` is reaped its group id may be reused. Never raises OSError.
     The group is killed even when ``proc`` itself has already exited
-    (``os._exit``, a crash), since what it forked may still be there."""
+    (``os._exit``, a crash), since what it forked may still be there. Every
+    descendant of ``proc`` is killed first (``kill_tree``: under the reaper
+    shim that includes a grandchild that left the group with ``setsid``)."""
+    if proc.poll() is None:
+        kill_tree(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:

@@ -2,8 +2,10 @@
 
 Exit codes for every command: 0 ok, 1 invariant violation or divergence,
 2 unusable input (missing, not Parquet, truncated, unknown schema version,
-missing column, bad config or workload), with a one-line message naming the
-file and the problem.
+missing column, bad config or workload; an unsealed trace under
+``--require-sealed``), with a one-line message naming the file and the
+problem; ``check`` and ``replay`` also 3: an incomplete run (salvaged,
+crashed, stalled) with no violation in the steps it has (``--allow-incomplete``: 0).
 
 Thin by design: each command parses its options, calls one function of the
 module that owns the work (``harness.trace.recorder``, ``harness.replay``, ``harness.report``,
@@ -50,7 +52,7 @@ from harness.richtext import keep_words_whole
 console = Console(stderr=False, highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
-EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE = 0, 1, 2
+EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
 
 def _fail(message: str) -> None:
@@ -134,6 +136,7 @@ def main() -> None:
 
     The reference engine mirrors vLLM 0.33.0's v1 scheduler and KV-cache
     manager. Exit codes: 0 ok, 1 violation or divergence, 2 unusable input,
+    3 (check, replay) an incomplete run with no violation in the steps it has,
     130 interrupted (SIGINT), 143 terminated (SIGTERM).
     """
 
@@ -380,6 +383,33 @@ _SEMANTICS = click.option(
          "or a profile: " + ", ".join(p for p in PROFILES if p != "safety") + ".")
 
 
+_REQUIRE_SEALED = click.option(
+    "--require-sealed", is_flag=True,
+    help="Refuse (exit 2) a trace without tamper evidence (no trace_sha256 digest in its footer, "
+         "whatever schema version it claims). Without it such a trace is checked and its verdict "
+         "ends on 'unsealed: no tamper evidence'.")
+
+_ALLOW_INCOMPLETE = click.option(
+    "--allow-incomplete", is_flag=True,
+    help="Exit 0 instead of 3 for an incomplete run (salvaged, crashed, stalled, or a recording "
+         "stopped with requests live) with no violation in the steps it has.")
+
+
+def _refuse_unsealed(trace: Trace, require_sealed: bool) -> None:
+    """Exit 2, one line, for an unsealed trace under ``--require-sealed``."""
+    if require_sealed and not trace.sealed:
+        _fail(f"{trace.path}: unsealed: no tamper evidence (schema {trace.meta.get('schema_version')} "
+              f"trace without a trace_sha256 digest); --require-sealed refuses it")
+
+
+def _exit_code(ok: bool, trace: Trace, allow_incomplete: bool) -> int:
+    """0 ok, 1 a violation or divergence, 3 an incomplete run with neither
+    (0 with ``--allow-incomplete``): a half run never exits 0 as if whole."""
+    if not ok:
+        return EXIT_FOUND
+    return EXIT_INCOMPLETE if trace.incomplete is not None and not allow_incomplete else EXIT_OK
+
+
 _HTML_REPORT = click.option(
     "--report", "html_report", metavar="FILE", type=click.Path(dir_okay=False),
     help="Also write the HTML report (as `harness report`) to FILE.")
@@ -408,14 +438,21 @@ def _checked(trace: Trace, semantics: str, html_report: str | None,
               help="Several traces: check them as Ray tasks (the [ray] extra) on the cluster at ADDRESS "
                    "('auto', HOST:PORT, ray://HOST:PORT), or on a local 2-CPU cluster started for the "
                    "run when no ADDRESS is given (put --ray after the paths, or write --ray=ADDRESS).")
+@_REQUIRE_SEALED
+@_ALLOW_INCOMPLETE
 def check(trace_paths: tuple[str, ...], as_json: bool, semantics: str, html_report: str | None,
-          workers: int, ray_address: str | None) -> None:
+          workers: int, ray_address: str | None, require_sealed: bool, allow_incomplete: bool) -> None:
     """Check every invariant of a trace from the trace alone.
+
+    Exit 0 conformant, 1 a violation, 2 unusable (or unsealed under
+    --require-sealed), 3 an incomplete run (salvaged, crashed, stalled, or a
+    recording stopped with requests live) with no violation in the steps it
+    has (0 with --allow-incomplete).
 
     PATH is a trace, a folder (its *.parquet, recursively) or a glob. Several
     traces: one row each (exit, verdict, violations by id, steps, CPU s) and
-    the totals, each trace checked as `harness check TRACE` would; exit 0 all
-    conformant, 1 any violation, 2 any unusable (every trace still reported).
+    the totals, each trace checked as `harness check TRACE` would; the corpus
+    exits with its most severe row (0 < 3 < 1 < 2; every trace still reported).
     """
     if ray_address not in (None, "local") and (Path(ray_address).exists() or "*" in ray_address):
         trace_paths, ray_address = (*trace_paths, ray_address), "local"  # `--ray PATH`: PATH is a trace
@@ -434,13 +471,14 @@ def check(trace_paths: tuple[str, ...], as_json: bool, semantics: str, html_repo
     trace_path = trace_paths[0]
     _refuse_report_path(html_report, trace_path)
     trace = _open(trace_path)
+    _refuse_unsealed(trace, require_sealed)
     result, series = _checked(trace, semantics, html_report, as_json)
     if html_report is not None:
         from harness.view.cli import write_report
 
         write_report(html_report, trace, semantics, series=series)
     _report(result, None, as_json, trace)
-    sys.exit(EXIT_OK if result.ok else EXIT_FOUND)
+    sys.exit(_exit_code(result.ok, trace, allow_incomplete))
 
 
 #: check's parameters corpus mode sets per trace (the rest go to each trace's check as given).
@@ -510,12 +548,20 @@ def _check_corpus(paths: list[str], as_json: bool, html_report: str | None, work
 @_SEMANTICS
 @_step_timeout
 @_HTML_REPORT
+@_REQUIRE_SEALED
+@_ALLOW_INCOMPLETE
 def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_timeout: float,
-           html_report: str | None) -> None:
-    """Check TRACE, then re-drive CANDIDATE with its inputs and compare decisions step by step."""
+           html_report: str | None, require_sealed: bool, allow_incomplete: bool) -> None:
+    """Check TRACE, then re-drive CANDIDATE with its inputs and compare decisions step by step.
+
+    Exit 0 conformant, 1 a violation or divergence, 2 unusable (or unsealed
+    under --require-sealed), 3 an incomplete run with neither (0 with
+    --allow-incomplete).
+    """
     _refuse_report_path(html_report, trace_path)
     factory = _candidate(candidate, step_timeout)
     trace = _open(trace_path)
+    _refuse_unsealed(trace, require_sealed)
     result, series = _checked(trace, semantics, html_report, as_json)
     try:
         with progress(f"replaying {trace.path.name} on {candidate}", trace.summary.get("steps"),
@@ -539,7 +585,7 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_
         extra["divergence_is_information"] = True
     _report(result, divergence, as_json, trace, extra)
     ok = divergence is None or (information and divergence.field != "exception")
-    sys.exit(EXIT_OK if result.ok and ok else EXIT_FOUND)
+    sys.exit(_exit_code(result.ok and ok, trace, allow_incomplete))
 
 
 @main.command()
@@ -664,10 +710,12 @@ def golden() -> None:
               help="Engine to re-drive with each golden's inputs: 'reference', 'mutant:NAME', "
                    "'vllm@VERSION' (a release; build its env with `harness vllm-env VERSION`), 'vllm@PATH' (the vLLM a Python interpreter or venv at PATH imports), either with ',scheduler_cls=package.module:Class' (a vLLM Scheduler subclass, found on PYTHONPATH) or 'package.module:factory'.")
 @_step_timeout
-def golden_check(golden_dir: str, candidate: str, step_timeout: float) -> None:
+@click.option("--require-sealed/--allow-unsealed", default=True, show_default=True,
+              help="A golden without tamper evidence (no trace_sha256 digest) fails.")
+def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_sealed: bool) -> None:
     """Check every scenario's golden: present, sha256 and config fingerprint as in the manifest,
-    invariants hold, and CANDIDATE makes identical decisions. Exit 0 all ok, 1 any failure,
-    2 unusable folder or manifest."""
+    sealed and complete, invariants hold, and CANDIDATE makes identical decisions. Exit 0 all ok,
+    1 any failure, 2 unusable folder or manifest."""
     from rich.markup import escape
 
     from harness.golden import DEFAULT_DIR, GoldenError, check_goldens
@@ -677,7 +725,8 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float) -> None:
     factory = _candidate(candidate, step_timeout)
     try:
         with progress(f"checking goldens on {candidate}", len(SCENARIOS)) as update:
-            results = check_goldens(golden_dir, factory, on_result=lambda r: update(advance=1))
+            results = check_goldens(golden_dir, factory, on_result=lambda r: update(advance=1),
+                                    require_sealed=require_sealed)
     except GoldenError as exc:
         _fail(str(exc))
     width = max(len(r.scenario) for r in results)
@@ -860,8 +909,13 @@ def _finite_or_none(value: float | None, name: str) -> float | None:
                    "a seed derived from it and i).")
 @click.option("--time-budget", type=click.FloatRange(min=0, min_open=True), default=None,
               callback=lambda _ctx, _param, value: _finite_or_none(value, "--time-budget"),
-              metavar="SECONDS", help="Each worker stops generating after this many seconds "
-                                      "(shrinking a found failure still completes).")
+              metavar="SECONDS", help="Each worker stops after this many seconds, generation and "
+                                      "shrinking together (a failure found is reported as far as it "
+                                      "was shrunk; a candidate's call gets at most what is left).")
+@click.option("--shrink-budget", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
+              callback=lambda _ctx, _param, value: _finite_or_none(value, "--shrink-budget"),
+              metavar="SECONDS", help="Each worker stops shrinking its failure after this many seconds "
+                                      "(a hanging candidate makes every shrink step wait --step-timeout).")
 @click.option("--workers", type=_Workers(), default="1", show_default=True,
               help="Processes fuzzing in parallel, each with its own seed and share of "
                    "--max-examples; 0 or 'auto': one per available CPU.")
@@ -885,8 +939,8 @@ def _finite_or_none(value: float | None, name: str) -> float | None:
                    "under any but 'auto' only violations, crashes and stalls are findings, a decision "
                    "that differs from the reference's never is.")
 @_step_timeout
-def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, workers: int,
-         report_known: bool, scenario_path: str | None, async_spec: bool, out_dir: str,
+def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, shrink_budget: float | None,
+         workers: int, report_known: bool, scenario_path: str | None, async_spec: bool, out_dir: str,
          semantics: str, step_timeout: float) -> None:
     """Fuzz CANDIDATE with small generated scenarios (hypothesis): check every invariant and,
     for a candidate other than the reference, compare its decisions with the reference's.
@@ -934,7 +988,8 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
             result = fuzz_parallel(candidate, workers=workers, max_examples=max_examples, seed=seed,
                                    time_budget_s=time_budget, on_progress=on_progress,
                                    skip_known=not report_known, base=base, async_spec=async_spec,
-                                   step_timeout=step_timeout, semantics=semantics)
+                                   step_timeout=step_timeout, semantics=semantics,
+                                   shrink_budget_s=shrink_budget)
         except FuzzWorkerError as exc:
             _fail(str(exc))
     render_summary(result, candidate, seed, console)

@@ -70,7 +70,7 @@ def test_invariants(scenario: str, harness_candidate, harness_profile) -> None:
 
 
 @pytest.fixture(scope="module")
-def golden_results(harness_candidate, harness_golden_dir, harness_update_golden) -> dict:
+def golden_results(harness_candidate, harness_golden_dir, harness_update_golden, harness_require_sealed) -> dict:
     """Check (or, with --harness-update-golden, re-record) all goldens once."""
     from harness.golden import check_goldens, update_goldens
 
@@ -81,7 +81,8 @@ def golden_results(harness_candidate, harness_golden_dir, harness_update_golden)
     if not harness_golden_dir.exists():
         # A missing folder fails: skipping would pass a candidate that was never compared.
         pytest.fail(f"no golden folder at {harness_golden_dir} (pass --harness-golden-dir)", pytrace=False)
-    return {r.scenario: r for r in check_goldens(harness_golden_dir, harness_candidate)}
+    return {r.scenario: r for r in check_goldens(harness_golden_dir, harness_candidate,
+                                                   require_sealed=harness_require_sealed)}
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

@@ -243,9 +243,13 @@ def _check_summary(result: CheckResult) -> str:
 
 def check_goldens(directory: str | os.PathLike[str],
                   candidate_factory: CandidateFactory = Scheduler,
-                  on_result: Callable[[GoldenResult], object] | None = None) -> list[GoldenResult]:
+                  on_result: Callable[[GoldenResult], object] | None = None,
+                  require_sealed: bool = True) -> list[GoldenResult]:
     """Check every scenario's golden in ``directory`` (see the module docstring;
     ``on_result`` sees each scenario's result as it comes: progress).
+    ``require_sealed`` (the default, as in the pytest plugin): a golden
+    without tamper evidence (``Trace.sealed``) fails; a golden of a run that
+    did not end (``Trace.incomplete``) always fails.
 
     One result per scenario in ``SCENARIOS`` order, then one per unused
     golden file or manifest entry (sorted). Raises GoldenError when the
@@ -255,7 +259,7 @@ def check_goldens(directory: str | os.PathLike[str],
     entries = read_manifest(directory)
     results = []
     for name, scenario in SCENARIOS.items():
-        results.append(_check_one(directory, scenario, entries.get(name), candidate_factory))
+        results.append(_check_one(directory, scenario, entries.get(name), candidate_factory, require_sealed))
         if on_result is not None:
             on_result(results[-1])
     files = {p.name[:-len(SUFFIX)] for p in directory.glob(f"*{SUFFIX}") if not p.name.startswith(".")}
@@ -269,7 +273,7 @@ def check_goldens(directory: str | os.PathLike[str],
 
 
 def _check_one(directory: Path, scenario: Scenario, entry: dict[str, Any] | None,
-               factory: CandidateFactory) -> GoldenResult:
+               factory: CandidateFactory, require_sealed: bool = True) -> GoldenResult:
     name = scenario.name
     path = golden_path(directory, name)
     result = GoldenResult(name)
@@ -293,6 +297,11 @@ def _check_one(directory: Path, scenario: Scenario, entry: dict[str, Any] | None
         result.reasons.append(str(exc))
         return result
     result.reasons += _stale_reasons(scenario, trace, entry)
+    if require_sealed and not trace.sealed:
+        result.reasons.append(f"{path.name}: unsealed: no tamper evidence (no trace_sha256 digest; "
+                              f"re-record it with 'harness golden update')")
+    if trace.incomplete is not None:
+        result.reasons.append(f"{path.name}: incomplete run: {trace.incomplete}")
     if trace.meta.get("engine") != GOLDEN_ENGINE or entry["engine"] != GOLDEN_ENGINE:
         result.reasons.append(f"recorded by {trace.meta.get('engine')!r} (manifest "
                               f"{entry['engine']!r}), not {GOLDEN_ENGINE!r}")
@@ -352,6 +361,44 @@ def update_goldens(directory: str | os.PathLike[str], names: Iterable[str] | Non
     if directory.exists() and not directory.is_dir():
         raise GoldenError(f"{directory}: not a folder")
     directory.mkdir(parents=True, exist_ok=True)
+    lock = _lock_folder(directory)
+    try:
+        return _update_locked(directory, selected, names, prune)
+    finally:
+        os.close(lock)
+
+
+def _lock_folder(directory: Path) -> int:
+    """Take the folder's update lock (``flock`` on the folder itself: no lock
+    file), then remove what an earlier update killed mid-way (SIGKILL, a power
+    cut) left in it (issue 26): the temporary files of ``_update_one`` and
+    ``_write_atomic`` (``.NAME.XXXX.tmp``) and the segment folders of their
+    recordings (``.NAME.XXXX.tmp.<hex>.tmp/``). Holding the lock, no other
+    update is running, so every such name is debris. Returns the lock's file
+    descriptor (close it to release). Raises GoldenError when another update
+    of the folder is running."""
+    import fcntl
+    import shutil
+
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise GoldenError(f"{directory}: another 'harness golden update' is updating this folder") from None
+    owned = tuple(f"{dots}{name}." for name in (*(n + SUFFIX for n in SCENARIOS), MANIFEST_NAME)
+                  for dots in (".", ".."))
+    for path in directory.iterdir():
+        if path.name.startswith(owned) and path.name.endswith(".tmp"):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+    return fd
+
+
+def _update_locked(directory: Path, selected: list[str], names: Iterable[str] | None,
+                   prune: bool) -> list[GoldenChange]:
     old_entries: dict[str, dict[str, Any]] = {}
     if (directory / MANIFEST_NAME).exists():
         try:

@@ -23,6 +23,8 @@ Options:
   --harness-scenarios DIR    also run every scenario file (*.toml) in DIR, beside the library
                              (traces/scenarios/)
   --harness-fuzz-examples N  generated scenarios of the short fuzz (default 20; 0: no fuzz)
+  --harness-allow-unsealed   accept goldens without tamper evidence (no trace_sha256 digest);
+                             by default such a golden fails, as in `harness golden check`
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="also run the scenario files (*.toml) in DIR, beside the library")
     group.addoption("--harness-fuzz-examples", default=20, type=int, metavar="N",
                     help="generated scenarios of the short fuzz (0: none)")
+    group.addoption("--harness-allow-unsealed", action="store_true",
+                    help="accept golden traces without tamper evidence (by default they fail)")
 
 
 #: Decisions that differ from the goldens' under a --harness-semantics other
@@ -132,3 +136,9 @@ def harness_profile(request: pytest.FixtureRequest):
 @pytest.fixture(scope="session")
 def harness_fuzz_examples(request: pytest.FixtureRequest) -> int:
     return int(request.config.getoption("--harness-fuzz-examples"))
+
+
+@pytest.fixture(scope="session")
+def harness_require_sealed(request: pytest.FixtureRequest) -> bool:
+    """True unless --harness-allow-unsealed: an unsealed golden fails."""
+    return not request.config.getoption("--harness-allow-unsealed")

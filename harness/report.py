@@ -32,11 +32,15 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
     on schema 5") and the divergence (None if none); ``extra`` adds keys
     (``candidate``, ``replayed_steps``; ``divergence_is_information``: a
     replay under a profile without a version's semantics, the fork gate or
-    safety, where a decision that differs is information, not a failure);
-    ``verdict`` is the text report's last line."""
-    ok = result.ok and _divergence_ok(divergence, extra)
+    safety, where a decision that differs is information, not a failure).
+    ``ok`` is what exit 0 means: no violation, no divergence (or one that is
+    information) and a complete run; ``incomplete`` says why a run did not end
+    (None when it did) and ``sealed`` whether the trace carries tamper evidence
+    (``Trace.sealed``); ``verdict`` is the text report's last line."""
+    ok = result.ok and _divergence_ok(divergence, extra) and trace.incomplete is None
     return {"ok": ok, "trace": str(trace.path), "engine": trace.meta.get("engine"),
-            "verdict": verdict(result, divergence, extra),
+            "sealed": trace.sealed, "incomplete": trace.incomplete,
+            "verdict": verdict(result, divergence, extra, trace),
             "steps": result.steps, "requests": result.requests, "finished": result.finished,
             "rejected": result.rejected, "aborted": result.aborted,
             "preemptions": result.preemptions, "prefix_hit_tokens": result.prefix_hit_tokens,
@@ -46,7 +50,7 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
             "deferred_prefill_steps": result.deferred_prefill_steps,
             "remote_kv_loads": result.remote_kv_loads,
             "failed_kv_loads": result.failed_kv_loads,
-            "profile": result.profile, "profile_reason": result.profile_reason, "notes": result.notes,
+            "profile": result.profile, "profile_reason": result.profile_reason,
             "num_violations": result.num_violations,
             "violations_by_invariant": result.by_invariant,
             "violations": [v.to_dict() for v in result.violations],
@@ -80,7 +84,7 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
     history, the divergence with both sides' rows of that step, and
     "conformant" when there is neither (with ``extra['replayed_steps']``
     after a replay)."""
-    ok = result.ok and _divergence_ok(divergence, extra)
+    ok = result.ok and _divergence_ok(divergence, extra) and trace.incomplete is None
     table = Table(show_header=False, box=None)
     rows = [("trace", str(trace.path)), ("engine", trace.meta.get("engine")),
             *([("vLLM", _vllm_source_line(trace.meta["vllm_source"]))]
@@ -132,16 +136,29 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
             console.print(f"  {side} step {divergence.step}:")
             for row in rows[:12]:
                 console.print("    " + brief_row(row))
-    console.print(verdict(result, divergence, extra), style="bold green" if ok else "bold red",
+    console.print(verdict(result, divergence, extra, trace), style="bold green" if ok else "bold red",
                   markup=False, highlight=False)
 
 
-def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str, Any] | None = None) -> str:
+def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str, Any] | None = None,
+            trace: Trace | None = None) -> str:
     """The last line of ``check`` and ``replay``, naming the profile checked: "conformant
     (profile 0.33.0)", "conformant (profile 0.33.0): 20 steps replayed, identical decisions",
     or "2 violations of 1 invariant: MAX-NUM-SEQS ×2 (profile 0.33.0)", with "; first
-    divergence at step 7" after a replay that diverged (``extra``: the replay's keys)."""
+    divergence at step 7" after a replay that diverged (``extra``: the replay's keys).
+    With ``trace``: a run that did not end (``Trace.incomplete``) and shows no
+    violation is "incomplete run (exit 3): no violation in the 80 steps it has
+    (profile 0.33.0): salvaged ...", and an unsealed trace ends on "; unsealed:
+    no tamper evidence" (issue 26)."""
     profile = f"(profile {result.profile or '?'})"
+    incomplete = trace.incomplete if trace is not None else None
+    if incomplete is not None and not result.num_violations and _divergence_ok(divergence, extra):
+        line = f"incomplete run (exit 3): no violation in the {result.steps} steps it has {profile}: {incomplete}"
+        if divergence is not None:  # under the fork gate or safety: information
+            line += f"; decisions differ from step {divergence.step} (information: not held to a version's design)"
+        elif extra:
+            line += f"; {extra['replayed_steps']} steps replayed, identical decisions"
+        return line + _seal_note(trace)
     if result.num_violations:
         n, k = result.num_violations, len(result.by_invariant)
         counts = ", ".join(f"{name} ×{count}" for name, count in sorted(result.by_invariant.items()))
@@ -159,7 +176,19 @@ def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str,
     elif extra:
         line += f"{'; ' if result.num_violations else ': '}{extra['replayed_steps']} steps replayed, " \
                 "identical decisions"
-    return line
+    # (A crash the check reports as ENGINE-CRASH needs no second mention.)
+    if incomplete is not None and not (trace.summary.get("crashed") is not None
+                                       and "ENGINE-CRASH" in result.by_invariant):
+        line += f"; incomplete run: {incomplete}"
+    return line + _seal_note(trace)
+
+
+#: What an unsealed trace's verdict line ends on (``Trace.sealed``).
+UNSEALED = "unsealed: no tamper evidence"
+
+
+def _seal_note(trace: Trace | None) -> str:
+    return f"; {UNSEALED}" if trace is not None and not trace.sealed else ""
 
 
 def brief_row(row: dict[str, Any]) -> str:

@@ -115,9 +115,10 @@ def test_preempted_no_drafts_fires_on_preempt_keeps_drafts_with_the_drafts_held(
 
 @pytest.mark.parametrize("mutant, expected", [
     ("victim-stays-scheduled", {"SCHEDULED-NOT-PREEMPTED": 1, "SCHEDULED-HAS-DATA": 1, "COMPUTED-CONTINUITY": 1,
-                                "OUTPUT-ONLY-COMPLETE": 1, "STALE-OUTPUT": 1, "SCHEDULED-SPAN": 7, "STOP-RULES": 1}),
+                                "OUTPUT-ONLY-COMPLETE": 1, "STALE-OUTPUT": 1, "SCHEDULED-SPAN": 7, "STOP-RULES": 1,
+                                "OUTPUT-COUNT": 1}),
     ("no-give-back", {"SCHEDULED-NOT-PREEMPTED": 1, "COMPUTED-CONTINUITY": 1, "OUTPUT-ONLY-COMPLETE": 1,
-                      "STALE-OUTPUT": 1, "SCHEDULED-SPAN": 7, "STOP-RULES": 1}),
+                      "STALE-OUTPUT": 1, "SCHEDULED-SPAN": 7, "STOP-RULES": 1, "OUTPUT-COUNT": 1}),
 ])
 def test_a_victim_left_scheduled_is_caught_at_its_preemption(mutant: str, expected: dict) -> None:
     """priority-tight, step 3: r000000 (scheduled 1 token) is the PRIORITY victim
@@ -190,7 +191,7 @@ def test_a_schema_5_trace_reads_and_says_which_checks_it_cannot_feed(tmp_path: P
         "SCHEDULED-HAS-DATA: not checkable on schema 5 (no request_data_ids: the ids the step's request data "
         "carried are not recorded)"]
     code, out = _run("check", old)
-    assert code == 0 and out.count("not checkable on schema 5") == 3 and out.rstrip().endswith("conformant (profile 0.33.0)")
+    assert code == 0 and out.count("not checkable on schema 5") == 3 and out.rstrip().endswith("conformant (profile 0.33.0); unsealed: no tamper evidence")
     # The current engine's extra rows are no divergence from what schema 5 records.
     assert replay(open_trace(old), Scheduler) == (None, 127)
     code, out = _run("diff", old, tmp_path / "new.parquet")

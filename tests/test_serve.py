@@ -266,7 +266,9 @@ def test_a_sigkilled_engine_leaves_a_checkable_prefix(model, tmp_path) -> None:
     # 20 of them, on a correct engine).
     r = CliRunner().invoke(main, ["check", str(out), "--json"])
     report = json.loads(r.output)
-    assert r.exit_code == 0 and report["steps"] == 100 and report["requests"] == 24
+    # Issue 26: a cut-off run never passes as complete: exit 3, "incomplete" in the report.
+    assert r.exit_code == 3 and report["steps"] == 100 and report["requests"] == 24
+    assert report["incomplete"] == "a vLLM recording without its end record (the server was cut off)"
     assert report["violations_by_invariant"] == {}
     assert report["finished"] == 4 and report["preemptions"] == 4
     assert "a vLLM recording without its end record (the server was cut off): LIVENESS and the " \

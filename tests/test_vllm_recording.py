@@ -397,10 +397,15 @@ def test_a_killed_server_leaves_a_convertible_log(recorded, tmp_path):
     summary = convert(cut, trace)
     assert 0 < summary["steps"]
     assert any("no end record" in w for w in summary["warnings"])
-    replay = _harness_json("replay", str(trace), "--candidate", "reference")
+    result = CliRunner().invoke(main, ["replay", str(trace), "--candidate", "reference", "--json"])
+    replay = json.loads(result.output)
     # The inputs are complete up to the cut: the reference agrees step by step
     # until the trace ends (its unfinished requests are then LIVENESS findings).
     assert replay["divergence"] is None or replay["divergence"]["step"] >= summary["steps"] - 1
+    # Issue 26: a cut-off recording never passes as a complete run (exit 3 when nothing else is found).
+    assert replay["incomplete"] == "a vLLM recording without its end record (the server was cut off)"
+    assert result.exit_code == (3 if replay["ok"] is False and not replay["violations"]
+                                and replay["divergence"] is None else 1), result.output
 
 
 @pytest.mark.vllm

@@ -50,7 +50,7 @@ import weakref
 from typing import Any
 
 from harness.candidates.isolated_child import MUTATING
-from harness.children import ChildPool, GroupWatchdog, stop_process_group
+from harness.children import ChildPool, GroupWatchdog, relay_stderr, shim_command, stop_process_group
 from reference.candidate import CandidateRefused
 from reference.config import EngineConfig
 from reference.output import SchedulerOutput
@@ -165,9 +165,14 @@ class _Child:
         env = dict(os.environ)
         env["HARNESS_ISOLATED_SYS_PATH"] = json.dumps([p if p else os.getcwd() for p in sys.path])
         env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=None, env=env,
+        # Under the reaper shim (harness.children): a grandchild that leaves the
+        # group with setsid is still found and killed with the candidate
+        # (issue 26: one held the harness's stderr for minutes after replay);
+        # its stderr is a pipe relayed to ours, never our stderr itself.
+        self.proc = subprocess.Popen(shim_command([sys.executable, "-c", _BOOT]), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                      start_new_session=True)
+        relay_stderr(self.proc.stderr)
         # The child gets SIGKILL when the harness dies (isolated_child.serve);
         # regression: what it started (a subprocess of the candidate's) was
         # left running after SIGKILL of the harness. The watchdog kills the group.

@@ -120,6 +120,8 @@ class TraceChecker(TraceModel):
                 continue
             handler(ev, st)
         self._resolve_reset(st)  # a reset in a step without schedule()
+        if self.observed and not self.crashed:
+            preemption.check_state_rows_present(self, st)
 
     def _on_arrival(self, ev: dict, st: StepState) -> None:
         rid = ev["request_id"]
@@ -144,6 +146,10 @@ class TraceChecker(TraceModel):
         queues.check_reject(self, ev)
 
     def _on_abort(self, ev: dict, st: StepState) -> None:
+        req = self.reqs.get(ev["request_id"])
+        if req is not None:
+            lifecycle.check_output_count(self, ev, req)
+            lifecycle.check_finish_within_max_tokens(self, ev, req)
         if self._finish(ev, "abort") is not None:
             self.result.aborted += 1
             st.aborted.add(ev["request_id"])
@@ -427,6 +433,8 @@ class TraceChecker(TraceModel):
         if not queues.check_known(self, rid, self.reqs.get(rid), "state of an unknown or finished request"):
             return
         preemption.check_state_row(self, st, ev, "schedule()" if st.batch is None else "the draft update")
+        if st.batch is None:
+            st.state_rows.add(rid)
 
     def _on_skip(self, ev: dict, st: StepState) -> None:
         rid = ev["request_id"]
@@ -591,6 +599,8 @@ class TraceChecker(TraceModel):
         tokens = list(ev["token_ids"] or [])
         if not lifecycle.check_output_in_batch(self, st, rid):
             return
+        if not lifecycle.check_output_order(self, st, rid):
+            return
         if self.enc_active:
             encoder.update_until(self, st, rid)
         if req is None:
@@ -654,6 +664,9 @@ class TraceChecker(TraceModel):
             kv_connector.check_finished_error(self, st, rid)
         elif req is not None:
             lifecycle.check_finish_reason(self, ev, req, st.expected_stop.get(rid))
+        if req is not None:
+            lifecycle.check_output_count(self, ev, req)
+            lifecycle.check_finish_within_max_tokens(self, ev, req)
         if self._finish(ev, "finish") is not None:
             self.result.finished += 1
             st.finished.add(rid)

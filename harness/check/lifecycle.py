@@ -31,6 +31,10 @@ INVARIANTS = [
               SAFETY, "Two identical empty steps with no input between them repeat forever: a livelock in any engine."),
     Invariant("LIVENESS", "Every accepted request finishes (stopped, length-capped or aborted) by the end of the trace.", "8",
               SAFETY, "Every accepted request must end (finish, length cap or abort); one left behind is starved or lost."),
+    Invariant("OUTPUT-COUNT", "A finish or abort row's num_output_tokens is the number of tokens the request's own output rows delivered (up to its stop).", "6, 3.9",
+              SAFETY, "The count a finished request reports is what the frontend returns and bills: in every version it is len(output_token_ids), the tokens its updates appended; a different count means tokens were lost, invented or double-counted between the model output and the request."),
+    Invariant("OUTPUT-ORDER", "A step's output rows come in the processed batch's scheduling order (the keys of its num_scheduled_tokens), at most one per request.", "6, 3.9",
+              SAFETY, "update_from_output walks the batch in num_scheduled_tokens order and appends one sampled list per request in every version; the order decides which finished request's blocks reach the free queue first, and a second output for one request in one batch is a token the model never sampled for it."),
     Invariant("ENGINE-CRASH", "The scheduler never raises: no step of the trace ends on a crash (an exception in schedule(), update_from_output() or another scheduler call).", "8",
               SAFETY, "A scheduler that raises kills the engine (vLLM's EngineCore dies with it) and fails every request in flight, whatever the version: no correct engine crashes on its own inputs."),
 ]
@@ -49,6 +53,37 @@ def check_output_in_batch(m: TraceModel, st: StepState, rid: str) -> bool:
         m.violate("OUTPUT-ONLY-COMPLETE", rid, "output for a request not in the processed batch")
         return False
     return True
+
+
+def check_output_order(m: TraceModel, st: StepState, rid: str) -> bool:
+    """OUTPUT-ORDER at an ``output`` row of the processed batch: its request
+    comes after the previous output's in the batch's scheduling order, and has
+    no earlier output in this batch. False for a second output (the row is then
+    ignored: the shadow keeps the first)."""
+    if st.batch_positions is None:
+        st.batch_positions = {r: i for i, r in enumerate(st.batch.scheduled)}
+    index = st.batch_positions[rid]
+    if rid in st.output_seen:
+        m.violate("OUTPUT-ORDER", rid, "a second output row for this request in the processed batch "
+                                       f"(of step {st.batch.step})")
+        return False
+    st.output_seen.add(rid)
+    if index < st.output_index:
+        before = st.batch.scheduled[st.output_index]
+        m.violate("OUTPUT-ORDER", rid, f"output after {before}'s, but it was scheduled before it "
+                                       f"(batch of step {st.batch.step}: {st.batch.scheduled[:8]})")
+    st.output_index = max(st.output_index, index)
+    return True
+
+
+def check_output_count(m: TraceModel, ev: dict, req: ReqShadow) -> None:
+    """OUTPUT-COUNT at a ``finish`` or ``abort`` row: its num_output_tokens
+    against the tokens the request's output rows delivered (the shadow's)."""
+    reported = ev.get("num_output_tokens")
+    if reported is not None and reported != req.num_output_tokens:
+        m.violate("OUTPUT-COUNT", req.request_id,
+                  f"{ev['kind']} row says {reported} output tokens, its output rows delivered "
+                  f"{req.num_output_tokens}")
 
 
 def check_output_complete(m: TraceModel, req: ReqShadow, end: int, drafts: list[int], tokens: list[int]) -> None:
@@ -102,6 +137,21 @@ def check_finish_reason(m: TraceModel, ev: dict, req: ReqShadow, expected: str |
         m.violate(_stop_rule(req), req.request_id,
                   f"finished with {ev['finish_reason']!r} but check_stop gives {expected!r} "
                   f"({req.num_output_tokens} outputs, max_tokens {req.max_tokens})")
+
+
+def check_finish_within_max_tokens(m: TraceModel, ev: dict, req: ReqShadow) -> None:
+    """STOP-RULES at a ``finish`` row, from the arrival's sampling parameters
+    and the row alone (issue 26): no request finishes with more than
+    max_tokens outputs, and one capped by "length" has exactly max_tokens
+    outputs or reached max_model_len."""
+    n = ev.get("num_output_tokens")
+    if n is None or ev["status"] == "FINISHED_ERROR":
+        return
+    capped = ev["finish_reason"] == "length"
+    if n > req.max_tokens or (capped and n != req.max_tokens and req.num_prompt_tokens + n < m.max_model_len):
+        m.violate("STOP-RULES", req.request_id,
+                  f"finished ({ev['finish_reason']!r}) with {n} outputs, but its arrival says max_tokens "
+                  f"{req.max_tokens} (prompt {req.num_prompt_tokens}, max_model_len {m.max_model_len})")
 
 
 def check_stopped_finished(m: TraceModel, st: StepState) -> None:

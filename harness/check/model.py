@@ -136,6 +136,13 @@ class StepState:
     reset_preempted: list[str] = field(default_factory=list)
     # The progress layer's facts of this step (harness.check.progress.ProgressStep).
     progress: Any = None
+    # OUTPUT-ORDER: requests with an output row in this update, and the
+    # highest scheduling index of the processed batch seen so far.
+    output_seen: set[str] = field(default_factory=set)
+    output_index: int = -1
+    batch_positions: dict[str, int] | None = None  # request -> index in batch.scheduled (built once)
+    # PREEMPT-EFFECTS (schema 6): victims with a request_state row after schedule_end.
+    state_rows: set[str] = field(default_factory=set)
 
 
 def chain_hash(parent: bytes | None, tokens: list[int], extra: tuple | None = None) -> bytes:

@@ -112,6 +112,16 @@ def check_state_row(m: TraceModel, st: StepState, ev: dict, after: str) -> None:
                                          f"after schedule() (a resume must start from a fresh prefix lookup)")
 
 
+def check_state_rows_present(m: TraceModel, st: StepState) -> None:
+    """PREEMPT-EFFECTS at the end of a step (schema 6): every victim of its
+    schedule() has its ``request_state`` row after ``schedule_end`` (the
+    recorder writes one for each); a missing row hides what the victim holds."""
+    for rid in st.preempted:
+        if rid not in st.state_rows:
+            m.violate("PREEMPT-EFFECTS", rid, "preempted in this step, but no request_state row after "
+                                              "schedule_end records what it holds (schema 6 always writes one)")
+
+
 def check_reset_victims_reported(m: TraceModel, ev: dict, st: StepState) -> None:
     """RESET-PREEMPTS-RUNNING at ``schedule_end``: the victims of this step's
     forced prefix-cache reset are listed in preempted_req_ids (vLLM 0.33.0

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.children import set_parent_death_signal
-from harness.fuzz.run import FuzzResult, fuzz, fuzz_profile, known_reference_finding
+from harness.fuzz.run import SHRINK_BUDGET_S, FuzzResult, fuzz, fuzz_profile, known_reference_finding
 from harness.fuzz.strategies import FuzzCase
 
 #: Most worker processes ``fuzz_parallel`` starts.
@@ -153,7 +153,7 @@ class ParallelFuzzResult:
 def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline: float | None,
                  queue: Any, skip_known: bool = False, base: FuzzCase | None = None,
                  async_spec: bool = False, step_timeout: float | None = None,
-                 semantics: str = "auto") -> None:
+                 semantics: str = "auto", shrink_budget_s: float | None = SHRINK_BUDGET_S) -> None:
     """Body of one worker process (top level, so ``spawn`` can import it).
 
     ``deadline``: the wall-clock time (``time.time()``) at which the run's
@@ -181,7 +181,8 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline:
         time_budget_s = None if deadline is None else max(0.0, deadline - time.time())
         result = fuzz(factory, max_examples=max_examples, seed=seed, time_budget_s=time_budget_s,
                       on_example=on_example, known=known_reference_finding if skip_known else None,
-                      base=base, async_spec=async_spec, profile=fuzz_profile(semantics))
+                      base=base, async_spec=async_spec, profile=fuzz_profile(semantics),
+                      shrink_budget_s=shrink_budget_s)
         queue.put(("done", worker, result))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent stops the run
         raise SystemExit(130) from None
@@ -196,7 +197,8 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
                   on_progress: Callable[[list[WorkerProgress]], None] | None = None,
                   skip_known: bool = False, base: FuzzCase | None = None,
                   async_spec: bool = False, step_timeout: float | None = None,
-                  semantics: str = "auto") -> ParallelFuzzResult:
+                  semantics: str = "auto",
+                  shrink_budget_s: float | None = SHRINK_BUDGET_S) -> ParallelFuzzResult:
     """Fuzz the candidate named ``spec`` (``reference``, ``mutant:NAME``,
     ``module:factory``, ...) on ``workers`` processes.
 
@@ -217,7 +219,8 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     ``step_timeout``: seconds a module:factory candidate's call may take
     (``resolve_candidate``). ``semantics``: what the candidate is checked
     under (``fuzz_profile``: ``auto``, ``safety``, ``fork`` or a release; only
-    ``auto`` also compares decisions with the reference's). A SIGTERM or SIGINT here (the harness's handler
+    ``auto`` also compares decisions with the reference's). ``shrink_budget_s``:
+    seconds each worker may shrink its failure (``fuzz``). A SIGTERM or SIGINT here (the harness's handler
     raises UserInterrupt) terminates the workers on the way out; a worker
     whose parent dies without that (``kill -9``) is killed by the kernel.
     Raises ValueError for ``workers`` outside 1..MAX_WORKERS or
@@ -244,7 +247,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
         result = fuzz(factory, max_examples=shares[0], seed=seeds[0], time_budget_s=time_budget_s,
                       on_example=lambda n, shrinking: report(0, examples=n, shrinking=shrinking),
                       known=known_reference_finding if skip_known else None, base=base,
-                      async_spec=async_spec, profile=profile)
+                      async_spec=async_spec, profile=profile, shrink_budget_s=shrink_budget_s)
         report(0, done=True)
         return ParallelFuzzResult(seed, [WorkerResult(0, seeds[0], shares[0], result)],
                                   time.monotonic() - start)
@@ -254,7 +257,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     queue = ctx.Queue()
     procs = [ctx.Process(target=_fuzz_worker, name=f"harness-fuzz-{i}", daemon=True,
                          args=(spec, i, seeds[i], shares[i], deadline, queue, skip_known, base,
-                               async_spec, step_timeout, semantics))
+                               async_spec, step_timeout, semantics, shrink_budget_s))
              for i in range(len(shares))]
     results: dict[int, FuzzResult] = {}
     try:

@@ -220,6 +220,51 @@ class _Found(AssertionError):
     pass
 
 
+#: Seconds shrinking may take after the first failure (``fuzz``'s
+#: ``shrink_budget_s``; ``harness fuzz --shrink-budget``): every shrink step
+#: against a hanging candidate waits out its step timeout (issue 26: 30
+#: examples did not finish in 300 s).
+SHRINK_BUDGET_S = 120.0
+
+
+class _Deadline:
+    """When the search must end (``time.monotonic()``; None: no bound yet),
+    and the candidate factory bounded by it: a candidate in its own process
+    (one with a ``step_timeout``: ``module:factory``, ``vllm@``) gets at most
+    what is left, so one hanging call cannot overrun the budget (by more than
+    ``_MIN_CALL_S``)."""
+
+    def __init__(self, factory: CandidateFactory | None) -> None:
+        self.at: float | None = None
+        self._factory = factory
+
+    def left(self) -> float | None:
+        return None if self.at is None else self.at - time.monotonic()
+
+    def passed(self) -> bool:
+        return self.at is not None and time.monotonic() >= self.at
+
+    def factory(self) -> CandidateFactory | None:
+        if self._factory is None or isinstance(self._factory, type):
+            return self._factory  # the reference and the mutants: in this process, never timed
+        inner = self._factory
+
+        def bounded(config):
+            candidate = inner(config)
+            left = self.left()
+            if left is not None and getattr(candidate, "step_timeout", None) is not None:
+                candidate.step_timeout = max(_MIN_CALL_S, min(candidate.step_timeout, left))
+            return candidate
+        # What a factory describes of itself (trace metadata, a label) stays visible.
+        bounded.__dict__.update({k: v for k, v in getattr(inner, "__dict__", {}).items()
+                                 if not k.startswith("__")})
+        return bounded
+
+
+#: The least a bounded candidate call is given (seconds).
+_MIN_CALL_S = 1.0
+
+
 @dataclass
 class FuzzResult:
     """Outcome of ``fuzz``: examples generated, wall seconds, the minimal
@@ -248,7 +293,7 @@ class FuzzResult:
 
 
 def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int = 0,
-         time_budget_s: float | None = None,
+         time_budget_s: float | None = None, shrink_budget_s: float | None = SHRINK_BUDGET_S,
          on_example: Callable[[int, bool], None] | None = None,
          known: Callable[[FuzzCase, Failure], str | None] | None = None,
          base: FuzzCase | None = None, async_spec: bool = False,
@@ -257,7 +302,11 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
     database, no deadline). On a failure hypothesis shrinks it and the
     returned ``case`` is the minimal one. ``max_examples`` (>= 1) bounds the
     generated examples, ``time_budget_s`` (seconds of wall time, None: no
-    limit) the generation phase (a found failure is still shrunk).
+    limit) the whole search, generation and shrinking: a failure found when
+    it runs out is returned as far as it was shrunk; ``shrink_budget_s``
+    (seconds from the first failure, None: no limit) bounds shrinking on its
+    own. A candidate in its own process gets at most the time left for each
+    call, so a hanging candidate ends the search within its budget (issue 26).
     ``on_example(n, shrinking)`` is called after each example, ``n`` the
     examples generated so far. ``factory`` None means the reference alone.
     ``known`` (e.g. ``known_reference_finding``): a case whose failure it
@@ -274,6 +323,10 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
     state = {"n": 0, "found": False, "last": None, "shrink": 0, "stopped": False, "refused": 0,
              "refusal": ""}
     known_counts: dict[str, int] = {}
+    deadline = _Deadline(factory)
+    if time_budget_s is not None:
+        deadline.at = start + time_budget_s
+    factory = deadline.factory()
 
     @settings(max_examples=max_examples, deadline=None, database=None, derandomize=False,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
@@ -281,8 +334,7 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
     @hyp_seed(seed)
     @given(fuzz_cases(async_spec) if base is None else request_subsets(base))
     def prop(case: FuzzCase) -> None:
-        if not state["found"] and time_budget_s is not None \
-                and time.monotonic() - start > time_budget_s:
+        if deadline.passed():
             state["stopped"] = True
             raise _StopFuzz()
         if state["found"]:
@@ -304,6 +356,9 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
         if on_example is not None:
             on_example(state["n"], state["found"])
         if failure is not None:
+            if not state["found"] and shrink_budget_s is not None:
+                end = time.monotonic() + shrink_budget_s
+                deadline.at = end if deadline.at is None else min(deadline.at, end)
             state["found"] = True
             state["last"] = (case, failure)
             raise _Found(failure.message)
@@ -325,6 +380,10 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
     try:
         prop()
     except _StopFuzz:
+        if state["found"]:  # the budget ran out while shrinking: the smallest failure so far
+            case, failure = state["last"]
+            return FuzzResult(state["n"], time.monotonic() - start, case, failure, state["shrink"], True,
+                              known_counts)
         if base_failure is not None:
             return done(FuzzResult(state["n"] + 1, time.monotonic() - start, base, base_failure, 0, True,
                                    known_counts))

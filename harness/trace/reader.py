@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from harness.trace.schema import (COLUMNS, DIGEST_SINCE, METADATA_KEY, READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION,
                                   SUMMARY_KEY, absent_columns)
+from harness.trace.clock import VirtualClock
 from harness.trace.queues import DELTA_COLUMNS, SNAPSHOT_KINDS, QueueDecoder
 from harness.trace.validate import RowError, StepValidator, suspect_rows
 from harness.trace.writer import digest_of_file
@@ -46,8 +47,33 @@ class Trace:
     summary: dict[str, Any]
     num_rows: int
     _file: pq.ParquetFile
-    #: The footer's verified digest (schema 7 and later; None for older traces).
+    #: The footer's verified digest (schema 7 and later; None for a trace
+    #: without one: ``sealed`` is then False).
     digest: str | None = None
+
+    @property
+    def sealed(self) -> bool:
+        """True when the footer carries a digest that matched the bytes (tamper
+        evidence). An unsealed trace (no ``trace_sha256``: an older schema, or
+        a file rewritten without one, whatever version it claims) is read, but
+        ``check`` and ``replay`` name it in their verdict and
+        ``--require-sealed`` refuses it."""
+        return self.digest is not None
+
+    @property
+    def incomplete(self) -> str | None:
+        """Why the run this trace records did not end (one line), or None for a
+        complete run: the footer's ``salvaged`` (a killed recording, or a vLLM
+        recording that stopped early with requests live), ``crashed`` (the
+        candidate raised) or ``stalled`` (the engine stopped making progress).
+        Read from the footer alone, so a forged flag can only make a trace
+        count as incomplete, never as complete (exit 3 at best, not 0)."""
+        for key, what in (("salvaged", ""), ("crashed", "the engine crashed: "),
+                          ("stalled", "the engine stalled: ")):
+            value = self.summary.get(key)
+            if value is not None:
+                return what + " ".join(str(value).split())[:300]
+        return None
 
     def iter_steps(self) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         """Yield (step, events of that step in order), reading one row group at
@@ -61,6 +87,7 @@ class Trace:
         last_key = (-1, -1)
         num_steps = 0
         validator = StepValidator(self.config.data_parallel_size)
+        clock = VirtualClock(self.config.step_fixed_s, self.config.step_per_token_s)
         queues = QueueDecoder()
         try:
             present = [c for c in COLUMNS if c in self._file.schema_arrow.names]
@@ -90,6 +117,7 @@ class Trace:
                     if row["step"] != current:
                         if current is not None:
                             validator.check_step(current, events, suspects)
+                            clock.check_step(current, events)
                             yield current, events
                         current, events, suspects = row["step"], [], []
                         num_steps += 1
@@ -97,6 +125,7 @@ class Trace:
                     suspects.append(suspect)
             if current is not None:
                 validator.check_step(current, events, suspects)
+                clock.check_step(current, events)
         except RowError as exc:
             raise TraceError(f"{self.path}: bad row: {exc}") from None
         except (OSError, pa.ArrowException) as exc:
@@ -207,11 +236,12 @@ def _open(p: Path) -> Trace:
     if pf.metadata.num_rows == 0 or summary["steps"] < 1:
         raise TraceError(f"{p}: empty trace (no rows): nothing to check")
     digest = None
-    if version >= DIGEST_SINCE:
+    # A digest present is verified whatever version the metadata claims: the
+    # claim is itself a byte the digest covers (issue 26: a downgrade to 6 must
+    # not switch the check off). Schema 7 and later must carry one.
+    if version >= DIGEST_SINCE or "trace_sha256" in summary:
         _verify_digest(p, pf, summary)
         digest = summary.pop("trace_sha256")  # verified; the summary keeps the run's figures only
-    else:
-        summary.pop("trace_sha256", None)  # an older version carries none that means anything
     return Trace(p, meta, config, summary, pf.metadata.num_rows, pf, digest)
 
 

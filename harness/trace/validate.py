@@ -285,6 +285,20 @@ def _close(where: str, open_rows: list[str], crashed: bool) -> None:
         raise RowError(f"{where}: the rank's rows lack their {missing[0]} (and the step did not crash)")
 
 
+# The finish reason each finished status reports (vLLM ``RequestStatus.get_finished_reason``).
+_REASON_OF_STATUS = {s.name: RequestStatus.get_finished_reason(s) for s in RequestStatus if RequestStatus.is_finished(s)}
+
+
+def _check_reason_of_status(where: str, kind: str, row: Row) -> None:
+    """A ``finish``/``abort`` row's finish_reason is its status's (issue 26):
+    every recorder derives the reason from the status, so FINISHED_STOPPED
+    with "length" is an edit, not a decision."""
+    status, reason = row.get("status"), row.get("finish_reason")
+    if reason is not None and reason != _REASON_OF_STATUS[status]:
+        raise RowError(f"{where}: {kind} status {status} with finish_reason {reason!r} (that status "
+                       f"reports {_REASON_OF_STATUS[status]!r})")
+
+
 def _check_values(where: str, kind: str, row: Row) -> None:
     """The row's own fields: ids, times, statuses, nulls in lists, request specs."""
     if kind in _REQUEST_KINDS:
@@ -315,6 +329,7 @@ def _check_values(where: str, kind: str, row: Row) -> None:
             raise RowError(f"{where}: {kind} status {status!r} is not a finished request status")
         if row.get("finish_reason") not in _FINISH_REASONS and row.get("finish_reason") is not None:
             raise RowError(f"{where}: unknown finish_reason {row.get('finish_reason')!r}")
+        _check_reason_of_status(where, kind, row)
     elif kind in ("preempt", "kv_promote", "request_state"):
         if status not in _STATUSES:
             raise RowError(f"{where}: unknown request status {status!r}")

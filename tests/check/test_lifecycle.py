@@ -133,3 +133,62 @@ def test_scheduled_has_data_fires_on_a_schema_6_trace_without_request_data_ids(s
                                      "the step's request data is unobserved")]
     older = check_steps(config, rows, schema_version=5)
     assert older.ok and any(n.startswith("SCHEDULED-HAS-DATA: not checkable on schema 5") for n in older.notes)
+
+
+# -- issue 26: rows that contradict each other ---------------------------------------------
+def test_output_count_fires_on_a_finish_count_off_its_output_rows(scenario_rows, first_row) -> None:
+    config, rows = scenario_rows("eos-stop-abort")
+    step, finish = first_row(rows, "finish", lambda row: row["finish_reason"] == "stop")
+    n = finish["num_output_tokens"]
+    finish["num_output_tokens"] = n + 1
+    result = check_steps(config, rows)
+    assert [(v.invariant, v.step, v.request, v.message) for v in result.violations] == [
+        ("OUTPUT-COUNT", step, finish["request_id"],
+         f"finish row says {n + 1} output tokens, its output rows delivered {n}")]
+
+
+def _renumber(step_rows) -> None:
+    for index, row in enumerate(step_rows):
+        row["event_index"] = index
+
+
+def test_output_order_fires_on_outputs_out_of_scheduling_order(scenario_rows) -> None:
+    config, rows = scenario_rows("fcfs-roomy")
+    step, step_rows = next((s, r) for s, r in rows if sum(row["kind"] == "output" for row in r) >= 2)
+    i, j = [k for k, row in enumerate(step_rows) if row["kind"] == "output"][:2]
+    first_id, second_id = step_rows[i]["request_id"], step_rows[j]["request_id"]
+    step_rows[i], step_rows[j] = step_rows[j], step_rows[i]
+    _renumber(step_rows)
+    result = check_steps(config, rows)
+    (v,) = result.violations
+    assert (v.invariant, v.step, v.request) == ("OUTPUT-ORDER", step, first_id)
+    assert v.message.startswith(f"output after {second_id}'s, but it was scheduled before it (batch of step ")
+
+
+def test_output_order_fires_on_two_outputs_for_one_request_in_one_batch(scenario_rows) -> None:
+    config, rows = scenario_rows("fcfs-roomy")
+    step, step_rows = next((s, r) for s, r in rows if any(row["kind"] == "output" for row in r))
+    at, output = next((k, row) for k, row in enumerate(step_rows) if row["kind"] == "output")
+    step_rows.insert(at + 1, dict(output))
+    _renumber(step_rows)
+    result = check_steps(config, rows)
+    assert [(v.invariant, v.step, v.request, v.message) for v in result.violations] == [
+        ("OUTPUT-ORDER", step, output["request_id"],
+         f"a second output row for this request in the processed batch (of step {step})")]
+
+
+def test_stop_rules_fires_on_max_tokens_below_a_length_capped_finish(scenario_rows, first_row) -> None:
+    """The arrival's max_tokens against the finish row alone: a request capped
+    by "length" finishes with exactly max_tokens outputs (or at max_model_len).
+    Here the last output row carries two tokens (spec decode), so the shadow
+    stops inside it: STOP-RULES from the row, OUTPUT-COUNT from the count."""
+    config, rows = scenario_rows("spec-decode")
+    _, arrival = first_row(rows, "arrival", lambda row: row["request_id"] == "r000008")
+    step, finish = first_row(rows, "finish", lambda row: row["request_id"] == "r000008")
+    assert (arrival["max_tokens"], finish["finish_reason"], finish["num_output_tokens"]) == (12, "length", 12)
+    arrival["max_tokens"] = 11
+    result = check_steps(config, rows)
+    assert [(v.invariant, v.step, v.request) for v in result.violations] == [
+        ("OUTPUT-COUNT", step, "r000008"), ("STOP-RULES", step, "r000008")]
+    assert result.violations[1].message.startswith(
+        "finished ('length') with 12 outputs, but its arrival says max_tokens 11 (prompt ")

@@ -53,6 +53,23 @@ def test_preempt_effects_fires_on_a_victim_still_holding_computed_tokens(scenari
         ("PREEMPT-EFFECTS", "preempted in this step, but its status after schedule() is RUNNING")]
 
 
+def test_preempt_effects_fires_on_a_victims_missing_state_row(scenario_rows, first_row) -> None:
+    """Issue 26: schema 6 writes a request_state row for every victim of
+    schedule(); one dropped hides what the victim holds. Only for an
+    observed trace (schema 6 on): older ones never had the rows."""
+    config, rows = scenario_rows("fcfs-tight")
+    step, state = _victim_state(rows, first_row)
+    step_rows = next(r for s, r in rows if s == step)
+    step_rows.remove(state)
+    for index, row in enumerate(step_rows):
+        row["event_index"] = index
+    assert [(v.invariant, v.step, v.request, v.message)
+            for v in check_steps(config, rows, schema_version=8).violations] == [
+        ("PREEMPT-EFFECTS", step, state["request_id"], "preempted in this step, but no request_state row after "
+         "schedule_end records what it holds (schema 6 always writes one)")]
+    assert check_steps(config, rows, schema_version=5).ok
+
+
 def test_preempted_no_drafts_fires_on_a_waiting_request_holding_drafts(scenario_rows, first_row) -> None:
     config, rows = scenario_rows("fcfs-tight")
     step, state = _victim_state(rows, first_row)

@@ -40,7 +40,7 @@ from reference.output import (FinishedRequest, KVTransferFree, Preemption, Prefi
                               UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus
 
-from harness.children import ChildPool, GroupWatchdog, die_with_parent, stop_process_group
+from harness.children import ChildPool, GroupWatchdog, die_with_parent, shim_command, stop_process_group
 from harness.candidates.vllm.env import VLLMEnvError, is_ready
 from harness.candidates.vllm.spec import VLLMTarget, release_target
 
@@ -124,8 +124,11 @@ class _DriverProcess:
             env["PYTHONPATH"] = os.pathsep.join(target.pythonpath)
         env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Under the reaper shim (harness.children, issue 26): what vLLM starts
+        # (a model-registry subprocess, a scheduler_cls's daemon) is killed
+        # with the driver even after a setsid; stderr goes to the log only.
         self.proc = subprocess.Popen(
-            [str(python), "-u", str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            shim_command([str(python), "-u", str(DRIVER)]), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._log, env=env, cwd=tempfile.gettempdir(), start_new_session=True,
             preexec_fn=die_with_parent(signal.SIGKILL))
         # Regression: SIGKILL of the harness while the driver was busy (a
