@@ -726,7 +726,10 @@ def unjudged_rules(meta: dict[str, Any]) -> dict[str, str]:
     recording with one of ``UNMODELLED_RULES``'s features)."""
     from harness.check.invariants import UNMODELLED_RULES  # the catalogue imports the families
 
-    features = (meta.get("vllm_recording") or {}).get("unmodelled") or {}
+    recording = meta.get("vllm_recording")
+    features = recording.get("unmodelled") if isinstance(recording, dict) else None
+    if not isinstance(features, dict):
+        return {}
     out: dict[str, str] = {}
     for feature, description in sorted(features.items()):
         for rule in UNMODELLED_RULES.get(feature, ()):

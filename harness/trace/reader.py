@@ -65,14 +65,26 @@ class Trace:
         """Why the run this trace records did not end (one line), or None for a
         complete run: the footer's ``salvaged`` (a killed recording, or a vLLM
         recording that stopped early with requests live), ``crashed`` (the
-        candidate raised) or ``stalled`` (the engine stopped making progress).
-        Read from the footer alone, so a forged flag can only make a trace
-        count as incomplete, never as complete (exit 3 at best, not 0)."""
+        candidate raised), ``stalled`` (the engine stopped making progress) or
+        ``protocol`` (a recording that left the engine's protocol: a unit test
+        that stopped driving, called ``schedule()`` twice, ...), or a vLLM
+        recording whose features the model cannot follow (its metadata's
+        ``vllm_recording.unmodelled``: rules skipped). Read from the trace alone,
+        so a forged flag can only make a trace count as incomplete, never as
+        complete (exit 3 at best, not 0)."""
         for key, what in (("salvaged", ""), ("crashed", "the engine crashed: "),
-                          ("stalled", "the engine stalled: ")):
+                          ("stalled", "the engine stalled: "), ("protocol", "")):
             value = self.summary.get(key)
             if value is not None:
                 return what + " ".join(str(value).split())[:300]
+        # A vLLM recording with a feature the model cannot follow: the rules it
+        # cannot judge are skipped (harness.check.checker.unjudged_rules), so the
+        # verdict is no whole pass either; a forged key gets exit 3, never 0.
+        recording = self.meta.get("vllm_recording")
+        unmodelled = recording.get("unmodelled") if isinstance(recording, dict) else None
+        if unmodelled:
+            features = ", ".join(sorted(str(f) for f in unmodelled))
+            return f"not every rule judged: the model cannot follow {features}"[:300]
         return None
 
     def iter_steps(self) -> Iterator[tuple[int, list[dict[str, Any]]]]:

@@ -181,6 +181,9 @@ def suspect_rows(batch: pa.RecordBatch) -> list[bool]:
     def not_in(column: str, allowed: frozenset[str]) -> Any:
         return pc.invert(pc.is_in(batch.column(column), value_set=_value_set(allowed)))
 
+    def not_in_values(values: Any, allowed: frozenset[str]) -> Any:
+        return pc.invert(pc.is_in(values, value_set=_value_set(allowed)))
+
     for column in names:
         # "null inside <column>"; the child array's null count (which may count
         # values outside the slice: a superset) skips the clean columns cheaply.
@@ -211,6 +214,12 @@ def suspect_rows(batch: pa.RecordBatch) -> list[bool]:
                         pc.and_(pc.is_valid(batch.column("finish_reason")),
                                 not_in("finish_reason", _FINISH_REASONS)))
     rows_where(pc.and_(kind_in(_FINISH_KINDS), bad_finish))
+    # A finish reason that is not its status's (_check_reason_of_status): the
+    # (status, reason) pair outside the pairs the statuses report.
+    pair = pc.binary_join_element_wise(batch.column("status"), batch.column("finish_reason"), "\x1f")
+    reported = frozenset(f"{status}\x1f{reason}" for status, reason in _REASON_OF_STATUS.items())
+    rows_where(pc.and_(pc.and_(kind_in(_FINISH_KINDS), pc.is_valid(batch.column("finish_reason"))),
+                       not_in_values(pair, reported)))
     rows_where(pc.and_(kind_in(_STATUS_KINDS), not_in("status", _STATUSES)))
     rows_where(kind_in(_ALWAYS_CHECKED))
     bad_schedule = pc.or_(not_in("schedule_kind", _SCHEDULE_KINDS),

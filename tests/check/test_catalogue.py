@@ -20,7 +20,6 @@ CHECK = Path(invariants.__file__).parent
 def test_every_invariant_is_shown_to_fire() -> None:
     # Doctored-trace tests: tests/check/test_queues.py, test_spec_decode.py, test_data_parallel.py.
     fired = {"ARRIVAL-ADMISSIBLE", "SCHEDULED-ONCE", "SPEC-ACCEPTANCE", "DP-ROUTING",
-    fired = {"ARRIVAL-ADMISSIBLE", "SCHEDULED-ONCE", "SPEC-ACCEPTANCE", "DP-ROUTING",
              "STOP-MIN-TOKENS",  # + test_lifecycle.py: a 0.33.0 engine checked under 0.20.2
              "BUDGET-LEFT",  # tests/check/test_budget.py
              # Issue 26: cross-row consistency of the update's rows (test_lifecycle.py doctors them).
