@@ -223,7 +223,8 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN)
 kill_all()
 if os.WIFSIGNALED(status):
     sig = os.WTERMSIG(status)
-    signal.signal(sig, signal.SIG_DFL)
+    if sig not in (signal.SIGKILL, signal.SIGSTOP):  # no handler can be set for these two
+        signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
 os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 """
