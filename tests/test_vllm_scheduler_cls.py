@@ -200,7 +200,10 @@ def test_pytest_plugin_runs_the_subclass(classes_env, pytester: pytest.Pytester)
     result = pytester.runpytest_subprocess(
         "--pyargs", "harness.conformance", "-p", "no:cacheprovider",
         "--harness-candidate", spec("HigherSeqCapScheduler"), "-k", "test_invariants and fcfs-roomy")
-    result.assert_outcomes(failed=1, deselected=2 * 20)
+    # Deselected: the other goldens' two tests, the scenario library and the short fuzz.
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed") == 1 and not outcomes.get("passed"), outcomes
+    assert outcomes.get("deselected", 0) >= 2 * 20 - 1, outcomes
     result.stdout.fnmatch_lines(["*fcfs-roomy: {'MAX-NUM-SEQS': 6}*"])
 
 
