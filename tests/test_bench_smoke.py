@@ -23,11 +23,15 @@ import page  # noqa: E402
 PLAIN = ["bench_check", "bench_corpus", "bench_isolation", "bench_memory", "bench_reference", "bench_torch", "bench_views"]
 VLLM = ["bench_vllm", "bench_serve", "bench_serve_breakdown", "semantics_versions", "vllm_async_spec_sweep",
         "vllm_fidelity"]
+#: Sweeps over vLLM releases and vLLM's own test suite with no --smoke run yet (each needs
+#: several vLLM environments or the release's sdist): listed so that a new script cannot
+#: join them unnoticed. Give each a --smoke run and move it to VLLM.
+NO_SMOKE_YET = ["fork_experiment", "progress_soundness", "vllm_own_tests"]
 
 
 def test_every_bench_script_has_a_smoke_run() -> None:
     scripts = {p.stem for p in BENCH.glob("*.py")} - {"page"}
-    assert scripts == set(PLAIN) | set(VLLM)
+    assert scripts == set(PLAIN) | set(VLLM) | set(NO_SMOKE_YET)
 
 
 def _smoke(name: str, tmp_path: Path) -> None:
