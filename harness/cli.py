@@ -577,9 +577,12 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_
         from harness.view.cli import divergence_of_replay, write_report
 
         write_report(html_report, trace, semantics, series=series, divergence=divergence_of_replay(divergence))
-    # Under the fork gate (or safety) a decision that differs is information:
-    # the fork's own policy, not a failure; a crash still is one.
-    information = result.profile in PROFILES and not PROFILES[result.profile].semantics
+    # Under the fork gate (or safety), asked for with --semantics, a decision that
+    # differs is information: the fork's own policy, not a failure; a crash still
+    # is one. An engine of unknown origin checked under safety by `auto` still
+    # fails on a divergence: nobody said its policy may differ.
+    information = (semantics != "auto" and result.profile in PROFILES
+                   and not PROFILES[result.profile].semantics)
     extra = {"candidate": candidate, "replayed_steps": compared}
     if information:
         extra["divergence_is_information"] = True

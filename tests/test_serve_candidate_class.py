@@ -155,7 +155,7 @@ def test_offline_crash_is_one_line_and_a_checked_prefix(model, tmp_path, cls) ->
     assert p.returncode == 1, p.stdout + p.stderr
     assert p.stderr.splitlines() == [crash_line(cls)]
     assert "offline vLLM 0.32.0: 20 engine steps, 0/24 finished" in p.stdout
-    assert ": 21 steps, 24 requests, 0 finished, 0 aborted, 1 preemptions, 0 prefix-hit tokens" in p.stdout
+    assert ": 21 steps, 24 requests, 0 finished, 0 aborted, 1 preemption, 0 prefix-hit tokens" in p.stdout
     assert p.stdout.rstrip().splitlines()[-1] == "1 violation of 1 invariant: ENGINE-CRASH ×1 (profile safety)"
     assert _check_crash(out, cls)["requests"] == 24  # all arrived at step 0
     assert _left_running(out) == []
