@@ -39,7 +39,9 @@ OPTIONAL = {
     "pytest": {"harness/pytest_plugin.py", "harness/conformance.py"},
     "vllm": {"harness/candidates/vllm/driver.py", "harness/candidates/vllm/events.py",
              "harness/candidates/vllm/recording_scheduler.py", "harness/serve/offline_runner.py",
-             "harness/serve/cpu_async.py"},
+             "harness/serve/cpu_async.py",
+             # Loaded with -p into vLLM's own test run, in the release's env (harness vllm-tests).
+             "harness/candidates/vllm/pytest_inject/sched_harness_vllm_tests.py"},
     # The [ray] extra: only `harness check --ray` (imported inside a function) and its test.
     "ray": {"harness/corpus_ray.py"},
     # vLLM's own dependency: the recording scheduler encodes with it inside vLLM (json when absent).
@@ -148,7 +150,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for name in ("reference", "workloads", "harness", "golden"):
+    for name in ("reference", "workloads", "harness", "golden", "traces"):  # traces/scenarios: harness.library
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(out), str(src)], check=True, capture_output=True)
