@@ -58,6 +58,26 @@ EXPECTED = {
                                                               "B": (5, "finish", "length", 6)}, []),
     "stop-token": (2, {"A": 0}, {}, {"A": (1, "finish", "stop", 2)}, []),
     "too-long-at-queue-head": (2, {"Y": 0, "X": 0}, {}, {"Y": (1, "finish", "length", 2)}, []),
+    # The progress layer's scenarios (issue 23): each records clean on the reference.
+    "admit-all-that-fit": (16, {"A": 0, "B": 0, "C": 0, "D": 0, "E": 20, "F": 20, "G": 20, "H": 20}, {},
+                           {"A": (7, "finish", "length", 8), "B": (7, "finish", "length", 8),
+                            "C": (7, "finish", "length", 8), "D": (7, "finish", "length", 8),
+                            "E": (27, "finish", "length", 8), "F": (27, "finish", "length", 8),
+                            "G": (27, "finish", "length", 8), "H": (27, "finish", "length", 8)}, []),
+    "deferred-free-pipeline": (27, {"A": 0, "B": 0, "C": 2, "D": 3, "E": 4}, {"E": 8},
+                               {"A": (2, "abort", "abort", 0), "B": (3, "abort", "abort", 0),
+                                "C": (15, "finish", "length", 6), "D": (18, "finish", "length", 6),
+                                "E": (25, "finish", "length", 6)}, [(10, "E")]),
+    "preempt-fenced-victim": (15, {"A": 0, "B": 0}, {"B": 12},
+                              {"A": (11, "finish", "length", 10), "B": (13, "finish", "length", 10)}, [(10, "B")]),
+    "preempt-only-when-full": (11, {"A": 0, "B": 0}, {},
+                               {"A": (10, "finish", "length", 11), "B": (10, "finish", "length", 11)}, []),
+    "running-after-preemption": (23, {"A": 0, "B": 0, "C": 0}, {"B": 20},
+                                 {"A": (13, "finish", "length", 14), "B": (14, "finish", "length", 14),
+                                  "C": (22, "finish", "length", 14)}, [(5, "C"), (13, "B")]),
+    "running-skipped-with-room": (12, {"A": 0, "B": 0, "C": 0}, {},
+                                  {"A": (11, "finish", "length", 12), "B": (11, "finish", "length", 12),
+                                   "C": (11, "finish", "length", 12)}, []),
 }
 
 
