@@ -1,7 +1,8 @@
 """No false alarms on correct releases: every canonical scenario recorded by
 real vLLM, checked with ``--semantics auto`` (the recording release's
-profile), is clean, for vLLM 0.33.0 and one older release (0.29.0; both are
-built here, about a minute each). ``bench/semantics_versions.py`` measures
+profile), is clean but for a release's known bugs (``FINDINGS``, exact
+counts), for vLLM 0.33.0 and one older release (0.29.0; both are built
+here, about a minute each). ``bench/semantics_versions.py`` measures
 every release we can build, the bug-shape scenarios and the recording
 scheduler too (figures in the README's "Safety invariants and version
 semantics").
@@ -35,6 +36,15 @@ REFUSED = {
                "kv-connector": "vLLM 0.29.0's Scheduler has no kv_holding_waiting"},
 }
 
+# Scenario -> the violations a release's real bug shows, exactly (findings, not false alarms).
+# 0.29.0 preempts a victim whose free is fenced behind a step in flight, so the preemption frees
+# nothing and the retry preempts the next one: vllm-project/vllm#49674, fixed by #49675 (0.31.0
+# on; docs/explanation/progress.md, "Soundness").
+FINDINGS = {
+    "0.33.0": {},
+    "0.29.0": {"deferred-frees": {"PROGRESS-PREEMPT-FREES": 7}},
+}
+
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -60,7 +70,11 @@ def test_a_correct_release_records_every_canonical_scenario_clean_under_its_prof
     assert name not in REFUSED[version], f"{engine} now runs {name}: drop it from REFUSED"
     result = check_trace(open_trace(path), "auto")
     assert (result.profile, result.profile_reason) == (version, f"recorded by vLLM {version}")
-    assert result.by_invariant == {}, [f"{v.invariant} step {v.step}: {v.message}" for v in result.violations[:5]]
+    expected = FINDINGS[version].get(name, {})
+    assert result.by_invariant == expected, [f"{v.invariant} step {v.step}: {v.message}"
+                                             for v in result.violations[:5]]
+    # A finding is a progress fault: the release's safety holds.
+    assert check_trace(open_trace(path), "safety").by_invariant == {}
 
 
 def test_regression_a_refused_config_is_not_an_engine_crash(tmp_path: Path) -> None:

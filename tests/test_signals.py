@@ -111,3 +111,14 @@ def test_regression_usage_errors_are_one_line_exit_2(tmp_path, args, message) ->
     assert len(err.splitlines()) == 1 and err.startswith("error: ")
     if message is not None:
         assert err.strip() == message
+
+
+def test_regression_a_fuzz_worker_adopted_by_a_subreaper_exits() -> None:
+    """Regression (CI): a worker still importing when ``harness fuzz`` was killed checked
+    ``getppid() == 1``; under ``make test``'s reaper shim (a subreaper) its new parent is the
+    shim, so it fuzzed on holding the run's pipes. It now compares with its real parent's PID."""
+    code = ("import os; from harness.fuzz.parallel import die_with_parent; "
+            "die_with_parent(os.getppid() + 100000); print('survived')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "")

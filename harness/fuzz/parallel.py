@@ -29,13 +29,17 @@ class FuzzWorkerError(RuntimeError):
     the message names the worker and its last error line."""
 
 
-def die_with_parent() -> None:
-    """A fuzz worker must not outlive a ``harness fuzz`` killed with ``kill -9``:
-    SIGKILL this process when its parent dies (``harness.children``); if the
-    parent is already gone (PID 1 adopted us), exit now."""
+def die_with_parent(parent: int) -> None:
+    """A fuzz worker must not outlive a ``harness fuzz`` (PID ``parent``) killed
+    with ``kill -9``: SIGKILL this process when its parent dies
+    (``harness.children``); if the parent is already gone, exit now.
+
+    Regression: "gone" was ``getppid() == 1``; under a subreaper (``make test``'s
+    reaper shim, systemd user sessions) the orphan is adopted by that process, so a
+    worker still importing when its parent was killed fuzzed on for good."""
     import signal
 
-    if set_parent_death_signal(signal.SIGKILL) and os.getppid() == 1:
+    if set_parent_death_signal(signal.SIGKILL) and os.getppid() != parent:
         os._exit(1)
 
 
@@ -153,7 +157,8 @@ class ParallelFuzzResult:
 def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline: float | None,
                  queue: Any, skip_known: bool = False, base: FuzzCase | None = None,
                  async_spec: bool = False, step_timeout: float | None = None,
-                 semantics: str = "auto", shrink_budget_s: float | None = SHRINK_BUDGET_S) -> None:
+                 semantics: str = "auto", shrink_budget_s: float | None = SHRINK_BUDGET_S,
+                 parent: int | None = None) -> None:
     """Body of one worker process (top level, so ``spawn`` can import it).
 
     ``deadline``: the wall-clock time (``time.time()``) at which the run's
@@ -164,8 +169,8 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline:
     puts on ``queue``: ``("progress", worker, n, shrinking)`` at most every
     0.1 s and on every change of phase, then ``("done", worker, FuzzResult)``
     or ``("error", worker, message)``; on KeyboardInterrupt it exits with
-    status 130 and puts nothing. It dies with its parent (``die_with_parent``)."""
-    die_with_parent()
+    status 130 and puts nothing. It dies with its parent ``parent`` (``die_with_parent``)."""
+    die_with_parent(os.getppid() if parent is None else parent)
     try:
         from harness.candidates.resolve import resolve_candidate
 
@@ -257,7 +262,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     queue = ctx.Queue()
     procs = [ctx.Process(target=_fuzz_worker, name=f"harness-fuzz-{i}", daemon=True,
                          args=(spec, i, seeds[i], shares[i], deadline, queue, skip_known, base,
-                               async_spec, step_timeout, semantics, shrink_budget_s))
+                               async_spec, step_timeout, semantics, shrink_budget_s, os.getpid()))
              for i in range(len(shares))]
     results: dict[int, FuzzResult] = {}
     try:

@@ -300,6 +300,11 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
     failed = getattr(res, "failed", 0)
     if failed and not conv.get("crashed"):  # after a crash, every request left fails with it
         err.print(f"[bold red]{failed} request(s) were not answered[/] (log: {escape(str(log_path))})")
+    if not conv["steps"] and (res.error or conv.get("crashed")):
+        # vLLM failed before its first step (a time limit spent starting it, a hang in the
+        # first schedule()): a failed run (exit 1), not unusable input (the empty trace's exit 2).
+        err.print(f"[bold red]no engine step was recorded: nothing to check[/] (log: {escape(str(log_path))})")
+        sys.exit(1)
     trace = _open(output)
     result = _check(trace, semantics)
     _report(result, None, False, trace)
