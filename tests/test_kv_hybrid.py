@@ -136,3 +136,45 @@ def test_scheduler_builds_the_hybrid_manager_only_for_a_hybrid_config() -> None:
                                     layer_types=(SW, FA)))
     assert type(hybrid.kv_cache_manager).__name__ == "HybridKVCacheManager"
     assert type(hybrid.kv_cache_manager.coordinator).__name__ == "HybridKVCacheCoordinator"
+
+
+def test_recording_a_hybrid_config_is_refused_not_written_with_group_0_only() -> None:
+    from reference.engine import check_workload_supported
+    from reference.workload import Workload
+
+    config = EngineConfig(block_size=4, num_gpu_blocks=64, max_model_len=64, sliding_window=8,
+                          layer_types=(SW, FA))
+    with pytest.raises(ConfigError, match=r"^sliding_window / layer_types \(a hybrid KV cache\) cannot be "
+                                          r"recorded yet: the trace holds one block table per request, "
+                                          r"not one per KV-cache group$"):
+        check_workload_supported(config, Workload("synthetic", "", {}, ()))
+    check_workload_supported(EngineConfig(), Workload("synthetic", "", {}, ()))  # the single group records
+
+
+def test_scheduler_over_alternating_layers_shares_the_window_tail_and_frees_behind_it() -> None:
+    # Window 8, block 4, layers [sliding, full]; b shares a's first 16 tokens.
+    sched = Scheduler(EngineConfig(block_size=4, num_gpu_blocks=17, max_model_len=32, max_num_seqs=4,
+                                   max_num_batched_tokens=16, sliding_window=8, layer_types=(SW, FA)))
+    prompt = list(range(1, 21))
+    sched.add_request(Request("a", prompt, SamplingParams(max_tokens=4), block_size=4))
+    sched.add_request(Request("b", prompt[:16] + [90, 91, 92, 93], SamplingParams(max_tokens=4),
+                              arrival_time=0.1, block_size=4))
+    manager = sched.kv_cache_manager
+    seen = []
+    while sched.requests:
+        out = sched.schedule()
+        sched.update_from_output(out, {r: [7] for r in out.num_scheduled_tokens
+                                       if r in sched.requests and not sched.requests[r].is_prefill_chunk})
+        seen.append(([(s.request_id, s.kind, s.num_computed_tokens, s.num_scheduled_tokens,
+                       s.num_prefix_hit_tokens) for s in out.scheduled],
+                     {r: manager.get_block_ids_per_group(r) for r in sched.requests}, manager.num_free_blocks))
+    assert seen[0] == ([("a", "new", 0, 16, 0)], {"a": ([1, 2, 3, 4], [5, 6, 7, 8]), "b": ([], [])}, 8)
+    # b hits 16 tokens in both groups: the window's last two blocks (3, 4), nulls before them.
+    assert seen[1] == ([("a", "running", 16, 4, 0), ("b", "new", 16, 4, 16)],
+                       {"a": ([0, 0, 3, 4, 9], [5, 6, 7, 8, 10]), "b": ([0, 0, 3, 4, 11], [5, 6, 7, 8, 12])}, 6)
+    # 20 tokens processed: the window of token 20 starts at 13, so table slot 2 (block 3,
+    # tokens 8-11) leaves both tables and block 3 goes back to the pool.
+    assert seen[2] == ([("a", "running", 20, 1, 0), ("b", "running", 20, 1, 0)],
+                       {"a": ([0, 0, 0, 4, 9, 13], [5, 6, 7, 8, 10, 14]),
+                        "b": ([0, 0, 0, 4, 11, 15], [5, 6, 7, 8, 12, 16])}, 3)
+    assert len(seen) == 5 and seen[-1] == ([("a", "running", 22, 1, 0), ("b", "running", 22, 1, 0)], {}, 16)
