@@ -102,6 +102,16 @@ def test_blocks_leaving_the_window_are_freed_and_nulled_on_the_processed_tokens(
     assert states[3]["tables"]["a"] == [[0, 0, 0, 0, 9, 10], [5, 6, 7, 8, 11, 12]]
 
 
+def test_blocks_a_step_in_flight_still_reads_stay_until_it_is_processed() -> None:
+    # 22 computed, 6 of them in flight: the window is placed on the 16
+    # processed tokens, so block 3 (tokens 8-11) stays; synchronously it goes.
+    in_flight = reference_states(CASES["swa-full-in-flight"])
+    assert in_flight[2]["tables"]["a"] == [[0, 0, 3, 4, 9, 10], [5, 6, 7, 8, 11, 12]]
+    assert reference_states(CASES["swa-full"])[2]["tables"]["a"] == [[0, 0, 0, 4, 9, 10], [5, 6, 7, 8, 11, 12]]
+    # Once those tokens are processed, the next allocation frees it.
+    assert in_flight[4]["tables"]["a"] == [[0, 0, 0, 4, 9, 10], [5, 6, 7, 8, 11, 12]]
+
+
 def test_hit_across_groups_is_the_longest_length_every_group_hits() -> None:
     states = reference_states(CASES["swa-full"])
     # b shares 20 tokens (5 blocks) with a. Full attention hits all 5; the

@@ -27,6 +27,23 @@ _SHARING = [
     {"op": "admit", "req": "d", "prompt": list(range(500, 560)), "num_new_tokens": 16},
 ]
 
+# Async scheduling: a step in flight while the next is scheduled; blocks
+# leave the window only once the tokens that read them are processed.
+_IN_FLIGHT = [
+    {"op": "admit", "req": "a", "prompt": A, "num_new_tokens": 16},
+    {"op": "step", "req": "a", "num_new_tokens": 6, "in_flight": True},
+    {"op": "step", "req": "a", "num_new_tokens": 1, "in_flight": True},
+    {"op": "settle", "req": "a", "num_tokens": 6, "append": [100]},
+    {"op": "step", "req": "a", "num_new_tokens": 1, "in_flight": True},
+    {"op": "settle", "req": "a", "num_tokens": 1, "append": [101]},
+    {"op": "admit", "req": "b", "prompt": B, "num_new_tokens": 10},
+    {"op": "step", "req": "a", "num_new_tokens": 1, "in_flight": True},
+    {"op": "settle", "req": "a", "num_tokens": 1, "append": [102]},
+    {"op": "step", "req": "a", "num_new_tokens": 1},
+    {"op": "preempt", "req": "a"},
+    {"op": "admit", "req": "a", "prompt": A, "num_new_tokens": 8},
+]
+
 CASES = {
     # alternating sliding-window / full layers: [SWA, full]
     "swa-full": {"block_size": 4, "num_gpu_blocks": 30, "max_model_len": 64, "max_in_flight_tokens": 64,
@@ -34,6 +51,9 @@ CASES = {
     # five local to one global, grouped as vLLM does: several SWA groups, one full
     "swa5-full": {"block_size": 4, "num_gpu_blocks": 60, "max_model_len": 64, "max_in_flight_tokens": 64,
                   "groups": [6, 6, 6, 6, 6, None], "ops": _SHARING},
+    # frees behind the window wait for the tokens in flight
+    "swa-full-in-flight": {"block_size": 4, "num_gpu_blocks": 30, "max_model_len": 64,
+                           "max_in_flight_tokens": 128, "groups": [8, None], "ops": _IN_FLIGHT},
     # every layer sliding-window: the unitary coordinator
     "swa-only": {"block_size": 4, "num_gpu_blocks": 20, "max_model_len": 64, "max_in_flight_tokens": 16,
                  "groups": [8], "ops": _SHARING},

@@ -15,6 +15,9 @@ does, synchronously (each step's tokens settle before the next operation):
 * ``{"op": "step", "req": id, "num_new_tokens": n, "append": [tokens]}``:
   ``allocate_slots`` for a running request, then ``n`` more computed tokens
   and the sampled ``append`` tokens;
+* ``"in_flight": true`` on a step: its tokens stay in flight (computed,
+  not processed: ``num_in_flight_tokens``) until ``{"op": "settle", "req":
+  id, "num_tokens": n, "append": [tokens]}`` returns them (async scheduling);
 * ``{"op": "free", "req": id}`` (finished) and ``{"op": "preempt", "req": id}``
   (freed, back to 0 computed tokens, PREEMPTED).
 
@@ -57,8 +60,16 @@ def run_ops(manager, make_request, ops, *, block_ids, free_queue, running, preem
             new = manager.allocate_slots(request, op["num_new_tokens"])
             if new is not None:
                 request.num_computed_tokens += op["num_new_tokens"]
+                if op.get("in_flight"):
+                    request.num_in_flight_tokens += op["num_new_tokens"]
                 for token in op.get("append", ()):
                     request.append_output_token_ids(token)
+        elif kind == "settle":
+            request = requests[req_id]
+            request.num_in_flight_tokens -= op["num_tokens"]
+            for token in op.get("append", ()):
+                request.append_output_token_ids(token)
+            new = None
         else:
             request = requests[req_id]
             manager.free(request)
