@@ -35,7 +35,8 @@ def reference_states(case: dict) -> list[dict]:
               for i, w in enumerate(case["groups"])]
     manager = HybridKVCacheManager(groups, num_gpu_blocks=case["num_gpu_blocks"],
                                    max_model_len=case["max_model_len"],
-                                   max_in_flight_tokens=case["max_in_flight_tokens"], enable_caching=True)
+                                   max_in_flight_tokens=case["max_in_flight_tokens"],
+                                   enable_caching=case.get("enable_caching", True))
     return run_ops(manager, lambda i, p: Request(i, list(p), SamplingParams(max_tokens=case["max_model_len"]),
                                                  block_size=bs),
                    case["ops"], block_ids=lambda m, r: [list(g) for g in m.get_block_ids_per_group(r)],

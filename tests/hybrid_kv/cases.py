@@ -54,6 +54,10 @@ CASES = {
     # frees behind the window wait for the tokens in flight
     "swa-full-in-flight": {"block_size": 4, "num_gpu_blocks": 30, "max_model_len": 64,
                            "max_in_flight_tokens": 128, "groups": [8, None], "ops": _IN_FLIGHT},
+    # prefix caching off: no hits, every free to the queue's head
+    "swa-full-no-caching": {"block_size": 4, "num_gpu_blocks": 30, "max_model_len": 64,
+                            "max_in_flight_tokens": 64, "groups": [8, None], "ops": _SHARING,
+                            "enable_caching": False},
     # every layer sliding-window: the unitary coordinator
     "swa-only": {"block_size": 4, "num_gpu_blocks": 20, "max_model_len": 64, "max_in_flight_tokens": 16,
                  "groups": [8], "ops": _SHARING},

@@ -116,7 +116,8 @@ def _vllm_states(case: dict) -> list[dict]:
         groups.append(KVCacheGroupSpec([f"layer{i}"], spec))
     config = KVCacheConfig(num_blocks=case["num_gpu_blocks"], kv_cache_tensors=[], kv_cache_groups=groups)
     manager = KVCacheManager(config, max_model_len=case["max_model_len"], scheduler_block_size=block_size,
-                             hash_block_size=block_size, max_in_flight_tokens=case["max_in_flight_tokens"])
+                             hash_block_size=block_size, max_in_flight_tokens=case["max_in_flight_tokens"],
+                             enable_caching=case.get("enable_caching", True))
     init_none_hash(sha256)
     hasher = get_request_block_hasher(block_size, sha256)
 
