@@ -243,3 +243,19 @@ def test_eos_at_zero_output_tokens_of_a_request_that_sampled_nothing_converts(tm
     assert summary["steps"] == 1 and summary["finished"] == 0
     assert "samples no token for request 'r000001-95820865'" in summary["protocol"]
     assert check_trace(trace).ok
+
+
+def test_a_request_withdrawn_in_its_schedule_is_not_expected_to_sample(tmp_path: Path) -> None:
+    """Regression: a request scheduled and then preempted in the same ``schedule()`` (vLLM's
+    priority preemption: a ``withdraw`` event, the request left out of ``num_scheduled_tokens``)
+    that sampled nothing was taken for a model output that leaves out a token (0.33.0's
+    ``test_priority_scheduling_preemption_and_resumption_when_out_of_kv``, clean before)."""
+    records = _format3()
+    i, j = _index(records, "schedule", 1), _index(records, "update", 1)
+    out = records[i]["output"]
+    out["num_scheduled_tokens"] = [p for p in out["num_scheduled_tokens"] if p[0] != "r000001-95820865"]
+    out["events"].append({"type": "withdraw", "request_id": "r000001-95820865", "num_scheduled_tokens": 69,
+                          "block_ids": [3, 4, 5]})
+    records[j]["sampled"] = records[j]["sampled"][:1]
+    summary = rc.convert(_write(tmp_path / "rec.jsonl", records), tmp_path / "rec.parquet")
+    assert summary["protocol"] is None and summary["steps"] == 148

@@ -378,9 +378,13 @@ def _check_sampled(schedule: dict, update: dict, known: dict[str, int], number: 
     tokens was refused as an EOS at 0 tokens). ``known`` holds the requests
     added and not yet finished (``len(prompt_token_ids)`` at arrival)."""
     sampled = {r: len(t) for r, t in update.get("sampled") or () if t}
+    # The batch: what schedule() returned (a request scheduled and then withdrawn
+    # or preempted in the same schedule() is not in it; regression: one was taken
+    # for a request that should have sampled).
+    batch = {r for r, _ in schedule["output"]["num_scheduled_tokens"]}
     for e in schedule["output"]["events"]:
         rid = e["request_id"]
-        if e["type"] != "schedule" or rid not in known or rid in sampled:
+        if e["type"] != "schedule" or rid not in batch or rid not in known or rid in sampled:
             continue
         end = e["num_computed_tokens"] + e["num_scheduled_tokens"] - len(e.get("spec_token_ids") or ())
         if end >= known[rid]:

@@ -73,7 +73,9 @@ def _injected(base: type, out: Path, rs) -> type:
             os.environ[rs.ENV_PATH] = str(path)
             super().__init__(*args, **kwargs)
             rec = self._sched_harness
-            entry = {"file": path.name, "nodeid": _state["nodeid"], "cls": base.__name__}
+            entry = {"file": path.name, "nodeid": _state["nodeid"],
+                     "cls": "AsyncRecordingScheduler" if getattr(self, "_sched_harness_async", False)
+                     else base.__name__}
             if not getattr(rec, "enabled", False):
                 entry["unrecorded"] = getattr(rec, "reason", None) or "the recorder did not start"
             else:
