@@ -83,8 +83,9 @@ def main() -> int:
             continue
         from harness.vllm_tests_report import render
 
+        where = Path(args.reuse or args.out) / version
         for line in render(report):
-            print(line)
+            print(line.replace(f"{where}/recordings/", ""))  # a refusal names its file: no machine path
         rec = report["recordings"] or 1
         print(f"goals {version}: broken_by_recorder {len(report['broken_by_recorder'])} (goal 0); "
               f"converted {report['converted']}/{report['recordings']} = {100 * report['converted'] / rec:.0f} % "
