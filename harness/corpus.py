@@ -156,10 +156,13 @@ def check_row(path: str, params: dict[str, Any], task: CheckTask) -> TraceRow:
     return row_of(path, code, stdout, stderr, time.process_time() - start)
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int) -> None:
+    """A check worker dies with the corpus run (PID ``parent``; regression: called
+    without it after ``die_with_parent`` took the parent's PID, every worker raised
+    TypeError and ``--workers 2`` failed)."""
     from harness.fuzz.parallel import die_with_parent
 
-    die_with_parent()
+    die_with_parent(parent)
 
 
 def check_local(paths: Sequence[str], params: dict[str, Any], task: CheckTask, workers: int = 1,
@@ -181,7 +184,8 @@ def check_local(paths: Sequence[str], params: dict[str, Any], task: CheckTask, w
             done(i, check_row(path, params, task))
         return [rows[i] for i in range(len(paths))]
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=ctx, initializer=_init_worker)
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=ctx, initializer=_init_worker,
+                               initargs=(os.getpid(),))
     try:
         futures = {pool.submit(check_row, p, params, task): i for i, p in enumerate(paths)}
         for fut in as_completed(futures):
@@ -193,7 +197,8 @@ def check_local(paths: Sequence[str], params: dict[str, Any], task: CheckTask, w
             if i in rows:
                 continue
             try:
-                with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker) as alone:
+                with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker,
+                                         initargs=(os.getpid(),)) as alone:
                     done(i, alone.submit(check_row, path, params, task).result())
             except BrokenProcessPool:
                 done(i, error_row(path, EXIT_UNUSABLE, f"{path}: the process checking it died"))

@@ -155,12 +155,13 @@ def test_a_scheduler_deriving_from_both_recording_classes_records_once(tmp_path:
 
 
 #: A selection of 0.33.0's tests that exercises the recorder's fixed paths: the prefix-cache
-#: reset, aborts (mid-step too), spec decode, a KV connector, preemption, prefix caching.
+#: reset, aborts (mid-step too), spec decode, a KV connector, preemption, prefix caching, a class
+#: deriving from both recording classes (DiffusionAsyncScheduler: its recordings were torn).
 SELECTION = ("test_scheduler_reset_prefix_cache or test_stop_via_update_from_output or "
              "test_preempt_during_execution or test_schedule_spec_decoding_stats or "
              "test_kv_connector_basic or test_abort_request_waiting_for_remote_kvs or "
              "test_update_draft_token_ids_strips_ngram_padding or test_prefill_plp or "
-             "test_reset_prefix_cache")
+             "test_reset_prefix_cache or test_diffusion_scheduler_trims_full_width_worker_drafts")
 
 
 @pytest.mark.vllm
