@@ -1,21 +1,21 @@
 """vLLM's own scheduler tests as the field corpus, per release (issue 22): ``harness vllm-tests``
-on whole test files, with the figures the docs quote (its section of docs/benchmarks.md).
+on whole test files, with the figures the docs quote.
 
     HARNESS_VLLM_ENVS=... .venv/bin/python bench/vllm_own_tests.py [VERSION ...] \\
-        [--files tests/v1/core/test_scheduler.py ...] [-o DIR] [--from DIR] [--no-page]
+        [--files tests/v1/core/test_scheduler.py ...] [-k EXPR] [-o DIR] [--from DIR] [--smoke]
 
 Default: 0.33.0 on ``tests/v1/core/test_scheduler.py`` and ``test_prefix_caching.py`` (the envs must
 exist: ``harness vllm-env VERSION``). For each release it prints the per-file table of
 ``harness vllm-tests``, the totals against the goals of issue 22 (no test broken by the recorder, at
 least 90 % of recordings converted, no unexplained violation, replay identical on every clean trace)
 and the CPU seconds of the plain and the injected pytest runs (their ratio: what the recorder costs
-on vLLM's own tests).
-
+on vLLM's own tests). ``--smoke`` (what tests/test_bench_smoke.py runs; needs the 0.33.0 env and its
+sdist, cached or fetched): 0.33.0 on two tests of ``test_scheduler.py``, in a temporary folder.
 ``--from DIR``: no pytest run; the analysis (convert, check, replay) is redone with this checkout's
 code on what ``harness vllm-tests VERSION -o DIR/VERSION`` left there (its JUnit files, recordings
-and report.json, whose pytest CPU seconds are quoted). A goal missed is a figure, not a failure: the
-exit is 0 when every release ran (the section is written), 2 when one could not. Not run by the
-test suite (tests/test_vllm_own_tests.py runs a selection).
+and report.json, whose pytest CPU seconds are quoted). A goal missed is a figure, not a failure:
+the exit is 0 when every release ran, 2 when one could not. The figures go to the
+``vllm_own_tests`` section of docs/benchmarks.md (bench/page.py).
 """
 
 from __future__ import annotations
@@ -25,17 +25,26 @@ import json
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
+
+#: The smoke run's selection: two of 0.33.0's scheduler tests (a preemption mid-step, a prefix-cache reset).
+SMOKE_SELECTION = "test_preempt_during_execution or test_scheduler_reset_prefix_cache"
 
 
-def _run(version: str, files: list[str], out: Path) -> dict | str:
+def _run(version: str, files: list[str], select: str, out: Path) -> dict | str:
     """``harness vllm-tests VERSION -o OUT --json``: its report, or why there is none."""
     cmd = [str(REPO / ".venv/bin/harness"), "vllm-tests", version, "-o", str(out), "--json"]
     for f in files:
         cmd += ["--files", f]
+    if select:
+        cmd += ["-k", select]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode not in (0, 1):
         return f"harness vllm-tests exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
@@ -65,25 +74,35 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("versions", nargs="*", default=["0.33.0"])
     parser.add_argument("--files", nargs="*", default=[])
+    parser.add_argument("-k", dest="select", default="", help="pytest's -k selection")
     parser.add_argument("-o", "--out", default="/tmp/vllm-own-tests")
     parser.add_argument("--from", dest="reuse", default=None, metavar="DIR",
                         help="Analyse DIR/VERSION again (no pytest run).")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"the test suite's run: 0.33.0, test_scheduler.py -k '{SMOKE_SELECTION}'")
     args = parser.parse_args()
+    if args.smoke:
+        from harness.candidates.vllm.own_tests import OwnTestsError, fetch_sdist
+
+        args.versions, args.files, args.select = ["0.33.0"], ["tests/v1/core/test_scheduler.py"], SMOKE_SELECTION
+        args.out, args.reuse = tempfile.mkdtemp(prefix="vllm-own-tests-"), None
+        try:
+            fetch_sdist("0.33.0")
+        except OwnTestsError as exc:  # no index reachable and nothing cached: nothing to run
+            print(f"skipped: {exc}")
+            return 0
     print(f"# bench/vllm_own_tests.py {' '.join(sys.argv[1:])} on {platform.node()} "
           f"({platform.processor() or platform.machine()})")
     worst = 0
     for version in args.versions:
-        if args.reuse:
-            report = _reanalyse(version, Path(args.reuse) / version)
-        else:
-            report = _run(version, args.files, Path(args.out) / version)
+        where = Path(args.reuse or args.out) / version
+        report = _reanalyse(version, where) if args.reuse else _run(version, args.files, args.select, where)
         if isinstance(report, str):
             print(f"vLLM {version}: {report}")
             worst = 2
             continue
         from harness.vllm_tests_report import render
 
-        where = Path(args.reuse or args.out) / version
         for line in render(report):
             print(line.replace(f"{where}/recordings/", ""))  # a refusal names its file: no machine path
         rec = report["recordings"] or 1
@@ -100,8 +119,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
-    import page
-
     sys.exit(page.run(main, "vllm_own_tests"))

@@ -157,9 +157,7 @@ def check_row(path: str, params: dict[str, Any], task: CheckTask) -> TraceRow:
 
 
 def _init_worker(parent: int) -> None:
-    """A check worker dies with the corpus run (PID ``parent``; regression: called
-    without it after ``die_with_parent`` took the parent's PID, every worker raised
-    TypeError and ``--workers 2`` failed)."""
+    """A pool worker dies with the process that started the pool (PID ``parent``)."""
     from harness.fuzz.parallel import die_with_parent
 
     die_with_parent(parent)
