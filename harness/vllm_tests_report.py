@@ -29,6 +29,7 @@ _PROTOCOL_KINDS = (
     ("the scheduler was paused", "paused"),
     ("added again after it finished", "request-id-reused"),
     ("model output omits", "model-output-incomplete"),
+    ("model output samples no token", "model-output-no-token"),
     ("finish_requests() with", "finished-by-hand"),
     ("entered the waiting queue outside", "preempted-by-hand"),
     ("aborted between schedule", "mid-step-abort"),

@@ -96,13 +96,72 @@ def test_reset_prefix_cache_mid_step_abort_and_object_new_behave_as_vllm(tmp_pat
     assert "1 request(s) aborted between schedule() and update_from_output()" in summary["protocol"]
 
 
+DIAMOND = r'''
+import json, os, sys
+from harness.candidates.vllm.driver import Driver
+from harness.candidates.vllm import recording_scheduler as rs
+from harness.candidates.vllm.candidate import driver_config
+from reference.config import EngineConfig
+
+Sync, Async = rs._build_recording_scheduler(False), rs._build_recording_scheduler(True)
+
+
+class Diamond(Sync, Async):  # as vLLM's DiffusionAsyncScheduler(DiffusionScheduler, AsyncScheduler)
+    pass
+
+
+driver = Driver()
+driver.Scheduler = Diamond
+os.environ["SCHED_HARNESS_TRACE"] = sys.argv[1]
+driver.init(driver_config(EngineConfig(num_gpu_blocks=64, block_size=16, max_model_len=256,
+                                       max_num_batched_tokens=256)), 0)
+driver.add({"request_id": "q0", "prompt_token_ids": list(range(1, 20)), "max_tokens": 2,
+            "ignore_eos": True, "eos_token_id": 2, "priority": 0, "arrival_time": 0.0})
+for _ in range(2):
+    driver.schedule()
+    driver.update({"q0": [7]})
+driver.sched.shutdown()
+print("RESULT " + json.dumps({"layers": [c.__name__ for c in rs._recording_layers(Diamond)],
+                              "async": driver.sched._sched_harness_async}))
+'''
+
+
+@pytest.mark.vllm
+def test_a_scheduler_deriving_from_both_recording_classes_records_once(tmp_path: Path) -> None:
+    """Regression: vLLM 0.33.0's ``DiffusionAsyncScheduler(DiffusionScheduler, AsyncScheduler)``
+    with both replaced by recording classes (``harness vllm-tests``) started two recorders on one
+    file (torn lines: "not a JSON object", the recording refused) and recorded every call twice."""
+    if SKIP:
+        pytest.skip("HARNESS_SKIP_VLLM=1")
+    from harness.candidates.vllm.env import ensure_env
+    from harness.candidates.vllm.recording_convert import convert
+
+    python = ensure_env("0.33.0", log=lambda line: print(f"vllm-env: {line}", file=sys.stderr))
+    script = tmp_path / "diamond.py"
+    script.write_text(DIAMOND)
+    jsonl = tmp_path / "rec.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(REPO), SCHED_HARNESS_STRICT="1", VLLM_USE_V2_MODEL_RUNNER="0")
+    proc = subprocess.run([str(python), str(script), str(jsonl)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert proc.returncode == 0 and line, proc.stderr[-4000:]
+    got = json.loads(line[len("RESULT "):])
+    assert got == {"layers": ["RecordingScheduler", "AsyncRecordingScheduler"], "async": True}
+    records = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert [r["t"] for r in records] == ["meta", "arrival", "schedule", "update", "schedule", "update",
+                                         "end"]
+    summary = convert(jsonl, tmp_path / "rec.parquet")
+    assert summary["steps"] == 2 and summary["finished"] == 1 and summary["protocol"] is None
+
+
 #: A selection of 0.33.0's tests that exercises the recorder's fixed paths: the prefix-cache
-#: reset, aborts (mid-step too), spec decode, a KV connector, preemption, prefix caching.
+#: reset, aborts (mid-step too), spec decode, a KV connector, preemption, prefix caching, a class
+#: deriving from both recording classes (DiffusionAsyncScheduler: its recordings were torn).
 SELECTION = ("test_scheduler_reset_prefix_cache or test_stop_via_update_from_output or "
              "test_preempt_during_execution or test_schedule_spec_decoding_stats or "
              "test_kv_connector_basic or test_abort_request_waiting_for_remote_kvs or "
              "test_update_draft_token_ids_strips_ngram_padding or test_prefill_plp or "
-             "test_reset_prefix_cache")
+             "test_reset_prefix_cache or test_diffusion_scheduler_trims_full_width_worker_drafts")
 
 
 @pytest.mark.vllm

@@ -193,3 +193,69 @@ def test_rules_a_feature_keeps_the_model_from_judging_are_skipped_with_a_note(tm
             "FREE-ORDER, PREFIX-HIT-RULES, HIT-UNCOMPUTED-BLOCK: not judged (2 KV-cache groups (group 0's "
             "blocks recorded): the model cannot follow it)") in result.notes
     assert json.loads(json.dumps(unjudged_rules({"vllm_recording": {}}))) == {}
+
+
+def test_a_complete_prefill_that_samples_no_token_is_a_model_output_fact(tmp_path: Path) -> None:
+    """Regression: a hand-made ModelRunnerOutput feeding ``[[]]`` for a prefill that reached the
+    end of its prompt (vLLM's own tests; a pooling, encoder-only or diffusion model does the same)
+    was reported as OUTPUT-ONLY-COMPLETE "sampled nothing". It is a fact of the model output: the
+    trace keeps the steps before that update, the footer names it."""
+    records = _format3()
+    i = _index(records, "update", 1)  # step 1: r000000 decodes, r000001's 69-token prefill completes
+    records[i]["sampled"] = records[i]["sampled"][:1]
+    summary, trace = _convert(tmp_path, records)
+    assert summary["steps"] == 1
+    assert (f"line {i + 1}: the model output samples no token for request 'r000001-95820865', whose "
+            f"step reached 69 of its 69 tokens") in summary["protocol"]
+    from harness.vllm_tests_report import protocol_kind
+    assert protocol_kind(summary["protocol"]) == "model-output-no-token"
+    result = check_trace(trace)
+    assert result.ok and result.steps == 1
+
+
+def test_a_partial_prefill_chunk_that_samples_no_token_is_no_break(tmp_path: Path) -> None:
+    """The fact is claimed only where the step reached the end of the known tokens: vLLM 0.32.0's
+    own recording (every prefill and decode sampled) converts whole, and a chunk of a longer prompt
+    that samples nothing is no break."""
+    records = _format3()
+    summary, _ = _convert(tmp_path, records)
+    assert summary["protocol"] is None and summary["steps"] == 148
+    i, j = _index(records, "schedule", 1), _index(records, "update", 1)
+    ev = next(e for e in records[i]["output"]["events"] if e["request_id"] == "r000001-95820865")
+    ev["num_scheduled_tokens"] = 68  # one token short of its 69-token prompt
+    records[j]["sampled"] = records[j]["sampled"][:1]
+    summary = rc.convert(_write(tmp_path / "b.jsonl", records), tmp_path / "b.parquet")
+    assert summary["protocol"] is None and summary["steps"] == 148
+
+
+def test_eos_at_zero_output_tokens_of_a_request_that_sampled_nothing_converts(tmp_path: Path) -> None:
+    """Regression: an encoder-only instance's request finishes FINISHED_STOPPED after its prefill
+    with 0 output tokens (no token sampled); the converter read that as an EOS at 0 tokens and
+    refused the whole recording. The update that samples nothing is the break; the steps before it
+    convert."""
+    records = _format3()
+    i = _index(records, "update", 1)
+    records[i]["sampled"] = records[i]["sampled"][:1]
+    records[i]["finished"] = [{"request_id": "r000001-95820865", "status": "FINISHED_STOPPED",
+                               "finish_reason": "stop", "stop_reason": None, "num_output_tokens": 0,
+                               "freed_block_ids": [], "fence": None}]
+    summary, trace = _convert(tmp_path, records)
+    assert summary["steps"] == 1 and summary["finished"] == 0
+    assert "samples no token for request 'r000001-95820865'" in summary["protocol"]
+    assert check_trace(trace).ok
+
+
+def test_a_request_withdrawn_in_its_schedule_is_not_expected_to_sample(tmp_path: Path) -> None:
+    """Regression: a request scheduled and then preempted in the same ``schedule()`` (vLLM's
+    priority preemption: a ``withdraw`` event, the request left out of ``num_scheduled_tokens``)
+    that sampled nothing was taken for a model output that leaves out a token (0.33.0's
+    ``test_priority_scheduling_preemption_and_resumption_when_out_of_kv``, clean before)."""
+    records = _format3()
+    i, j = _index(records, "schedule", 1), _index(records, "update", 1)
+    out = records[i]["output"]
+    out["num_scheduled_tokens"] = [p for p in out["num_scheduled_tokens"] if p[0] != "r000001-95820865"]
+    out["events"].append({"type": "withdraw", "request_id": "r000001-95820865", "num_scheduled_tokens": 69,
+                          "block_ids": [3, 4, 5]})
+    records[j]["sampled"] = records[j]["sampled"][:1]
+    summary = rc.convert(_write(tmp_path / "rec.jsonl", records), tmp_path / "rec.parquet")
+    assert summary["protocol"] is None and summary["steps"] == 148

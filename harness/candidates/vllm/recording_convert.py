@@ -197,6 +197,7 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
     last_after: dict | None = None   # the previous schedule's ``after`` snapshot
     arrived: set[str] = set()         # requests added since it
     added: set[str] = set()           # every request id added
+    known: dict[str, int] = {}        # live request -> its known tokens (prompt + sampled so far)
     try:
         for number, rec in _read_records(path):
             kind = rec["t"]
@@ -219,6 +220,7 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
                     raise _ProtocolBreak(f"line {number}: request id {rec['request_id']!r} added again "
                                          f"after it finished (a trace needs unique ids)")
                 added.add(rec["request_id"])
+                known[rec["request_id"]] = len(rec.get("prompt_token_ids") or ())
                 inputs.append(("arrival", rec))
                 arrived.add(rec["request_id"])
             elif kind == "abort":
@@ -233,6 +235,8 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
                     # EngineCore finishes requests from outside only by aborting them.
                     raise _ProtocolBreak(f"line {number}: finish_requests() with {rec['status']} (EngineCore "
                                          f"calls it only to abort): the driver left EngineCore's protocol")
+                for f in rec["finished"]:
+                    known.pop(f["request_id"], None)
                 inputs.append(("abort", rec))
             elif kind == "schedule":
                 resolve(rec["before"])
@@ -248,6 +252,7 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
             elif kind == "update":
                 step = update_step()
                 complete_batch(rec, step)
+                _check_sampled(step["update_schedule"], rec, known, number)
                 step["update"] = rec
             elif kind == "drafts":
                 if rec["stored"] or rec.get("states"):
@@ -356,6 +361,43 @@ def recording_path(jsonl_path: str | os.PathLike[str]) -> Path:
         raise ConvertError(f"{src}: no such file; a data-parallel engine wrote one file per rank "
                            f"({', '.join(p.name for p in ranks)}): convert each")
     raise ConvertError(f"{src}: no such file")
+
+
+def _check_sampled(schedule: dict, update: dict, known: dict[str, int], number: int) -> None:
+    """Every live request whose scheduled step reached the end of its known
+    tokens sampled one (EngineCore's model runner for a generating model always
+    samples there; vLLM's ``Scheduler`` appends it), then advance ``known`` by
+    the tokens sampled and drop the requests that finished. A hand-made
+    ``ModelRunnerOutput`` with an empty list there (a unit test feeding
+    ``[[]]`` for a complete prefill), or a model that appends no sampled token
+    after prefill (vLLM's ``num_sampled_tokens_per_step`` 0: pooling, an
+    encoder-only instance, a diffusion model), is a fact of the model output,
+    not a scheduler finding: a protocol break at this update (regression:
+    OUTPUT-ONLY-COMPLETE "sampled nothing" reported as a violation, and
+    converting such a request that later finished FINISHED_STOPPED at 0 output
+    tokens was refused as an EOS at 0 tokens). ``known`` holds the requests
+    added and not yet finished (``len(prompt_token_ids)`` at arrival)."""
+    sampled = {r: len(t) for r, t in update.get("sampled") or () if t}
+    # The batch: what schedule() returned (a request scheduled and then withdrawn
+    # or preempted in the same schedule() is not in it; regression: one was taken
+    # for a request that should have sampled).
+    batch = {r for r, _ in schedule["output"]["num_scheduled_tokens"]}
+    for e in schedule["output"]["events"]:
+        rid = e["request_id"]
+        if e["type"] != "schedule" or rid not in batch or rid not in known or rid in sampled:
+            continue
+        end = e["num_computed_tokens"] + e["num_scheduled_tokens"] - len(e.get("spec_token_ids") or ())
+        if end >= known[rid]:
+            raise _ProtocolBreak(
+                f"line {number}: the model output samples no token for request {rid!r}, whose step "
+                f"reached {end} of its {known[rid]} tokens (EngineCore's model runner samples one for "
+                f"a generating model: a hand-made ModelRunnerOutput, or a pooling, encoder-only or "
+                f"diffusion model that appends none after prefill)")
+    for rid, n in sampled.items():
+        if rid in known:
+            known[rid] += n
+    for f in update.get("finished") or ():
+        known.pop(f["request_id"], None)
 
 
 def _check_queues_untouched(before: dict, last_after: dict | None, arrived: set[str], number: int) -> None:

@@ -89,6 +89,8 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import enum
+import functools
+import inspect
 import json
 import logging
 import math
@@ -845,6 +847,37 @@ def _base_scheduler_class(scheduler: type) -> tuple[type, str | None]:
     return obj, name
 
 
+@functools.lru_cache(maxsize=None)
+def _recording_layers(cls: type) -> tuple[type, ...]:
+    """The recording classes in ``cls``'s MRO, outermost first (built by
+    ``_build_recording_scheduler``: they hold ``_sched_harness_async`` in their
+    own ``__dict__``). More than one when a class inherits from both the
+    recording ``Scheduler`` and the recording ``AsyncScheduler`` (vLLM 0.33.0's
+    ``DiffusionAsyncScheduler(DiffusionScheduler, AsyncScheduler)`` with both
+    replaced, as ``harness vllm-tests`` does)."""
+    return tuple(c for c in cls.__mro__ if "_sched_harness_async" in c.__dict__)
+
+
+def _inner_layers_pass_through(cls: type) -> None:
+    """Make every method ``cls`` overrides (but ``__init__``) call the parent's
+    alone when ``cls`` is not the outermost recording layer of the instance's
+    class: one recorder per scheduler, each call recorded once. Regression:
+    with two layers both started a recorder on the same file (torn lines: the
+    recording was refused, "not a JSON object") and recorded every call twice."""
+    for name, fn in list(vars(cls).items()):
+        if name == "__init__" or not inspect.isfunction(fn):
+            continue
+
+        def method(self, *args, _name=name, _fn=fn, **kwargs):
+            if _recording_layers(type(self))[0] is not cls:
+                return getattr(super(cls, self), _name)(*args, **kwargs)
+            return _fn(self, *args, **kwargs)
+
+        method.__name__ = method.__qualname__ = name
+        method.__doc__ = fn.__doc__
+        setattr(cls, name, method)
+
+
 def _build_recording_scheduler(async_scheduling: bool = False):
     """The recording subclass of vLLM's ``Scheduler``, or with ``async_scheduling``
     of its ``AsyncScheduler`` (``vllm/v1/core/sched/async_scheduler.py``: what
@@ -880,6 +913,12 @@ def _build_recording_scheduler(async_scheduling: bool = False):
         _sched_harness = _NotRecording()
 
         def __init__(self, *args, **kwargs) -> None:
+            layers = _recording_layers(type(self))
+            if layers[0] is not RecordingScheduler:  # an inner layer: the outermost records
+                super().__init__(*args, **kwargs)
+                return
+            if len(layers) > 1:  # async when any layer is (vLLM's DiffusionAsyncScheduler)
+                self._sched_harness_async = any(c._sched_harness_async for c in layers)
             super().__init__(*args, **kwargs)
             self._sched_harness = _start_recorder(self)
 
@@ -974,6 +1013,7 @@ def _build_recording_scheduler(async_scheduling: bool = False):
             finally:
                 self._sched_harness.close("shutdown")
 
+    _inner_layers_pass_through(RecordingScheduler)
     RecordingScheduler.__module__ = __name__
     if async_scheduling:
         RecordingScheduler.__name__ = RecordingScheduler.__qualname__ = "AsyncRecordingScheduler"

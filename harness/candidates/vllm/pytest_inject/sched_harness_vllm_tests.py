@@ -62,12 +62,20 @@ def _injected(base: type, out: Path, rs) -> type:
 
     class Injected(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args, **kwargs) -> None:
+            if "_sched_harness_injected" in self.__dict__:
+                # An inner Injected layer (a class deriving from both the injected Scheduler
+                # and AsyncScheduler: vLLM's DiffusionAsyncScheduler): one file, one manifest line.
+                super().__init__(*args, **kwargs)
+                return
+            self._sched_harness_injected = True
             _state["n"] += 1
             path = out / f"{_state['n']:05d}.jsonl"
             os.environ[rs.ENV_PATH] = str(path)
             super().__init__(*args, **kwargs)
             rec = self._sched_harness
-            entry = {"file": path.name, "nodeid": _state["nodeid"], "cls": base.__name__}
+            entry = {"file": path.name, "nodeid": _state["nodeid"],
+                     "cls": "AsyncRecordingScheduler" if getattr(self, "_sched_harness_async", False)
+                     else base.__name__}
             if not getattr(rec, "enabled", False):
                 entry["unrecorded"] = getattr(rec, "reason", None) or "the recorder did not start"
             else:
