@@ -1,9 +1,11 @@
-"""``harness fuzz --ray`` (issue 25, harness/fuzz/parallel_ray.py) on a local
-2-CPU Ray cluster, started once for the module (~10-20 s): the workers as Ray
+"""``harness fuzz --ray`` and ``harness sweep --ray`` (issue 25,
+harness/fuzz/parallel_ray.py, harness/sweep_ray.py) on a local 2-CPU Ray
+cluster, started once for the module (~10-20 s): the fuzz workers as Ray
 tasks find what ``--workers 2`` finds, worker for worker (the same seeds,
-shares, cases); a task that SIGKILLs its own worker is retried and changes
-nothing; an interrupted run cancels its tasks (their workers die); a ``kill
--9`` of a ``harness fuzz --ray`` leaves no process of its cluster running.
+shares, cases); the sweep's table is the local one, cell for cell; a task
+that SIGKILLs its own worker is retried and changes nothing; an interrupted
+run cancels its tasks (their workers die); a ``kill -9`` of a ``harness fuzz
+--ray`` leaves no process of its cluster running.
 
 Needs the ``[ray]`` extra (the ``[test]`` extra installs it); skipped without it.
 """
@@ -31,6 +33,9 @@ from harness.fuzz import WorkerProgress, split_examples, worker_seed  # noqa: E4
 from harness.fuzz.parallel import run_worker  # noqa: E402
 from harness.fuzz.parallel_ray import _fuzz_task, fuzz_ray  # noqa: E402
 from harness.ray_cluster import init_ray, shutdown  # noqa: E402
+from harness.sweep import sweep_candidate  # noqa: E402
+from harness.sweep_ray import sweep_ray  # noqa: E402
+from test_sweep import EXPECTED, SCENARIOS, SPECS  # noqa: E402
 
 SPEC = "mutant:drafts-on-prefill"
 
@@ -172,3 +177,33 @@ def test_regression_a_killed_fuzz_ray_leaves_no_process_of_its_cluster_running(t
     while any(_running(p) for p in tree) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [_cmdline(p) for p in tree if _running(p)] == []
+
+
+def test_sweep_ray_gives_the_local_cells(cluster) -> None:
+    done: list[int] = []
+    results = sweep_ray(SPECS, SCENARIOS, on_candidate=lambda i, _cells: done.append(i))
+    assert [c.outcome()[:-1] for cells in results for c in cells] == EXPECTED
+    assert sorted(done) == [0, 1]
+
+
+def sweep_dying_once(spec, scenarios):
+    """The mutant's first attempt SIGKILLs its own Ray worker; the retry sweeps it."""
+    marker = Path(os.environ["HARNESS_TEST_MARKERS"]) / spec.replace(":", "-")
+    if spec.startswith("mutant:") and not marker.exists():
+        marker.write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sweep_candidate(spec, scenarios)
+
+
+def test_a_killed_sweep_worker_changes_no_cell(cluster, tmp_path: Path) -> None:
+    results = sweep_ray(SPECS, SCENARIOS, task=_with_marker_dir(sweep_dying_once, str(tmp_path)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mutant-ignore-max-num-seqs"]
+    assert [c.outcome()[:-1] for cells in results for c in cells] == EXPECTED
+
+
+def test_cli_sweep_ray_json_runner(cluster) -> None:
+    res = CliRunner().invoke(main, ["sweep", "fcfs-tight", "--candidate", "reference", "--ray", "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output)
+    assert report["runner"] == "Ray local cluster"
+    assert [(c["identical"], c["golden_steps"], c["verdict"]) for c in report["cells"]] == [(392, 392, "clean")]
