@@ -156,10 +156,14 @@ def check_row(path: str, params: dict[str, Any], task: CheckTask) -> TraceRow:
     return row_of(path, code, stdout, stderr, time.process_time() - start)
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int) -> None:
+    """A pool worker dies with the process ``parent`` that started the pool.
+    Regression: ``die_with_parent`` came to need that PID (a subreaper may
+    adopt an orphan, so "my parent is PID 1" no longer says it is one) and
+    every pool worker failed its initializer: ``--workers 2`` had no rows."""
     from harness.fuzz.parallel import die_with_parent
 
-    die_with_parent()
+    die_with_parent(parent)
 
 
 def check_local(paths: Sequence[str], params: dict[str, Any], task: CheckTask, workers: int = 1,
@@ -181,7 +185,8 @@ def check_local(paths: Sequence[str], params: dict[str, Any], task: CheckTask, w
             done(i, check_row(path, params, task))
         return [rows[i] for i in range(len(paths))]
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=ctx, initializer=_init_worker)
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=ctx, initializer=_init_worker,
+                               initargs=(os.getpid(),))
     try:
         futures = {pool.submit(check_row, p, params, task): i for i, p in enumerate(paths)}
         for fut in as_completed(futures):
@@ -193,7 +198,8 @@ def check_local(paths: Sequence[str], params: dict[str, Any], task: CheckTask, w
             if i in rows:
                 continue
             try:
-                with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker) as alone:
+                with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker,
+                                         initargs=(os.getpid(),)) as alone:
                     done(i, alone.submit(check_row, path, params, task).result())
             except BrokenProcessPool:
                 done(i, error_row(path, EXIT_UNUSABLE, f"{path}: the process checking it died"))
