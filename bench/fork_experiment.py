@@ -16,6 +16,11 @@ driver and counted, never a finding.
     HARNESS_VLLM_ENVS=/path/.vllm-envs .venv/bin/python bench/fork_experiment.py \
         --out /tmp/fork-experiment
 
+``--smoke`` (what tests/test_bench_smoke.py runs; needs the 0.33.0 env): one progress
+bug (SkipTailEveryThird) on one scenario (running-skipped-with-room), one vLLM start,
+in a temporary folder. The figures go to the
+``fork_experiment`` section of docs/benchmarks.md (bench/page.py).
+
 Exit 0 when every bug that breaks safety or progress is caught by the fork gate
 and no correct policy fails it, 1 otherwise.
 """
@@ -23,15 +28,19 @@ and no correct policy fails it, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 FORKS = REPO / "bench" / "forks"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
 
 from harness.candidates.resolve import resolve_candidate  # noqa: E402
 from harness.check import check_trace  # noqa: E402
@@ -63,12 +72,13 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_class(cls: str, out: Path) -> dict:
-    """Record every scenario with the class; check each trace three ways."""
+def run_class(cls: str, out: Path, scenarios: list[str]) -> dict:
+    """Record each of ``scenarios`` (paths under the repository, no suffix) with the
+    class; check each trace three ways."""
     spec = f"vllm@0.33.0,scheduler_cls=fork_schedulers:{cls}"
     factory = resolve_candidate(spec)
     per: dict[str, dict] = {}
-    for name in SCENARIOS:
+    for name in scenarios:
         sc = load_scenario(REPO / f"{name}.toml")
         path = out / cls / f"{Path(name).name}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +115,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/fork-experiment"))
     ap.add_argument("--classes", default="", help="comma-separated class names (default: all)")
+    ap.add_argument("--scenarios", default="", help="comma-separated scenario names (default: all 13)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the test suite's run: one progress bug on one scenario (one vLLM start), a temp folder")
     args = ap.parse_args()
+    if args.smoke:
+        args.classes, args.scenarios = "SkipTailEveryThird", "running-skipped-with-room"
+        args.out = Path(tempfile.mkdtemp(prefix="fork-experiment-"))
+    known = {c for c, _ in CLASSES}
+    names = {Path(n).name: n for n in SCENARIOS}
+    for bad in [c for c in args.classes.split(",") if c and c not in known] + \
+            [n for n in args.scenarios.split(",") if n and n not in names]:
+        close = difflib.get_close_matches(bad, [*known, *names], n=1)
+        ap.error(f"no class or scenario {bad!r}" + (f"; did you mean {close[0]!r}?" if close else
+                 f"; the classes: {', '.join(sorted(known))}; the scenarios: {', '.join(names)}"))
+    scenarios = [n for n in SCENARIOS if not args.scenarios or Path(n).name in args.scenarios.split(",")]
     # The driver imports the classes from the caller's PYTHONPATH.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(FORKS), os.environ.get("PYTHONPATH", "")) if p)
     wanted = {c for c in args.classes.split(",") if c}
@@ -113,7 +137,7 @@ def main() -> int:
     t0 = time.monotonic()
     for cls, _ in CLASSES:
         if not wanted or cls in wanted:
-            results[cls] = run_class(cls, args.out)
+            results[cls] = run_class(cls, args.out, scenarios)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print("| class | kind | fork gate: first witness | safety only | profile 0.33.0 | fork-gate scenarios failed | refused |")
@@ -138,4 +162,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(page.run(main, "fork_experiment"))

@@ -9,7 +9,9 @@ exist: ``harness vllm-env VERSION``). For each release it prints the per-file ta
 ``harness vllm-tests``, the totals against the goals of issue 22 (no test broken by the recorder, at
 least 90 % of recordings converted, no unexplained violation, replay identical on every clean trace)
 and the CPU seconds of the plain and the injected pytest runs (their ratio: what the recorder costs
-on vLLM's own tests). Not run by the test suite (tests/test_vllm_own_tests.py runs a selection).
+on vLLM's own tests). ``--smoke`` (what tests/test_bench_smoke.py runs; needs the 0.33.0 env and its
+sdist, cached or fetched): 0.33.0 on two tests of ``test_scheduler.py``, in a temporary folder.
+The figures go to the ``vllm_own_tests`` section of docs/benchmarks.md (bench/page.py).
 """
 
 from __future__ import annotations
@@ -19,17 +21,37 @@ import json
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
+import page  # noqa: E402
+
+#: The smoke run's selection: two of 0.33.0's scheduler tests (a preemption mid-step, a prefix-cache reset).
+SMOKE_SELECTION = "test_preempt_during_execution or test_scheduler_reset_prefix_cache"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("versions", nargs="*", default=["0.33.0"])
     parser.add_argument("--files", nargs="*", default=[])
+    parser.add_argument("-k", dest="select", default="", help="pytest's -k selection")
     parser.add_argument("-o", "--out", default="/tmp/vllm-own-tests")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"the test suite's run: 0.33.0, test_scheduler.py -k '{SMOKE_SELECTION}'")
     args = parser.parse_args()
+    if args.smoke:
+        from harness.candidates.vllm.own_tests import OwnTestsError, fetch_sdist
+
+        args.versions, args.files, args.select = ["0.33.0"], ["tests/v1/core/test_scheduler.py"], SMOKE_SELECTION
+        args.out = tempfile.mkdtemp(prefix="vllm-own-tests-")
+        try:
+            fetch_sdist("0.33.0")
+        except OwnTestsError as exc:  # no index reachable and nothing cached: nothing to run
+            print(f"skipped: {exc}")
+            return 0
     print(f"# bench/vllm_own_tests.py {' '.join(sys.argv[1:])} on {platform.node()} "
           f"({platform.processor() or platform.machine()})")
     worst = 0
@@ -38,6 +60,8 @@ def main() -> int:
         cmd = [str(REPO / ".venv/bin/harness"), "vllm-tests", version, "-o", str(out), "--json"]
         for f in args.files:
             cmd += ["--files", f]
+        if args.select:
+            cmd += ["-k", args.select]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode not in (0, 1):
             print(f"vLLM {version}: harness vllm-tests exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
@@ -62,5 +86,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
-    sys.exit(main())
+    sys.exit(page.run(main, "vllm_own_tests"))

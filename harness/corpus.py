@@ -157,10 +157,7 @@ def check_row(path: str, params: dict[str, Any], task: CheckTask) -> TraceRow:
 
 
 def _init_worker(parent: int) -> None:
-    """A pool worker dies with the process ``parent`` that started the pool.
-    Regression: ``die_with_parent`` came to need that PID (a subreaper may
-    adopt an orphan, so "my parent is PID 1" no longer says it is one) and
-    every pool worker failed its initializer: ``--workers 2`` had no rows."""
+    """A pool worker dies with the process that started the pool (PID ``parent``)."""
     from harness.fuzz.parallel import die_with_parent
 
     die_with_parent(parent)

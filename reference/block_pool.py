@@ -11,6 +11,14 @@ from collections.abc import Iterable
 from reference.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
 
+def make_block_hash_with_group_id(block_hash: bytes, kv_cache_group_id: int) -> bytes:
+    """The prefix-cache key of a hybrid model's block: the block hash with the
+    group id appended (4 bytes, big-endian), as vLLM 0.33.0's
+    ``kv_cache_utils.make_block_hash_with_group_id``: the same tokens cached
+    in two groups are two entries."""
+    return block_hash + kv_cache_group_id.to_bytes(4, "big")
+
+
 class BlockPool:
     """``num_gpu_blocks`` blocks with ids 0..N-1; block 0 is the null block.
 
@@ -41,19 +49,30 @@ class BlockPool:
     def get_usage(self) -> float:
         return 1.0 - self.get_num_free_blocks() / (self.num_gpu_blocks - 1)
 
-    def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
-        """First block registered under ``block_hash``, or None."""
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_id: int | None = None) -> KVCacheBlock | None:
+        """First block registered under ``block_hash``, or None. With a
+        ``kv_cache_group_id`` (hybrid models), the block of that group
+        (vLLM ``BlockPool.get_cached_block`` over one group id)."""
+        if kv_cache_group_id is not None:
+            block_hash = make_block_hash_with_group_id(block_hash, kv_cache_group_id)
         blocks = self.cached_block_hash_to_block.get(block_hash)
         return next(iter(blocks.values())) if blocks else None
 
     def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[bytes],
-                          num_cached_blocks: int, num_full_blocks: int) -> None:
-        """Register blocks [num_cached_blocks, num_full_blocks) under their hashes."""
+                          num_cached_blocks: int, num_full_blocks: int,
+                          kv_cache_group_id: int | None = None) -> None:
+        """Register blocks [num_cached_blocks, num_full_blocks) under their hashes.
+
+        With a ``kv_cache_group_id`` (hybrid models) the key is the hash with
+        the group id appended, as vLLM's ``make_block_hash_with_group_id``, and
+        null blocks (a sliding window's skipped prefix) are passed over.
+        """
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
-            if block.block_hash is not None:  # a prefix hit, already registered
+            if block.block_hash is not None or block.is_null:  # a prefix hit, already registered
                 continue
-            block.block_hash = block_hashes[i]
+            block.block_hash = (block_hashes[i] if kv_cache_group_id is None
+                                else make_block_hash_with_group_id(block_hashes[i], kv_cache_group_id))
             self.cached_block_hash_to_block.setdefault(block.block_hash, {})[block.block_id] = block
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:

@@ -35,7 +35,8 @@ POLICIES = ("fcfs", "priority")
 #: keep their fingerprints and bytes, and a missing key reads as the default.
 OMITTED_AT_DEFAULT = ("draft_acceptance_pattern", "kv_connector", "kv_store_fraction",
                       "kv_load_steps", "kv_load_failure_rate", "kv_load_failure_policy",
-                      "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input")
+                      "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input",
+                      "sliding_window", "layer_types")
 #: Keys serialised by ``to_dict`` that are derived, not fields: accepted by
 #: ``from_dict`` (checked against the fields), refused by ``with_overrides``.
 DERIVED_KEYS = ("max_concurrent_batches",)
@@ -194,11 +195,31 @@ class EngineConfig:
     max_num_encoder_input_tokens: int | None = None
     encoder_cache_size: int | None = None
     disable_chunked_mm_input: bool = False
+    # A hybrid model's KV cache (reference.kv): the model config's
+    # ``sliding_window`` (tokens a sliding-window layer attends, itself
+    # included) and ``layer_types`` (one per layer: "full_attention" or
+    # "sliding_attention"). A window without layer types makes every layer a
+    # sliding-window layer. Both None: one full-attention group.
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
     step_fixed_s: float = 0.005
     step_per_token_s: float = 0.0001
 
     def __post_init__(self) -> None:
+        if isinstance(self.layer_types, list):  # from JSON / TOML
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
         self.validate()
+
+    @property
+    def kv_cache_groups(self) -> tuple:
+        """The KV-cache groups vLLM builds for ``layer_types`` and
+        ``sliding_window`` (``reference.kv.kv_cache_spec.kv_cache_groups_for``);
+        empty for the default single full-attention group."""
+        from reference.kv.kv_cache_spec import kv_cache_groups_for
+        if self.sliding_window is None and self.layer_types is None:
+            return ()
+        layer_types = self.layer_types or ("sliding_attention",)
+        return kv_cache_groups_for(layer_types, self.block_size, self.sliding_window)
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -244,6 +265,21 @@ class EngineConfig:
         for name in ("max_num_scheduled_tokens", "max_num_encoder_input_tokens", "encoder_cache_size"):
             if getattr(self, name) is not None:
                 positive(name)
+        if self.sliding_window is not None:
+            positive("sliding_window")
+        if self.layer_types is not None:
+            if not isinstance(self.layer_types, tuple) or not self.layer_types \
+                    or not all(isinstance(t, str) for t in self.layer_types):
+                raise ConfigError(f"layer_types must be a non-empty list of layer type names, "
+                                  f"got {self.layer_types!r}")
+            from reference.kv.kv_cache_spec import LAYER_TYPES
+            for i, layer_type in enumerate(self.layer_types):
+                if layer_type not in LAYER_TYPES:
+                    raise ConfigError(f"layer_types[{i}] {layer_type!r} is not a layer type"
+                                      + (did_you_mean(layer_type, LAYER_TYPES) or
+                                         f" (one of {', '.join(LAYER_TYPES)})"))
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
         if self.num_gpu_blocks > MAX_NUM_GPU_BLOCKS:
             # A harness limit, not vLLM's: one Python object per block.
             raise ConfigError(f"num_gpu_blocks {self.num_gpu_blocks} is above this harness's "
@@ -450,6 +486,8 @@ def _parse_value(key: str, type_name: str, raw: str) -> Any:
             return None if text.lower() in ("", "none") else int(text)
         if type_name == "float":
             return float(text)
+        if type_name == "tuple[str, ...] | None":
+            return None if text.lower() in ("", "none") else tuple(t.strip() for t in text.split(","))
         return text
     except ValueError:
         words = {"int": "an integer", "int | None": "an integer or none", "float": "a number", "bool": "a boolean"}

@@ -161,6 +161,10 @@ class KVCacheManager:
         the pool's reset; False, changing nothing, while any block is held."""
         return self.block_pool.reset_prefix_cache()
 
+    def new_block_ids(self, new_blocks: list[KVCacheBlock]) -> list[int]:
+        """The ids of ``allocate_slots``' new blocks, in allocation order."""
+        return [b.block_id for b in new_blocks]
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 

@@ -24,6 +24,7 @@ KV-cache manager, encoder cache, connector) is in other modules here too.
 from __future__ import annotations
 
 from reference.config import EngineConfig
+from reference.kv.kv_cache_manager import HybridKVCacheManager
 from reference.kv_cache_manager import KVCacheManager
 from collections import deque
 from operator import attrgetter
@@ -57,13 +58,24 @@ class Scheduler:
         self.max_model_len = config.max_model_len
         self.max_num_running_reqs = config.max_num_seqs
         self.max_num_scheduled_tokens = config.token_budget
-        self.kv_cache_manager = KVCacheManager(
-            num_gpu_blocks=config.num_gpu_blocks,
-            block_size=config.block_size,
-            max_model_len=config.max_model_len,
-            enable_caching=config.enable_prefix_caching,
-            watermark=config.watermark,
-        )
+        kv_cache_groups = config.kv_cache_groups
+        if kv_cache_groups:  # a hybrid model (sliding_window / layer_types): reference.kv
+            self.kv_cache_manager = HybridKVCacheManager(
+                kv_cache_groups,
+                num_gpu_blocks=config.num_gpu_blocks,
+                max_model_len=config.max_model_len,
+                max_in_flight_tokens=config.max_concurrent_batches * config.max_num_batched_tokens,
+                enable_caching=config.enable_prefix_caching,
+                watermark=config.watermark,
+            )
+        else:
+            self.kv_cache_manager = KVCacheManager(
+                num_gpu_blocks=config.num_gpu_blocks,
+                block_size=config.block_size,
+                max_model_len=config.max_model_len,
+                enable_caching=config.enable_prefix_caching,
+                watermark=config.watermark,
+            )
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(config.policy)
         self.running: list[Request] = []
@@ -367,7 +379,8 @@ class Scheduler:
                 break
 
             record = ScheduledRequest(request.request_id, "running", num_computed_before,
-                                      num_new_tokens, 0, [b.block_id for b in new_blocks],
+                                      num_new_tokens, 0,
+                                      self.kv_cache_manager.new_block_ids(new_blocks),
                                       encoder_input_ids=list(encoder_ids))
             events.append(record)
             scheduled_running[request.request_id] = record

@@ -415,8 +415,10 @@ class TraceChecker(TraceModel):
         self.result.deferred_prefill_steps += bool(ev["defer_prefills"])
         budget.check_defer_flag(self, ev, st)
         if not st.preempted and not st.defer:
+            # Fewer skipped ids than waiting ones: some waiting id is not skipped,
+            # whatever the intersection (no hash of every backlog id).
             self.capacity_bound = len(waiting) > (len(self.deferred_waiting.intersection(waiting))
-                                                  if self.deferred_waiting else 0)
+                                                  if len(self.deferred_waiting) >= len(waiting) else 0)
         budget.check_capacity_flag(self, ev, waiting)
         if st.total > 0:
             self.num_executed += 1

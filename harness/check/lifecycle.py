@@ -221,10 +221,10 @@ def check_progress(m: TraceModel, st: StepState) -> None:
     """NO-PROGRESS at ``schedule_end``: no two consecutive zero-token steps with
     unchanged queues and no input between (updates ``zero_step_state``).
     Waiting on outputs in flight or on a KV load is not a lack of progress."""
-    state = (tuple(st.waiting_before), tuple(st.running_before))
     # Walked only for a zero-token step (the live requests are the whole backlog).
     if (st.total == 0 and (st.waiting_before or st.running_before) and len(m.batches) <= 1
             and not (m.kv_abandoned or any(r.status == "WAITING_FOR_REMOTE_KVS" for r in m.reqs.values()))):
+        state = (tuple(st.waiting_before), tuple(st.running_before))
         if m.zero_step_state == state and not st.arrived and not st.aborted:
             m.violate("NO-PROGRESS", None,
                       f"a second step with no tokens scheduled and unchanged queues "

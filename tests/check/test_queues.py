@@ -80,3 +80,22 @@ def test_scheduled_once_fires_on_a_preempted_request_scheduled_as_running(scenar
     assert (v.invariant, v.step, v.request, v.message) == (
         "SCHEDULED-ONCE", step, preempt["request_id"],
         "scheduled as running but status PREEMPTED, not in the running queue")
+
+def test_remaining_matches_the_plain_walk_whatever_the_queue() -> None:
+    """``queues.remaining`` (head slice, ids looked up by ``list.index`` when
+    few) returns exactly ``[r for r in queue if r not in gone]``: the head
+    taken, an admitted id also later in the queue (a duplicate), ids that are
+    not the head, more ids than ``_SCAN_IDS``."""
+    from harness.check.queues import _SCAN_IDS, remaining
+    backlog = [f"r{i}" for i in range(40)]
+    cases = [
+        (backlog, ["r0", "r1"], ["r2"], backlog[3:]),
+        (backlog + ["r1"], ["r0", "r1"], [], backlog[2:]),
+        (backlog, ["r5"], [], backlog[:5] + backlog[6:]),
+        (backlog, backlog[:_SCAN_IDS + 2], [], backlog[_SCAN_IDS + 2:]),
+        (backlog + ["r3"], backlog[:_SCAN_IDS + 2], [], backlog[_SCAN_IDS + 2:]),
+        (backlog, [], [], backlog),
+    ]
+    for queue, admitted, skipped, expected in cases:
+        assert remaining(queue, admitted, skipped) == expected
+        assert remaining(queue, admitted, skipped) == [r for r in queue if r not in {*admitted, *skipped}]

@@ -1,0 +1,93 @@
+"""KV-cache specs and groups: which layers share a block table.
+
+Mirrors ``vllm/v1/kv_cache_interface.py`` (``FullAttentionSpec``,
+``SlidingWindowSpec``, ``KVCacheGroupSpec``) and the grouping of
+``vllm/v1/core/kv_cache_planning.py::_get_kv_cache_groups_uniform_page_size``
+of vLLM 0.33.0, for layers of one page size (every group has the config's
+``block_size``; no per-group block sizes, no Mamba).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The layer types of a Hugging Face model config (``config.layer_types``)
+#: that the reference models, mapped to the spec each builds.
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec:
+    """A full-attention layer: every token's KV is kept (``block_size`` tokens a block)."""
+
+    block_size: int
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec:
+    """A sliding-window layer: a token attends to the ``sliding_window``
+    tokens ending at itself, so older blocks are dropped (vLLM
+    ``SlidingWindowSpec``; no ``extra_retained_tokens``, no MTP)."""
+
+    block_size: int
+    sliding_window: int
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
+        """Per-request admission cap in blocks (vLLM
+        ``SlidingWindowSpec.max_admission_blocks_per_request``): the window
+        minus one plus the tokens in flight, capped at ``max_model_len``, in
+        blocks, plus one for a window that starts mid-block."""
+        num_tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
+        return cdiv(num_tokens, self.block_size) + 1
+
+
+KVCacheSpec = FullAttentionSpec | SlidingWindowSpec
+
+
+@dataclass(frozen=True)
+class KVCacheGroupSpec:
+    """One KV-cache group: the layer indices sharing one block table and their spec."""
+
+    layer_ids: tuple[int, ...]
+    kv_cache_spec: KVCacheSpec
+
+
+def kv_cache_groups_for(layer_types: tuple[str, ...], block_size: int,
+                        sliding_window: int | None) -> tuple[KVCacheGroupSpec, ...]:
+    """The KV-cache groups vLLM 0.33.0 builds for these layers.
+
+    Layers of one spec form a bucket, buckets in order of their first layer;
+    the group size is the smallest bucket (the largest when no bucket has
+    1.5 times the smallest's layers), and a bucket of ``n`` layers splits into
+    ``cdiv(n, group_size)`` groups, group ``i`` taking ``layers[i::count]``
+    (``_get_kv_cache_groups_uniform_page_size``). One spec only: one group.
+
+    Raises ValueError for an unknown layer type, or ``sliding_attention``
+    without a ``sliding_window``.
+    """
+    specs: list[KVCacheSpec] = []
+    for i, layer_type in enumerate(layer_types):
+        if layer_type == "full_attention":
+            specs.append(FullAttentionSpec(block_size))
+        elif layer_type == "sliding_attention":
+            if sliding_window is None:
+                raise ValueError(f"layer_types[{i}] is sliding_attention but sliding_window is not set")
+            specs.append(SlidingWindowSpec(block_size, sliding_window))
+        else:
+            raise ValueError(f"layer_types[{i}] {layer_type!r} is not one of {', '.join(LAYER_TYPES)}")
+    buckets: dict[KVCacheSpec, list[int]] = {}
+    for i, spec in enumerate(specs):
+        buckets.setdefault(spec, []).append(i)
+    if len(buckets) <= 1:
+        return tuple(KVCacheGroupSpec(tuple(layers), spec) for spec, layers in buckets.items())
+    sizes = [len(layers) for layers in buckets.values()]
+    group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    groups: list[KVCacheGroupSpec] = []
+    for spec, layers in buckets.items():
+        count = cdiv(len(layers), group_size)
+        groups.extend(KVCacheGroupSpec(tuple(layers[i::count]), spec) for i in range(count))
+    return tuple(groups)
