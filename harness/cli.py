@@ -18,6 +18,7 @@ every command's options and help text, which click wants next to the command.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -490,7 +491,6 @@ def check_one_json(path: str, options: dict[str, Any]) -> tuple[int, str, str]:
     by parameter name; those not given take their defaults), run in this
     process: its exit code, stdout and stderr. The task of every corpus row
     (``harness.corpus``), so a row is what check says of that trace."""
-    import contextlib
     import io
 
     params = {p.name: p.default for p in check.params if p.name}
@@ -921,7 +921,13 @@ def _finite_or_none(value: float | None, name: str) -> float | None:
                                       "(a hanging candidate makes every shrink step wait --step-timeout).")
 @click.option("--workers", type=_Workers(), default="1", show_default=True,
               help="Processes fuzzing in parallel, each with its own seed and share of "
-                   "--max-examples; 0 or 'auto': one per available CPU.")
+                   "--max-examples; 0 or 'auto': one per available CPU. With --ray: the Ray tasks "
+                   "(default: one per CPU of the cluster).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Run the workers as Ray tasks (the [ray] extra) on the cluster at ADDRESS ('auto', "
+                   "HOST:PORT, ray://HOST:PORT), or on a local 2-CPU cluster started for the run when no "
+                   "ADDRESS is given (write --ray=ADDRESS). Same seeds and shares as --workers: the same "
+                   "findings for the same arguments.")
 @click.option("--report-known", is_flag=True, default=False,
               help="Report the known reference findings (harness.fuzz.KNOWN_REFERENCE_FINDINGS, each "
                    "mirroring vLLM 0.33.0) like any failure, instead of passing over them.")
@@ -943,8 +949,8 @@ def _finite_or_none(value: float | None, name: str) -> float | None:
                    "that differs from the reference's never is.")
 @_step_timeout
 def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, shrink_budget: float | None,
-         workers: int, report_known: bool, scenario_path: str | None, async_spec: bool, out_dir: str,
-         semantics: str, step_timeout: float) -> None:
+         workers: int, ray_address: str | None, report_known: bool, scenario_path: str | None,
+         async_spec: bool, out_dir: str, semantics: str, step_timeout: float) -> None:
     """Fuzz CANDIDATE with small generated scenarios (hypothesis): check every invariant and,
     for a candidate other than the reference, compare its decisions with the reference's.
 
@@ -957,8 +963,7 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     over and counted in the summary, unless --report-known. A drawn config the candidate
     refuses (e.g. async scheduling for a plain Scheduler subclass) is skipped and counted,
     never a finding. Exit 0 nothing found, 1 something found, 2 bad arguments."""
-    from harness.fuzz import FuzzWorkerError, WorkerProgress, fuzz_parallel, write_witnesses
-    from harness.fuzz.report import render_summary, render_witnesses
+    from harness.fuzz import fuzz_parallel
     from harness.fuzz.run import fuzz_profile
 
     try:
@@ -970,8 +975,45 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     if async_spec and scenario_path is not None:
         _fail("--async-spec does not apply to --scenario (the scenario file carries its config)")
     base = _fuzz_base(scenario_path) if scenario_path is not None else None
-    workers = min(workers, max_examples)  # fuzz_parallel never uses more
-    label = f"{candidate}" + (f" on {workers} workers" if workers > 1 else "")
+    with contextlib.ExitStack() as stack:
+        run_workers: Any = fuzz_parallel
+        if ray_address is not None:
+            run_workers, workers = _fuzz_on_ray(stack, ray_address, workers)
+        _fuzz_run(run_workers, candidate, factory, workers, ray_address, max_examples, seed, time_budget,
+                  shrink_budget, report_known, base, async_spec, out_dir, semantics, step_timeout)
+
+
+def _fuzz_on_ray(stack: contextlib.ExitStack, ray_address: str, workers: int) -> tuple[Any, int]:
+    """Join or start the cluster for ``fuzz --ray`` (left or stopped when
+    ``stack`` closes); the run function and the number of workers (the
+    cluster's CPUs unless --workers was given)."""
+    from harness.fuzz.parallel_ray import fuzz_ray
+    from harness.ray_cluster import RayUnavailable, cluster_cpus, init_ray, shutdown
+
+    with progress("starting Ray" if ray_address == "local" else f"joining Ray at {ray_address}", None):
+        try:
+            started = init_ray(None if ray_address == "local" else ray_address)
+        except RayUnavailable as exc:
+            _fail(str(exc))
+    if started:
+        stack.callback(shutdown)
+    if click.get_current_context().get_parameter_source("workers") is click.core.ParameterSource.DEFAULT:
+        workers = cluster_cpus()
+    return fuzz_ray, workers
+
+
+def _fuzz_run(run_workers: Any, candidate: str, factory: CandidateFactory | None, workers: int,
+              ray_address: str | None, max_examples: int, seed: int, time_budget: float | None,
+              shrink_budget: float | None, report_known: bool, base: Any, async_spec: bool, out_dir: str,
+              semantics: str, step_timeout: float) -> None:
+    """The campaign of ``harness fuzz`` on ``run_workers`` (``fuzz_parallel``
+    or ``fuzz_ray``), its summary, witnesses and exit."""
+    from harness.fuzz import FuzzWorkerError, WorkerProgress, write_witnesses
+    from harness.fuzz.report import render_summary, render_witnesses
+
+    workers = min(workers, max_examples)  # neither runner uses more
+    where = " on Ray" if ray_address is not None else ""
+    label = f"{candidate}" + (f" on {workers} workers{where}" if workers > 1 else where)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} examples"), TimeElapsedColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as progress:
@@ -988,11 +1030,11 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
             progress.update(task, completed=sum(min(w.examples, w.share) for w in states),
                             description=what)
         try:
-            result = fuzz_parallel(candidate, workers=workers, max_examples=max_examples, seed=seed,
-                                   time_budget_s=time_budget, on_progress=on_progress,
-                                   skip_known=not report_known, base=base, async_spec=async_spec,
-                                   step_timeout=step_timeout, semantics=semantics,
-                                   shrink_budget_s=shrink_budget)
+            result = run_workers(candidate, workers=workers, max_examples=max_examples, seed=seed,
+                                 time_budget_s=time_budget, on_progress=on_progress,
+                                 skip_known=not report_known, base=base, async_spec=async_spec,
+                                 step_timeout=step_timeout, semantics=semantics,
+                                 shrink_budget_s=shrink_budget)
         except FuzzWorkerError as exc:
             _fail(str(exc))
     render_summary(result, candidate, seed, console)
@@ -1015,6 +1057,11 @@ main.add_command(salvage_cmd)
 from harness.bisect.cli import bisect as _bisect  # noqa: E402
 
 main.add_command(_bisect)
+
+# `harness sweep` (harness/sweep_cli.py).
+from harness.sweep_cli import sweep as _sweep  # noqa: E402
+
+main.add_command(_sweep)
 
 # `harness report` and `harness export` live with the views (harness/view/cli.py).
 from harness.view.cli import register as _register_views  # noqa: E402

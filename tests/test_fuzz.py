@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -1042,3 +1044,15 @@ def test_regression_time_budget_counts_a_spawned_workers_start_up(monkeypatch):
     parallel._fuzz_worker("reference", 0, 0, 10, None, q)
     assert seen["budget"] is None
     assert [m[0] for m in (q.get(), q.get(), q.get())] == ["done", "done", "done"]
+
+
+def test_plain_fuzz_and_check_never_import_ray(tmp_path):
+    """Ray is an optional extra: without --ray, neither command imports it."""
+    code = ("import sys; from click.testing import CliRunner; from harness.cli import main; "
+            f"r = CliRunner().invoke(main, ['fuzz', '--workers', '2', '--max-examples', '2', '-o', {str(tmp_path)!r}]); "
+            "assert r.exit_code == 0, r.output; "
+            "r = CliRunner().invoke(main, ['check', 'golden/', '--json']); "
+            "assert r.exit_code == 0, r.output; "
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], check=True)
+    assert out.stdout.strip() == "[]"

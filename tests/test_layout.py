@@ -29,7 +29,7 @@ PACKAGES = ("reference", "workloads", "harness")
 # The tool modules: each is one command or plugin over the layers below it.
 TOOLS = ("harness.cli", "harness.fuzz", "harness.golden", "harness.mutation", "harness.replay", "harness.diff",
          "harness.conformance", "harness.pytest_plugin", "harness.outputs", "harness.view", "harness.corpus",
-         "harness.corpus_ray")
+         "harness.corpus_ray", "harness.ray_cluster")
 
 # importer prefix -> imported prefixes it must never import.
 FORBIDDEN: dict[str, tuple[str, ...]] = {

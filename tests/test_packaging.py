@@ -42,8 +42,9 @@ OPTIONAL = {
              "harness/serve/cpu_async.py",
              # Loaded with -p into vLLM's own test run, in the release's env (harness vllm-tests).
              "harness/candidates/vllm/pytest_inject/sched_harness_vllm_tests.py"},
-    # The [ray] extra: only `harness check --ray` (imported inside a function) and its test.
-    "ray": {"harness/corpus_ray.py"},
+    # The [ray] extra: only harness.ray_cluster (imported inside functions, for `check --ray`
+    # and `fuzz --ray`).
+    "ray": {"harness/ray_cluster.py"},
     # vLLM's own dependency: the recording scheduler encodes with it inside vLLM (json when absent).
     "msgspec": {"harness/candidates/vllm/recording_scheduler.py"},
 }

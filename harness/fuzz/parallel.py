@@ -98,11 +98,13 @@ class WorkerResult:
 
 @dataclass
 class ParallelFuzzResult:
-    """Merged outcome of ``fuzz_parallel``, workers in index order."""
+    """Merged outcome of ``fuzz_parallel``, workers in index order;
+    ``runner``: where they ran, "" for local processes, "Ray" for Ray tasks."""
 
     seed: int
     workers: list[WorkerResult]
     elapsed_s: float
+    runner: str = ""
 
     @property
     def examples(self) -> int:
@@ -154,6 +156,40 @@ class ParallelFuzzResult:
                                          w.worker))
 
 
+def throttled_progress(put: Callable[[tuple], Any], worker: int) -> Callable[[int, bool], None]:
+    """An ``on_example`` for ``fuzz`` that calls ``put(("progress", worker,
+    n, shrinking))`` at most every 0.1 s and on every change of phase."""
+    last = {"t": 0.0, "shrinking": False}
+
+    def on_example(n: int, shrinking: bool) -> None:
+        now = time.monotonic()
+        if now - last["t"] >= 0.1 or shrinking != last["shrinking"]:
+            last["t"], last["shrinking"] = now, shrinking
+            put(("progress", worker, n, shrinking))
+
+    return on_example
+
+
+def run_worker(spec: str, seed: int, max_examples: int, deadline: float | None,
+               on_example: Callable[[int, bool], None] | None, *, skip_known: bool = False,
+               base: FuzzCase | None = None, async_spec: bool = False, step_timeout: float | None = None,
+               semantics: str = "auto", shrink_budget_s: float | None = SHRINK_BUDGET_S) -> FuzzResult:
+    """One worker's search, the same wherever it runs (a spawned process,
+    a Ray task): resolve ``spec`` here (factories need not pickle) and run
+    ``fuzz`` with hypothesis seed ``seed`` on ``max_examples`` examples.
+    ``deadline``: the wall-clock time (``time.time()``) at which the run's
+    time budget ends, or None; the worker's own budget is what is left of it
+    now (its start-up is part of the budget)."""
+    from harness.candidates.resolve import resolve_candidate
+
+    factory = None if spec == "reference" else resolve_candidate(spec, step_timeout=step_timeout)
+    time_budget_s = None if deadline is None else max(0.0, deadline - time.time())
+    return fuzz(factory, max_examples=max_examples, seed=seed, time_budget_s=time_budget_s,
+                on_example=on_example, known=known_reference_finding if skip_known else None,
+                base=base, async_spec=async_spec, profile=fuzz_profile(semantics),
+                shrink_budget_s=shrink_budget_s)
+
+
 def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline: float | None,
                  queue: Any, skip_known: bool = False, base: FuzzCase | None = None,
                  async_spec: bool = False, step_timeout: float | None = None,
@@ -165,29 +201,15 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline:
     time budget ends, or None; the worker's own budget is what is left of it
     once it has started (its start-up is part of the budget).
 
-    Resolves ``spec`` itself (factories need not pickle), runs ``fuzz`` and
-    puts on ``queue``: ``("progress", worker, n, shrinking)`` at most every
-    0.1 s and on every change of phase, then ``("done", worker, FuzzResult)``
+    Runs ``run_worker`` and puts on ``queue``: ``("progress", worker, n,
+    shrinking)`` at most every 0.1 s and on every change of phase, then ``("done", worker, FuzzResult)``
     or ``("error", worker, message)``; on KeyboardInterrupt it exits with
     status 130 and puts nothing. It dies with its parent ``parent`` (``die_with_parent``)."""
     die_with_parent(os.getppid() if parent is None else parent)
     try:
-        from harness.candidates.resolve import resolve_candidate
-
-        factory = None if spec == "reference" else resolve_candidate(spec, step_timeout=step_timeout)
-        last = {"t": 0.0, "shrinking": False}
-
-        def on_example(n: int, shrinking: bool) -> None:
-            now = time.monotonic()
-            if now - last["t"] >= 0.1 or shrinking != last["shrinking"]:
-                last["t"], last["shrinking"] = now, shrinking
-                queue.put(("progress", worker, n, shrinking))
-
-        time_budget_s = None if deadline is None else max(0.0, deadline - time.time())
-        result = fuzz(factory, max_examples=max_examples, seed=seed, time_budget_s=time_budget_s,
-                      on_example=on_example, known=known_reference_finding if skip_known else None,
-                      base=base, async_spec=async_spec, profile=fuzz_profile(semantics),
-                      shrink_budget_s=shrink_budget_s)
+        result = run_worker(spec, seed, max_examples, deadline, throttled_progress(queue.put, worker),
+                            skip_known=skip_known, base=base, async_spec=async_spec,
+                            step_timeout=step_timeout, semantics=semantics, shrink_budget_s=shrink_budget_s)
         queue.put(("done", worker, result))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent stops the run
         raise SystemExit(130) from None

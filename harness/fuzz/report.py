@@ -15,12 +15,12 @@ from reference.words import plural
 
 
 def render_summary(result: ParallelFuzzResult, candidate: str, seed: int, console: Console) -> None:
-    """Print ``fuzzed CANDIDATE: N examples [on W workers] in S s, seed SEED``
+    """Print ``fuzzed CANDIDATE: N examples [on W workers] [on Ray] in S s, seed SEED``
     (noting a spent time budget when nothing was found) and the known
     reference findings passed over, if any."""
     stop = " (time budget spent)" if result.budget_exhausted and not result.found else ""
     used = len(result.workers)
-    on = f" on {used} workers" if used > 1 else ""
+    on = (f" on {used} workers" if used > 1 else "") + (f" on {result.runner}" if result.runner else "")
     console.print(f"fuzzed [bold]{candidate}[/]: {plural(result.examples, 'example')}{on} in "
                   f"{result.elapsed_s:.1f} s, seed {seed}{stop}")
     if result.known:

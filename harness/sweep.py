@@ -1,0 +1,253 @@
+"""``harness sweep``: canonical scenarios across many candidates (releases,
+forks, mutants), one table of fidelity and verdicts.
+
+For each candidate (``vllm@VERSION``, building the release's env when missing
+with ``env.ensure_env``, once per node: the env root is a cache; or any
+``--candidate`` spec) every scenario named is recorded with it, checked under
+``--semantics auto`` (the candidate's measured profile, the safety layer where
+none was measured) and compared step by step with the scenario's golden, the
+reference's recording: identical steps, first divergent step. A candidate is
+one unit of work (its driver, a release's process, reused across the
+scenarios): ``sweep_candidate``, run here one after another or as Ray tasks
+(``harness.sweep_ray``). The cells come back in (candidate, scenario) order
+wherever they ran, so the table is the same.
+
+This is the table ``bench/vllm_fidelity.py`` prints for the README's fidelity
+section (steps identical to the reference), plus the verdicts.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reference.words import did_you_mean, plural
+
+#: Exit codes: every cell that ran conformant / a violation / a candidate unusable.
+EXIT_OK, EXIT_VIOLATION, EXIT_UNUSABLE = 0, 1, 2
+
+
+class SweepError(ValueError):
+    """Unusable arguments (an unknown scenario, a bad version range); one line."""
+
+
+@dataclass
+class Cell:
+    """One (candidate, scenario): ``status`` ``ran``, ``refused`` (the
+    candidate cannot express the scenario's config), ``unavailable`` (its env
+    could not be built) or ``failed`` (the candidate could not be made or
+    crashed the recording); ``verdict`` ``clean`` or ``ID ×n, ...``;
+    ``identical`` of ``golden_steps`` steps repeat the golden's rows exactly;
+    ``first_divergence``: the first step that does not (None: none);
+    ``seconds``: wall time of the recording and its checks."""
+
+    candidate: str
+    scenario: str
+    status: str
+    verdict: str = ""
+    violations: dict[str, int] = field(default_factory=dict)
+    profile: str = ""
+    steps: int = 0
+    identical: int = 0
+    golden_steps: int = 0
+    first_divergence: int | None = None
+    reason: str = ""
+    seconds: float = 0.0
+
+    def outcome(self) -> tuple:
+        """Everything but the time: what must be equal wherever the cell ran."""
+        return (self.candidate, self.scenario, self.status, self.verdict, self.violations, self.profile,
+                self.steps, self.identical, self.golden_steps, self.first_divergence, self.reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"candidate": self.candidate, "scenario": self.scenario, "status": self.status,
+                "verdict": self.verdict, "violations": dict(self.violations), "profile": self.profile,
+                "steps": self.steps, "identical": self.identical, "golden_steps": self.golden_steps,
+                "first_divergence": self.first_divergence, "reason": self.reason,
+                "seconds": round(self.seconds, 2)}
+
+
+def scenario_names(names: Sequence[str]) -> list[str]:
+    """The canonical scenarios named (all of them, in ``ORDER``, when none),
+    each once. Raises SweepError for an unknown name (did you mean)."""
+    from harness.scenarios import ORDER, SCENARIOS
+
+    if not names:
+        return [n for n in ORDER if n in SCENARIOS]
+    chosen: list[str] = []
+    for name in names:
+        if name not in SCENARIOS:
+            raise SweepError(f"unknown scenario {name!r}" + did_you_mean(name, sorted(SCENARIOS)))
+        if name not in chosen:
+            chosen.append(name)
+    return chosen
+
+
+def candidate_specs(candidates: Sequence[str], versions: str | None) -> list[str]:
+    """``--candidate`` specs in the order given, then ``vllm@V`` for each
+    release of ``--versions`` (``A..B`` or ``V1,V2``, oldest first), each
+    once. Raises SweepError when none is named or the range is bad."""
+    from harness.bisect.core import RELEASES, BisectError, parse_versions
+    from harness.candidates.vllm.env import VLLMEnvError, check_version, version_tuple
+
+    specs = list(dict.fromkeys(candidates))
+    if versions:
+        text = versions.strip()
+        try:
+            if ".." in text or "," in text:
+                releases = parse_versions(text)
+            else:  # one release (bisect's parser wants two)
+                releases = [check_version(text)]
+                if text not in RELEASES and version_tuple(text) < version_tuple(RELEASES[-1]):
+                    raise SweepError(f"--versions {text}: not a vLLM release"
+                                     + did_you_mean(text, RELEASES, list_whole=False))
+        except BisectError as exc:
+            if "needs two or more" not in str(exc):
+                raise SweepError(str(exc)) from None
+            if ".." in text:  # a range holding one release
+                lo, _, hi = text.partition("..")
+                releases = [v for v in RELEASES if version_tuple(lo) <= version_tuple(v) <= version_tuple(hi)]
+            else:  # one release named twice
+                releases = sorted({check_version(v.strip()) for v in text.split(",") if v.strip()})
+        except VLLMEnvError as exc:
+            raise SweepError(f"--versions {text}: {exc}") from None
+        if not releases:
+            raise SweepError(f"--versions {text}: names no release")
+        specs += [f"vllm@{v}" for v in releases if f"vllm@{v}" not in specs]
+    if not specs:
+        raise SweepError("name the candidates: --versions A..B and/or --candidate SPEC")
+    return specs
+
+
+def _release(spec: str) -> str | None:
+    """The version of a ``vllm@VERSION[,...]`` spec naming a release (not a path)."""
+    if not spec.startswith("vllm@"):
+        return None
+    target = spec[len("vllm@"):].split(",", 1)[0]
+    return target if target[:1].isdigit() and "/" not in target else None
+
+
+def sweep_candidate(spec: str, scenarios: Sequence[str], *,
+                    log: Callable[[str], None] | None = None) -> list[Cell]:
+    """Every scenario of ``scenarios`` (canonical names) on the candidate
+    ``spec``, in order: one ``Cell`` each (see the module docstring). A
+    release's env is built first when missing (``ensure_env``; ``log`` gets
+    its progress lines). Never raises for the candidate's failures: they are
+    cells (``unavailable``, ``failed``, ``refused``). Recordings are temporary."""
+    from reference.candidate import CandidateError, CandidateRefused
+
+    from harness.bisect.core import first_divergence, identical_steps, verdict_of
+    from harness.candidates.resolve import CandidateSpecError, resolve_candidate
+    from harness.candidates.vllm.env import VLLMEnvError, ensure_env
+    from harness.check import check_trace
+    from harness.golden import DEFAULT_DIR
+    from harness.scenarios import SCENARIOS
+    from harness.trace import open_trace
+    from harness.trace.recorder import record
+
+    def every(status: str, reason: str) -> list[Cell]:
+        return [Cell(spec, name, status, reason=" ".join(reason.split())) for name in scenarios]
+
+    version = _release(spec)
+    if version is not None:
+        try:
+            ensure_env(version, log=log)
+        except (VLLMEnvError, OSError) as exc:
+            return every("unavailable", str(exc))
+    try:
+        factory = None if spec == "reference" else resolve_candidate(spec)
+    except CandidateSpecError as exc:
+        return every("failed", str(exc))
+    cells: list[Cell] = []
+    with tempfile.TemporaryDirectory(prefix="sched-harness-sweep-") as tmp:
+        for name in scenarios:
+            t0 = time.monotonic()
+            scenario, out = SCENARIOS[name], Path(tmp) / f"{name}.parquet"
+            cell = Cell(spec, name, "ran")
+            try:
+                record(scenario.make_workload(), scenario.engine_config(), out, seed=scenario.seed,
+                       engine=spec, **({} if factory is None else {"candidate_factory": factory}))
+            except CandidateError as exc:
+                refused = isinstance(exc.__cause__, CandidateRefused)
+                cell.status = "refused" if refused else "failed"
+                cell.reason = " ".join(str(exc.__cause__ if refused else exc).split())
+            if cell.status == "ran":
+                trace = open_trace(out)
+                checked = check_trace(trace, "auto")
+                cell.violations = dict(checked.by_invariant)
+                cell.verdict, cell.profile, cell.steps = verdict_of(cell.violations), checked.profile, checked.steps
+                golden = open_trace(DEFAULT_DIR / f"{name}.parquet")
+                cell.identical, cell.golden_steps = identical_steps(golden, trace)
+                found = first_divergence(golden, trace)
+                cell.first_divergence = None if found is None else int(found["step"])
+            cell.seconds = time.monotonic() - t0
+            cells.append(cell)
+    return cells
+
+
+def sweep_local(specs: Sequence[str], scenarios: Sequence[str], *,
+                on_candidate: Callable[[int, list[Cell]], None] | None = None,
+                log: Callable[[str], None] | None = None) -> list[list[Cell]]:
+    """``sweep_candidate`` for each spec in turn, in this process;
+    ``on_candidate(index, cells)`` after each."""
+    results = []
+    for i, spec in enumerate(specs):
+        results.append(sweep_candidate(spec, scenarios, log=log))
+        if on_candidate is not None:
+            on_candidate(i, results[-1])
+    return results
+
+
+def sweep_exit(results: Sequence[Sequence[Cell]]) -> int:
+    """2 if a candidate could run nothing (unavailable, or failed on every
+    scenario), else 1 if any cell violates an invariant or failed, else 0.
+    Refused cells and steps that differ from the reference's are information:
+    releases legitimately decide differently."""
+    if any(cells and all(c.status in ("unavailable", "failed") for c in cells) for cells in results):
+        return EXIT_UNUSABLE
+    if any(c.status == "failed" or c.violations for cells in results for c in cells):
+        return EXIT_VIOLATION
+    return EXIT_OK
+
+
+def summary_rows(results: Sequence[Sequence[Cell]]) -> list[dict[str, Any]]:
+    """One row per candidate: scenarios ran / refused, steps identical to
+    the goldens, verdicts (clean scenarios, violations summed by id), first
+    divergent scenario and step, seconds."""
+    rows = []
+    for cells in results:
+        ran = [c for c in cells if c.status == "ran"]
+        violations: dict[str, int] = {}
+        for c in ran:
+            for k, n in c.violations.items():
+                violations[k] = violations.get(k, 0) + n
+        bad = [c for c in cells if c.status in ("unavailable", "failed")]
+        first = next((c for c in ran if c.first_divergence is not None), None)
+        rows.append({
+            "candidate": cells[0].candidate if cells else "",
+            "ran": len(ran), "refused": sum(c.status == "refused" for c in cells),
+            "unusable": len(bad), "reason": bad[0].reason if bad else "",
+            "identical": sum(c.identical for c in ran), "golden_steps": sum(c.golden_steps for c in ran),
+            "clean": sum(not c.violations for c in ran), "violations": dict(sorted(violations.items())),
+            "first_divergence": None if first is None else [first.scenario, first.first_divergence],
+            "seconds": round(sum(c.seconds for c in cells), 1)})
+    return rows
+
+
+def verdict_line(results: Sequence[Sequence[Cell]]) -> str:
+    """The last line: ``sweep: C candidates x S scenarios: ... (exit N)``."""
+    cells = [c for cs in results for c in cs]
+    scenarios = len(results[0]) if results else 0
+    ran = [c for c in cells if c.status == "ran"]
+    clean = sum(not c.violations for c in ran)
+    parts = [f"{clean} clean", f"{len(ran) - clean} violating"]
+    for status in ("refused", "failed", "unavailable"):
+        n = sum(c.status == status for c in cells)
+        if n:
+            parts.append(f"{n} {status}")
+    return (f"sweep: {plural(len(results), 'candidate')} x {plural(scenarios, 'scenario')}: "
+            f"{', '.join(parts)} (exit {sweep_exit(results)})")

@@ -1,0 +1,119 @@
+"""``harness sweep [SCENARIO...] --versions A..B | --candidate SPEC [--ray]``:
+the command (see ``harness.sweep``).
+
+Exit codes: 0 every scenario that ran is conformant on every candidate; 1 a
+violation (or a recording that failed); 2 unusable input (an unknown
+scenario, a bad range) or a candidate that could run nothing (its env could
+not be built, its spec is bad).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.progress import progress
+from harness.richtext import keep_words_whole
+from harness.sweep import (Cell, SweepError, candidate_specs, scenario_names, summary_rows, sweep_exit,
+                           sweep_local, verdict_line)
+
+
+def _fail(err: Console, message: str) -> None:
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    sys.exit(2)
+
+
+def render(results: list[list[Cell]], scenarios: list[str], console: Console) -> None:
+    """The table, one row per candidate, and the closing verdict line."""
+    table = Table(title=f"sweep of {len(scenarios)} scenario{'s' * (len(scenarios) != 1)}")
+    for col in ("candidate", "scenarios", "identical steps", "verdicts", "first divergence", "s"):
+        table.add_column(col, overflow="fold")
+    for row in summary_rows(results):
+        ran = f"{row['ran']}" + (f" ({row['refused']} refused)" if row["refused"] else "")
+        if row["unusable"]:
+            ran += f", {row['unusable']} unusable: {row['reason'][:120]}"
+        share = row["identical"] / row["golden_steps"] if row["golden_steps"] else 0.0
+        same = f"{row['identical']}/{row['golden_steps']} ({share:.1%})" if row["golden_steps"] else "-"
+        bad = ", ".join(f"{k} ×{n}" for k, n in row["violations"].items())
+        verdicts = f"{row['clean']} clean" + (f"; {bad}" if bad else "")
+        first = "none" if row["first_divergence"] is None else "{}@{}".format(*row["first_divergence"])
+        table.add_row(row["candidate"], ran, same, verdicts if row["ran"] else "-",
+                      first if row["ran"] else "-", f"{row['seconds']:.0f}")
+    console.print(keep_words_whole(table))
+    console.print(verdict_line(results), soft_wrap=True)
+
+
+@click.command("sweep")
+@click.argument("scenario_names_given", metavar="[SCENARIO]...", nargs=-1)
+@click.option("--versions", metavar="A..B|V1,V2,...|V", default=None,
+              help="vLLM releases to sweep (vllm@VERSION each): a range of the known v1-engine "
+                   "releases, a comma list or one release; envs are built where missing "
+                   "(HARNESS_VLLM_ENVS).")
+@click.option("--candidate", "candidates", multiple=True, metavar="SPEC",
+              help="A candidate to sweep, as `harness replay --candidate` takes it ('reference', "
+                   "'mutant:NAME', 'vllm@VERSION,scheduler_cls=...', 'package.module:factory'); "
+                   "repeat it for several, before the --versions releases.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Run each candidate as a Ray task (the [ray] extra) on the cluster at ADDRESS "
+                   "('auto', HOST:PORT, ray://HOST:PORT), or on a local 2-CPU cluster started for the "
+                   "run when no ADDRESS is given (write --ray=ADDRESS). Same table as without.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+def sweep(scenario_names_given: tuple[str, ...], versions: str | None, candidates: tuple[str, ...],
+          ray_address: str | None, as_json: bool) -> None:
+    """Record each canonical SCENARIO (all of them when none is named) with every candidate,
+    check it under --semantics auto and compare it step by step with the scenario's golden
+    (the reference's recording); print one row per candidate: scenarios run (and refused),
+    steps identical to the reference, verdicts, first divergence. Exit 0 all conformant,
+    1 a violation, 2 unusable input or a candidate that could run nothing."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    console = Console(highlight=False, soft_wrap=True, emoji=False)
+    try:
+        scenarios = scenario_names(scenario_names_given)
+        specs = candidate_specs(candidates, versions)
+    except SweepError as exc:
+        _fail(err, str(exc))
+    from harness.candidates.resolve import CandidateSpecError, resolve_candidate
+
+    for spec in specs:  # a typo is a usage error here, not a row of failures later
+        if spec != "reference" and not spec.startswith("vllm@"):
+            try:
+                resolve_candidate(spec)
+            except CandidateSpecError as exc:
+                _fail(err, f"--candidate {spec}: {exc}")
+    with contextlib.ExitStack() as stack:
+        if ray_address is not None:
+            from harness.ray_cluster import RayUnavailable, init_ray, shutdown
+
+            with progress("starting Ray" if ray_address == "local" else f"joining Ray at {ray_address}",
+                          None, enabled=not as_json):
+                try:
+                    started = init_ray(None if ray_address == "local" else ray_address)
+                except RayUnavailable as exc:
+                    _fail(err, str(exc))
+            if started:
+                stack.callback(shutdown)
+        with progress(f"sweeping {len(specs)} candidates x {len(scenarios)} scenarios", len(specs),
+                      enabled=not as_json) as update:
+            on_candidate = lambda _i, _cells: update(advance=1)  # noqa: E731
+            if ray_address is not None:
+                from harness.sweep_ray import sweep_ray
+
+                results = sweep_ray(specs, scenarios, on_candidate=on_candidate)
+            else:
+                results = sweep_local(specs, scenarios, on_candidate=on_candidate)
+    code = sweep_exit(results)
+    if as_json:
+        runner = "local" if ray_address is None else "Ray " + (
+            "local cluster" if ray_address == "local" else ray_address)
+        click.echo(json.dumps({"ok": code == 0, "exit": code, "runner": runner, "scenarios": scenarios,
+                               "candidates": summary_rows(results),
+                               "cells": [c.to_dict() for cells in results for c in cells]}))
+    else:
+        render(results, scenarios, console)
+    sys.exit(code)

@@ -1,0 +1,50 @@
+"""``harness sweep --ray [ADDRESS]``: one Ray task per candidate (the
+``[ray]`` extra; the cluster is joined or started by ``harness.ray_cluster``).
+
+Each task runs ``harness.sweep.sweep_candidate`` (the same code as the local
+run) on whatever node Ray picks: a release's env is built there when that
+node lacks it, once (the env root is the node's cache; ``ensure_env`` locks
+against a concurrent build), or the cells say ``unavailable`` with the
+reason in one line. A task whose worker dies is retried (``MAX_RETRIES``);
+results are gathered by candidate index, so the table is the local one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from harness.ray_cluster import MAX_RETRIES, cancel, ray_module
+from harness.sweep import Cell, sweep_candidate
+
+
+def sweep_ray(specs: Sequence[str], scenarios: Sequence[str], *,
+              on_candidate: Callable[[int, list[Cell]], None] | None = None,
+              task: Callable[..., list[Cell]] = sweep_candidate) -> list[list[Cell]]:
+    """``sweep_local``'s result (cells by candidate, in ``specs`` order) with
+    each candidate a task on the cluster this process joined. A task that
+    fails after its retries gives that candidate ``failed`` cells (the error's
+    first line), never the end of the sweep; interrupted, the unfinished tasks
+    are cancelled. ``task``: the task body (tests substitute one that kills
+    its worker)."""
+    ray = ray_module()
+    remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(task)
+    refs = [remote.options(name=f"harness-sweep-{i}").remote(spec, list(scenarios))
+            for i, spec in enumerate(specs)]
+    index = {ref: i for i, ref in enumerate(refs)}
+    results: dict[int, list[Cell]] = {}
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                i = index[ref]
+                try:
+                    results[i] = ray.get(ref)
+                except Exception as exc:  # retries spent
+                    reason = f"the Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+                    results[i] = [Cell(specs[i], name, "failed", reason=reason) for name in scenarios]
+                if on_candidate is not None:
+                    on_candidate(i, results[i])
+    finally:
+        cancel(pending)
+    return [results[i] for i in range(len(specs))]
