@@ -106,8 +106,8 @@ def check_output_folder(output: str, files: tuple[str, ...] = ()) -> None:
         raise OutputPathError(f"{output}: cannot use as output folder: {exc.strerror or exc}") from None
     if st is not None and not stat.S_ISDIR(st.st_mode):
         kind = "a file" if stat.S_ISREG(st.st_mode) else "a device, FIFO or socket"
-        raise OutputPathError(f"{output}: -o names {kind}, not a folder (the witnesses are written into "
-                              f"a folder)")
+        raise OutputPathError(f"{output}: -o names {kind}, not a folder (this command writes its files "
+                              f"into a folder)")
     ancestor = out
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent

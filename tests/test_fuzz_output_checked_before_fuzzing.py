@@ -31,7 +31,7 @@ def test_regression_fuzz_output_path_checked_before_fuzzing(tmp_path: Path) -> N
     a_file = tmp_path / "notes.txt"
     a_file.write_text("keep me\n")
     assert _refused(str(a_file)) == [
-        f"error: {a_file}: -o names a file, not a folder (the witnesses are written into a folder)"]
+        f"error: {a_file}: -o names a file, not a folder (this command writes its files into a folder)"]
     assert _refused(str(a_file / "out")) == [f"error: {a_file / 'out'}: {a_file} is not a folder"]
     assert a_file.read_text() == "keep me\n"
     # A witness's name taken by a folder: it would be replaced at the end.
