@@ -765,7 +765,7 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
               help="Folder holding the goldens and MANIFEST.json (default: the repository's golden/).")
 @click.option("--scenario", "names", multiple=True, metavar="NAME",
               help="Re-record only this scenario (repeatable); default: all.")
-@click.option("--prune", is_flag=True, help="Remove goldens of scenarios that no longer exist.")
+@click.option("--prune", is_flag=True, help="Remove goldens of scenarios that no longer exist (those the manifest lists; any other *.parquet in the folder is kept).")
 def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool) -> None:
     """Re-record goldens with the reference (temp file + rename), rewrite MANIFEST.json
     atomically, and report per scenario: new, unchanged or changed (and how)."""
