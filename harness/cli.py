@@ -458,17 +458,16 @@ def check(trace_paths: tuple[str, ...], as_json: bool, semantics: str, html_repo
     if ray_address not in (None, "local") and (Path(ray_address).exists() or "*" in ray_address):
         trace_paths, ray_address = (*trace_paths, ray_address), "local"  # `--ray PATH`: PATH is a trace
     if len(trace_paths) > 1 or not Path(trace_paths[0]).is_file():
-        from harness.corpus import CorpusError, expand_paths
+        from harness.corpus import expand_corpus
 
-        try:
-            expanded = expand_paths(trace_paths)
-        except CorpusError as exc:
-            _fail(str(exc))
-        if len(expanded) > 1:
+        entries = expand_corpus(trace_paths)
+        if len(entries) > 1:
             # Every other option of check goes to each trace's check as it is.
             options = {k: v for k, v in click.get_current_context().params.items() if k not in _CORPUS_OWN}
-            _check_corpus(expanded, as_json, html_report, workers, ray_address, options)
-        trace_paths = tuple(expanded)
+            _check_corpus(entries, as_json, html_report, workers, ray_address, options)
+        if entries[0].error is not None:
+            _fail(entries[0].error)
+        trace_paths = (entries[0].path,)
     trace_path = trace_paths[0]
     _refuse_report_path(html_report, trace_path)
     trace = _open(trace_path)
@@ -505,12 +504,14 @@ def check_one_json(path: str, options: dict[str, Any]) -> tuple[int, str, str]:
     return (code if isinstance(code, int) else EXIT_UNUSABLE), out.getvalue(), errs.getvalue()
 
 
-def _check_corpus(paths: list[str], as_json: bool, html_report: str | None, workers: int,
+def _check_corpus(entries: list[Any], as_json: bool, html_report: str | None, workers: int,
                   ray_address: str | None, options: dict[str, Any]) -> None:
     """``harness check`` of several traces (``harness.corpus``): rows, totals,
-    the corpus exit."""
-    from harness.corpus import check_local, corpus_dict, corpus_exit, render_corpus
+    the corpus exit. ``entries``: ``CorpusEntry`` in input order; one naming
+    no trace is a row of its own (exit 2), the others are checked."""
+    from harness.corpus import check_local, corpus_dict, corpus_exit, error_row, render_corpus
 
+    paths = [e.path for e in entries if e.error is None]
     if html_report is not None:
         _fail("--report takes one trace; several PATHs (or a folder or glob) name "
               f"{len(paths)} traces")
@@ -532,6 +533,8 @@ def _check_corpus(paths: list[str], as_json: bool, html_report: str | None, work
         else:
             rows = check_local(paths, options, check_one_json, workers, on_row)
             runner = f"{workers} worker{'s' * (workers != 1)}"
+    checked = iter(rows)
+    rows = [next(checked) if e.error is None else error_row(e.path, EXIT_UNUSABLE, e.error) for e in entries]
     if as_json:
         click.echo(json.dumps(corpus_dict(rows, runner)))
     else:
@@ -762,7 +765,7 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
               help="Folder holding the goldens and MANIFEST.json (default: the repository's golden/).")
 @click.option("--scenario", "names", multiple=True, metavar="NAME",
               help="Re-record only this scenario (repeatable); default: all.")
-@click.option("--prune", is_flag=True, help="Remove goldens of scenarios that no longer exist.")
+@click.option("--prune", is_flag=True, help="Remove goldens of scenarios that no longer exist (those the manifest lists; any other *.parquet in the folder is kept).")
 def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool) -> None:
     """Re-record goldens with the reference (temp file + rename), rewrite MANIFEST.json
     atomically, and report per scenario: new, unchanged or changed (and how)."""
@@ -939,7 +942,7 @@ def _finite_or_none(value: float | None, name: str) -> float | None:
               help="Only async scheduling with speculative decoding (1-3 drafts, two batches in "
                    "flight); the default strategy never draws it (a new draw would shift every "
                    "generated example).")
-@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(),
               help="Folder for the minimal failing traces (Parquet) and their JSON descriptions.")
 @click.option("--semantics", default="auto", show_default=True, metavar="auto|safety|fork|VERSION",
               help="What the candidate is held to: 'auto' (every rule of the version the reference "
@@ -972,6 +975,13 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
         _fail(str(exc))
 
     factory = _candidate(candidate, step_timeout)
+    from harness.fuzz.witness import witness_names
+    from harness.paths import OutputPathError, check_output_folder
+
+    try:  # before any fuzzing: a finding must not be lost to an unwritable -o
+        check_output_folder(out_dir, tuple(witness_names(candidate, seed, min(workers, max_examples))))
+    except OutputPathError as exc:
+        _fail(str(exc))
     if async_spec and scenario_path is not None:
         _fail("--async-spec does not apply to --scenario (the scenario file carries its config)")
     base = _fuzz_base(scenario_path) if scenario_path is not None else None
@@ -1041,7 +1051,14 @@ def _fuzz_run(run_workers: Any, candidate: str, factory: CandidateFactory | None
     if not result.found:
         console.print("[bold green]nothing found[/]")
         sys.exit(EXIT_OK)
-    witnesses = write_witnesses(out_dir, candidate, factory, result)
+    try:
+        witnesses = write_witnesses(out_dir, candidate, factory, result, semantics)
+    except OSError as exc:  # the folder changed under the run (checked above): keep the finding
+        for w in result.found:
+            click.echo(json.dumps({"worker": w.worker, "failure": w.result.failure.to_dict(),
+                                   "scenario": w.result.case.to_dict()}, default=str))
+        _fail(f"{out_dir}: cannot write the witness ({exc.strerror or exc}); the failing scenario "
+              f"is printed above as JSON")
     render_witnesses(result, witnesses, console)
     console.print(f"found: {plural(len(witnesses), 'witness')} written to {out_dir}",
                   style="bold red", markup=False)

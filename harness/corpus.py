@@ -65,7 +65,11 @@ class TraceRow:
     """One trace's outcome: ``exit`` and ``verdict`` exactly as ``harness check
     PATH`` gives them (``verdict`` its last line; for an unusable trace, its
     one-line ``error``), ``violations`` by invariant id, ``steps`` checked,
-    ``cpu_s`` the CPU seconds its check took (in the process that ran it)."""
+    ``cpu_s`` the CPU seconds its check took (in the process that ran it);
+    ``sealed`` whether the trace carries tamper evidence and ``incomplete``
+    why its run did not end (None when it did), as check's report says (None
+    both for a trace without a report). A row exiting 0 with ``incomplete``
+    set (``--allow-incomplete``) is tolerated, never counted conformant."""
 
     path: str
     exit: int
@@ -74,6 +78,17 @@ class TraceRow:
     steps: int | None = None
     cpu_s: float = 0.0
     error: str | None = None
+    sealed: bool | None = None
+    incomplete: str | None = None
+
+    @property
+    def category(self) -> str:
+        """How the corpus counts the row: its exit's word, except that an
+        incomplete run let through by ``--allow-incomplete`` (exit 0) is
+        "incomplete (allowed)", never "conformant"."""
+        if self.exit == EXIT_OK and self.incomplete is not None:
+            return ALLOWED_INCOMPLETE
+        return _WORDS.get(self.exit, f"exit {self.exit}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,40 +98,82 @@ class TraceRow:
         return {**self.to_dict(), "cpu_s": 0} == {**other.to_dict(), "cpu_s": 0}
 
 
-def expand_paths(paths: Sequence[str]) -> list[str]:
+@dataclass(frozen=True)
+class CorpusEntry:
+    """One entry of a corpus, in input order: a trace to check (``error``
+    None), or a PATH that names none (``error``: the one line saying why;
+    its row is exit 2, and the rest are still checked)."""
+
+    path: str
+    error: str | None = None
+
+
+def _same_file_key(path: str) -> str:
+    """The key two names of one file share: its real path (symbolic links
+    resolved as far as they lead: a dangling link's key is its target)."""
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return os.path.normpath(path)
+
+
+def expand_corpus(paths: Sequence[str]) -> list[CorpusEntry]:
     """The traces PATHs name, in the order given: a file as it is, a folder as
-    its ``*.parquet`` files (recursively, sorted), anything else as a glob
+    its ``*.parquet`` entries (recursively, sorted), anything else as a glob
     (sorted matches, ``**`` recursive). A killed recording's folder of
     segments (``seg-*.parquet``) is one path, whose check says to salvage it.
-    A trace named twice is checked once.
-    Raises CorpusError naming a PATH that names no trace."""
-    out: list[str] = []
+    A folder's ``*.parquet`` that is no regular file (a dangling symbolic link,
+    a FIFO, a link loop) is kept: its row says why it was not read. A trace
+    named twice, or reached twice (a symbolic link, a link loop under a
+    ``**`` glob), is checked once. A PATH that names no trace (an empty
+    folder, a glob matching nothing) is an entry with its ``error``.
+
+    Regressions (adversarial trial): folders skipped dangling links and FIFOs
+    named ``*.parquet`` silently; one PATH naming no trace aborted the whole
+    corpus; the same file reached through a link was checked twice."""
+    out: list[CorpusEntry] = []
     seen: set[str] = set()
     for raw in paths:
         p = Path(raw)
+        error = None
         if p.is_dir() and any(p.glob(SEGMENT_GLOB)):
             found = [raw]  # a killed recording's segments: check names it and says to salvage it
         elif p.is_dir():
             # The segments of a killed recording under it: one row for their folder, as above.
             found = sorted(dict.fromkeys(str(f.parent) if fnmatch.fnmatch(f.name, SEGMENT_GLOB) else str(f)
-                                         for f in p.rglob("*.parquet") if f.is_file()))
+                                         for f in p.rglob("*.parquet") if not f.is_dir()))
             if not found:
-                raise CorpusError(f"{raw}: a folder without any *.parquet trace")
+                error = f"{raw}: a folder without any *.parquet trace"
         elif p.exists() or p.is_symlink():
             found = [raw]  # a file (or a FIFO, a dangling link): check says what it is
         elif glob.has_magic(raw):
             found = sorted(glob.glob(raw, recursive=True))
             found = [f for f in found if not Path(f).is_dir()]
             if not found:
-                raise CorpusError(f"{raw}: no file matches this pattern")
+                error = f"{raw}: no file matches this pattern"
         else:
             found = [raw]  # a missing file: its row says so, as check would
+        if error is not None:
+            found = []
+            if raw not in seen:
+                seen.add(raw)
+                out.append(CorpusEntry(raw, error))
         for f in found:
-            key = os.path.normpath(f)
+            key = _same_file_key(f)
             if key not in seen:
                 seen.add(key)
-                out.append(f)
+                out.append(CorpusEntry(f))
     return out
+
+
+def expand_paths(paths: Sequence[str]) -> list[str]:
+    """The traces of ``expand_corpus(paths)``. Raises CorpusError (the first
+    entry's error) when a PATH names no trace."""
+    entries = expand_corpus(paths)
+    for e in entries:
+        if e.error is not None:
+            raise CorpusError(e.error)
+    return [e.path for e in entries]
 
 
 def _last_line(text: str) -> str:
@@ -142,8 +199,11 @@ def row_of(path: str, code: int, stdout: str, stderr: str, cpu_s: float) -> Trac
         error = _last_line(stderr).removeprefix("error: ") or f"{path}: exit {code} without a report"
         return error_row(path, code, error, cpu_s)
     verdict = report.get("verdict") or ("conformant" if report.get("ok") else "not conformant")
+    sealed = report.get("sealed")
+    incomplete = report.get("incomplete")
     return TraceRow(path, code, verdict, dict(sorted((report.get("violations_by_invariant") or {}).items())),
-                    report.get("steps"), cpu_s)
+                    report.get("steps"), cpu_s, sealed=sealed if isinstance(sealed, bool) else None,
+                    incomplete=str(incomplete) if incomplete is not None else None)
 
 
 def check_row(path: str, params: dict[str, Any], task: CheckTask) -> TraceRow:
@@ -216,16 +276,21 @@ def corpus_exit(rows: Sequence[TraceRow]) -> int:
 
 
 def totals(rows: Sequence[TraceRow]) -> dict[str, Any]:
-    """Counts over the rows: traces, by exit code, violations by id, steps, CPU seconds."""
+    """Counts over the rows: traces, by exit code, violations by id, steps,
+    CPU seconds; ``conformant`` counts complete runs only (an incomplete run
+    exiting 0 under ``--allow-incomplete`` is ``incomplete_allowed``), and
+    ``unsealed`` the traces without tamper evidence."""
     by_exit: dict[str, int] = {}
     violations: dict[str, int] = {}
     for r in rows:
         by_exit[str(r.exit)] = by_exit.get(str(r.exit), 0) + 1
         for inv, n in r.violations.items():
             violations[inv] = violations.get(inv, 0) + n
+    allowed = sum(r.category == ALLOWED_INCOMPLETE for r in rows)
     return {"traces": len(rows), "by_exit": dict(sorted(by_exit.items())),
-            "conformant": by_exit.get("0", 0), "violating": by_exit.get("1", 0),
+            "conformant": by_exit.get("0", 0) - allowed, "violating": by_exit.get("1", 0),
             "unusable": by_exit.get("2", 0), "incomplete": by_exit.get("3", 0),
+            "incomplete_allowed": allowed, "unsealed": sum(r.sealed is False for r in rows),
             "violations": dict(sorted(violations.items())),
             "steps": sum(r.steps or 0 for r in rows),
             "cpu_s": round(sum(r.cpu_s for r in rows), 3)}
@@ -241,15 +306,22 @@ def corpus_dict(rows: Sequence[TraceRow], runner: str) -> dict[str, Any]:
 
 _WORDS = {EXIT_OK: "conformant", EXIT_FOUND: "violating", EXIT_UNUSABLE: "unusable",
           EXIT_INCOMPLETE: "incomplete"}
+#: The word of an incomplete run that ``--allow-incomplete`` let exit 0.
+ALLOWED_INCOMPLETE = "incomplete (allowed)"
 
 
 def corpus_verdict(rows: Sequence[TraceRow]) -> str:
-    """The last line: "20 traces: 18 conformant, 1 violating, 1 unusable (exit 2)"."""
-    t = totals(rows)
-    parts = [f"{n} {_WORDS.get(int(code), f'exit {code}')}"
-             for code, n in sorted(t["by_exit"].items(), key=lambda kv: severity(int(kv[0])))]
+    """The last line: "20 traces: 18 conformant, 1 violating, 1 unusable (exit 2)";
+    "; 2 unsealed" when some trace has no tamper evidence."""
+    counts: dict[str, tuple[float, int]] = {}
+    for r in rows:
+        rank = severity(r.exit) + (0.5 if r.category == ALLOWED_INCOMPLETE else 0)
+        counts[r.category] = (rank, counts.get(r.category, (rank, 0))[1] + 1)
+    parts = [f"{n} {word}" for word, (_rank, n) in sorted(counts.items(), key=lambda kv: kv[1][0])]
     n = len(rows)
-    return f"{n} trace{'s' * (n != 1)}: {', '.join(parts)} (exit {corpus_exit(rows)})"
+    unsealed = totals(rows)["unsealed"]
+    tail = f"; {unsealed} unsealed" if unsealed else ""
+    return f"{n} trace{'s' * (n != 1)}: {', '.join(parts)}{tail} (exit {corpus_exit(rows)})"
 
 
 def render_corpus(rows: Sequence[TraceRow], runner: str, console: Console) -> None:

@@ -345,7 +345,8 @@ def update_goldens(directory: str | os.PathLike[str], names: Iterable[str] | Non
     folder and checked; if its bytes differ from the old golden it is renamed
     into place, else the old file is left untouched. The manifest is rewritten
     atomically (temp + rename) when its text changes. Goldens and manifest
-    entries of scenarios that no longer exist are removed only with ``prune``.
+    entries of scenarios that no longer exist are removed only with ``prune``,
+    and only goldens the old manifest lists (a foreign ``*.parquet`` is kept).
     Raises GoldenError for an unknown scenario name, or an unreadable
     manifest when only some scenarios are updated.
     """
@@ -426,7 +427,13 @@ def _update_locked(directory: Path, selected: list[str], names: Iterable[str] | 
             tmp.unlink(missing_ok=True)
     files = {p.name[:-len(SUFFIX)] for p in directory.glob(f"*{SUFFIX}") if not p.name.startswith(".")}
     for name in sorted((files | set(entries)) - set(SCENARIOS)):
-        if prune:
+        if prune and name not in old_entries:
+            # Regression (adversarial trial): --prune removed every *.parquet of the folder
+            # for no scenario, a user's own traces included; only the manifest's goldens go.
+            changes.append(GoldenChange(name, "unused", old=None,
+                                        details=["not in the manifest (no golden this harness wrote): "
+                                                 "kept, --prune or not"]))
+        elif prune:
             golden_path(directory, name).unlink(missing_ok=True)
             changes.append(GoldenChange(name, "removed", old=entries.pop(name, None),
                                         details=["scenario no longer exists: golden removed"]))

@@ -13,7 +13,13 @@ node into a trace, ``-o`` naming the workload replaced the workload.
 * a parent that exists but is not a folder (``-o some_file/x.parquet``), or
   a folder this process cannot write in;
 * a file name too long for the file system, counting the temp file's
-  (``.<name>.XXXXXXXX.tmp``, 14 characters more).
+  (``.<name>.XXXXXXXX.tmp``, 14 characters more);
+* a path ending in ``/`` (``-o x.parquet/``: a folder's name where a file
+  is meant).
+
+``check_output_folder`` does the same for a command writing into a folder
+(``harness fuzz -o DIR``), before any work: a found failure was lost to
+NotADirectoryError or FileExistsError once the fuzzing was done.
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
     exist: a ``synthetic:N`` workload is no file)."""
     if not output or not output.strip():
         raise OutputPathError("-o: the output path is empty")
+    if output.endswith((os.sep, "/")) or output.endswith((f"{os.sep}.", f"{os.sep}..")) or output in (".", ".."):
+        # Regression: `-o x.parquet/` was taken for x.parquet (pathlib drops the slash).
+        raise OutputPathError(f"{output}: -o names a folder (the path ends in '/'), not a file; "
+                              f"drop the '/' or name a file in it")
     out = Path(output)
     try:
         st = os.stat(out)
@@ -74,3 +84,36 @@ def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
     if longest > name_max:
         raise OutputPathError(f"{output[:60]}...: file name too long ({len(os.fsencode(out.name))} bytes; "
                               f"this file system allows {name_max - TEMP_NAME_EXTRA} for a trace)")
+
+
+def check_output_folder(output: str, files: tuple[str, ...] = ()) -> None:
+    """Raise OutputPathError unless ``output`` is a folder (existing, or one
+    that can be created: every existing ancestor a folder this process can
+    write in) in which each of ``files`` (names inside it) can be written as
+    a regular file (``check_output_file``).
+
+    Regression (adversarial trial): ``harness fuzz -o FILE`` fuzzed for
+    minutes and lost the finding to NotADirectoryError (or FileExistsError)
+    when it came to write the witness."""
+    if not output or not output.strip():
+        raise OutputPathError("-o: the output folder is empty")
+    out = Path(output)
+    try:
+        st = os.stat(out)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    except OSError as exc:
+        raise OutputPathError(f"{output}: cannot use as output folder: {exc.strerror or exc}") from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        kind = "a file" if stat.S_ISREG(st.st_mode) else "a device, FIFO or socket"
+        raise OutputPathError(f"{output}: -o names {kind}, not a folder (this command writes its files "
+                              f"into a folder)")
+    ancestor = out
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputPathError(f"{output}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{output}: cannot write in {ancestor} (permission denied)")
+    for name in files:
+        check_output_file(str(out / name))

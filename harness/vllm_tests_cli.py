@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -48,6 +49,15 @@ def vllm_tests(version: str, files: tuple[str, ...], k: str | None, out_dir: str
     except Exception as exc:  # one line, as every command's bad input
         _err.print(f"error: {exc}", markup=False)
         sys.exit(2)
+    if out_dir is not None:
+        from harness.paths import OutputPathError, check_output_folder
+
+        try:  # before the sdist is fetched and the tests run (minutes)
+            check_output_folder(out_dir, ("report.json", "plain.xml", "injected.xml"))
+            check_output_folder(str(Path(out_dir) / "recordings"))
+        except OutputPathError as exc:
+            _err.print(f"error: {exc}", markup=False)
+            sys.exit(2)
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix=f"vllm-tests-{version}-"))
     chosen = list(files) or list(own_tests.DEFAULT_FILES)
     try:
@@ -58,9 +68,7 @@ def vllm_tests(version: str, files: tuple[str, ...], k: str | None, out_dir: str
             sys.exit(2)
         out.mkdir(parents=True, exist_ok=True)
         record_dir = out / "recordings"
-        if record_dir.exists():
-            for stale in record_dir.iterdir():
-                stale.unlink()
+        clear_stale_recordings(record_dir)
         plain = own_tests.run_pytest(version, root, chosen, k, None, out / "plain.xml", log, "plain")
         injected = own_tests.run_pytest(version, root, chosen, k, record_dir, out / "injected.xml",
                                         log, "injected")
@@ -84,3 +92,24 @@ def vllm_tests(version: str, files: tuple[str, ...], k: str | None, out_dir: str
                    f"{out / 'report.json'}")
         _out.print(verdict, style="bold red" if found else "bold green", markup=False)
     sys.exit(1 if found else 0)
+
+
+#: The files the injected recorder writes in ``-o``'s recordings/ (``NNNNN.jsonl``, one per
+#: scheduler, ``NNNNN.dpR.jsonl`` per data-parallel rank, and ``manifest.jsonl``).
+_RECORDING_NAME = re.compile(r"(\d{5}(\.dp\d+)?|manifest)\.jsonl")
+
+
+def clear_stale_recordings(record_dir: Path) -> list[str]:
+    """Remove a previous run's recordings from ``record_dir`` (the names the
+    recorder writes, nothing else); returns the names removed.
+
+    Regression (adversarial trial): every entry of ``-o DIR/recordings`` was
+    unlinked, so ``-o`` naming a folder of one's own lost its recordings/
+    files (and a subfolder there ended the run with a traceback)."""
+    removed = []
+    if record_dir.is_dir():
+        for stale in sorted(record_dir.iterdir()):
+            if _RECORDING_NAME.fullmatch(stale.name) and stale.is_file() and not stale.is_symlink():
+                stale.unlink()
+                removed.append(stale.name)
+    return removed

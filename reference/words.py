@@ -63,13 +63,22 @@ def did_you_mean(name: str, choices: Iterable[str], *, quote: bool = True, list_
 
 def missing_file_hint(path: str | os.PathLike[str]) -> str:
     """For a file that does not exist: ``"; did you mean 'fcfs-tight.toml'?"``
-    when its folder holds close names, else ``""`` (no folder, nothing close)."""
+    when its folder holds close names (a name with the same suffix: close
+    stems), else ``""`` (no folder, nothing close)."""
     p = Path(path)
     try:
         siblings = [e.name for e in p.parent.iterdir()] if p.parent.is_dir() else []
     except OSError:
         return ""
-    return did_you_mean(p.name, close_matches(p.name, siblings), list_whole=False)
+    # Names of the same suffix are compared by their stems: a shared ".parquet" made
+    # "missing.parquet" look like "cut.parquet" to difflib.
+    stem, suffix = os.path.splitext(p.name)
+    if not suffix:
+        return did_you_mean(p.name, close_matches(p.name, siblings), list_whole=False)
+    same = {os.path.splitext(s)[0]: s for s in siblings if os.path.splitext(s)[1] == suffix}
+    close = [same[c] for c in close_matches(stem, same)]
+    close += close_matches(p.name, [s for s in siblings if os.path.splitext(s)[1] != suffix])
+    return did_you_mean(p.name, close[:3], list_whole=False)
 
 
 def plural(n: int, noun: str, plural_form: str | None = None) -> str:

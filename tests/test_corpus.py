@@ -83,6 +83,7 @@ def test_every_trace_one_row_with_checks_exit_and_verdict(corpus: Path) -> None:
             assert json.loads(alone.output)["verdict"] == row["verdict"]
     assert report["totals"] == {"traces": 6, "by_exit": {"0": 2, "1": 1, "2": 3}, "conformant": 2,
                                 "violating": 1, "unusable": 3, "incomplete": 0,
+                                "incomplete_allowed": 0, "unsealed": 0,
                                 "violations": {"MAX-NUM-SEQS": 2}, "steps": 392 + 127 + rows["sub/mutant.parquet"]["steps"],
                                 "cpu_s": report["totals"]["cpu_s"]}
     assert (report["ok"], report["exit"], report["runner"]) == (False, 2, "1 worker")
@@ -197,3 +198,77 @@ def test_a_killed_recordings_segments_are_one_row_saying_salvage(tmp_path: Path)
     report = json.loads(_invoke(tmp_path / "recordings", "--json").output)
     assert [t["exit"] for t in report["traces"]] == [2, 0]
     assert "harness salvage" in report["traces"][0]["error"]
+
+
+def test_regression_folder_skipped_dangling_links_and_fifos_silently(tmp_path: Path) -> None:
+    """A folder's ``*.parquet`` that is no regular file is a row saying why it
+    was not read (it was skipped without a word); a link to a trace already
+    in the corpus, or a link loop reached by a ``**`` glob, is checked once."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "a.parquet").write_bytes((GOLDEN / "fcfs-tight.parquet").read_bytes())
+    (root / "b-again.parquet").symlink_to(root / "a.parquet")
+    (root / "dangling.parquet").symlink_to(root / "gone.parquet")
+    os.mkfifo(root / "fifo.parquet")
+    (root / "loop").symlink_to(root)  # root/loop/loop/... under a ** glob
+    result = _invoke(root, str(root / "**" / "*.parquet"), "--json")
+    assert result.exit_code == 2, result.output
+    rows = [(os.path.relpath(t["path"], root), t["exit"], t["verdict"]) for t in json.loads(result.output)["traces"]]
+    assert rows == [
+        ("a.parquet", 0, "conformant (profile 0.33.0)"),
+        ("dangling.parquet", 2, f"a dangling symbolic link (to {root / 'gone.parquet'}), not a trace"),
+        ("fifo.parquet", 2, "not a regular file (a FIFO, device or socket is not a trace)")]
+
+
+def test_regression_one_path_naming_no_trace_aborted_the_whole_corpus(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    good = GOLDEN / "fcfs-tight.parquet"
+    result = _invoke(tmp_path / "*.nothing", good, tmp_path / "empty", "--json")
+    assert result.exit_code == 2, result.output
+    report = json.loads(result.output)
+    assert [(t["path"], t["exit"], t["error"]) for t in report["traces"]] == [
+        (str(tmp_path / "*.nothing"), 2, f"{tmp_path / '*.nothing'}: no file matches this pattern"),
+        (str(good), 0, None),
+        (str(tmp_path / "empty"), 2, f"{tmp_path / 'empty'}: a folder without any *.parquet trace")]
+    text = _invoke(tmp_path / "*.nothing", good)
+    assert text.output.strip().splitlines()[-1] == "2 traces: 1 conformant, 1 unusable (exit 2)"
+    # A lone PATH naming no trace stays one error line.
+    alone = _invoke(tmp_path / "empty")
+    assert alone.exit_code == 2
+    assert alone.output.strip() == f"error: {tmp_path / 'empty'}: a folder without any *.parquet trace"
+
+
+def test_regression_allow_incomplete_counted_a_crashed_run_conformant(tmp_path: Path) -> None:
+    """Rows carry ``sealed`` and ``incomplete``; under --allow-incomplete an
+    incomplete run exits 0 but is counted "incomplete (allowed)", never
+    conformant."""
+    half = _cut_with_salvaged_line(tmp_path)
+    good = GOLDEN / "fcfs-tight.parquet"
+    unsealed = tmp_path / "unsealed.parquet"
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(good)
+    kv = dict(pq.ParquetFile(good).metadata.metadata)
+    kv.pop(b"ARROW:schema", None)
+    summary = json.loads(kv[b"sched_harness_summary"])
+    summary.pop("trace_sha256")
+    kv[b"sched_harness_summary"] = json.dumps(summary, sort_keys=True).encode()
+    meta = json.loads(kv[b"sched_harness"])
+    meta["schema_version"] = 6  # before the digest: read, named unsealed
+    kv[b"sched_harness"] = json.dumps(meta, sort_keys=True).encode()
+    pq.write_table(table.replace_schema_metadata(kv), unsealed)
+    report = json.loads(_invoke(good, half, unsealed, "--allow-incomplete", "--json").output)
+    rows = [(t["exit"], t["sealed"], t["incomplete"]) for t in report["traces"]]
+    assert rows == [(0, True, None),
+                    (0, True, f"salvaged from a run cut off after step {79}"),
+                    (0, False, None)]
+    assert report["exit"] == 0
+    t = report["totals"]
+    assert (t["conformant"], t["incomplete_allowed"], t["incomplete"], t["unsealed"]) == (2, 1, 0, 1)
+    text = _invoke(good, half, unsealed, "--allow-incomplete")
+    assert text.exit_code == 0
+    assert text.output.strip().splitlines()[-1] == \
+        "3 traces: 2 conformant, 1 incomplete (allowed); 1 unsealed (exit 0)"
+    strict = _invoke(good, half)
+    assert strict.exit_code == 3
+    assert strict.output.strip().splitlines()[-1] == "2 traces: 1 conformant, 1 incomplete (exit 3)"

@@ -292,6 +292,9 @@ def test_update_reports_changes(copy: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_update_prunes_only_when_asked(copy: Path) -> None:
     shutil.copy(copy / "fcfs-roomy.parquet", copy / "retired.parquet")
+    listed = manifest(copy)  # a golden this harness wrote, for a scenario since removed
+    listed["scenarios"]["retired"] = {**listed["scenarios"]["fcfs-roomy"], "file": "retired.parquet"}
+    (copy / MANIFEST_NAME).write_text(json.dumps(listed, indent=2, sort_keys=True) + "\n")
     code, out = run("golden", "update", "--dir", copy, "--scenario", "fcfs-roomy")
     assert code == 0, out
     lines = lines_by_scenario(out)
@@ -303,6 +306,17 @@ def test_update_prunes_only_when_asked(copy: Path) -> None:
     assert lines_by_scenario(out)["retired"].startswith("removed")
     assert not (copy / "retired.parquet").exists()
     assert all(r.ok for r in check_goldens(copy))
+
+
+def test_regression_prune_removed_a_users_own_parquet_files(copy: Path) -> None:
+    """--prune removed every *.parquet for no scenario, a user's own traces
+    in the folder included; only goldens the manifest lists go."""
+    shutil.copy(copy / "fcfs-roomy.parquet", copy / "mine.parquet")
+    code, out = run("golden", "update", "--dir", copy, "--scenario", "fcfs-roomy", "--prune")
+    assert code == 0, out
+    assert lines_by_scenario(out)["mine"].startswith("unused")
+    assert "not in the manifest (no golden this harness wrote): kept, --prune or not" in out
+    assert (copy / "mine.parquet").read_bytes() == (copy / "fcfs-roomy.parquet").read_bytes()
 
 
 def test_update_rejects_unknown_scenario_and_bad_partial_manifest(copy: Path) -> None:

@@ -292,6 +292,36 @@ def test_a_directory_is_refused(tmp_path: Path) -> None:
     assert_unusable(tmp_path, "is a directory", ("replay",))
 
 
+@pytest.mark.parametrize("digest, version, line", [
+    ("abc", 7, "the footer's trace_sha256 is malformed ('abc': not 64 hex digits); "
+               "the file was changed after it was recorded"),
+    (None, 6, "the footer's trace_sha256 is malformed (None: not 64 hex digits); "
+              "the file was changed after it was recorded"),
+    ("drop", 7, "the footer has no digest (schema 7 traces carry one)"),
+])
+def test_regression_malformed_digest_error_named_the_wrong_schema(tmp_path: Path, digest: Any, version: int,
+                                                                   line: str) -> None:
+    """The digest error named this harness's schema (8), not the trace's, and
+    called a malformed digest missing."""
+    table = pq.read_table(SOURCE)
+    kv = dict(pq.ParquetFile(SOURCE).metadata.metadata)
+    kv.pop(b"ARROW:schema", None)
+    summary = json.loads(kv[SUMMARY_KEY])
+    if digest == "drop":
+        summary.pop("trace_sha256")
+    else:
+        summary["trace_sha256"] = digest
+    kv[SUMMARY_KEY] = json.dumps(summary, sort_keys=True).encode()
+    meta = json.loads(kv[METADATA_KEY])
+    meta["schema_version"] = version
+    kv[METADATA_KEY] = json.dumps(meta, sort_keys=True).encode()
+    path = tmp_path / "t.parquet"
+    pq.write_table(table.replace_schema_metadata(kv), path)
+    with pytest.raises(TraceError) as info:
+        open_trace(path)
+    assert str(info.value) == f"{path}: {line}"
+
+
 # -- the property: mutate a valid trace at random ----------------------------------------
 def _mutate_value(value: Any, pick: int) -> Any:
     """A different value of the same Arrow type (for a resealed edit), or of

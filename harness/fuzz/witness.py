@@ -38,9 +38,31 @@ def _pythonpath_prefix(spec: str) -> str:
     return f"PYTHONPATH={shlex.quote(pythonpath)} " if user_module and pythonpath else ""
 
 
+def witness_names(spec: str, seed: int, workers: int) -> list[str]:
+    """Every file name ``write_witnesses`` may write for a run of ``workers``
+    workers fuzzing ``spec`` with ``seed`` (``NAME.parquet``, ``.toml``,
+    ``.json``, ``.rerecorded.parquet`` is the record command's, not written):
+    what ``harness fuzz`` checks it can write before it starts."""
+    bases = ([f"fuzz-{_slug(spec)}-seed{seed}"] if workers <= 1 else
+             [f"fuzz-{_slug(spec)}-seed{seed}-worker{i}of{workers}" for i in range(workers)])
+    return [f"{b}.{ext}" for b in bases for ext in ("parquet", "toml", "json")]
+
+
+def _semantics_flag(semantics: str) -> str:
+    """`` --semantics X`` for a run held to X, "" for ``auto`` (the default)."""
+    return "" if semantics == "auto" else f" --semantics {shlex.quote(semantics)}"
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file renamed into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, result: FuzzResult,
-                  seed: int, *, name: str | None = None,
-                  extra: dict[str, Any] | None = None) -> tuple[Path, Path, str, Path]:
+                  seed: int, *, name: str | None = None, extra: dict[str, Any] | None = None,
+                  semantics: str = "auto") -> tuple[Path, Path, str, Path]:
     """Write the minimal case's trace, its scenario file and a JSON
     description; returns (trace path, JSON path, the replay command, scenario
     path).
@@ -48,6 +70,9 @@ def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, res
     Files are ``DIR/NAME.parquet``, ``DIR/NAME.toml`` and ``DIR/NAME.json``,
     NAME defaulting to ``fuzz-<candidate>-seed<seed>`` (an existing set of
     that name is replaced); ``extra`` adds keys to the JSON (e.g. the worker).
+    ``semantics``: what the fuzz run held the candidate to (``harness fuzz
+    --semantics``); the replay and check commands carry it, so they give the
+    run's verdict (regression: the printed command dropped it).
     The scenario is ``harness scenario extract`` of the trace (every request;
     checked by re-running it on the trace's engine: any difference is listed
     in the JSON's ``scenario_warnings``), so ``harness record NAME.toml
@@ -72,24 +97,25 @@ def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, res
                      engine=engine, candidate_factory=rec_factory)
     # A module:factory candidate is found through PYTHONPATH: the hint keeps it.
     env = _pythonpath_prefix(spec)
-    command = f"{env}harness replay {trace_path} --candidate {spec}"
+    flag = _semantics_flag(semantics)
+    command = f"{env}harness replay {shlex.quote(str(trace_path))} --candidate {shlex.quote(spec)}{flag}"
     toml_path = out / f"{base}.toml"
     extraction = extract(open_trace(trace_path), verify_factory=rec_factory,
                          description=f"fuzz witness ({spec}, seed {seed}): {failure.kind}: {failure.message}",
                          comments=[f"Re-run: harness record {base}.toml --engine {engine} -o T.parquet, then "
-                                   + ("harness check T.parquet" if engine == spec
-                                      else f"harness replay T.parquet --candidate {spec}")])
+                                   + (f"harness check T.parquet{flag}" if engine == spec
+                                      else f"harness replay T.parquet --candidate {spec}{flag}")])
     extraction.write(toml_path)
-    record_command = (f"{_pythonpath_prefix(engine)}harness record {toml_path} --engine {engine} "
-                      f"-o {out / base}.rerecorded.parquet")
+    record_command = (f"{_pythonpath_prefix(engine)}harness record {shlex.quote(str(toml_path))} "
+                      f"--engine {shlex.quote(engine)} -o {shlex.quote(f'{out / base}.rerecorded.parquet')}")
     info = {"candidate": spec, "fuzz_seed": seed, "trace": str(trace_path), "trace_engine": engine,
-            "replay_command": command, "scenario_file": str(toml_path), "record_command": record_command,
+            "replay_command": command, "semantics": semantics, "scenario_file": str(toml_path), "record_command": record_command,
             "scenario_warnings": list(extraction.warnings), "failure": failure.to_dict(),
             "examples_before_failure": result.examples, "shrink_calls": result.shrink_calls,
             "num_requests": len(case.requests), "num_steps": summary.steps,
             "summary": case.describe(), **(extra or {}), "scenario": case.to_dict()}
     json_path = out / f"{base}.json"
-    json_path.write_text(json.dumps(info, indent=2, default=str) + "\n")
+    _write_text(json_path, json.dumps(info, indent=2, default=str) + "\n")
     return trace_path, json_path, command, toml_path
 
 
@@ -113,7 +139,7 @@ class Witness:
 
 
 def write_witnesses(out_dir: str | Path, spec: str, factory: CandidateFactory,
-                    result: ParallelFuzzResult) -> list[Witness]:
+                    result: ParallelFuzzResult, semantics: str = "auto") -> list[Witness]:
     """Write each distinct shrunk case found by ``result``'s workers (see
     ``write_failure``), in worker order; workers that shrank to the same case
     share one set of files. One worker: ``fuzz-<candidate>-seed<S>.*``;
@@ -137,6 +163,6 @@ def write_witnesses(out_dir: str | Path, spec: str, factory: CandidateFactory,
             extra = {"worker": w.worker, "workers": n, "worker_seed": w.seed,
                      "worker_max_examples": w.max_examples, "found_by_workers": found_by}
         trace, json_path, command, scenario = write_failure(out_dir, spec, factory, w.result, result.seed,
-                                                            name=name, extra=extra)
+                                                            name=name, extra=extra, semantics=semantics)
         out.append(Witness(w, found_by, trace, json_path, command, scenario))
     return out

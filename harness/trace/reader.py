@@ -8,6 +8,7 @@ whose ``str()`` is one line naming the file; ``Trace.iter_steps()`` streams
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from harness.trace.schema import (COLUMNS, DIGEST_SINCE, METADATA_KEY, READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION,
@@ -28,6 +30,7 @@ from harness.trace.queues import DELTA_COLUMNS, SNAPSHOT_KINDS, QueueDecoder
 from harness.trace.validate import RowError, StepValidator, suspect_rows
 from harness.trace.writer import digest_of_file
 from reference.config import ConfigError, EngineConfig
+from reference.words import missing_file_hint, plural
 
 
 class TraceError(Exception):
@@ -80,12 +83,44 @@ class Trace:
         # A vLLM recording with a feature the model cannot follow: the rules it
         # cannot judge are skipped (harness.check.checker.unjudged_rules), so the
         # verdict is no whole pass either; a forged key gets exit 3, never 0.
+        missing = self.missing_requests
+        if missing is not None:
+            return missing
         recording = self.meta.get("vllm_recording")
         unmodelled = recording.get("unmodelled") if isinstance(recording, dict) else None
         if unmodelled:
             features = ", ".join(sorted(str(f) for f in unmodelled))
             return f"not every rule judged: the model cannot follow {features}"[:300]
         return None
+
+    @property
+    def missing_requests(self) -> str | None:
+        """Why the trace's arrivals fall short of its workload, or None.
+
+        The metadata's ``num_requests`` (the workload's request count, written
+        at record time since this harness's issue-26 follow-up) against the
+        distinct requests of the trace's ``arrival`` and ``reject`` rows. Regression (issue 26
+        residual): a salvaged trace cut at a quiet point (every request that had
+        arrived had finished), its ``salvaged`` marker removed and the file
+        resealed, checked as a complete run (exit 0). A trace recorded before
+        the field (no ``num_requests``) is read without this check."""
+        expected = self.meta.get("num_requests")
+        if expected is None:
+            return None
+        arrived = self.num_arrivals
+        if arrived == expected:
+            return None
+        return (f"the trace holds {plural(arrived, 'request')} of its workload's {expected} "
+                f"(metadata num_requests): the run was cut short")
+
+    @functools.cached_property
+    def num_arrivals(self) -> int:
+        """Distinct requests the trace received: those with an ``arrival`` or
+        ``reject`` row (a request refused at arrival has only the latter).
+        Reads two columns."""
+        table = self._file.read(columns=["kind", "request_id"])
+        arrivals = table.filter(pc.is_in(table["kind"], pa.array(["arrival", "reject"])))
+        return len(pc.unique(arrivals["request_id"]))
 
     def iter_steps(self) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         """Yield (step, events of that step in order), reading one row group at
@@ -202,7 +237,9 @@ def _open(p: Path) -> Trace:
     try:
         st = p.stat()
     except FileNotFoundError:
-        raise TraceError(f"{p}: no such file") from None
+        if p.is_symlink():
+            raise TraceError(f"{p}: a dangling symbolic link (to {os.readlink(p)}), not a trace") from None
+        raise TraceError(f"{p}: no such file{missing_file_hint(p)}") from None
     except OSError as exc:
         raise TraceError(f"{p}: cannot access ({exc.strerror or _one_line(exc)})") from None
     if stat.S_ISDIR(st.st_mode):
@@ -262,18 +299,27 @@ def _open(p: Path) -> Trace:
     # claim is itself a byte the digest covers (issue 26: a downgrade to 6 must
     # not switch the check off). Schema 7 and later must carry one.
     if version >= DIGEST_SINCE or "trace_sha256" in summary:
-        _verify_digest(p, pf, summary)
+        _verify_digest(p, pf, summary, version)
         digest = summary.pop("trace_sha256")  # verified; the summary keeps the run's figures only
     return Trace(p, meta, config, summary, pf.metadata.num_rows, pf, digest)
 
 
-def _verify_digest(p: Path, pf: pq.ParquetFile, summary: dict[str, Any]) -> None:
+def _verify_digest(p: Path, pf: pq.ParquetFile, summary: dict[str, Any], version: int) -> None:
     """The footer's ``trace_sha256`` must be the digest of the file's bytes (with
     its own 64 characters read as ``0``: ``writer.digest_of_file``), so any
-    changed byte, data or footer, is refused."""
+    changed byte, data or footer, is refused. ``version``: the schema version
+    the trace's metadata claims (named when the digest is absent).
+
+    Regression: a malformed digest was reported as "no digest (schema 9 traces
+    carry one)", naming this harness's schema, not the trace's, and hiding
+    that a digest was there."""
     digest = summary.get("trace_sha256")
+    if "trace_sha256" not in summary:
+        raise TraceError(f"{p}: the footer has no digest (schema {version} traces carry one)")
     if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
-        raise TraceError(f"{p}: the footer has no digest (schema {SCHEMA_VERSION} traces carry one)")
+        shown = repr(digest) if len(repr(digest)) <= 80 else repr(digest)[:77] + "..."
+        raise TraceError(f"{p}: the footer's trace_sha256 is malformed ({shown}: not 64 hex digits); "
+                         f"the file was changed after it was recorded")
     needle = f'"trace_sha256": "{digest}"'.encode()
     size = p.stat().st_size
     with open(p, "rb") as f:
@@ -323,6 +369,10 @@ def _validate_meta(p: Path, meta: Any) -> EngineConfig:
             raise TraceError(f"{p}: metadata lacks {key!r}")
         if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
             raise TraceError(f"{p}: metadata {key!r} must be a {kind.__name__}, got {meta[key]!r}")
+    num_requests = meta.get("num_requests")
+    if num_requests is not None and (not isinstance(num_requests, int) or isinstance(num_requests, bool)
+                                     or num_requests < 0):
+        raise TraceError(f"{p}: metadata 'num_requests' must be an int >= 0, got {num_requests!r}")
     try:
         # What the engine ran: a config vLLM accepts and crashes on is read too.
         config = EngineConfig.from_dict(meta["config"], accept_vllm_crash=True)

@@ -224,7 +224,8 @@ def trace_metadata(workload: Workload, config: EngineConfig, seed: int, engine: 
                    model: dict[str, Any] | None = None) -> dict[str, Any]:
     """The self-describing metadata every trace carries. ``model``: the
     real model runner's description (key ``model``, e.g. the torch runner's;
-    absent for the scripted model)."""
+    absent for the scripted model). ``num_requests``: the workload's request
+    count (traces recorded before it read without it)."""
     meta = {
         "engine": engine,
         # vllm@X.Y.Z traces carry the vLLM version; everything else ours.
@@ -235,6 +236,9 @@ def trace_metadata(workload: Workload, config: EngineConfig, seed: int, engine: 
         "workload": {"source": workload.source, "sha256": workload.sha256,
                      "params": workload.params},
         "seed": seed,
+        # The workload's size, so a trace missing requests (a salvaged recording cut at a
+        # quiet point, its marker removed) reads as incomplete: Trace.incomplete.
+        "num_requests": len(workload.requests),
     }
     if model is not None:
         meta["model"] = model

@@ -681,6 +681,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     if base_cls:  # the user's Scheduler subclass ran: named as a scheduler_cls candidate's trace is
         engine += f",scheduler_cls={base_cls}"
     meta = trace_metadata(workload, config, 0, engine)
+    # A live recording's requests are what reached the server (its rows): no count to hold
+    # it to; its own markers ("protocol", "salvaged", warnings) say when it stopped early.
+    meta.pop("num_requests", None)
     if base_cls:
         meta["engine_version"] = meta_rec["vllm_version"]
         meta["vllm_source"] = {"version": meta_rec["vllm_version"], "scheduler_cls": base_cls}

@@ -1,0 +1,60 @@
+"""Regressions (adversarial trial) of ``harness fuzz``'s output:
+
+* ``-o PATH`` was not validated before fuzzing: a finding was lost to
+  NotADirectoryError / FileExistsError when the witness came to be written.
+  Now one line, exit 2, before any example runs.
+* The finding's ``replay_command`` dropped ``--semantics``: the printed
+  command must reproduce the run's verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from harness.cli import main
+
+FUZZ = ["fuzz", "--candidate", "mutant:leak-on-abort", "--max-examples", "50", "--seed", "0"]
+
+
+def _refused(out: str) -> list[str]:
+    r = CliRunner().invoke(main, [*FUZZ, "-o", out])
+    assert r.exit_code == 2, r.output
+    assert "fuzzed" not in r.output  # nothing ran
+    return r.output.strip().splitlines()
+
+
+def test_regression_fuzz_output_path_checked_before_fuzzing(tmp_path: Path) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me\n")
+    assert _refused(str(a_file)) == [
+        f"error: {a_file}: -o names a file, not a folder (this command writes its files into a folder)"]
+    assert _refused(str(a_file / "out")) == [f"error: {a_file / 'out'}: {a_file} is not a folder"]
+    assert a_file.read_text() == "keep me\n"
+    # A witness's name taken by a folder: it would be replaced at the end.
+    out = tmp_path / "out"
+    (out / "fuzz-mutant-leak-on-abort-seed0.json").mkdir(parents=True)
+    assert _refused(str(out)) == [
+        f"error: {out / 'fuzz-mutant-leak-on-abort-seed0.json'}: -o names a folder, not a regular file; "
+        f"refusing to replace it"]
+    assert _refused("") == ["error: -o: the output folder is empty"]
+
+
+def test_regression_fuzz_replay_command_keeps_semantics(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, [*FUZZ, "--semantics", "safety", "-o", str(out)])
+    assert r.exit_code == 1, r.output
+    info = json.loads((out / "fuzz-mutant-leak-on-abort-seed0.json").read_text())
+    trace = out / "fuzz-mutant-leak-on-abort-seed0.parquet"
+    assert info["semantics"] == "safety"
+    assert info["replay_command"] == f"harness replay {trace} --candidate mutant:leak-on-abort --semantics safety"
+    assert f"replay: {info['replay_command']}" in r.output
+    # The printed command reproduces the verdict, under the profile the run used.
+    args = shlex.split(info["replay_command"])[1:]
+    replay = CliRunner().invoke(main, [*args, "--json"])
+    assert replay.exit_code == 1, replay.output
+    assert json.loads(replay.output)["profile"] == "safety"
+    assert "harness check T.parquet --semantics safety" in (out / "fuzz-mutant-leak-on-abort-seed0.toml").read_text()
