@@ -375,18 +375,18 @@ if alive():
 """
 
 
-class GroupWatchdog:
-    """Stops the process group ``pgid`` if this process dies first.
+class PipeWatchdog:
+    """A tiny process (``python -c SCRIPT ARGS``, its own session) holding the read
+    end of a pipe only this process writes: it reads EOF when ``release()`` closes
+    the write end or when this process dies, even by SIGKILL (the kernel closes
+    it), and ``SCRIPT`` then does its cleanup. The base of ``GroupWatchdog`` and
+    ``harness.ray_cluster.ClusterWatchdog``. Never raises: without a watchdog (no
+    pipe or fork possible), the other layers of this module still apply."""
 
-    ``GroupWatchdog(proc.pid, grace_s)`` right after starting ``proc`` (with
-    ``start_new_session=True``); ``release()`` once ``proc`` has been stopped
-    and reaped. On release the watchdog reads EOF, finds the group empty and
-    exits; if this process dies instead (SIGKILL), the kernel closes the pipe
-    and the watchdog SIGTERMs the group, then SIGKILLs it after ``grace_s``
-    seconds. Never raises: without a watchdog (no fork possible), the other
-    layers of this module still apply."""
+    #: Seconds ``release()`` waits for the watchdog to exit before killing it.
+    release_wait_s = 5.0
 
-    def __init__(self, pgid: int, grace_s: float = 10.0) -> None:
+    def __init__(self, script: str, args: list[str]) -> None:
         self._write_fd: int | None = None
         self._proc: subprocess.Popen | None = None
         try:
@@ -394,7 +394,7 @@ class GroupWatchdog:
         except OSError:
             return
         try:
-            self._proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG, str(pgid), str(grace_s)],
+            self._proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", script, *args],
                                           stdin=read_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                           start_new_session=True)
             self._write_fd = write_fd
@@ -404,17 +404,31 @@ class GroupWatchdog:
             os.close(read_fd)
 
     def release(self) -> None:
-        """Close the pipe (the watchdog exits without touching an empty group) and reap it."""
+        """Close the pipe (the watchdog does its cleanup and exits) and reap it."""
         if self._write_fd is not None:
             os.close(self._write_fd)
             self._write_fd = None
         if self._proc is not None:
             try:
-                self._proc.wait(timeout=5)
+                self._proc.wait(timeout=self.release_wait_s)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
+
+
+class GroupWatchdog(PipeWatchdog):
+    """Stops the process group ``pgid`` if this process dies first.
+
+    ``GroupWatchdog(proc.pid, grace_s)`` right after starting ``proc`` (with
+    ``start_new_session=True``); ``release()`` once ``proc`` has been stopped
+    and reaped. On release the watchdog reads EOF, finds the group empty and
+    exits; if this process dies instead (SIGKILL), the kernel closes the pipe
+    and the watchdog SIGTERMs the group, then SIGKILLs it after ``grace_s``
+    seconds. Never raises."""
+
+    def __init__(self, pgid: int, grace_s: float = 10.0) -> None:
+        super().__init__(_WATCHDOG, [str(pgid), str(grace_s)])
 
 
 class ChildPool:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.corpus import EXIT_UNUSABLE, CheckTask, TraceRow, check_row, error_row
-from harness.ray_cluster import LOCAL_CPUS, MAX_RETRIES, RayUnavailable, cancel, init_ray, ray_module, shutdown
+from harness.ray_cluster import LOCAL_CPUS, MAX_RETRIES, RayUnavailable, completed, init_ray, ray_module, shutdown
 
 __all__ = ["LOCAL_CPUS", "MAX_RETRIES", "RayUnavailable", "check_ray", "init_ray", "shutdown"]
 
@@ -30,23 +30,12 @@ def check_ray(paths: Sequence[str], params: dict[str, Any], task: CheckTask,
     ray = ray_module()
     remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(check_row)
     refs = [remote.remote(path, params, task) for path in paths]
-    index = {ref: i for i, ref in enumerate(refs)}
     rows: dict[int, TraceRow] = {}
-    pending = list(refs)
-    try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            for ref in ready:
-                i = index[ref]
-                try:
-                    row = ray.get(ref)
-                except Exception as exc:  # retries spent: this trace's row says so
-                    error = f"{paths[i]}: the Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-                    row = error_row(paths[i], EXIT_UNUSABLE, error)
-                rows[i] = row
-                if on_row is not None:
-                    on_row(i, row)
-    finally:  # interrupted: leave no task running on the cluster
-        cancel(pending)
+    for i, row, error in completed(refs):
+        if error is not None:  # this trace's row says so
+            row = error_row(paths[i], EXIT_UNUSABLE, f"{paths[i]}: {error}")
+        rows[i] = row
+        if on_row is not None:
+            on_row(i, row)
     return [rows[i] for i in range(len(paths))]
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-from harness.children import descendants
+from harness.children import PipeWatchdog, descendants
 
 #: Times Ray re-runs a task whose worker died.
 MAX_RETRIES = 3
@@ -74,7 +74,7 @@ for pid, start in seen.items():
 """
 
 
-class ClusterWatchdog:
+class ClusterWatchdog(PipeWatchdog):
     """Stops a local cluster's processes if the harness dies first.
 
     Ray ties its head processes (GCS, raylet) to the driver with a
@@ -87,37 +87,13 @@ class ClusterWatchdog:
     reads EOF (``release()`` after ``ray.shutdown``, or this process killed)
     SIGKILLs those still running. Never raises."""
 
-    def __init__(self, roots: list[int]) -> None:
-        self._write_fd: int | None = None
-        self._proc: subprocess.Popen | None = None
-        if not roots or not sys.platform.startswith("linux"):
-            return
-        try:
-            read_fd, write_fd = os.pipe()
-        except OSError:
-            return
-        try:
-            self._proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG, *map(str, roots)],
-                                          stdin=read_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True)
-            self._write_fd = write_fd
-        except OSError:
-            os.close(write_fd)
-        finally:
-            os.close(read_fd)
+    release_wait_s = 10.0
 
-    def release(self) -> None:
-        """Close the pipe (the watchdog kills what is left of the cluster and exits) and reap it."""
-        if self._write_fd is not None:
-            os.close(self._write_fd)
-            self._write_fd = None
-        if self._proc is not None:
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
+    def __init__(self, roots: list[int]) -> None:
+        if not roots or not sys.platform.startswith("linux"):
+            self._write_fd, self._proc = None, None
+            return
+        super().__init__(_WATCHDOG, [str(pid) for pid in roots])
 
 
 _watchdog: list[ClusterWatchdog] = []  # the one of the local cluster this process started, if any
@@ -186,6 +162,29 @@ def cancel(refs: Any) -> None:
             ray.cancel(ref, force=True)
         except Exception:  # noqa: BLE001 - finished, or the cluster already gone
             pass
+
+
+def completed(refs: list[Any]) -> Iterator[tuple[int, Any, str | None]]:
+    """Each of ``refs``' results as its task finishes: ``(index in refs, result,
+    None)``, or ``(index, None, error)`` for a task that failed after its retries
+    (``error``: "the Ray task failed: Type: first line"). The unfinished tasks are
+    cancelled when the loop ends early (an interrupt, the caller's exception)."""
+    ray = ray_module()
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                try:
+                    result = ray.get(ref)
+                except Exception as exc:  # retries spent
+                    yield index[ref], None, (f"the Ray task failed: {type(exc).__name__}: "
+                                             f"{str(exc).splitlines()[0] if str(exc) else ''}")
+                    continue
+                yield index[ref], result, None
+    finally:  # interrupted: leave no task running on the cluster
+        cancel(pending)
 
 
 def progress_queue() -> tuple[Any, type[Exception]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from harness.ray_cluster import MAX_RETRIES, cancel, ray_module
+from harness.ray_cluster import MAX_RETRIES, completed, ray_module
 from harness.sweep import Cell, sweep_candidate
 
 
@@ -30,21 +30,11 @@ def sweep_ray(specs: Sequence[str], scenarios: Sequence[str], *,
     remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(task)
     refs = [remote.options(name=f"harness-sweep-{i}").remote(spec, list(scenarios))
             for i, spec in enumerate(specs)]
-    index = {ref: i for i, ref in enumerate(refs)}
     results: dict[int, list[Cell]] = {}
-    pending = list(refs)
-    try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            for ref in ready:
-                i = index[ref]
-                try:
-                    results[i] = ray.get(ref)
-                except Exception as exc:  # retries spent
-                    reason = f"the Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-                    results[i] = [Cell(specs[i], name, "failed", reason=reason) for name in scenarios]
-                if on_candidate is not None:
-                    on_candidate(i, results[i])
-    finally:
-        cancel(pending)
+    for i, cells, error in completed(refs):
+        if error is not None:
+            cells = [Cell(specs[i], name, "failed", reason=error) for name in scenarios]
+        results[i] = cells
+        if on_candidate is not None:
+            on_candidate(i, results[i])
     return [results[i] for i in range(len(specs))]
