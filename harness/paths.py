@@ -36,6 +36,19 @@ class OutputPathError(ValueError):
     """``-o`` names a destination the command refuses; the message is one line."""
 
 
+def _writable_ancestor(output: str, path: Path) -> Path:
+    """The nearest existing folder at or above ``path`` (where the missing ones
+    will be created); OutputPathError when it is not a folder or not writable."""
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputPathError(f"{output}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{output}: cannot write in {ancestor} (permission denied)")
+    return ancestor
+
+
 def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
     """Raise OutputPathError unless ``output`` can be written as a new or
     replaced regular file, and is none of ``inputs`` (paths that may not
@@ -67,20 +80,13 @@ def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
                                           f"(choose another path)")
             except OSError:
                 continue
-    parent = out.parent
-    ancestor = parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise OutputPathError(f"{output}: {ancestor} is not a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{output}: cannot write in {ancestor} (permission denied)")
+    ancestor = _writable_ancestor(output, out.parent)
     try:
         name_max = os.pathconf(ancestor, "PC_NAME_MAX")
     except (OSError, ValueError):
         name_max = 255
     longest = max([len(os.fsencode(out.name)) + TEMP_NAME_EXTRA]
-                  + [len(os.fsencode(p)) for p in parent.parts[len(ancestor.parts):]])
+                  + [len(os.fsencode(p)) for p in out.parent.parts[len(ancestor.parts):]])
     if longest > name_max:
         raise OutputPathError(f"{output[:60]}...: file name too long ({len(os.fsencode(out.name))} bytes; "
                               f"this file system allows {name_max - TEMP_NAME_EXTRA} for a trace)")
@@ -108,12 +114,6 @@ def check_output_folder(output: str, files: tuple[str, ...] = ()) -> None:
         kind = "a file" if stat.S_ISREG(st.st_mode) else "a device, FIFO or socket"
         raise OutputPathError(f"{output}: -o names {kind}, not a folder (this command writes its files "
                               f"into a folder)")
-    ancestor = out
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise OutputPathError(f"{output}: {ancestor} is not a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{output}: cannot write in {ancestor} (permission denied)")
+    _writable_ancestor(output, out)
     for name in files:
         check_output_file(str(out / name))
