@@ -203,11 +203,12 @@ def sweep_local(specs: Sequence[str], scenarios: Sequence[str], *,
 
 
 def sweep_exit(results: Sequence[Sequence[Cell]]) -> int:
-    """2 if a candidate could run nothing (unavailable, or failed on every
-    scenario), else 1 if any cell violates an invariant or failed, else 0.
+    """2 if a candidate could run nothing (unavailable, refused or failed on
+    every scenario), else 1 if any cell violates an invariant or failed, else 0.
     Refused cells and steps that differ from the reference's are information:
     releases legitimately decide differently."""
-    if any(cells and all(c.status in ("unavailable", "failed") for c in cells) for cells in results):
+    # Regression: a release that refused every scenario exited 0 ("1 refused (exit 0)"): nothing ran.
+    if any(cells and all(c.status != "ran" for c in cells) for cells in results):
         return EXIT_UNUSABLE
     if any(c.status == "failed" or c.violations for cells in results for c in cells):
         return EXIT_VIOLATION

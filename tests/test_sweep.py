@@ -76,7 +76,8 @@ def test_sweep_exit_order() -> None:
     bad = Cell("a", "s", "ran", verdict="X ×1", violations={"X": 1})
     refused = Cell("b", "s", "refused", reason="no")
     unavailable = Cell("c", "s", "unavailable", reason="no env")
-    assert sweep_exit([[ok], [refused]]) == 0  # a refusal is information
+    assert sweep_exit([[ok], [refused, ok]]) == 0  # a refusal is information
+    assert sweep_exit([[ok], [refused]]) == 2  # regression: a candidate that ran nothing exited 0
     assert sweep_exit([[ok], [bad]]) == 1
     assert sweep_exit([[bad], [unavailable]]) == 2
     assert sweep_exit([[Cell("d", "s", "failed"), ok]]) == 1
