@@ -104,6 +104,10 @@ def check_output_folder(output: str, files: tuple[str, ...] = ()) -> None:
     if not output or not output.strip():
         raise OutputPathError("-o: the output folder is empty")
     out = Path(output)
+    for link in (out, *out.parents):  # a dangling link cannot be created through (FileExistsError)
+        if link.is_symlink() and not link.exists():
+            raise OutputPathError(f"{output}: {link} is a dangling symbolic link (to {os.readlink(link)}), "
+                                  f"not a folder")
     try:
         st = os.stat(out)
     except (FileNotFoundError, NotADirectoryError):

@@ -13,6 +13,7 @@ import json
 import shlex
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
@@ -58,3 +59,15 @@ def test_regression_fuzz_replay_command_keeps_semantics(tmp_path: Path) -> None:
     assert replay.exit_code == 1, replay.output
     assert json.loads(replay.output)["profile"] == "safety"
     assert "harness check T.parquet --semantics safety" in (out / "fuzz-mutant-leak-on-abort-seed0.toml").read_text()
+
+
+def test_regression_fuzz_output_through_a_dangling_link_refused_up_front(tmp_path: Path) -> None:
+    """Regression (new-user trial): ``-o`` a dangling symlink (or a folder under one) was accepted;
+    the witness write then failed with "File exists" after the finding, exit 2 for exit 1."""
+    from harness.paths import OutputPathError, check_output_folder
+
+    (tmp_path / "dangle").symlink_to(tmp_path / "nowhere")
+    for output in (tmp_path / "dangle", tmp_path / "dangle" / "sub"):
+        with pytest.raises(OutputPathError, match="dangle is a dangling symbolic link"):
+            check_output_folder(str(output))
+    check_output_folder(str(tmp_path / "fresh" / "sub"))  # a folder still to create is fine
