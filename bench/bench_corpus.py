@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.cli import check_one_json  # noqa: E402
+from harness.check_cli import check_one_json  # noqa: E402
 from harness.corpus import check_local, corpus_verdict, expand_paths  # noqa: E402
 
 OPTIONS = {"semantics": "auto"}

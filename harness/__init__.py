@@ -22,8 +22,9 @@ The repository in layers, each importing only the layers above it in this list:
   traces, in a process pool) and ``corpus_ray`` (the same on Ray, the
   ``[ray]`` extra); ``scenarios`` (the canonical scenarios
   they share: a package that loads one scenario file each,
-  ``harness/scenarios/*.toml``); ``cli`` (the ``harness`` command: parse, call,
-  print), with ``signals`` (how a command ends: SIGINT/SIGTERM, usage errors,
+  ``harness/scenarios/*.toml``); ``cli`` (the ``harness`` command's group; each
+  command in a ``*_cli`` module: parse, call, print; ``cli_common`` what they
+  share), with ``signals`` (how a command ends: SIGINT/SIGTERM, usage errors,
   stray exceptions) and ``paths`` (where ``-o`` may write).
 
 The import rule, enforced by ``tests/test_layout.py``: imports only go downward.

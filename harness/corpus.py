@@ -3,7 +3,7 @@
 A corpus is what the command's PATHs name (``expand_paths``): files, folders
 (their ``*.parquet``, recursively) and globs. Each trace is checked by the
 very code of a single ``harness check TRACE --json`` (the task the CLI hands
-in, ``harness.cli.check_one_json``), in this process, a local process pool
+in, ``harness.check_cli.check_one_json``), in this process, a local process pool
 (``--workers N``) or on a Ray cluster (``--ray [ADDRESS]``, ``harness.corpus_ray``);
 its exit code, verdict line and counts become a ``TraceRow``, so a row says
 exactly what ``harness check`` says of that trace alone, whatever exit codes
@@ -41,7 +41,7 @@ from rich.table import Table
 from harness.richtext import keep_words_whole
 from harness.trace.writer import SEGMENT_GLOB
 
-#: Exit codes as ``harness check`` gives them (``harness.cli``): 3 is an
+#: Exit codes as ``harness check`` gives them (``harness.check_cli``): 3 is an
 #: incomplete run with no violation in the steps it has (issue 26).
 EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
@@ -51,7 +51,7 @@ SEVERITY = {EXIT_OK: 0, EXIT_INCOMPLETE: 1, EXIT_FOUND: 2, EXIT_UNUSABLE: 4}
 UNKNOWN_SEVERITY = 3
 
 #: The task checking one trace: (path, check's options) -> (exit code, stdout, stderr)
-#: of ``harness check PATH --json`` run in-process (``harness.cli.check_one_json``).
+#: of ``harness check PATH --json`` run in-process (``harness.check_cli.check_one_json``).
 CheckTask = Callable[[str, dict[str, Any]], tuple[int, str, str]]
 
 

@@ -3,7 +3,7 @@ trace's ``CheckResult`` and, after a replay, the first ``Divergence``, as
 one JSON object (``report_dict``) or as a text report (``render_report``).
 
 May import ``harness.check``, ``harness.replay`` and ``harness.trace``
-(rendering only: no run, no file written); ``harness.cli`` calls it with
+(rendering only: no run, no file written); ``harness.replay_cli`` and ``harness.check_cli`` call it with
 its console, as it calls ``harness.diff.render_report``.
 """
 

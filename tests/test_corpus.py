@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import check_one_json, main
+from harness.check_cli import check_one_json
+from harness.cli import main
 from harness.corpus import (CorpusError, TraceRow, check_local, corpus_exit, corpus_verdict, expand_paths,
                             totals)
 

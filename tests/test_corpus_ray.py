@@ -23,7 +23,8 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'sche
 
 from click.testing import CliRunner  # noqa: E402
 
-from harness.cli import check_one_json, main  # noqa: E402
+from harness.check_cli import check_one_json  # noqa: E402
+from harness.cli import main  # noqa: E402
 from harness.corpus import check_local, expand_paths  # noqa: E402
 from harness.corpus_ray import check_ray, init_ray, shutdown  # noqa: E402
 

@@ -921,7 +921,7 @@ def test_cli_workers_2_reference_clean(tmp_path):
 
 
 def test_workers_auto_means_every_available_cpu():
-    from harness.cli import _Workers
+    from harness.cli_common import _Workers
     from harness.fuzz import MAX_WORKERS, available_cpus
 
     assert _Workers().convert("auto", None, None) == _Workers().convert("0", None, None) \

@@ -27,7 +27,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("reference", "workloads", "harness")
 # The tool modules: each is one command or plugin over the layers below it.
-TOOLS = ("harness.cli", "harness.fuzz", "harness.golden", "harness.mutation", "harness.replay", "harness.diff",
+TOOLS = ("harness.cli", "harness.cli_common", "harness.check_cli", "harness.record_cli", "harness.replay_cli",
+         "harness.golden_cli", "harness.fuzz_cli", "harness.vllm_env_cli", "harness.fuzz", "harness.golden", "harness.mutation", "harness.replay", "harness.diff",
          "harness.conformance", "harness.pytest_plugin", "harness.outputs", "harness.view", "harness.corpus",
          "harness.corpus_ray", "harness.ray_cluster")
 
@@ -94,8 +95,8 @@ def test_the_scan_sees_every_package_and_its_imports() -> None:
     assert "reference.scheduler" in {m for _, m in _imports(modules["harness.candidates.mutants"])}
     # A lazy import inside a function is seen; `from harness.check import x` yields both names.
     assert {"harness.outputs", "harness.check", "harness.check.check_trace"} <= {
-        m for _, m in _imports(modules["harness.cli"])}
-    assert "harness.outputs" not in {m for _, m in _imports(modules["harness.cli"], top_level_only=True)}
+        m for _, m in _imports(modules["harness.record_cli"]) + _imports(modules["harness.cli_common"])}
+    assert "harness.outputs" not in {m for _, m in _imports(modules["harness.record_cli"], top_level_only=True)}
 
 
 def test_imports_only_go_downward() -> None:

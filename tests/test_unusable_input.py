@@ -133,10 +133,10 @@ def test_regression_replay_refuses_an_arrival_row_request_spec_refuses(tmp_path)
 
 def test_an_unforeseen_exception_is_one_line_exit_2(monkeypatch) -> None:
     """The last resort (harness/signals.py): any exception a command lets out."""
-    import harness.cli
+    import harness.cli_common
 
     def broken(*_a, **_k):
         raise RuntimeError("something\nunforeseen")
-    monkeypatch.setattr(harness.cli, "check_trace", broken)
+    monkeypatch.setattr(harness.cli_common, "check_trace", broken)
     code, _, err = run("check", GOLDEN)
     assert (code, err) == (2, "error: RuntimeError: something unforeseen\n")

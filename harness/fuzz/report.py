@@ -1,7 +1,7 @@
 """What ``harness fuzz`` prints: the run's summary line (examples, workers,
 seconds, seed, known findings passed over) and, per written witness, its
 failure, its shrunk case, its files and the ``harness replay`` command that
-reproduces it. Rendering only; ``harness.cli`` calls it with its console.
+reproduces it. Rendering only; ``harness.fuzz_cli`` calls it with its console.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The serving commands: ``harness model tiny``, ``harness serve-record``, ``harness vllm-env --serving``.
 
-Registered on ``harness.cli.main`` by ``register(main)`` (a few lines at the end of
-``harness/cli.py``). Exit codes as everywhere: 0 ok, 1 violation found (or the
+Registered on ``harness.cli.main`` by ``register(main)`` (``harness/cli.py``); the
+shared consoles and steps come from ``harness.cli_common``. Exit codes as everywhere: 0 ok, 1 violation found (or the
 engine crashed), 2 unusable input or an engine/server that could not be run, with
 a one-line message; 130 on Ctrl-C (after the server is stopped).
 """
@@ -22,13 +22,13 @@ from reference.workload import WorkloadError
 
 
 def _consoles():
-    from harness.cli import console, err
+    from harness.cli_common import console, err
 
     return console, err
 
 
 def _fail(message: str) -> None:
-    from harness.cli import _fail as fail
+    from harness.cli_common import _fail as fail
 
     fail(message)
 
@@ -199,13 +199,13 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
     130: interrupted (the server is stopped first).
     """
     from harness.candidates.vllm.env import VLLMEnvError
-    from harness.cli import _parse_sets
+    from harness.cli_common import _parse_sets
     from harness.serve.config import ServeConfigError
     from harness.serve.model import ModelError
     from harness.serve.offline import ServeError, side_files
 
     console, err = _consoles()
-    from harness.cli import _refuse_overwriting_input
+    from harness.cli_common import _refuse_overwriting_input
 
     _refuse_overwriting_input(output, workload)
     try:
@@ -293,7 +293,7 @@ def serve_record(workload: str, output: str, model_dir: str | None, offline: boo
                   f"{plural(conv['requests'], 'request')}, {conv['finished']} finished, {conv['aborted']} aborted, "
                   f"{plural(conv['preemptions'], 'preemption')}, "
                   f"{plural(conv['prefix_hit_tokens'], 'prefix-hit token')}")
-    from harness.cli import _check, _open, _report
+    from harness.cli_common import _check, _open, _report
 
     for req_id, why in sorted(getattr(res, "errors", {}).items())[:0 if conv.get("crashed") else 5]:
         err.print(f"[yellow]request {req_id}:[/] {escape(why)}")

@@ -1,0 +1,201 @@
+"""``harness scenario extract``, ``harness golden check|update`` and ``harness mutants``:
+the canonical scenarios, their pinned reference recordings and the kill matrix.
+
+Registered on ``main`` by ``harness/cli.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.markup import escape
+
+from reference.words import did_you_mean, plural
+
+from harness.progress import progress
+from harness.trace import TraceError
+from harness.cli_common import (EXIT_FOUND, EXIT_OK, _candidate, _fail, _open, _refuse_overwriting_input,
+                                _step_timeout, console, err)
+
+
+@click.group()
+def scenario() -> None:
+    """Scenario files (docs/scenario-format.md): cut one out of a trace."""
+
+
+@scenario.command("extract")
+@click.argument("trace_path", metavar="TRACE")
+@click.option("--requests", "request_ids", metavar="ID,...",
+              help="Keep only these requests (comma-separated ids); default: all.")
+@click.option("--steps", metavar="A:B",
+              help="Keep only requests live in steps A..B-1 (half-open, as a Python slice).")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
+              help="Scenario file to write (TOML).")
+def scenario_extract(trace_path: str, request_ids: str | None, steps: str | None, output: str) -> None:
+    """Cut TRACE down to a scenario file that reproduces its decisions for the chosen requests.
+
+    A cut that cannot be faithful (requests outside it held blocks, a window
+    starting after a chosen request arrived, a config key the format cannot
+    carry, a re-run on the reference that decides otherwise) is written
+    anyway: one warning line each on stderr, exit 0. An unknown id or an
+    empty cut: exit 2, nothing written.
+    """
+    from harness.scenario_extract import ExtractError, extract, parse_steps
+
+    _refuse_overwriting_input(output, trace_path)
+    trace = _open(trace_path)
+    try:
+        window = parse_steps(steps) if steps is not None else None
+        ids = [r.strip() for r in request_ids.split(",") if r.strip()] if request_ids is not None else None
+        if ids is not None and len(set(ids)) != len(ids):
+            _fail(f"--requests {request_ids!r}: an id is listed twice")
+        result = extract(trace, requests=ids, steps=window)
+    except ExtractError as exc:
+        _fail(str(exc))
+    except TraceError as exc:
+        _fail(str(exc))
+    result.write(output)
+    for warning in result.warnings:
+        err.print(f"[bold yellow]warning:[/] {escape(warning)}")
+    console.print(f"wrote [bold]{output}[/]: {plural(len(result.request_ids), 'request')}"
+                  + (", faithful (same decisions on a re-run)" if not result.warnings
+                     else f", {plural(len(result.warnings), 'warning')}"))
+
+
+@click.group()
+def golden() -> None:
+    """Golden traces: one reference recording per canonical scenario (harness/scenarios/*.toml),
+    pinned by MANIFEST.json."""
+
+
+@golden.command("check")
+@click.option("--dir", "golden_dir", default=None,
+              type=click.Path(file_okay=False),
+              help="Folder holding the goldens and MANIFEST.json (default: the repository's golden/).")
+@click.option("--candidate", default="reference", show_default=True,
+              help="Engine to re-drive with each golden's inputs: 'reference', 'mutant:NAME', "
+                   "'vllm@VERSION' (a release; build its env with `harness vllm-env VERSION`), 'vllm@PATH' (the vLLM a Python interpreter or venv at PATH imports), either with ',scheduler_cls=package.module:Class' (a vLLM Scheduler subclass, found on PYTHONPATH) or 'package.module:factory'.")
+@_step_timeout
+@click.option("--require-sealed/--allow-unsealed", default=True, show_default=True,
+              help="A golden without tamper evidence (no trace_sha256 digest) fails.")
+def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_sealed: bool) -> None:
+    """Check every scenario's golden: present, sha256 and config fingerprint as in the manifest,
+    sealed and complete, invariants hold, and CANDIDATE makes identical decisions. Exit 0 all ok,
+    1 any failure, 2 unusable folder or manifest."""
+    from rich.markup import escape
+
+    from harness.golden import DEFAULT_DIR, GoldenError, check_goldens
+    from harness.scenarios import SCENARIOS
+
+    golden_dir = golden_dir or str(DEFAULT_DIR)
+    factory = _candidate(candidate, step_timeout)
+    try:
+        with progress(f"checking goldens on {candidate}", len(SCENARIOS)) as update:
+            results = check_goldens(golden_dir, factory, on_result=lambda r: update(advance=1),
+                                    require_sealed=require_sealed)
+    except GoldenError as exc:
+        _fail(str(exc))
+    width = max(len(r.scenario) for r in results)
+    for r in results:
+        if not r.ok:
+            console.print(f"[bold red]FAIL[/] {r.scenario:<{width}}  {escape(r.reason)}")
+        elif r.skipped:
+            console.print(f"[yellow]skip[/] {r.scenario:<{width}}  {plural(r.steps, 'step')} checked; not replayed: "
+                          f"{escape(r.skipped)}")
+        else:
+            console.print(f"[bold green]ok  [/] {r.scenario:<{width}}  {plural(r.steps, 'step')}, "
+                          f"{r.replayed_steps} replayed identically")
+    failed = sum(not r.ok for r in results)
+    skipped = sum(r.ok and bool(r.skipped) for r in results)
+    if results and skipped == len(results):
+        # Nothing was compared: no verdict to give, and certainly not exit 0 (issue 17).
+        console.print(f"[bold red]0 ok, {skipped} skipped, 0 failed[/] ({golden_dir}, candidate {candidate}): "
+                      f"the candidate refused every golden, nothing was compared")
+        sys.exit(EXIT_FOUND)
+    colour = "red" if failed else "green"
+    console.print(f"[bold {colour}]{len(results) - failed - skipped} ok, "
+                  + (f"{skipped} skipped, " if skipped else "")
+                  + f"{failed} failed[/] ({golden_dir}, candidate {candidate})")
+    sys.exit(EXIT_FOUND if failed else EXIT_OK)
+
+
+@golden.command("update")
+@click.option("--dir", "golden_dir", default=None,
+              type=click.Path(file_okay=False),
+              help="Folder holding the goldens and MANIFEST.json (default: the repository's golden/).")
+@click.option("--scenario", "names", multiple=True, metavar="NAME",
+              help="Re-record only this scenario (repeatable); default: all.")
+@click.option("--prune", is_flag=True, help="Remove goldens of scenarios that no longer exist (those the manifest lists; any other *.parquet in the folder is kept).")
+def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool) -> None:
+    """Re-record goldens with the reference (temp file + rename), rewrite MANIFEST.json
+    atomically, and report per scenario: new, unchanged or changed (and how)."""
+    from rich.markup import escape
+
+    from harness.golden import DEFAULT_DIR, GoldenError, update_goldens
+
+    golden_dir = golden_dir or str(DEFAULT_DIR)
+    try:
+        changes = update_goldens(golden_dir, list(names) or None, prune=prune)
+    except GoldenError as exc:
+        _fail(str(exc))
+    styles = {"new": "cyan", "unchanged": "green", "changed": "yellow", "removed": "magenta",
+              "unused": "red", "refused": "bold red"}
+    width = max((len(c.scenario) for c in changes), default=0)
+    for c in changes:
+        first = f"  {escape(c.details[0])}" if c.details else ""
+        console.print(f"[{styles.get(c.status, 'white')}]{c.status:<9}[/] "
+                      f"{c.scenario:<{width}}{first}".rstrip())
+        for line in c.details[1:]:
+            console.print(f"          {' ' * width}  {escape(line)}")
+    counts: dict[str, int] = {}
+    for c in changes:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    console.print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "nothing to update",
+                  markup=False)
+    sys.exit(EXIT_FOUND if any(c.status == "refused" for c in changes) else EXIT_OK)
+
+
+@click.command()
+@click.option("--list", "list_only", is_flag=True, help="Print the mutant names, one per line, and exit.")
+@click.option("--mutant", "mutant_names", multiple=True, metavar="NAME", help="Run only these mutants.")
+@click.option("--scenario", "scenario_names", multiple=True, metavar="NAME",
+              help="Run only these scenarios (default: all of harness/scenarios/).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the matrix.")
+def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tuple[str, ...],
+            as_json: bool) -> None:
+    """Run every mutant on every scenario and print the kill matrix.
+
+    Shows, per mutant, the scenarios where its intended invariant fired.
+    Exit 1 if any mutant survives (its invariant fired on no scenario), or if
+    the clean reference violates anything. With --scenario, mutants of
+    features those scenarios never exercise are expected to survive.
+    """
+    from harness.mutation import MUTATION_SCENARIOS, render_matrix, run_mutation
+    from harness.candidates.mutants import MUTANTS_AND_TARGETS
+
+    if list_only:
+        for name in MUTANTS_AND_TARGETS:
+            click.echo(name)
+        return
+    for name in mutant_names:
+        if name not in MUTANTS_AND_TARGETS:
+            raise click.BadParameter(f"unknown mutant {name!r}" + (did_you_mean(name, MUTANTS_AND_TARGETS)
+                                                                   or " (--list lists them)"),
+                                     param_hint="--mutant")
+    for name in scenario_names:
+        if name not in MUTATION_SCENARIOS:
+            raise click.BadParameter(f"unknown scenario {name!r}" + did_you_mean(name, MUTATION_SCENARIOS),
+                                     param_hint="--scenario")
+    chosen = list(mutant_names) or list(MUTANTS_AND_TARGETS)
+    scenarios = list(scenario_names) or list(MUTATION_SCENARIOS)
+    with progress("running mutants", (len(chosen) + 1) * len(scenarios), enabled=not as_json) as update:
+        def on_cell(mutant: str, scenario: str) -> None:
+            update(advance=1, description=f"running mutants: {mutant} on {scenario}")
+        report = run_mutation(list(mutant_names) or None, list(scenario_names) or None, on_cell=on_cell)
+    if as_json:
+        click.echo(json.dumps(report.to_dict()))
+    else:
+        render_matrix(report, console)
+    sys.exit(EXIT_OK if report.ok else EXIT_FOUND)
