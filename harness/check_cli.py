@@ -75,8 +75,9 @@ def check(trace_paths: tuple[str, ...], as_json: bool, semantics: str, html_repo
         from harness.view.cli import write_report
 
         write_report(html_report, trace, semantics, series=series)
-    _report(result, None, as_json, trace)
-    sys.exit(_exit_code(result.ok, trace, allow_incomplete))
+    code = _exit_code(result.ok, trace, allow_incomplete)
+    _report(result, None, as_json, trace, exit_code=code, allow_incomplete=allow_incomplete)
+    sys.exit(code)
 
 
 #: check's parameters corpus mode sets per trace (the rest go to each trace's check as given).

@@ -135,11 +135,15 @@ def _check(trace: Trace, semantics: str = "auto", show_progress: bool = False) -
 
 
 def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, trace: Trace,
-            extra: dict[str, Any] | None = None) -> None:
+            extra: dict[str, Any] | None = None, exit_code: int | None = None,
+            allow_incomplete: bool = False) -> None:
+    """The report of check or replay: one JSON object (with ``exit``, the
+    command's exit code, when given) or the text report ending on the verdict."""
     if as_json:
-        click.echo(json.dumps(report_dict(result, divergence, trace, extra), default=str))
+        click.echo(json.dumps(report_dict(result, divergence, trace, extra, exit_code, allow_incomplete),
+                              default=str))
     else:
-        render_check_report(result, divergence, trace, console, extra)
+        render_check_report(result, divergence, trace, console, extra, allow_incomplete)
 
 
 _SEMANTICS = click.option(

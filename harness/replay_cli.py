@@ -70,9 +70,10 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_
     extra = {"candidate": candidate, "replayed_steps": compared}
     if information:
         extra["divergence_is_information"] = True
-    _report(result, divergence, as_json, trace, extra)
     ok = divergence is None or (information and divergence.field != "exception")
-    sys.exit(_exit_code(result.ok and ok, trace, allow_incomplete))
+    code = _exit_code(result.ok and ok, trace, allow_incomplete)
+    _report(result, divergence, as_json, trace, extra, exit_code=code, allow_incomplete=allow_incomplete)
+    sys.exit(code)
 
 
 @click.command()

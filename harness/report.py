@@ -24,7 +24,8 @@ from harness.richtext import keep_words_whole
 
 
 def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace,
-                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                extra: dict[str, Any] | None = None, exit_code: int | None = None,
+                allow_incomplete: bool = False) -> dict[str, Any]:
     """The JSON object of ``--json``: ``ok`` (no violation, no divergence),
     the trace and its engine, the check's counts (steps, requests, tokens,
     blocks), the violations (the first ``MAX_PER_INVARIANT`` of each
@@ -36,11 +37,14 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
     ``ok`` is what exit 0 means: no violation, no divergence (or one that is
     information) and a complete run; ``incomplete`` says why a run did not end
     (None when it did) and ``sealed`` whether the trace carries tamper evidence
-    (``Trace.sealed``); ``verdict`` is the text report's last line."""
+    (``Trace.sealed``); ``verdict`` is the text report's last line. With
+    ``exit_code`` (the command's): ``exit``, e.g. 0 for an incomplete run under
+    ``--allow-incomplete`` (``allow_incomplete``), where ``ok`` stays false."""
     ok = result.ok and _divergence_ok(divergence, extra) and trace.incomplete is None
-    return {"ok": ok, "trace": str(trace.path), "engine": trace.meta.get("engine"),
+    return {"ok": ok, **({"exit": exit_code} if exit_code is not None else {}),
+            "trace": str(trace.path), "engine": trace.meta.get("engine"),
             "sealed": trace.sealed, "incomplete": trace.incomplete,
-            "verdict": verdict(result, divergence, extra, trace),
+            "verdict": verdict(result, divergence, extra, trace, allow_incomplete),
             "steps": result.steps, "requests": result.requests, "finished": result.finished,
             "rejected": result.rejected, "aborted": result.aborted,
             "preemptions": result.preemptions, "prefix_hit_tokens": result.prefix_hit_tokens,
@@ -79,7 +83,7 @@ def _vllm_source_line(source: dict[str, Any]) -> str:
 
 
 def render_report(result: CheckResult, divergence: Divergence | None, trace: Trace, console: Console,
-                  extra: dict[str, Any] | None = None) -> None:
+                  extra: dict[str, Any] | None = None, allow_incomplete: bool = False) -> None:
     """Print the check's counts as a table, each violation with its rule and
     history, the divergence with both sides' rows of that step, and
     "conformant" when there is neither (with ``extra['replayed_steps']``
@@ -136,24 +140,35 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
             console.print(f"  {side} step {divergence.step}:")
             for row in rows[:12]:
                 console.print("    " + brief_row(row))
-    console.print(verdict(result, divergence, extra, trace), style="bold green" if ok else "bold red",
+    console.print(verdict(result, divergence, extra, trace, allow_incomplete),
+                  style="bold green" if ok else "bold yellow" if allow_incomplete and _incomplete_only(
+                      result, divergence, extra, trace) else "bold red",
                   markup=False, highlight=False)
 
 
+def _incomplete_only(result: CheckResult, divergence: Divergence | None, extra: dict[str, Any] | None,
+                     trace: Trace | None) -> bool:
+    """An incomplete run with no violation and no divergence that counts."""
+    return (trace is not None and trace.incomplete is not None and not result.num_violations
+            and _divergence_ok(divergence, extra))
+
+
 def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str, Any] | None = None,
-            trace: Trace | None = None) -> str:
+            trace: Trace | None = None, allow_incomplete: bool = False) -> str:
     """The last line of ``check`` and ``replay``, naming the profile checked: "conformant
     (profile 0.33.0)", "conformant (profile 0.33.0): 20 steps replayed, identical decisions",
     or "2 violations of 1 invariant: MAX-NUM-SEQS ×2 (profile 0.33.0)", with "; first
     divergence at step 7" after a replay that diverged (``extra``: the replay's keys).
     With ``trace``: a run that did not end (``Trace.incomplete``) and shows no
     violation is "incomplete run (exit 3): no violation in the 80 steps it has
-    (profile 0.33.0): salvaged ...", and an unsealed trace ends on "; unsealed:
-    no tamper evidence" (issue 26)."""
+    (profile 0.33.0): salvaged ..." ("incomplete run (allowed by
+    --allow-incomplete): ..." under ``allow_incomplete``, which exits 0), and an
+    unsealed trace ends on "; unsealed: no tamper evidence" (issue 26)."""
     profile = f"(profile {result.profile or '?'})"
     incomplete = trace.incomplete if trace is not None else None
-    if incomplete is not None and not result.num_violations and _divergence_ok(divergence, extra):
-        line = f"incomplete run (exit 3): no violation in the {result.steps} steps it has {profile}: {incomplete}"
+    if _incomplete_only(result, divergence, extra, trace):
+        how = "allowed by --allow-incomplete" if allow_incomplete else "exit 3"
+        line = f"incomplete run ({how}): no violation in the {result.steps} steps it has {profile}: {incomplete}"
         if divergence is not None:  # under the fork gate or safety: information
             line += f"; decisions differ from step {divergence.step} (information: not held to a version's design)"
         elif extra:

@@ -200,3 +200,24 @@ def test_every_golden_and_example_trace_is_sealed_and_complete() -> None:
     for path in paths:
         trace = open_trace(path)
         assert (path.name, trace.sealed, trace.incomplete) == (path.name, True, None)
+
+
+def test_regression_allow_incomplete_said_exit_3_and_json_exit_was_missing(tmp_path: Path) -> None:
+    """Trial finding: ``check --allow-incomplete`` of one incomplete trace ended
+    on "incomplete run (exit 3)" and exited 0, and ``--json`` had no ``exit``
+    (``jq .exit``: null). The line says what happened; ``exit`` is the real code."""
+    path = rewrite(tmp_path, "half", keep_steps=0.5, summary_edit={"salvaged": SALVAGED}, seal=True)
+    for command in ("check", "replay"):
+        code, out = run(command, path, "--allow-incomplete")
+        assert code == 0, out
+        assert last_line(out).startswith("incomplete run (allowed by --allow-incomplete): no violation in the "
+                                          f"80 steps it has (profile 0.33.0): {SALVAGED}"), out
+        assert "exit 3" not in out
+        for flags, want in ((("--allow-incomplete",), 0), ((), 3)):
+            code, out = run(command, path, "--json", *flags)
+            report = json.loads(out)
+            assert (code, report["exit"], report["ok"]) == (want, want, False), out
+            assert report["verdict"].startswith("incomplete run (allowed by --allow-incomplete)" if flags
+                                                else "incomplete run (exit 3)"), out
+    code, out = run("check", SOURCE, "--json")
+    assert (code, json.loads(out)["exit"], json.loads(out)["ok"]) == (0, 0, True)
