@@ -82,13 +82,52 @@ def test_regression_salvaged_trace_cut_at_a_quiet_point_resealed_is_incomplete(t
 
 
 def test_regression_a_trace_without_num_requests_reads_as_before(tmp_path: Path) -> None:
-    """Older traces carry no request count: read, and the cut goes unnoticed
-    (the limit of this check: a forger who also drops the field)."""
+    """Older traces carry no request count (nor one in the workload's params):
+    read, and the cut goes unnoticed (the limit of this check: a forger who
+    drops every count)."""
     whole = _record(tmp_path)
+
+    def drop_every_count(meta: dict) -> None:
+        meta.pop("num_requests")
+        meta["workload"]["params"].pop("request_order")
+
     older = _doctored(whole, tmp_path / "older.parquet", cut_before_step=_second_wave_step(whole),
-                      meta_edit=lambda m: m.pop("num_requests"))
+                      meta_edit=drop_every_count)
     assert open_trace(older).incomplete is None
     assert CliRunner().invoke(main, ["check", str(older)]).exit_code == 0
+
+
+def _last_line(path: Path, *flags: str) -> tuple[int, str]:
+    r = CliRunner().invoke(main, ["check", str(path), *flags])
+    return r.exit_code, r.output.strip().splitlines()[-1]
+
+
+def test_regression_resealed_num_requests_edited_to_the_cut_disagrees_with_the_workload(tmp_path: Path) -> None:
+    """Trial finding: the cut, its footer ``num_requests`` edited to the 4
+    requests left (or deleted), resealed: exit 0. The workload's params hold
+    the count too (a scenario file's ``request_order``; a synthetic
+    workload's ``num_requests``): exit 3, one line naming both."""
+    whole = _record(tmp_path)
+    cut_at = _second_wave_step(whole)
+    edited = _doctored(whole, tmp_path / "edited.parquet", cut_before_step=cut_at,
+                       meta_edit=lambda m: m.update(num_requests=4))
+    assert _last_line(edited) == (3, "incomplete run (exit 3): no violation in the 8 steps it has (profile "
+                                     "0.33.0): metadata num_requests 4 disagrees with its workload's "
+                                     "params.request_order 8: tampered, or the run was cut short")
+    dropped = _doctored(whole, tmp_path / "dropped.parquet", cut_before_step=cut_at,
+                        meta_edit=lambda m: m.pop("num_requests"))
+    assert _last_line(dropped) == (3, "incomplete run (exit 3): no violation in the 8 steps it has (profile "
+                                      "0.33.0): the trace holds 4 requests of its workload's 8 "
+                                      "(params.request_order): the run was cut short")
+    # A synthetic workload's params.num_requests: the same, and the whole recording still passes.
+    synthetic = tmp_path / "synthetic.parquet"
+    assert CliRunner().invoke(main, ["record", "synthetic:6", "-o", str(synthetic)]).exit_code == 0
+    assert _last_line(synthetic)[0] == 0
+    forged = _doctored(synthetic, tmp_path / "forged.parquet", meta_edit=lambda m: m.update(num_requests=5))
+    assert _last_line(forged) == (3, "incomplete run (exit 3): no violation in the "
+                                     f"{open_trace(synthetic).summary['steps']} steps it has (profile 0.33.0): "
+                                     "metadata num_requests 5 disagrees with its workload's "
+                                     "params.num_requests 6: tampered, or the run was cut short")
 
 
 @pytest.mark.parametrize("value", ["8", -1, 2.5, True])

@@ -103,15 +103,44 @@ class Trace:
         residual): a salvaged trace cut at a quiet point (every request that had
         arrived had finished), its ``salvaged`` marker removed and the file
         resealed, checked as a complete run (exit 0). A trace recorded before
-        the field (no ``num_requests``) is read without this check."""
+        the field (no ``num_requests``) is read without this check.
+
+        The workload's own params hold the count too where its loader wrote it
+        (``workload.params.num_requests``: synthetic and fuzz workloads; the
+        length of ``workload.params.request_order``: scenario files). Regression
+        (trial finding): the footer's ``num_requests`` edited to the cut's count,
+        or deleted, and the file resealed, passed as whole; now a disagreement
+        of the two is named, and the params' count stands in for a deleted one."""
         expected = self.meta.get("num_requests")
+        in_params = self._workload_param_count()
+        if in_params is not None and expected is not None and in_params[1] != expected:
+            return (f"metadata num_requests {expected} disagrees with its workload's {in_params[0]} "
+                    f"{in_params[1]}: tampered, or the run was cut short")
+        where = "metadata num_requests"
+        if expected is None and in_params is not None:
+            where, expected = in_params
         if expected is None:
             return None
         arrived = self.num_arrivals
         if arrived == expected:
             return None
         return (f"the trace holds {plural(arrived, 'request')} of its workload's {expected} "
-                f"(metadata num_requests): the run was cut short")
+                f"({where}): the run was cut short")
+
+    def _workload_param_count(self) -> tuple[str, int] | None:
+        """(where, count) of the workload's request count in its params, or None:
+        ``params.num_requests`` (an int >= 0) or ``len(params.request_order)``."""
+        workload = self.meta.get("workload")
+        params = workload.get("params") if isinstance(workload, dict) else None
+        if not isinstance(params, dict):
+            return None
+        count = params.get("num_requests")
+        if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            return "params.num_requests", count
+        order = params.get("request_order")
+        if isinstance(order, list):
+            return "params.request_order", len(order)
+        return None
 
     @functools.cached_property
     def num_arrivals(self) -> int:
