@@ -29,7 +29,8 @@ def salvage_cmd(folder: str, output: str) -> None:
     the machine): TMPDIR is the temporary folder it left beside its -o path
     (.NAME.XXXX.tmp/), whose complete row groups become TRACE.parquet, marked salvaged
     (check and replay read it up to its last step, with a note). The rows after the last
-    complete row group are lost.
+    complete row group are lost. TMPDIR is then removed (kept, with a warning saying why,
+    when a segment could not be salvaged or it holds anything else).
 
     Exit 0 salvaged, 2 nothing to salvage (not such a folder, no complete row group)."""
     from pathlib import Path
@@ -55,5 +56,9 @@ def salvage_cmd(folder: str, output: str) -> None:
     for line in result.skipped:
         _err.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
     _err.print(f"[yellow]warning:[/] {escape(result.line)}", soft_wrap=True)
+    if result.kept is not None:
+        _err.print(f"[yellow]warning:[/] kept {escape(folder)}: {escape(result.kept)}; remove it when done "
+                   f"(`harness check` of a folder above it reports it)", soft_wrap=True)
     click.echo(f"salvaged {result.out}: {plural(result.steps, 'step')}, {plural(result.events, 'event')} from "
-               f"{plural(result.segments, 'row group')}, up to step {result.last_step}")
+               f"{plural(result.segments, 'row group')}, up to step {result.last_step}"
+               + (f"; removed {folder}" if result.removed else ""))

@@ -109,3 +109,53 @@ def test_segments_are_complete_files_while_recording(tmp_path: Path) -> None:
     assert (summary["steps"], summary["events"]) == (1, 2)
     writer.abort()
     assert not writer.temp_dir.exists()
+
+
+def _left_folder(parent: Path, steps: int = 20) -> Path:
+    """The temporary folder a killed ``harness record -o parent/rec.parquet``
+    leaves (as the writer names it), holding the first ``steps`` steps of an
+    example trace as two-step segments."""
+    import shutil
+
+    from harness.trace import METADATA_KEY
+    from harness.trace.writer import TraceWriter
+
+    source = Path(__file__).resolve().parents[1] / "traces" / "preemption-heavy.parquet"
+    meta = json.loads(pq.ParquetFile(source).metadata.metadata[METADATA_KEY])
+    writer = TraceWriter(parent / "scratch.parquet", meta, rows_per_group=1)
+    for step, rows in open_trace(source).iter_steps():  # decoded rows, as the recorder hands them
+        if step == steps:
+            break
+        writer.add_step(rows)
+    folder = parent / ".rec.parquet.0123456789abcdef.tmp"
+    shutil.copytree(writer.temp_dir, folder)
+    writer.abort()
+    return folder
+
+
+def test_regression_salvaged_temp_folder_made_folder_check_exit_2(tmp_path: Path) -> None:
+    """Trial finding: after `harness salvage`, the killed recording's temporary
+    folder stayed, so `harness check` of the folder above it kept reporting it
+    (exit 2). Salvage removes it once the trace is in place; the folder check
+    then sees the salvaged trace alone (exit 3: an incomplete run)."""
+    folder = _left_folder(tmp_path)
+    code, output = run("check", tmp_path)
+    assert code == 2 and f"harness salvage {folder} -o TRACE.parquet" in output, output
+    code, output = run("salvage", folder, "-o", tmp_path / "rec.parquet")
+    assert code == 0 and output.strip().splitlines()[-1] == (
+        f"salvaged {tmp_path / 'rec.parquet'}: 20 steps, 176 events from 20 row groups, up to step 19; "
+        f"removed {folder}"), output
+    assert not folder.exists() and [p.name for p in tmp_path.iterdir()] == ["rec.parquet"]
+    code, output = run("check", tmp_path)
+    assert code == 3, output
+    assert output.strip().splitlines()[-1].startswith("incomplete run (exit 3): no violation in the 20 steps"), output
+
+
+def test_salvage_keeps_a_folder_holding_anything_else(tmp_path: Path) -> None:
+    """Nothing of anyone else's is removed: a foreign file keeps the folder, named in a warning."""
+    folder = _left_folder(tmp_path, steps=4)
+    (folder / "notes.txt").write_text("mine")
+    code, output = run("salvage", folder, "-o", tmp_path / "rec.parquet")
+    assert code == 0 and (folder / "notes.txt").exists() and len(list(folder.glob("seg-*.parquet"))) == 4
+    assert f"warning: kept {folder}: it holds 'notes.txt', not the recording's; remove it when done " \
+           "(`harness check` of a folder above it reports it)" in " ".join(output.split()), output

@@ -9,13 +9,16 @@ schema-7 trace whose footer summary says it was salvaged (``salvaged``: one
 line), so ``check`` and ``replay`` read it, warn, and stop at its last step
 (no LIVENESS for the requests the kill cut off). What is lost: the rows
 after the last complete segment (at most one row group: ``rows_per_group``
-rows or ``bytes_per_group`` bytes) and the run's own summary.
+rows or ``bytes_per_group`` bytes) and the run's own summary. Once the trace
+is in place, the folder goes (``Salvaged.removed``): left behind, it made a
+later ``harness check`` of the folder above it report it again (exit 2).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +36,8 @@ class Salvaged:
     """What ``salvage`` kept: ``steps`` and ``events`` (rows) from
     ``segments`` complete row groups, the last step kept (``last_step``),
     and ``skipped``: one line per segment that could not be read (none for a
-    folder the writer left)."""
+    folder the writer left). ``removed``: the folder was removed (the
+    writer's, every segment salvaged); ``kept``: why it was not, or None."""
 
     out: Path
     steps: int
@@ -41,6 +45,8 @@ class Salvaged:
     segments: int
     last_step: int
     skipped: list[str]
+    removed: bool = False
+    kept: str | None = None
 
     @property
     def line(self) -> str:
@@ -125,4 +131,34 @@ def salvage(folder: str | os.PathLike[str], out: str | os.PathLike[str]) -> Salv
         os.replace(tmp, dst)
     finally:
         Path(tmp).unlink(missing_ok=True)
+    result.removed, result.kept = _remove_salvaged_folder(src, skipped)
     return result
+
+
+#: The temporary folder ``TraceWriter`` makes beside its output (``.NAME.<16 hex>.tmp``)
+#: and the files it writes there: segments, a segment being written, the joined trace.
+_WRITER_FOLDER = re.compile(r"\..+\.[0-9a-f]{16}\.tmp")
+_WRITER_FILE = re.compile(r"seg-[0-9]{6}\.(parquet|part)|trace\.parquet")
+
+
+def _remove_salvaged_folder(src: Path, skipped: list[str]) -> tuple[bool, str | None]:
+    """Remove the writer's folder ``src`` once its trace is salvaged: (removed,
+    why kept). Kept when a segment was skipped (its rows are not in the trace),
+    when the folder is not named as the writer names it, or when it holds
+    anything the writer does not write (nothing of anyone else's is removed)."""
+    if skipped:
+        return False, f"{len(skipped)} segment(s) not salvaged"
+    if not _WRITER_FOLDER.fullmatch(src.name):
+        return False, "not named as a recording's temporary folder (.NAME.XXXX.tmp)"
+    entries = list(src.iterdir())
+    foreign = [e.name for e in entries if not (_WRITER_FILE.fullmatch(e.name) and e.is_file()
+                                               and not e.is_symlink())]
+    if foreign:
+        return False, f"it holds {foreign[0]!r}, not the recording's"
+    try:
+        for entry in entries:
+            entry.unlink()
+        src.rmdir()
+    except OSError as exc:
+        return False, f"cannot remove it ({exc.strerror or exc})"
+    return True, None
