@@ -33,8 +33,10 @@ def _fuzz_base(path: str):
     try:
         scenario = load_scenario(path)
         scenario.engine_config()
-    except (WorkloadError, ConfigError) as exc:
+    except WorkloadError as exc:
         _fail(str(exc))
+    except ConfigError as exc:
+        _fail(f"{path}: bad config: {exc}")
     if scenario.workload.actions:
         _fail(f"{path}: --scenario takes no [[actions]] yet (subsets of requests only)")
     return FuzzCase(scenario.engine_config().to_dict(), scenario.workload.requests, scenario.seed)

@@ -68,6 +68,19 @@ from reference.scheduler import Scheduler
 from reference.workload import Action, RequestSpec, Workload
 
 
+def check_config_supported(config: EngineConfig) -> None:
+    """Raise ConfigError for a config no workload can be recorded under: a
+    hybrid KV cache (``sliding_window``, ``layer_types`` with more than one
+    KV-cache group, ``EngineConfig.kv_cache_groups``). The scenario loader
+    calls it to name the file and line; ``check_workload_supported`` too."""
+    if config.kv_cache_groups:
+        # reference.kv runs a hybrid model in-process (tests/test_kv_hybrid.py),
+        # but a trace holds one block table per request: a recording would
+        # keep group 0 only and fail every block rule (issue 28).
+        raise ConfigError("sliding_window / layer_types (a hybrid KV cache) cannot be recorded yet: "
+                          "the trace holds one block table per request, not one per KV-cache group")
+
+
 def check_workload_supported(config: EngineConfig, workload: Workload) -> None:
     """Raise ConfigError for a workload this engine cannot run under ``config``.
 
@@ -78,12 +91,7 @@ def check_workload_supported(config: EngineConfig, workload: Workload) -> None:
     while a remote KV load holds blocks. ``Engine.run`` checks it, so a config
     override (``--set``) cannot slip past the scenario loader's own check.
     """
-    if config.kv_cache_groups:
-        # reference.kv runs a hybrid model in-process (tests/test_kv_hybrid.py),
-        # but a trace holds one block table per request: a recording would
-        # keep group 0 only and fail every block rule (issue 28).
-        raise ConfigError("sliding_window / layer_types (a hybrid KV cache) cannot be recorded yet: "
-                          "the trace holds one block table per request, not one per KV-cache group")
+    check_config_supported(config)
     if any(a.reset_running_requests for a in workload.actions) and (
             config.async_scheduling or config.max_concurrent_batches > 1 or config.kv_connector):
         raise ConfigError("reset_running_requests needs a synchronous engine without a KV connector "

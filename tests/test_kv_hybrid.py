@@ -162,6 +162,32 @@ def test_recording_a_hybrid_config_is_refused_not_written_with_group_0_only() ->
     check_workload_supported(EngineConfig(), Workload("synthetic", "", {}, ()))  # the single group records
 
 
+HYBRID_REFUSAL = ("bad config: sliding_window / layer_types (a hybrid KV cache) cannot be recorded yet: the "
+                  "trace holds one block table per request, not one per KV-cache group")
+
+
+def test_regression_hybrid_config_error_in_fuzz_scenario_and_bisect_was_not_the_one_liner(tmp_path: Path) -> None:
+    """Trial finding: ``harness fuzz --scenario`` and ``harness bisect`` of a
+    hybrid scenario printed "ConfigError: ..." (the last resort); now, as
+    ``harness record SCENARIO``: ``FILE:LINE: bad config: ...``, exit 2."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    source = Path(__file__).resolve().parents[1] / "traces" / "scenarios" / "admit-all-that-fit.toml"
+    text = source.read_text().replace("[config]\n", '[config]\nsliding_window = 8\nlayer_types = '
+                                                   '["full_attention", "sliding_attention"]\n', 1)
+    scenario = tmp_path / "hybrid.toml"
+    scenario.write_text(text)
+    line = text.splitlines().index('layer_types = ["full_attention", "sliding_attention"]') + 1
+    want = f"error: {scenario}:{line}: {HYBRID_REFUSAL}"
+    for args in (["record", scenario, "-o", tmp_path / "h.parquet"], ["fuzz", "--scenario", scenario, "-o", tmp_path / "fz"],
+                 ["bisect", scenario, "--versions", "0.29.0..0.33.0"]):
+        r = CliRunner().invoke(main, [str(a) for a in args])
+        assert (r.exit_code, r.output) == (2, want + "\n"), args
+    assert not (tmp_path / "h.parquet").exists() and not (tmp_path / "fz").exists()
+
+
 def test_scheduler_over_alternating_layers_shares_the_window_tail_and_frees_behind_it() -> None:
     # Window 8, block 4, layers [sliding, full]; b shares a's first 16 tokens.
     sched = Scheduler(EngineConfig(block_size=4, num_gpu_blocks=17, max_model_len=32, max_num_seqs=4,

@@ -37,6 +37,7 @@ import jsonschema
 import tomli_w
 
 from reference.config import DERIVED_KEYS, ConfigError, EngineConfig
+from reference.engine import check_config_supported
 from reference.workload import EOS_TOKEN_ID, MAX_TOKEN_ID, VOCAB_SIZE, RequestSpec, Workload, WorkloadError
 from reference.workload import ACTION_KINDS, Action
 from reference.words import did_you_mean, missing_file_hint
@@ -339,6 +340,13 @@ def load_scenario(path: str | Path) -> Scenario:
         fields = {f.name for f in dataclasses.fields(EngineConfig)} | set(DERIVED_KEYS)
         key = next((k for k in config if k not in fields), None) or \
             next((k for k in config if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
+        raise fail(["config"] + ([key] if key else []), f"bad config: {exc}") from None
+    try:
+        # Regression (trial finding): a hybrid config passed the loader and was refused later
+        # without its file and line (fuzz --scenario, bisect: "ConfigError: ...").
+        check_config_supported(EngineConfig.from_dict(config))
+    except ConfigError as exc:
+        key = next((k for k in ("layer_types", "sliding_window") if k in config), None)
         raise fail(["config"] + ([key] if key else []), f"bad config: {exc}") from None
     if "synthetic" in doc:
         if doc.get("actions"):

@@ -41,9 +41,15 @@ def _inputs(source: str, err: Console):
             return scenario.workload, scenario.engine_config({}), scenario.seed
         from reference.config import EngineConfig
 
+        from reference.engine import check_config_supported
+
         trace = open_trace(source)
-        return (workload_from_trace(trace), EngineConfig.from_dict(trace.meta["config"]),
-                int(trace.meta["seed"]))
+        try:
+            config = EngineConfig.from_dict(trace.meta["config"])
+            check_config_supported(config)
+        except ConfigError as exc:  # not "ConfigError: ..." from the last resort (trial finding)
+            _fail(err, f"{source}: bad config in trace metadata: {exc}")
+        return workload_from_trace(trace), config, int(trace.meta["seed"])
     except (ConfigError, WorkloadError, TraceError, OSError) as exc:
         _fail(err, str(exc))
     raise AssertionError
