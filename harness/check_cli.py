@@ -23,7 +23,8 @@ from harness.progress import progress
 from harness.richtext import keep_words_whole
 from harness.cli_common import (EXIT_OK, EXIT_UNUSABLE, _ALLOW_INCOMPLETE, _HTML_REPORT, _REQUIRE_SEALED,
                                 _SEMANTICS, _Workers, _checked, _exit_code, _fail, _open,
-                                _refuse_report_path, _refuse_unsealed, _report, console)
+                                _refuse_report_path, _refuse_unknown_semantics, _refuse_unsealed, _report,
+                                console)
 
 
 @click.command()
@@ -53,6 +54,7 @@ def check(trace_paths: tuple[str, ...], as_json: bool, semantics: str, html_repo
     the totals, each trace checked as `harness check TRACE` would; the corpus
     exits with its most severe row (0 < 3 < 1 < 2; every trace still reported).
     """
+    _refuse_unknown_semantics(semantics)
     if ray_address not in (None, "local") and (Path(ray_address).exists() or "*" in ray_address):
         trace_paths, ray_address = (*trace_paths, ray_address), "local"  # `--ray PATH`: PATH is a trace
     if len(trace_paths) > 1 or not Path(trace_paths[0]).is_file():

@@ -154,6 +154,19 @@ _SEMANTICS = click.option(
          "or a profile: " + ", ".join(p for p in PROFILES if p != "safety") + ".")
 
 
+def _refuse_unknown_semantics(semantics: str) -> None:
+    """Exit 2, one line (with "did you mean"), for a ``--semantics`` that names
+    no profile: before any trace is read. Regression (trial finding): a
+    corpus check spawned its workers and printed one error row per trace."""
+    from harness.check.profiles import resolve
+
+    if semantics != "auto":
+        try:
+            resolve(semantics, {})
+        except ProfileError as exc:
+            _fail(str(exc))
+
+
 _REQUIRE_SEALED = click.option(
     "--require-sealed", is_flag=True,
     help="Refuse (exit 2) a trace without tamper evidence (no trace_sha256 digest in its footer, "

@@ -20,7 +20,8 @@ from harness.replay import replay as replay_trace
 from harness.trace import TraceError
 from harness.cli_common import (EXIT_FOUND, EXIT_OK, _ALLOW_INCOMPLETE, _HTML_REPORT, _REQUIRE_SEALED,
                                 _SEMANTICS, _candidate, _checked, _exit_code, _fail, _open,
-                                _refuse_report_path, _refuse_unsealed, _report, _step_timeout, console)
+                                _refuse_report_path, _refuse_unknown_semantics, _refuse_unsealed, _report,
+                                _step_timeout, console)
 
 
 @click.command()
@@ -42,6 +43,7 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_
     under --require-sealed), 3 an incomplete run with neither (0 with
     --allow-incomplete).
     """
+    _refuse_unknown_semantics(semantics)
     _refuse_report_path(html_report, trace_path)
     factory = _candidate(candidate, step_timeout)
     trace = _open(trace_path)

@@ -273,3 +273,20 @@ def test_regression_allow_incomplete_counted_a_crashed_run_conformant(tmp_path: 
     strict = _invoke(good, half)
     assert strict.exit_code == 3
     assert strict.output.strip().splitlines()[-1] == "2 traces: 1 conformant, 1 incomplete (exit 3)"
+
+
+def test_regression_bogus_semantics_was_one_error_row_per_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trial finding: ``harness check A B --semantics bogus`` spawned its
+    workers and printed an error row per trace; now one line up front, exit 2,
+    no trace checked (a folder, ``--workers`` and a single trace alike)."""
+    import harness.corpus
+
+    def no_checking(*_a, **_k):
+        raise AssertionError("a trace was checked")
+    monkeypatch.setattr(harness.corpus, "check_local", no_checking)
+    for paths in ([GOLDEN / "async-tight.parquet", MUTANT], [GOLDEN, "--workers", "2"], [MUTANT]):
+        r = CliRunner().invoke(main, ["check", *map(str, paths), "--semantics", "0.33"])
+        assert (r.exit_code, r.output) == (2, "error: unknown semantics '0.33'; did you mean '0.33.0'?\n"), paths
+    r = CliRunner().invoke(main, ["check", str(GOLDEN), "--semantics", "bogus"])
+    assert (r.exit_code, r.output) == (2, "error: unknown semantics 'bogus': expected auto, 0.33.0, 0.29.0, "
+                                          "0.20.2, fork, safety\n")
