@@ -214,9 +214,14 @@ class EngineConfig:
     def kv_cache_groups(self) -> tuple:
         """The KV-cache groups vLLM builds for ``layer_types`` and
         ``sliding_window`` (``reference.kv.kv_cache_spec.kv_cache_groups_for``);
-        empty for the default single full-attention group."""
+        empty for a single full-attention group: the default, and
+        ``layer_types`` of full_attention layers only (not hybrid: vLLM builds
+        that one group, the plain ``KVCacheManager``'s; regression, trial
+        finding: it was refused as hybrid)."""
         from reference.kv.kv_cache_spec import kv_cache_groups_for
         if self.sliding_window is None and self.layer_types is None:
+            return ()
+        if self.layer_types is not None and all(t == "full_attention" for t in self.layer_types):
             return ()
         layer_types = self.layer_types or ("sliding_attention",)
         return kv_cache_groups_for(layer_types, self.block_size, self.sliding_window)
@@ -472,6 +477,11 @@ def unknown_key_message(key: str, known: Any) -> str:
 
 def _parse_value(key: str, type_name: str, raw: str) -> Any:
     text = raw.strip()
+    if type_name == "tuple[str, ...] | None" and text.lower() in ("", "none"):
+        # Regression (trial finding): `--set layer_types=` and `=none` were taken silently
+        # as "no layer types" (the key left out is the way to say that).
+        raise ConfigError(f"bad value for {key}: {raw!r}: give one layer type per layer, "
+                          f"comma-separated (e.g. sliding_attention,full_attention), or leave {key} out")
     try:
         if type_name == "bool":
             lowered = text.lower()
@@ -487,7 +497,7 @@ def _parse_value(key: str, type_name: str, raw: str) -> Any:
         if type_name == "float":
             return float(text)
         if type_name == "tuple[str, ...] | None":
-            return None if text.lower() in ("", "none") else tuple(t.strip() for t in text.split(","))
+            return tuple(t.strip() for t in text.split(","))
         return text
     except ValueError:
         words = {"int": "an integer", "int | None": "an integer or none", "float": "a number", "bool": "a boolean"}

@@ -188,6 +188,34 @@ def test_regression_hybrid_config_error_in_fuzz_scenario_and_bisect_was_not_the_
     assert not (tmp_path / "h.parquet").exists() and not (tmp_path / "fz").exists()
 
 
+def test_regression_layer_types_empty_or_none_taken_silently_and_all_full_attention_refused(
+        tmp_path: Path) -> None:
+    """Trial finding: ``--set layer_types=`` and ``=none`` were accepted as
+    no layer types; ``layer_types=full_attention`` (every layer full attention:
+    one group, not hybrid) was refused as hybrid. Now: one line, exit 2; and the
+    plain single-group config, recorded and conformant."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    out = tmp_path / "t.parquet"
+    for value in ("", "none", " NONE "):
+        r = CliRunner().invoke(main, ["record", "synthetic:3", "--set", f"layer_types={value}", "-o", str(out)])
+        assert (r.exit_code, r.output) == (2, f"error: bad config: bad value for layer_types: {value!r}: give one "
+                                              "layer type per layer, comma-separated (e.g. "
+                                              "sliding_attention,full_attention), or leave layer_types out\n")
+    assert not out.exists()
+    for value in (FA, f"{FA},{FA}"):
+        config = EngineConfig().with_overrides({"layer_types": value})
+        assert config.kv_cache_groups == () and config.layer_types == tuple(value.split(","))
+        assert type(Scheduler(config).kv_cache_manager).__name__ == "KVCacheManager"
+    assert EngineConfig(sliding_window=8, layer_types=(FA,)).kv_cache_groups == ()  # no layer uses the window
+    r = CliRunner().invoke(main, ["record", "synthetic:3", "--set", f"layer_types={FA}", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["check", str(out)])
+    assert (r.exit_code, r.output.strip().splitlines()[-1]) == (0, "conformant (profile 0.33.0)")
+
+
 def test_scheduler_over_alternating_layers_shares_the_window_tail_and_frees_behind_it() -> None:
     # Window 8, block 4, layers [sliding, full]; b shares a's first 16 tokens.
     sched = Scheduler(EngineConfig(block_size=4, num_gpu_blocks=17, max_model_len=32, max_num_seqs=4,
