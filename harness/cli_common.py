@@ -59,7 +59,7 @@ def _refuse_report_path(html_report: str | None, *inputs: str) -> None:
     if html_report is not None:
         from harness.view.cli import refuse_overwriting
 
-        refuse_overwriting(html_report, *inputs)
+        refuse_overwriting(html_report, *inputs, option="--report")
 
 
 def _candidate(spec: str, step_timeout: float | None = None) -> CandidateFactory:

@@ -130,9 +130,12 @@ def expand_corpus(paths: Sequence[str]) -> list[CorpusEntry]:
 
     Regressions (adversarial trial): folders skipped dangling links and FIFOs
     named ``*.parquet`` silently; one PATH naming no trace aborted the whole
-    corpus; the same file reached through a link was checked twice."""
+    corpus; the same file reached through a link was checked twice; a folder
+    named ``*.parquet`` with no trace in it was skipped silently (now its row
+    says it is a folder)."""
     out: list[CorpusEntry] = []
     seen: set[str] = set()
+    hollow_errors: dict[str, str] = {}
     for raw in paths:
         p = Path(raw)
         error = None
@@ -140,8 +143,16 @@ def expand_corpus(paths: Sequence[str]) -> list[CorpusEntry]:
             found = [raw]  # a killed recording's segments: check names it and says to salvage it
         elif p.is_dir():
             # The segments of a killed recording under it: one row for their folder, as above.
+            named = list(p.rglob("*.parquet"))
             found = sorted(dict.fromkeys(str(f.parent) if fnmatch.fnmatch(f.name, SEGMENT_GLOB) else str(f)
-                                         for f in p.rglob("*.parquet") if not f.is_dir()))
+                                         for f in named if not f.is_dir()))
+            # A folder named *.parquet is searched like any other; one with no trace in it is
+            # a row saying so, not skipped silently (regression, trial finding).
+            hollow = [str(f) for f in named if f.is_dir() and not any(
+                x == str(f) or x.startswith(str(f) + os.sep) for x in found)]
+            hollow_errors.update((f, f"{f}: a folder, not a trace (named *.parquet, no *.parquet trace in it)")
+                                 for f in hollow)
+            found = sorted(found + hollow)
             if not found:
                 error = f"{raw}: a folder without any *.parquet trace"
         elif p.exists() or p.is_symlink():
@@ -162,7 +173,7 @@ def expand_corpus(paths: Sequence[str]) -> list[CorpusEntry]:
             key = _same_file_key(f)
             if key not in seen:
                 seen.add(key)
-                out.append(CorpusEntry(f))
+                out.append(CorpusEntry(f, hollow_errors.get(f)))
     return out
 
 
@@ -301,7 +312,25 @@ def corpus_dict(rows: Sequence[TraceRow], runner: str) -> dict[str, Any]:
     (one object per row, input order) and ``totals``."""
     code = corpus_exit(rows)
     return {"ok": code == EXIT_OK, "exit": code, "runner": runner,
-            "traces": [r.to_dict() for r in rows], "totals": totals(rows)}
+            "traces": [{**r.to_dict(), **({"target": target} if (target := link_target(r.path)) else {})}
+                       for r in rows], "totals": totals(rows)}
+
+
+def link_target(path: str) -> str | None:
+    """The file a symbolic link ``path`` leads to (resolved as far as it
+    leads), or None when ``path`` is no link. Regression (trial finding): a
+    folder's row showed a link's name alone, not the file checked."""
+    try:
+        return os.path.realpath(path) if os.path.islink(path) else None
+    except (OSError, ValueError):
+        return None
+
+
+def shown_path(path: str) -> str:
+    """A row's trace as the table shows it: the path given, and ``-> TARGET``
+    for a symbolic link."""
+    target = link_target(path)
+    return path if target is None else f"{path} -> {target}"
 
 
 _WORDS = {EXIT_OK: "conformant", EXIT_FOUND: "violating", EXIT_UNUSABLE: "unusable",
@@ -332,7 +361,7 @@ def render_corpus(rows: Sequence[TraceRow], runner: str, console: Console) -> No
                           ("violations", "left"), ("steps", "right"), ("CPU s", "right")):
         table.add_column(name, justify=justify, no_wrap=name == "trace")  # type: ignore[arg-type]
     for r in rows:
-        table.add_row(escape(r.path), str(r.exit), escape(r.verdict),
+        table.add_row(escape(shown_path(r.path)), str(r.exit), escape(r.verdict),
                       ", ".join(f"{k} ×{v}" for k, v in r.violations.items()) or "-",
                       "-" if r.steps is None else str(r.steps), f"{r.cpu_s:.2f}")
     console.print(keep_words_whole(table))

@@ -49,15 +49,16 @@ def _writable_ancestor(output: str, path: Path) -> Path:
     return ancestor
 
 
-def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
+def check_output_file(output: str, inputs: tuple[str, ...] = (), option: str = "-o") -> None:
     """Raise OutputPathError unless ``output`` can be written as a new or
     replaced regular file, and is none of ``inputs`` (paths that may not
-    exist: a ``synthetic:N`` workload is no file)."""
+    exist: a ``synthetic:N`` workload is no file). ``option``: the option
+    the messages name (``--report`` for ``check --report FILE``, ...)."""
     if not output or not output.strip():
-        raise OutputPathError("-o: the output path is empty")
+        raise OutputPathError(f"{option}: the output path is empty")
     if output.endswith((os.sep, "/")) or output.endswith((f"{os.sep}.", f"{os.sep}..")) or output in (".", ".."):
         # Regression: `-o x.parquet/` was taken for x.parquet (pathlib drops the slash).
-        raise OutputPathError(f"{output}: -o names a folder (the path ends in '/'), not a file; "
+        raise OutputPathError(f"{output}: {option} names a folder (the path ends in '/'), not a file; "
                               f"drop the '/' or name a file in it")
     out = Path(output)
     try:
@@ -72,11 +73,11 @@ def check_output_file(output: str, inputs: tuple[str, ...] = ()) -> None:
         if not stat.S_ISREG(st.st_mode):
             kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
                     or stat.S_ISBLK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file")
-            raise OutputPathError(f"{output}: -o names {kind}, not a regular file; refusing to replace it")
+            raise OutputPathError(f"{output}: {option} names {kind}, not a regular file; refusing to replace it")
         for source in inputs:
             try:
                 if os.path.samefile(source, out):
-                    raise OutputPathError(f"{output}: -o names the input file; it would be overwritten "
+                    raise OutputPathError(f"{output}: {option} names the input file; it would be overwritten "
                                           f"(choose another path)")
             except OSError:
                 continue

@@ -290,3 +290,38 @@ def test_regression_bogus_semantics_was_one_error_row_per_trace(monkeypatch: pyt
     r = CliRunner().invoke(main, ["check", str(GOLDEN), "--semantics", "bogus"])
     assert (r.exit_code, r.output) == (2, "error: unknown semantics 'bogus': expected auto, 0.33.0, 0.29.0, "
                                           "0.20.2, fork, safety\n")
+
+
+def test_regression_folder_check_named_a_link_not_its_file_and_skipped_a_parquet_folder(tmp_path: Path) -> None:
+    """Trial finding: a folder's row showed a symbolic link's name only, not the
+    file checked; a folder named ``dir.parquet`` (no trace in it) was skipped
+    without a word. Now the row shows ``LINK -> TARGET`` (``target`` in
+    --json), and the folder has its row (exit 2, saying it is a folder); a
+    ``*.parquet`` folder holding traces is searched like any other."""
+    import shutil
+
+    (tmp_path / "empty.parquet").mkdir()
+    (tmp_path / "sub.parquet").mkdir()
+    shutil.copy(MUTANT, tmp_path / "sub.parquet" / "m.parquet")
+    (tmp_path / "link.parquet").symlink_to(GOLDEN / "async-tight.parquet")
+    r = CliRunner().invoke(main, ["check", str(tmp_path), "--json"])
+    report = json.loads(r.output)
+    assert [(t["path"], t["exit"], t.get("target"), t["error"]) for t in report["traces"]] == [
+        (str(tmp_path / "empty.parquet"), 2, None,
+         f"{tmp_path / 'empty.parquet'}: a folder, not a trace (named *.parquet, no *.parquet trace in it)"),
+        (str(tmp_path / "link.parquet"), 0, str(GOLDEN / "async-tight.parquet"), None),
+        (str(tmp_path / "sub.parquet" / "m.parquet"), 1, None, None)]
+    assert (r.exit_code, report["exit"]) == (2, 2)
+    from harness.corpus import shown_path  # the table's trace column
+
+    assert shown_path(str(tmp_path / "link.parquet")) == f"{tmp_path / 'link.parquet'} -> {GOLDEN / 'async-tight.parquet'}"
+    assert shown_path(str(MUTANT)) == str(MUTANT)
+
+
+def test_regression_report_path_errors_named_dash_o(tmp_path: Path) -> None:
+    """Trial finding: ``check --report /dev/null`` said "-o names a device"; it names --report."""
+    for report, why in (("/dev/null", "--report names a device, not a regular file; refusing to replace it"),
+                        (f"{tmp_path}/r.html/", "--report names a folder (the path ends in '/'), not a file; "
+                                                "drop the '/' or name a file in it")):
+        r = CliRunner().invoke(main, ["check", str(MUTANT), "--report", report])
+        assert (r.exit_code, r.output) == (2, f"error: {report}: {why}\n")

@@ -31,6 +31,6 @@ def test_regression_export_tables_refuses_a_fifo(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     result = CliRunner().invoke(main, ["export", str(GOLDEN), "--tables", str(tmp_path)])
     assert result.exit_code == 2, result.output
-    assert result.output.strip() == f"error: {fifo}: -o names a FIFO, not a regular file; refusing to replace it"
+    assert result.output.strip() == f"error: {fifo}: --tables names a FIFO, not a regular file; refusing to replace it"
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert not (tmp_path / "steps.parquet").exists()

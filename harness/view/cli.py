@@ -41,10 +41,11 @@ def _open(path: str) -> Trace:
     raise AssertionError
 
 
-def refuse_overwriting(output: str | None, *inputs: str | None) -> None:
+def refuse_overwriting(output: str | None, *inputs: str | None, option: str = "-o") -> None:
     """Exit 2 if ``output`` is no place for the written file (``harness.paths``:
     one of the input traces, a device, a FIFO or other non-regular file, under a
-    file, ...): it is written beside and renamed over, which would replace it."""
+    file, ...): it is written beside and renamed over, which would replace it.
+    ``option``: the option the message names (``--report``, ``--tables``)."""
     from harness.paths import OutputPathError, check_output_file
 
     if output is None:
@@ -57,7 +58,7 @@ def refuse_overwriting(output: str | None, *inputs: str | None) -> None:
         except OSError:
             pass
     try:
-        check_output_file(output, tuple(s for s in inputs if s is not None))
+        check_output_file(output, tuple(s for s in inputs if s is not None), option)
     except OutputPathError as exc:
         _fail(str(exc))
 
@@ -213,7 +214,7 @@ def export(trace_path: str, perfetto: bool, output: str | None, tables_dir: str 
     refuse_overwriting(output, trace_path)
     if tables_dir:
         for name in ("steps", "scheduled", "requests"):  # harness.view.tables.write_tables
-            refuse_overwriting(str(Path(tables_dir) / f"{name}.parquet"), trace_path, output)
+            refuse_overwriting(str(Path(tables_dir) / f"{name}.parquet"), trace_path, output, option="--tables")
     trace = _open(trace_path)
     series = derive_with_progress(trace, semantics)
     written: list[str] = []
