@@ -105,6 +105,20 @@ def test_every_scenario_file_is_listed_and_cites_a_source() -> None:
         assert load_scenario(p).description
 
 
+def test_regression_readme_said_fifteen_bug_shapes() -> None:
+    """Trial finding: README and the tutorial said "Fifteen public bug shapes"
+    while the library held 21 scenarios. The counts they give are the files':
+    a progress scenario's first line is "# Progress (RULE-ID): ..."."""
+    files = sorted(SCENARIOS.glob("*.toml"))
+    progress = sum(p.read_text().startswith("# Progress (") for p in files)
+    assert (len(files), progress) == (21, 5)
+    root = SCENARIOS.parents[1]
+    sentence = f"{len(files)} scenarios are in `traces/scenarios/` ({len(files) - progress} public bug shapes, {progress} progress"
+    for doc in (root / "README.md", root / "docs" / "tutorials" / "write-a-scenario.md"):
+        text = " ".join(doc.read_text().split())
+        assert sentence in text and "Fifteen" not in text, doc
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_scenario_records_clean_with_exact_figures_and_replays(name: str, tmp_path: Path) -> None:
     out = record(SCENARIOS / f"{name}.toml", tmp_path / "t.parquet")
