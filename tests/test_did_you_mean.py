@@ -144,10 +144,36 @@ def test_unbuilt_vllm_release_suggests_a_built_one_of_its_series(tmp_path: Path,
     with pytest.raises(CandidateSpecError) as info:
         resolve_candidate("vllm@0.33.1")
     assert str(info.value) == (f"candidate 'vllm@0.33.1': the vLLM 0.33.1 env is not built ({root}/0.33.1); "
-                               f"run `harness vllm-env 0.33.1`; or did you mean vllm@0.33.0 (built)?")
+                               f"run `harness vllm-env 0.33.1` if PyPI has it (the newest release known here "
+                               f"is 0.33.0); or did you mean vllm@0.33.0 (built)?")
     with pytest.raises(CandidateSpecError) as info:
         resolve_candidate("vllm@0.30.0")
     assert str(info.value).endswith("run `harness vllm-env 0.30.0` (built here: 0.33.0)")
+
+
+def test_regression_replay_suggested_building_a_release_that_never_was(tmp_path: Path, monkeypatch) -> None:
+    """Trial finding: ``--candidate vllm@0.30.1`` said "run `harness vllm-env
+    0.30.1`" (no such release). A version below the newest known release that
+    is not one of them is named so; the suggestion is a known release of its
+    series, a built one first."""
+    from harness.candidates.vllm import env
+
+    root = tmp_path / "envs"
+    (root / "0.14.0" / "bin").mkdir(parents=True)
+    (root / "0.14.0" / "bin" / "python").touch()
+    (root / "0.14.0" / env.MARKER).write_text('{"version": "0.14.0", "pins_sha256": "%s"}' % env._pins_sha256())
+    monkeypatch.setenv("HARNESS_VLLM_ENVS", str(root))
+    for spec, message in (
+            ("vllm@0.30.1", "0.30.1 is not a vLLM release (known: 0.10.0 to 0.33.0); did you mean vllm@0.30.0? "
+                            "(`harness vllm-env 0.30.0` builds it)"),
+            ("vllm@0.14.2", "0.14.2 is not a vLLM release (known: 0.10.0 to 0.33.0); did you mean vllm@0.14.0 "
+                            "(built)?"),
+            ("vllm@0.10.1.2", "0.10.1.2 is not a vLLM release (known: 0.10.0 to 0.33.0); did you mean "
+                              "vllm@0.10.1.1? (`harness vllm-env 0.10.1.1` builds it)")):
+        r = CliRunner().invoke(main, ["replay", str(Path(__file__).resolve().parents[1] / "golden" / "async-tight.parquet"),
+                                      "--candidate", spec])
+        assert (r.exit_code, r.output) == (2, f"error: Invalid value: candidate {spec!r}: {message} "
+                                              f"(main replay --help)\n"), r.output
 
 
 # -- plurals in CLI output ---------------------------------------------------------------------

@@ -28,17 +28,8 @@ from reference.config import EngineConfig
 from reference.words import did_you_mean, plural
 from reference.workload import Workload
 
-from harness.candidates.vllm.env import VLLMEnvError, check_version, ensure_env, version_tuple
+from harness.candidates.vllm.env import RELEASES, VLLMEnvError, check_version, ensure_env, version_tuple
 
-#: vLLM's releases with the v1 engine core, oldest first (PyPI's list as of
-#: 0.33.0; a range ``A..B`` selects from it, a comma list may name others).
-RELEASES = (
-    "0.10.0", "0.10.1", "0.10.1.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0",
-    "0.14.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1",
-    "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0",
-    "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
-    "0.31.0", "0.32.0", "0.33.0",
-)
 
 
 class BisectError(ValueError):

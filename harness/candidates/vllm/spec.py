@@ -294,12 +294,24 @@ def parse_vllm_spec(spec: str) -> VLLMTarget:
     except VLLMEnvError as exc:
         raise VLLMSpecError(f"candidate {spec!r}: {exc}") from None
     if not is_ready(version):
-        from harness.candidates.vllm.env import env_dir
+        from harness.candidates.vllm.env import RELEASES, env_dir, version_tuple
 
         built = built_versions()
+        newest = RELEASES[-1]
+        if version not in RELEASES and version_tuple(version) < version_tuple(newest):
+            # Regression (trial finding): `run harness vllm-env 0.30.1` for a release that never
+            # was. Suggest a known release of the series, a built one first.
+            close = close_matches(version, RELEASES, n=3)
+            pick = next((c for c in close if c in built), close[0] if close else None)
+            how = "" if pick is None else (f"; did you mean vllm@{pick}" + (
+                " (built)?" if pick in built else f"? (`harness vllm-env {pick}` builds it)"))
+            raise VLLMSpecError(f"candidate {spec!r}: {version} is not a vLLM release (known: 0.10.0 "
+                                f"to {newest})" + how)
         close = close_matches(version, built, n=1)  # a built release of the same series
+        unlisted = (f" if PyPI has it (the newest release known here is {newest})"
+                    if version not in RELEASES else "")
         raise VLLMSpecError(f"candidate {spec!r}: the vLLM {version} env is not built "
-                            f"({env_dir(version)}); run `harness vllm-env {version}`"
+                            f"({env_dir(version)}); run `harness vllm-env {version}`{unlisted}"
                             + (f"; or did you mean vllm@{close[0]} (built)?" if close
                                else f" (built here: {', '.join(built)})" if built else ""))
     return VLLMTarget(spec, env_python(version), version, True, scheduler_cls, pythonpath)
