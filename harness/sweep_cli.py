@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.candidates.isolated import DEFAULT_STEP_TIMEOUT_S
 from harness.progress import progress
 from harness.richtext import keep_words_whole
 from harness.sweep import (Cell, SweepError, candidate_specs, scenario_names, summary_rows, sweep_exit,
@@ -30,23 +33,49 @@ def _fail(err: Console, message: str) -> None:
 
 
 def render(results: list[list[Cell]], scenarios: list[str], console: Console) -> None:
-    """The table, one row per candidate, and the closing verdict line."""
-    table = Table(title=f"sweep of {len(scenarios)} scenario{'s' * (len(scenarios) != 1)}")
-    for col in ("candidate", "scenarios", "identical steps", "verdicts", "first divergence", "s"):
-        table.add_column(col, overflow="fold")
-    for row in summary_rows(results):
-        ran = f"{row['ran']}" + (f" ({row['refused']} refused)" if row["refused"] else "")
-        if row["unusable"]:
-            ran += f", {row['unusable']} unusable: {row['reason'][:120]}"
+    """The table, one row per candidate, its notes (one line each: a
+    violation, a crash's or refusal's one line), and the closing verdict line.
+
+    Regression: the table wrapped at 80 columns (every cell two or three lines
+    deep): the columns are short now (a release's row fits 80 columns; a long
+    ``--candidate`` name widens the table rather than breaking a word), and
+    what is long (verdicts, reasons) is a note under it, never cut."""
+    table = Table(title=f"sweep of {len(scenarios)} scenario{'s' * (len(scenarios) != 1)}",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title_justify="left")
+    table.add_column("candidate", no_wrap=True)
+    table.add_column("ran", justify="right", no_wrap=True)
+    table.add_column("clean", justify="right", no_wrap=True)
+    table.add_column("identical steps", justify="right", no_wrap=True)
+    table.add_column("first divergence", overflow="fold")
+    table.add_column("s", justify="right", no_wrap=True)
+    rows = summary_rows(results)
+    for row, cells in zip(rows, results):
         share = row["identical"] / row["golden_steps"] if row["golden_steps"] else 0.0
-        same = f"{row['identical']}/{row['golden_steps']} ({share:.1%})" if row["golden_steps"] else "-"
-        bad = ", ".join(f"{k} ×{n}" for k, n in row["violations"].items())
-        verdicts = f"{row['clean']} clean" + (f"; {bad}" if bad else "")
+        same = f"{row['identical']}/{row['golden_steps']} {share:.1%}" if row["golden_steps"] else "-"
         first = "none" if row["first_divergence"] is None else "{}@{}".format(*row["first_divergence"])
-        table.add_row(row["candidate"], ran, same, verdicts if row["ran"] else "-",
+        table.add_row(escape(row["candidate"]), f"{row['ran']}/{len(cells)}",
+                      str(row["clean"]) if row["ran"] else "-", same,
                       first if row["ran"] else "-", f"{row['seconds']:.0f}")
     console.print(keep_words_whole(table))
+    for row in rows:
+        for line in row["notes"]:
+            console.print(f"{escape(row['candidate'])} {escape(line)}", soft_wrap=True)
     console.print(verdict_line(results), soft_wrap=True)
+
+
+def step_timeout_option(command):
+    """``--step-timeout SECONDS`` (as ``harness replay`` has it): the limit on
+    one call into an isolated candidate (``module:factory``, ``vllm@``)."""
+    def finite(_ctx, _param, value):
+        if value is not None and not math.isfinite(value):
+            raise click.BadParameter(f"{value} is not a finite number of seconds", param_hint="--step-timeout")
+        return value
+
+    return click.option(
+        "--step-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_STEP_TIMEOUT_S,
+        show_default=True, metavar="SECONDS", callback=finite,
+        help="A module:factory candidate runs in its own process; a call into it (or an op of a "
+             "vllm@ candidate) that takes longer ends that recording as a hang at that step.")(command)
 
 
 @click.command("sweep")
@@ -63,9 +92,10 @@ def render(results: list[list[Cell]], scenarios: list[str], console: Console) ->
               help="Run each candidate as a Ray task (the [ray] extra) on the cluster at ADDRESS "
                    "('auto', HOST:PORT, ray://HOST:PORT), or on a local 2-CPU cluster started for the "
                    "run when no ADDRESS is given (write --ray=ADDRESS). Same table as without.")
+@step_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def sweep(scenario_names_given: tuple[str, ...], versions: str | None, candidates: tuple[str, ...],
-          ray_address: str | None, as_json: bool) -> None:
+          ray_address: str | None, step_timeout: float, as_json: bool) -> None:
     """Record each canonical SCENARIO (all of them when none is named) with every candidate,
     check it under --semantics auto and compare it step by step with the scenario's golden
     (the reference's recording); print one row per candidate: scenarios run (and refused),
@@ -104,9 +134,9 @@ def sweep(scenario_names_given: tuple[str, ...], versions: str | None, candidate
             if ray_address is not None:
                 from harness.sweep_ray import sweep_ray
 
-                results = sweep_ray(specs, scenarios, on_candidate=on_candidate)
+                results = sweep_ray(specs, scenarios, step_timeout=step_timeout, on_candidate=on_candidate)
             else:
-                results = sweep_local(specs, scenarios, on_candidate=on_candidate)
+                results = sweep_local(specs, scenarios, step_timeout=step_timeout, on_candidate=on_candidate)
     code = sweep_exit(results)
     if as_json:
         runner = "local" if ray_address is None else "Ray " + (

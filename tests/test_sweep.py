@@ -50,7 +50,7 @@ def test_cli_sweep_table_json_and_exit() -> None:
     (["fcfs-tight"], "name the candidates: --versions A..B and/or --candidate SPEC"),
     (["fcfs-tight", "--candidate", "mutant:nope"], "--candidate mutant:nope: unknown mutant 'nope'"),
     (["fcfs-tight", "--versions", "0.33.0..0.20.2"], "0.33.0 is newer than 0.20.2"),
-    (["fcfs-tight", "--versions", "0.15.3"], "0.15.3: not a vLLM release"),
+    (["fcfs-tight", "--versions", "0.15.3"], "0.15.3 is not a known vLLM release"),
     (["--candidate", "reference", "--bogus"], "error: No such option '--bogus'."),
 ])
 def test_cli_sweep_bad_arguments_one_line_exit_2(args, message) -> None:

@@ -167,19 +167,24 @@ def first_divergence(a, b) -> dict[str, Any] | None:
     return None
 
 
-def identical_steps(a, b) -> tuple[int, int]:
+def identical_steps(a, b, ignore: tuple[str, ...] = ()) -> tuple[int, int]:
     """``(steps of a whose rows b repeats exactly, steps of a)``: the fidelity
-    share of ``bench/vllm_fidelity.py``."""
+    share of ``bench/vllm_fidelity.py``; ``ignore``: row fields left out of
+    the comparison (``prefill_capacity_bound``: releases before 0.24.0 have
+    no prefill cadence guard, the field reads False)."""
     from itertools import zip_longest
 
     from harness.replay import first_difference
+
+    def rows(items):
+        return [{k: v for k, v in r.items() if k not in ignore} for r in items] if ignore else items
 
     same = total = 0
     for item_a, item_b in zip_longest(a.iter_steps(), b.iter_steps()):
         if item_a is None:
             break
         total += 1
-        if item_b is not None and first_difference(item_a[0], item_a[1], item_b[1]) is None:
+        if item_b is not None and first_difference(item_a[0], rows(item_a[1]), rows(item_b[1])) is None:
             same += 1
     return same, total
 
