@@ -185,16 +185,8 @@ def sweep_candidate(spec: str, scenarios: Sequence[str], *, step_timeout: float 
     raises for the candidate's failures: they are cells (``unavailable``,
     ``failed``, ``refused``; a crash or stall is a cell that ran, its one
     line in ``reason``). Recordings are temporary."""
-    from reference.candidate import CandidateError, CandidateRefused
-
-    from harness.bisect.core import first_divergence, identical_steps, verdict_of
     from harness.candidates.resolve import CandidateSpecError, resolve_candidate
     from harness.candidates.vllm.env import VLLMEnvError, ensure_env
-    from harness.check import check_trace
-    from harness.golden import DEFAULT_DIR
-    from harness.scenarios import SCENARIOS
-    from harness.trace import open_trace
-    from harness.trace.recorder import record
 
     def every(status: str, reason: str) -> list[Cell]:
         return [Cell(spec, name, status, reason=" ".join(reason.split())) for name in scenarios]
@@ -209,6 +201,27 @@ def sweep_candidate(spec: str, scenarios: Sequence[str], *, step_timeout: float 
         factory = None if spec == "reference" else resolve_candidate(spec, step_timeout=step_timeout)
     except CandidateSpecError as exc:
         return every("failed", str(exc))
+    try:
+        return _record_each(spec, factory, scenarios)
+    finally:
+        if version is not None:  # its idle drivers (~0.5 GB each) are no use to the next release
+            from harness.candidates.vllm.candidate import shutdown_pool
+
+            shutdown_pool()
+
+
+def _record_each(spec: str, factory, scenarios: Sequence[str]) -> list[Cell]:
+    """``sweep_candidate``'s cells once the candidate is made (``factory``
+    None: the reference)."""
+    from reference.candidate import CandidateError, CandidateRefused
+
+    from harness.bisect.core import first_divergence, identical_steps, verdict_of
+    from harness.check import check_trace
+    from harness.golden import DEFAULT_DIR
+    from harness.scenarios import SCENARIOS
+    from harness.trace import open_trace
+    from harness.trace.recorder import record
+
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory(prefix="sched-harness-sweep-") as tmp:
         for name in scenarios:

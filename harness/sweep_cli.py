@@ -63,6 +63,29 @@ def render(results: list[list[Cell]], scenarios: list[str], console: Console) ->
     console.print(verdict_line(results), soft_wrap=True)
 
 
+def join_ray(stack: contextlib.ExitStack, ray_address: str, err: Console, *, enabled: bool) -> None:
+    """``--ray [ADDRESS]`` (``local``: a local cluster) joined for the rest
+    of ``stack``, with progress while it starts; exit 2 in one line when Ray
+    is missing or the cluster cannot be reached."""
+    from harness.ray_cluster import RayUnavailable, ray_session
+
+    with progress("starting Ray" if ray_address == "local" else f"joining Ray at {ray_address}",
+                  None, enabled=enabled):
+        try:
+            stack.enter_context(ray_session(None if ray_address == "local" else ray_address))
+        except RayUnavailable as exc:
+            _fail(err, str(exc))
+
+
+def ray_option(what: str):
+    """``--ray [ADDRESS]``: ``local`` when given without ADDRESS."""
+    return click.option(
+        "--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+        help=f"Run {what} as a Ray task (the [ray] extra) on the cluster at ADDRESS ('auto', "
+             "HOST:PORT, ray://HOST:PORT), or on a local 2-CPU cluster started for the run when no "
+             "ADDRESS is given (write --ray=ADDRESS). Same result as without.")
+
+
 def step_timeout_option(command):
     """``--step-timeout SECONDS`` (as ``harness replay`` has it): the limit on
     one call into an isolated candidate (``module:factory``, ``vllm@``)."""
@@ -88,10 +111,7 @@ def step_timeout_option(command):
               help="A candidate to sweep, as `harness replay --candidate` takes it ('reference', "
                    "'mutant:NAME', 'vllm@VERSION,scheduler_cls=...', 'package.module:factory'); "
                    "repeat it for several, before the --versions releases.")
-@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
-              help="Run each candidate as a Ray task (the [ray] extra) on the cluster at ADDRESS "
-                   "('auto', HOST:PORT, ray://HOST:PORT), or on a local 2-CPU cluster started for the "
-                   "run when no ADDRESS is given (write --ray=ADDRESS). Same table as without.")
+@ray_option("each candidate")
 @step_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def sweep(scenario_names_given: tuple[str, ...], versions: str | None, candidates: tuple[str, ...],
@@ -118,16 +138,7 @@ def sweep(scenario_names_given: tuple[str, ...], versions: str | None, candidate
                 _fail(err, f"--candidate {spec}: {exc}")
     with contextlib.ExitStack() as stack:
         if ray_address is not None:
-            from harness.ray_cluster import RayUnavailable, init_ray, shutdown
-
-            with progress("starting Ray" if ray_address == "local" else f"joining Ray at {ray_address}",
-                          None, enabled=not as_json):
-                try:
-                    started = init_ray(None if ray_address == "local" else ray_address)
-                except RayUnavailable as exc:
-                    _fail(err, str(exc))
-            if started:
-                stack.callback(shutdown)
+            join_ray(stack, ray_address, err, enabled=not as_json)
         with progress(f"sweeping {len(specs)} candidates x {len(scenarios)} scenarios", len(specs),
                       enabled=not as_json) as update:
             on_candidate = lambda _i, _cells: update(advance=1)  # noqa: E731
