@@ -343,3 +343,53 @@ def verdict_line(results: Sequence[Sequence[Cell]]) -> str:
             parts.append(f"{n} {status}")
     return (f"sweep: {plural(len(results), 'candidate')} x {plural(scenarios, 'scenario')}: "
             f"{', '.join(parts)} (exit {sweep_exit(results)})")
+
+
+def markdown_table(cells: Sequence[dict[str, Any]]) -> str:
+    """The fidelity table of the docs (``docs/explanation/releases.md``) from
+    a sweep's cells (``Cell.to_dict``, as ``--json`` prints them; several
+    sweeps' cells may be joined): one row per candidate, in the order met
+    (``vllm@V`` shown as ``V``): scenarios run (refused), steps identical to
+    the goldens (count and share), the same ignoring
+    ``schedule_end.prefill_capacity_bound`` (no capacity guard before
+    0.24.0), verdicts (clean scenarios; violations summed by id) and every
+    scenario's first divergent step. One line per row; ``|`` in a reason is
+    escaped."""
+    by_candidate: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        by_candidate.setdefault(cell["candidate"], []).append(cell)
+    lines = ["| release | scenarios run (refused) | steps identical | without the capacity guard | verdicts "
+             "| first divergences |", "|---|---|---|---|---|---|"]
+    for candidate, group in by_candidate.items():
+        name = candidate[len("vllm@"):] if _release(candidate) else candidate
+        ran = [c for c in group if c["status"] == "ran"]
+        if not ran:
+            reasons = sorted({f"{c['status']}: {c['reason']}" for c in group})
+            told = "; ".join(reasons).replace("|", "\\|")
+            lines.append(f"| {name} | 0 ({len(group)}) | - | - | {told} | - |")
+            continue
+        golden = sum(c["golden_steps"] for c in ran)
+        same = sum(c["identical"] for c in ran)
+        loose = sum(c.get("identical_without_capacity_bound", c["identical"]) for c in ran)
+        violations: dict[str, int] = {}
+        for c in ran:
+            for k, n in c["violations"].items():
+                violations[k] = violations.get(k, 0) + n
+        clean = sum(not c["violations"] for c in ran)
+        verdicts = f"{clean} clean" + (f"; {verdict_of_counts(violations)}" if violations else "")
+        diverging = ", ".join(f"{c['scenario']}@{c['first_divergence']}" for c in ran
+                              if c["first_divergence"] is not None) or "none"
+        refused = sum(c["status"] == "refused" for c in group)
+        other = len(group) - len(ran) - refused
+        run = f"{len(ran)} ({refused})" + (f", {other} unusable" if other else "")
+        share = same / golden if golden else 0.0
+        lines.append(f"| {name} | {run} | {same}/{golden} = {share:.1%} | "
+                     f"{(loose / golden if golden else 0.0):.1%} | {verdicts} | {diverging} |")
+    return "\n".join(line.replace("\n", " ") for line in lines)
+
+
+def verdict_of_counts(violations: dict[str, int]) -> str:
+    """``ID ×n, ...``, most frequent first (``bisect.core.verdict_of``)."""
+    from harness.bisect.core import verdict_of
+
+    return verdict_of(violations)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import resource
 import sys
 
 import click
@@ -23,8 +24,15 @@ from rich.table import Table
 from harness.candidates.isolated import DEFAULT_STEP_TIMEOUT_S
 from harness.progress import progress
 from harness.richtext import keep_words_whole
-from harness.sweep import (Cell, SweepError, candidate_specs, scenario_names, summary_rows, sweep_exit,
-                           sweep_local, verdict_line)
+from harness.sweep import (Cell, SweepError, candidate_specs, markdown_table, scenario_names, summary_rows,
+                           sweep_exit, sweep_local, verdict_line)
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its waited-for children
+    (a vLLM driver's, once it exited; not a Ray worker's)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _fail(err: Console, message: str) -> None:
@@ -114,8 +122,11 @@ def step_timeout_option(command):
 @ray_option("each candidate")
 @step_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--markdown", "as_markdown", is_flag=True,
+              help="Print the fidelity table in Markdown (one row per candidate: scenarios run and "
+                   "refused, steps identical, verdicts, every first divergence), then the verdict line.")
 def sweep(scenario_names_given: tuple[str, ...], versions: str | None, candidates: tuple[str, ...],
-          ray_address: str | None, step_timeout: float, as_json: bool) -> None:
+          ray_address: str | None, step_timeout: float, as_json: bool, as_markdown: bool) -> None:
     """Record each canonical SCENARIO (all of them when none is named) with every candidate,
     check it under --semantics auto and compare it step by step with the scenario's golden
     (the reference's recording); print one row per candidate: scenarios run (and refused),
@@ -123,6 +134,8 @@ def sweep(scenario_names_given: tuple[str, ...], versions: str | None, candidate
     1 a violation, 2 unusable input or a candidate that could run nothing."""
     err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
     console = Console(highlight=False, soft_wrap=True, emoji=False)
+    if as_json and as_markdown:
+        _fail(err, "--json and --markdown: choose one")
     try:
         scenarios = scenario_names(scenario_names_given)
         specs = candidate_specs(candidates, versions)
@@ -153,8 +166,12 @@ def sweep(scenario_names_given: tuple[str, ...], versions: str | None, candidate
         runner = "local" if ray_address is None else "Ray " + (
             "local cluster" if ray_address == "local" else ray_address)
         click.echo(json.dumps({"ok": code == 0, "exit": code, "runner": runner, "scenarios": scenarios,
+                               "cpu_seconds": round(cpu_seconds(), 1),
                                "candidates": summary_rows(results),
                                "cells": [c.to_dict() for cells in results for c in cells]}))
+    elif as_markdown:
+        click.echo(markdown_table([c.to_dict() for cells in results for c in cells]))
+        click.echo(verdict_line(results))
     else:
         render(results, scenarios, console)
     sys.exit(code)
