@@ -74,7 +74,7 @@ def main() -> int:
     print(f"releases of {args.versions} not in it ({len(missing)}): {', '.join(missing) or 'none'}")
     cpu = [r.get("cpu_seconds") for r in reports]
     if args.sources and all(c is not None for c in cpu):
-        print(f"CPU seconds of the sweeps read (their own, children included): {sum(cpu):.0f} "
+        print(f"CPU seconds of the sweeps read (the harness processes, not their vLLM drivers): {sum(cpu):.0f} "
               f"({', '.join(f'{c:.0f}' for c in cpu)})")
     ran = [c for c in cells if c["status"] == "ran"]
     print(f"verdict: {len(shown)} releases x {len({c['scenario'] for c in cells})} scenarios: {len(ran)} ran, "

@@ -30,7 +30,7 @@ from harness.sweep import (Cell, SweepError, candidate_specs, markdown_table, sc
 
 def cpu_seconds() -> float:
     """User + system CPU seconds of this process and its waited-for children
-    (a vLLM driver's, once it exited; not a Ray worker's)."""
+    (not the vLLM drivers', grandchildren that are killed, nor a Ray worker's)."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
