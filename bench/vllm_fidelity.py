@@ -72,6 +72,10 @@ def main() -> int:
     print(f"releases in the table ({len(shown)}): {', '.join(shown)}")
     missing = [v for v in wanted if v not in shown]
     print(f"releases of {args.versions} not in it ({len(missing)}): {', '.join(missing) or 'none'}")
+    for path, r in zip(args.sources, reports):
+        names = [c["candidate"] for c in r["candidates"]]
+        print(f"from {Path(path).name}: harness sweep over {', '.join(n[len('vllm@'):] for n in names)} "
+              f"({r['runner']}, exit {r['exit']})")
     cpu = [r.get("cpu_seconds") for r in reports]
     if args.sources and all(c is not None for c in cpu):
         print(f"CPU seconds of the sweeps read (the harness processes, not their vLLM drivers): {sum(cpu):.0f} "
