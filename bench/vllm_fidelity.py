@@ -1,31 +1,30 @@
-"""Measured fidelity of vLLM releases against the reference (README "Fidelity by release").
+"""Measured fidelity of vLLM releases against the reference (the fidelity table of
+``docs/explanation/releases.md``), from ``harness sweep``'s output.
 
-For each release: every canonical scenario (its golden is the reference's
-recording) is recorded with ``vllm@VERSION`` in this process (one driver per
-release, reused across scenarios), and each step's rows are compared with the
-golden's as ``harness replay`` compares them. Prints one line per release:
-scenarios it can express (the others are refused by the driver, per option),
-steps identical to the reference / golden steps of those scenarios, the same
-share ignoring ``schedule_end.prefill_capacity_bound`` (a field releases
-before the prefill cadence do not have), the first divergent scenario and
-step, and the wall time. Also writes the rows as JSON (``--json PATH``).
+Runs ``harness sweep [SCENARIO...] --versions VERSIONS --json`` (every
+canonical scenario, whose golden is the reference's recording, recorded with
+each release and compared step by step; a release's env is built when
+missing) in a child process, or reads the JSON of sweeps already run
+(``--from FILE``, repeatable: a long range swept in pieces), and prints the
+table ``harness sweep --markdown`` prints: one row per release, scenarios run
+(refused), steps identical to the reference, the same share ignoring
+``schedule_end.prefill_capacity_bound`` (releases before the prefill cadence
+do not have the field), verdicts, every first divergence. Then the releases
+of the table, those of VERSIONS it lacks, the sweeps' own CPU seconds and the
+verdict line.
 
-    HARNESS_VLLM_ENVS=/work/vllm-envs-extra:/work/main/.vllm-envs \\
-        python bench/vllm_fidelity.py 0.10.0 0.10.2 0.20.2 0.33.0 [--json out.json]
+    HARNESS_VLLM_ENVS=/path/to/envs python bench/vllm_fidelity.py 0.20.2..0.33.0 [--json out.json]
+    python bench/vllm_fidelity.py 0.20.2..0.33.0 --from a.json --from b.json
 
-Envs must be built (``harness vllm-env VERSION``); a missing one is reported
-and skipped.
+``--smoke``: vLLM 0.33.0 on one scenario.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
+import subprocess
 import sys
-import tempfile
-import time
-from itertools import zip_longest
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,107 +33,59 @@ if str(REPO) not in sys.path:  # importable even without the editable install
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/page.py
 import page  # noqa: E402
 
-from reference.candidate import CandidateError, CandidateRefused  # noqa: E402
-
-from harness.candidates.resolve import CandidateSpecError, resolve_candidate  # noqa: E402
-from harness.golden import DEFAULT_DIR  # noqa: E402
-from harness.replay import first_difference  # noqa: E402
-from harness.scenarios import SCENARIOS  # noqa: E402
-from harness.trace import open_trace  # noqa: E402
-from harness.trace.recorder import record  # noqa: E402
+from harness.candidates.vllm.env import version_tuple  # noqa: E402
+from harness.sweep import SweepError, candidate_specs, markdown_table  # noqa: E402
 
 
-def _strip_bound(rows):
-    return [{k: v for k, v in r.items() if k != "prefill_capacity_bound"} for r in rows]
-
-
-def compare(golden: Path, trace: Path) -> tuple[int, int, int, int | None]:
-    """(identical steps, identical ignoring prefill_capacity_bound, golden
-    steps, first divergent step or None)."""
-    same = same_loose = total = 0
-    first = None
-    for item_g, item_t in zip_longest(open_trace(golden).iter_steps(), open_trace(trace).iter_steps()):
-        if item_g is None:
-            break
-        total += 1
-        if item_t is None:
-            first = item_g[0] if first is None else first
-            continue
-        if first_difference(item_g[0], item_g[1], item_t[1]) is None:
-            same += 1
-        elif first is None:
-            first = item_g[0]
-        if first_difference(item_g[0], _strip_bound(item_g[1]), _strip_bound(item_t[1])) is None:
-            same_loose += 1
-    return same, same_loose, total, first
-
-
-def run_release(version: str, tmp: Path, names: list[str] | None = None) -> dict:
-    t0 = time.monotonic()
-    out = {"version": version, "scenarios": 0, "refused": [], "identical": 0,
-           "identical_without_capacity_bound": 0, "steps": 0, "first_divergence": None,
-           "diverging": []}
-    try:
-        factory = resolve_candidate(f"vllm@{version}")
-    except CandidateSpecError as exc:
-        out["error"] = str(exc)
-        return out
-    for name in names or sorted(SCENARIOS):
-        scenario = SCENARIOS[name]
-        path = tmp / f"{version}-{name}.parquet"
-        try:
-            record(scenario.make_workload(), scenario.engine_config(), path, seed=scenario.seed,
-                   engine=f"vllm@{version}", candidate_factory=factory)
-        except CandidateError as exc:
-            if isinstance(exc.__cause__, CandidateRefused):
-                out["refused"].append(name)
-                continue
-            raise
-        finally:
-            gc.collect()
-        same, loose, total, first = compare(DEFAULT_DIR / f"{name}.parquet", path)
-        out["scenarios"] += 1
-        out["identical"] += same
-        out["identical_without_capacity_bound"] += loose
-        out["steps"] += total
-        if first is not None:
-            out["diverging"].append([name, first])
-            if out["first_divergence"] is None:
-                out["first_divergence"] = [name, first]
-    out["seconds"] = round(time.monotonic() - t0, 1)
-    return out
+def run_sweep(versions: str, scenarios: list[str]) -> dict:
+    """``harness sweep SCENARIO... --versions VERSIONS --json`` in a child process (its CPU is this run's)."""
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "sweep", *scenarios, "--versions", versions,
+                           "--json"], cwd=REPO, capture_output=True, text=True)
+    if proc.returncode not in (0, 1, 2) or not proc.stdout.strip():
+        raise SystemExit(f"harness sweep failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("versions", nargs="*")
-    parser.add_argument("--json", dest="json_path")
-    parser.add_argument("--smoke", action="store_true",
-                        help="the test suite's run: vLLM 0.33.0 (unless versions are given), one scenario")
+    parser.add_argument("versions", nargs="?", help="releases: A..B or V1,V2,... (harness sweep --versions)")
+    parser.add_argument("scenarios", nargs="*", help="canonical scenarios (default: all)")
+    parser.add_argument("--from", dest="sources", action="append", default=[], metavar="FILE",
+                        help="the JSON of a `harness sweep --json` already run (repeatable)")
+    parser.add_argument("--json", dest="json_path", help="also write the joined cells as JSON here")
+    parser.add_argument("--smoke", action="store_true", help="the test suite's run: vLLM 0.33.0, one scenario")
     args = parser.parse_args()
-    names = None
     if args.smoke:
-        args.versions = args.versions or ["0.33.0"]
-        names = [sorted(SCENARIOS)[0]]
+        args.versions, args.scenarios = args.versions or "0.33.0", args.scenarios or ["fcfs-tight"]
     if not args.versions:
-        parser.error("give at least one vLLM version")
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="sched-harness-fidelity-") as tmp:
-        for version in args.versions:
-            row = run_release(version, Path(tmp), names)
-            rows.append(row)
-            if "error" in row:
-                print(f"{version}: {row['error']}", flush=True)
-                continue
-            share = row["identical"] / row["steps"] if row["steps"] else 0.0
-            loose = row["identical_without_capacity_bound"] / row["steps"] if row["steps"] else 0.0
-            print(f"{version}: {row['scenarios']} scenarios ({len(row['refused'])} refused), "
-                  f"{row['identical']}/{row['steps']} steps identical ({share:.1%}; "
-                  f"{loose:.1%} without prefill_capacity_bound), "
-                  f"diverging: {', '.join(f'{n}@{s}' for n, s in row['diverging']) or 'none'}, "
-                  f"{row['seconds']} s", flush=True)
+        parser.error("give the releases (A..B or V1,V2,...)")
+    try:
+        wanted = [s[len("vllm@"):] for s in candidate_specs([], args.versions)]
+    except SweepError as exc:
+        parser.error(str(exc))
+    reports = [json.loads(Path(p).read_text()) for p in args.sources] or [run_sweep(args.versions, args.scenarios)]
+    cells = [c for r in reports for c in r["cells"] if c["candidate"][len("vllm@"):] in wanted]
+    cells.sort(key=lambda c: version_tuple(c["candidate"][len("vllm@"):]))  # stable: scenario order kept
+    shown = list(dict.fromkeys(c["candidate"][len("vllm@"):] for c in cells))
+    print(markdown_table(cells))
+    print()
+    print(f"releases in the table ({len(shown)}): {', '.join(shown)}")
+    missing = [v for v in wanted if v not in shown]
+    print(f"releases of {args.versions} not in it ({len(missing)}): {', '.join(missing) or 'none'}")
+    for path, r in zip(args.sources, reports):
+        names = [c["candidate"] for c in r["candidates"]]
+        print(f"from {Path(path).name}: harness sweep over {', '.join(n[len('vllm@'):] for n in names)} "
+              f"({r['runner']}, exit {r['exit']})")
+    cpu = [r.get("cpu_seconds") for r in reports]
+    if args.sources and all(c is not None for c in cpu):
+        print(f"CPU seconds of the sweeps read (the harness processes, not their vLLM drivers): {sum(cpu):.0f} "
+              f"({', '.join(f'{c:.0f}' for c in cpu)})")
+    ran = [c for c in cells if c["status"] == "ran"]
+    print(f"verdict: {len(shown)} releases x {len({c['scenario'] for c in cells})} scenarios: {len(ran)} ran, "
+          f"{sum(not c['violations'] for c in ran)} clean, {sum(c['status'] == 'refused' for c in cells)} refused, "
+          f"{sum(c['status'] in ('unavailable', 'failed') for c in cells)} unusable")
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(rows, indent=1) + "\n")
+        Path(args.json_path).write_text(json.dumps(cells, indent=1) + "\n")
     return 0
 
 

@@ -11,6 +11,7 @@ same paths).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -145,6 +146,20 @@ def init_ray(address: str | None, num_cpus: int = LOCAL_CPUS) -> bool:
                 except ValueError:  # not the main thread: ray.init could not set them either
                     pass
     return True
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None) -> Iterator[bool]:
+    """``--ray [ADDRESS]`` for the length of a ``with``: join the cluster at
+    ``address`` or start a local one (None), and leave it after (stopping it
+    if this call started it). Yields ``init_ray``'s answer. Raises
+    RayUnavailable on entry."""
+    started = init_ray(address)
+    try:
+        yield started
+    finally:
+        if started:
+            shutdown()
 
 
 def cluster_cpus() -> int:

@@ -43,7 +43,10 @@ class Cell:
     crashed the recording); ``verdict`` ``clean`` or ``ID ×n, ...``;
     ``identical`` of ``golden_steps`` steps repeat the golden's rows exactly;
     ``first_divergence``: the first step that does not (None: none);
-    ``seconds``: wall time of the recording and its checks."""
+    ``reason``: one line, why it did not run (refused, unavailable, failed) or
+    how a run that did ended early (the candidate's crash, the engine's stall:
+    the recording's ``crashed`` / ``stalled``); ``seconds``: wall time of the
+    recording and its checks."""
 
     candidate: str
     scenario: str
@@ -53,6 +56,7 @@ class Cell:
     profile: str = ""
     steps: int = 0
     identical: int = 0
+    identical_without_capacity_bound: int = 0
     golden_steps: int = 0
     first_divergence: int | None = None
     reason: str = ""
@@ -66,7 +70,9 @@ class Cell:
     def to_dict(self) -> dict[str, Any]:
         return {"candidate": self.candidate, "scenario": self.scenario, "status": self.status,
                 "verdict": self.verdict, "violations": dict(self.violations), "profile": self.profile,
-                "steps": self.steps, "identical": self.identical, "golden_steps": self.golden_steps,
+                "steps": self.steps, "identical": self.identical,
+                "identical_without_capacity_bound": self.identical_without_capacity_bound,
+                "golden_steps": self.golden_steps,
                 "first_divergence": self.first_divergence, "reason": self.reason,
                 "seconds": round(self.seconds, 2)}
 
@@ -81,16 +87,51 @@ def scenario_names(names: Sequence[str]) -> list[str]:
     chosen: list[str] = []
     for name in names:
         if name not in SCENARIOS:
-            raise SweepError(f"unknown scenario {name!r}" + did_you_mean(name, sorted(SCENARIOS)))
+            raise SweepError(_unknown_scenario(name, sorted(SCENARIOS)))
         if name not in chosen:
             chosen.append(name)
     return chosen
 
 
+def _known_release(version: str, text: str) -> None:
+    """Raise SweepError unless ``version`` is in ``RELEASES`` or its env is
+    already built (a newer release a user built with ``harness vllm-env``).
+    Regression: ``--versions 0.33.1`` went to PyPI for a release that does not
+    exist, and the sweep reported it as a row of download failures (exit 2)."""
+    from harness.bisect.core import RELEASES
+    from harness.candidates.vllm.env import is_ready, version_tuple
+
+    if version in RELEASES or is_ready(version):
+        return
+    newer = version_tuple(version) > version_tuple(RELEASES[-1])
+    raise SweepError(f"--versions {text}: {version} is not a known vLLM release"
+                     + (did_you_mean(version, RELEASES, list_whole=False)
+                        or f" (known: {RELEASES[0]} to {RELEASES[-1]})")
+                     + (f" (one newer than {RELEASES[-1]}: build its env first, harness vllm-env {version})"
+                        if newer else ""))
+
+
+def _unknown_scenario(name: str, known: list[str]) -> str:
+    """The one line for a SCENARIO argument that names no canonical scenario.
+    Regression: a path (``harness/scenarios/fcfs-tight.toml``, a scenario
+    file of one's own, a trace) said only "unknown scenario" with no hint."""
+    path = Path(name)
+    if "/" in name or path.suffix in (".toml", ".parquet") or path.exists():
+        if path.stem in known:
+            return f"{name}: sweep takes the canonical scenarios by name; did you mean {path.stem!r}?"
+        return (f"{name}: not a canonical scenario name (sweep compares each recording with the "
+                f"scenario's golden, which only the canonical ones have: {', '.join(known)}); "
+                f"a scenario file or trace of your own: harness bisect {name} --versions A..B")
+    return f"unknown scenario {name!r}" + (did_you_mean(name, known, list_whole=False)
+                                           or f" (known: {', '.join(known)})")
+
+
 def candidate_specs(candidates: Sequence[str], versions: str | None) -> list[str]:
     """``--candidate`` specs in the order given, then ``vllm@V`` for each
     release of ``--versions`` (``A..B`` or ``V1,V2``, oldest first), each
-    once. Raises SweepError when none is named or the range is bad."""
+    once. A release named outright must be one of ``bisect.core.RELEASES``
+    (or have its env built already): nothing is looked up on PyPI. Raises
+    SweepError when none is named, a release is unknown or the range is bad."""
     from harness.bisect.core import RELEASES, BisectError, parse_versions
     from harness.candidates.vllm.env import VLLMEnvError, check_version, version_tuple
 
@@ -102,9 +143,9 @@ def candidate_specs(candidates: Sequence[str], versions: str | None) -> list[str
                 releases = parse_versions(text)
             else:  # one release (bisect's parser wants two)
                 releases = [check_version(text)]
-                if text not in RELEASES and version_tuple(text) < version_tuple(RELEASES[-1]):
-                    raise SweepError(f"--versions {text}: not a vLLM release"
-                                     + did_you_mean(text, RELEASES, list_whole=False))
+            if ".." not in text:  # a range selects from RELEASES; named ones are checked
+                for v in releases:
+                    _known_release(v, text)
         except BisectError as exc:
             if "needs two or more" not in str(exc):
                 raise SweepError(str(exc)) from None
@@ -113,6 +154,8 @@ def candidate_specs(candidates: Sequence[str], versions: str | None) -> list[str
                 releases = [v for v in RELEASES if version_tuple(lo) <= version_tuple(v) <= version_tuple(hi)]
             else:  # one release named twice
                 releases = sorted({check_version(v.strip()) for v in text.split(",") if v.strip()})
+                for v in releases:
+                    _known_release(v, text)
         except VLLMEnvError as exc:
             raise SweepError(f"--versions {text}: {exc}") from None
         if not releases:
@@ -131,23 +174,19 @@ def _release(spec: str) -> str | None:
     return target if target[:1].isdigit() and "/" not in target else None
 
 
-def sweep_candidate(spec: str, scenarios: Sequence[str], *,
+def sweep_candidate(spec: str, scenarios: Sequence[str], *, step_timeout: float | None = None,
                     log: Callable[[str], None] | None = None) -> list[Cell]:
     """Every scenario of ``scenarios`` (canonical names) on the candidate
     ``spec``, in order: one ``Cell`` each (see the module docstring). A
     release's env is built first when missing (``ensure_env``; ``log`` gets
-    its progress lines). Never raises for the candidate's failures: they are
-    cells (``unavailable``, ``failed``, ``refused``). Recordings are temporary."""
-    from reference.candidate import CandidateError, CandidateRefused
-
-    from harness.bisect.core import first_divergence, identical_steps, verdict_of
+    its progress lines). ``step_timeout``: seconds a call into an isolated
+    candidate (``module:factory``, ``vllm@``) may take before the run ends as
+    a hang at that step (None: ``isolated.DEFAULT_STEP_TIMEOUT_S``). Never
+    raises for the candidate's failures: they are cells (``unavailable``,
+    ``failed``, ``refused``; a crash or stall is a cell that ran, its one
+    line in ``reason``). Recordings are temporary."""
     from harness.candidates.resolve import CandidateSpecError, resolve_candidate
     from harness.candidates.vllm.env import VLLMEnvError, ensure_env
-    from harness.check import check_trace
-    from harness.golden import DEFAULT_DIR
-    from harness.scenarios import SCENARIOS
-    from harness.trace import open_trace
-    from harness.trace.recorder import record
 
     def every(status: str, reason: str) -> list[Cell]:
         return [Cell(spec, name, status, reason=" ".join(reason.split())) for name in scenarios]
@@ -159,9 +198,30 @@ def sweep_candidate(spec: str, scenarios: Sequence[str], *,
         except (VLLMEnvError, OSError) as exc:
             return every("unavailable", str(exc))
     try:
-        factory = None if spec == "reference" else resolve_candidate(spec)
+        factory = None if spec == "reference" else resolve_candidate(spec, step_timeout=step_timeout)
     except CandidateSpecError as exc:
         return every("failed", str(exc))
+    try:
+        return _record_each(spec, factory, scenarios)
+    finally:
+        if version is not None:  # its idle drivers (~0.5 GB each) are no use to the next release
+            from harness.candidates.vllm.candidate import shutdown_pool
+
+            shutdown_pool()
+
+
+def _record_each(spec: str, factory, scenarios: Sequence[str]) -> list[Cell]:
+    """``sweep_candidate``'s cells once the candidate is made (``factory``
+    None: the reference)."""
+    from reference.candidate import CandidateError, CandidateRefused
+
+    from harness.bisect.core import first_divergence, identical_steps, verdict_of
+    from harness.check import check_trace
+    from harness.golden import DEFAULT_DIR
+    from harness.scenarios import SCENARIOS
+    from harness.trace import open_trace
+    from harness.trace.recorder import record
+
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory(prefix="sched-harness-sweep-") as tmp:
         for name in scenarios:
@@ -169,8 +229,12 @@ def sweep_candidate(spec: str, scenarios: Sequence[str], *,
             scenario, out = SCENARIOS[name], Path(tmp) / f"{name}.parquet"
             cell = Cell(spec, name, "ran")
             try:
-                record(scenario.make_workload(), scenario.engine_config(), out, seed=scenario.seed,
-                       engine=spec, **({} if factory is None else {"candidate_factory": factory}))
+                summary = record(scenario.make_workload(), scenario.engine_config(), out, seed=scenario.seed,
+                                 engine=spec, **({} if factory is None else {"candidate_factory": factory}))
+                # Regression: a crash was only "ENGINE-CRASH ×1", its message nowhere in the table.
+                if summary.crashed or summary.stalled:
+                    cell.reason = " ".join((f"crashed: {summary.crashed}" if summary.crashed
+                                            else f"stalled: {summary.stalled}").split())
             except CandidateError as exc:
                 refused = isinstance(exc.__cause__, CandidateRefused)
                 cell.status = "refused" if refused else "failed"
@@ -182,6 +246,8 @@ def sweep_candidate(spec: str, scenarios: Sequence[str], *,
                 cell.verdict, cell.profile, cell.steps = verdict_of(cell.violations), checked.profile, checked.steps
                 golden = open_trace(DEFAULT_DIR / f"{name}.parquet")
                 cell.identical, cell.golden_steps = identical_steps(golden, trace)
+                cell.identical_without_capacity_bound = identical_steps(
+                    golden, trace, ignore=("prefill_capacity_bound",))[0]
                 found = first_divergence(golden, trace)
                 cell.first_divergence = None if found is None else int(found["step"])
             cell.seconds = time.monotonic() - t0
@@ -189,14 +255,14 @@ def sweep_candidate(spec: str, scenarios: Sequence[str], *,
     return cells
 
 
-def sweep_local(specs: Sequence[str], scenarios: Sequence[str], *,
+def sweep_local(specs: Sequence[str], scenarios: Sequence[str], *, step_timeout: float | None = None,
                 on_candidate: Callable[[int, list[Cell]], None] | None = None,
                 log: Callable[[str], None] | None = None) -> list[list[Cell]]:
     """``sweep_candidate`` for each spec in turn, in this process;
     ``on_candidate(index, cells)`` after each."""
     results = []
     for i, spec in enumerate(specs):
-        results.append(sweep_candidate(spec, scenarios, log=log))
+        results.append(sweep_candidate(spec, scenarios, step_timeout=step_timeout, log=log))
         if on_candidate is not None:
             on_candidate(i, results[-1])
     return results
@@ -228,15 +294,40 @@ def summary_rows(results: Sequence[Sequence[Cell]]) -> list[dict[str, Any]]:
                 violations[k] = violations.get(k, 0) + n
         bad = [c for c in cells if c.status in ("unavailable", "failed")]
         first = next((c for c in ran if c.first_divergence is not None), None)
+        # Regression: a crash's (and a refusal's) one line was nowhere in the row.
+        told = bad or [c for c in ran if c.reason] or [c for c in cells if c.reason]
         rows.append({
             "candidate": cells[0].candidate if cells else "",
             "ran": len(ran), "refused": sum(c.status == "refused" for c in cells),
-            "unusable": len(bad), "reason": bad[0].reason if bad else "",
+            "unusable": len(bad), "reason": f"{told[0].scenario}: {told[0].reason}" if told else "",
+            "notes": notes(cells),
             "identical": sum(c.identical for c in ran), "golden_steps": sum(c.golden_steps for c in ran),
+            "identical_without_capacity_bound": sum(c.identical_without_capacity_bound for c in ran),
+            "divergences": [[c.scenario, c.first_divergence] for c in ran if c.first_divergence is not None],
             "clean": sum(not c.violations for c in ran), "violations": dict(sorted(violations.items())),
             "first_divergence": None if first is None else [first.scenario, first.first_divergence],
             "seconds": round(sum(c.seconds for c in cells), 1)})
     return rows
+
+
+def notes(cells: Sequence[Cell]) -> list[str]:
+    """One candidate's lines under the table, one per outcome worth saying
+    (a violation, a crash or stall, a refusal, an unusable candidate), the
+    scenarios sharing it named together, in scenario order:
+    ``"fcfs-tight, pipeline-3: refused: REASON"``,
+    ``"priority-tight: ENGINE-CRASH ×1; crashed: LINE"``. Clean runs say nothing."""
+    grouped: dict[str, list[str]] = {}
+    for c in cells:
+        if c.status == "ran":
+            if not c.violations and not c.reason:
+                continue
+            what = "; ".join(x for x in (c.verdict if c.violations else "", c.reason) if x)
+        else:
+            what = f"{c.status}: {c.reason}" if c.reason else c.status
+        grouped.setdefault(what, []).append(c.scenario)
+    if len(grouped) == 1 and len(cells) > 1 and len(next(iter(grouped.values()))) == len(cells):
+        return [f"every scenario: {next(iter(grouped))}"]
+    return [f"{', '.join(names)}: {what}" for what, names in grouped.items()]
 
 
 def verdict_line(results: Sequence[Sequence[Cell]]) -> str:
@@ -252,3 +343,53 @@ def verdict_line(results: Sequence[Sequence[Cell]]) -> str:
             parts.append(f"{n} {status}")
     return (f"sweep: {plural(len(results), 'candidate')} x {plural(scenarios, 'scenario')}: "
             f"{', '.join(parts)} (exit {sweep_exit(results)})")
+
+
+def markdown_table(cells: Sequence[dict[str, Any]]) -> str:
+    """The fidelity table of the docs (``docs/explanation/releases.md``) from
+    a sweep's cells (``Cell.to_dict``, as ``--json`` prints them; several
+    sweeps' cells may be joined): one row per candidate, in the order met
+    (``vllm@V`` shown as ``V``): scenarios run (refused), steps identical to
+    the goldens (count and share), the same ignoring
+    ``schedule_end.prefill_capacity_bound`` (no capacity guard before
+    0.24.0), verdicts (clean scenarios; violations summed by id) and every
+    scenario's first divergent step. One line per row; ``|`` in a reason is
+    escaped."""
+    by_candidate: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        by_candidate.setdefault(cell["candidate"], []).append(cell)
+    lines = ["| release | scenarios run (refused) | steps identical | without the capacity guard | verdicts "
+             "| first divergences |", "|---|---|---|---|---|---|"]
+    for candidate, group in by_candidate.items():
+        name = candidate[len("vllm@"):] if _release(candidate) else candidate
+        ran = [c for c in group if c["status"] == "ran"]
+        if not ran:
+            reasons = sorted({f"{c['status']}: {c['reason']}" for c in group})
+            told = "; ".join(reasons).replace("|", "\\|")
+            lines.append(f"| {name} | 0 ({len(group)}) | - | - | {told} | - |")
+            continue
+        golden = sum(c["golden_steps"] for c in ran)
+        same = sum(c["identical"] for c in ran)
+        loose = sum(c.get("identical_without_capacity_bound", c["identical"]) for c in ran)
+        violations: dict[str, int] = {}
+        for c in ran:
+            for k, n in c["violations"].items():
+                violations[k] = violations.get(k, 0) + n
+        clean = sum(not c["violations"] for c in ran)
+        verdicts = f"{clean} clean" + (f"; {verdict_of_counts(violations)}" if violations else "")
+        diverging = ", ".join(f"{c['scenario']}@{c['first_divergence']}" for c in ran
+                              if c["first_divergence"] is not None) or "none"
+        refused = sum(c["status"] == "refused" for c in group)
+        other = len(group) - len(ran) - refused
+        run = f"{len(ran)} ({refused})" + (f", {other} unusable" if other else "")
+        share = same / golden if golden else 0.0
+        lines.append(f"| {name} | {run} | {same}/{golden} = {share:.1%} | "
+                     f"{(loose / golden if golden else 0.0):.1%} | {verdicts} | {diverging} |")
+    return "\n".join(line.replace("\n", " ") for line in lines)
+
+
+def verdict_of_counts(violations: dict[str, int]) -> str:
+    """``ID ×n, ...``, most frequent first (``bisect.core.verdict_of``)."""
+    from harness.bisect.core import verdict_of
+
+    return verdict_of(violations)

@@ -17,18 +17,19 @@ from harness.ray_cluster import MAX_RETRIES, completed, ray_module
 from harness.sweep import Cell, sweep_candidate
 
 
-def sweep_ray(specs: Sequence[str], scenarios: Sequence[str], *,
+def sweep_ray(specs: Sequence[str], scenarios: Sequence[str], *, step_timeout: float | None = None,
               on_candidate: Callable[[int, list[Cell]], None] | None = None,
               task: Callable[..., list[Cell]] = sweep_candidate) -> list[list[Cell]]:
     """``sweep_local``'s result (cells by candidate, in ``specs`` order) with
     each candidate a task on the cluster this process joined. A task that
     fails after its retries gives that candidate ``failed`` cells (the error's
     first line), never the end of the sweep; interrupted, the unfinished tasks
-    are cancelled. ``task``: the task body (tests substitute one that kills
+    are cancelled. ``step_timeout``: as ``sweep_candidate``'s. ``task``: the task body (tests substitute one that kills
     its worker)."""
     ray = ray_module()
     remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(task)
-    refs = [remote.options(name=f"harness-sweep-{i}").remote(spec, list(scenarios))
+    options = {} if step_timeout is None else {"step_timeout": step_timeout}
+    refs = [remote.options(name=f"harness-sweep-{i}").remote(spec, list(scenarios), **options)
             for i, spec in enumerate(specs)]
     results: dict[int, list[Cell]] = {}
     for i, cells, error in completed(refs):

@@ -207,3 +207,59 @@ def test_cli_sweep_ray_json_runner(cluster) -> None:
     report = json.loads(res.output)
     assert report["runner"] == "Ray local cluster"
     assert [(c["identical"], c["golden_steps"], c["verdict"]) for c in report["cells"]] == [(392, 392, "clean")]
+
+
+# `harness bisect --ray`: its rows recorded as tasks, compared here in order. The "releases" are
+# the reference and a mutant (``spec_for``), so no vLLM env is needed: a change at "b", none at "c".
+BISECT_SPECS = {"a": "reference", "b": "mutant:ignore-max-num-seqs", "c": "mutant:ignore-max-num-seqs"}
+
+
+def _bisect_inputs():
+    from harness.scenarios import SCENARIOS
+
+    scenario = SCENARIOS["priority-tight"]
+    return scenario.make_workload(), scenario.engine_config(), scenario.seed
+
+
+def _bisect_rows(result):
+    return [{k: v for k, v in r.to_dict().items() if k not in ("seconds", "build_seconds")} for r in result.rows]
+
+
+@pytest.fixture(scope="module")
+def local_bisect():
+    from harness.bisect.core import run_bisect
+
+    return run_bisect("priority-tight", *_bisect_inputs(), list(BISECT_SPECS), spec_for=BISECT_SPECS.get)
+
+
+def test_bisect_ray_gives_the_local_rows(cluster, local_bisect) -> None:
+    from harness.bisect.parallel_ray import bisect_ray
+
+    done: list[str] = []
+    result = bisect_ray("priority-tight", *_bisect_inputs(), list(BISECT_SPECS), spec_for=BISECT_SPECS.get,
+                        on_row=lambda v, _row: done.append(v))
+    assert _bisect_rows(result) == _bisect_rows(local_bisect)
+    assert [(r.version, r.verdict, r.steps, r.compared_with, r.same_as_previous) for r in result.rows] == [
+        ("a", "clean", 221, None, None), ("b", "MAX-NUM-SEQS ×2", 221, "a", False), ("c", "MAX-NUM-SEQS ×2", 221, "b", True)]
+    assert result.rows[1].divergence["step"] == 206
+    assert (result.first_change.version, sorted(done)) == ("b", ["a", "b", "c"])
+
+
+def bisect_dying_once(version, spec, workload, config, seed, step_timeout):
+    """Release "b"'s first attempt SIGKILLs its own Ray worker; the retry records it."""
+    from harness.bisect.parallel_ray import record_release_task
+
+    marker = Path(os.environ["HARNESS_TEST_MARKERS"]) / version
+    if version == "b" and not marker.exists():
+        marker.write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return record_release_task(version, spec, workload, config, seed, step_timeout)
+
+
+def test_a_killed_bisect_worker_changes_no_row(cluster, local_bisect, tmp_path: Path) -> None:
+    from harness.bisect.parallel_ray import bisect_ray
+
+    result = bisect_ray("priority-tight", *_bisect_inputs(), list(BISECT_SPECS), spec_for=BISECT_SPECS.get,
+                        task=_with_marker_dir(bisect_dying_once, str(tmp_path)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+    assert _bisect_rows(result) == _bisect_rows(local_bisect)

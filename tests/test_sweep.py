@@ -50,7 +50,7 @@ def test_cli_sweep_table_json_and_exit() -> None:
     (["fcfs-tight"], "name the candidates: --versions A..B and/or --candidate SPEC"),
     (["fcfs-tight", "--candidate", "mutant:nope"], "--candidate mutant:nope: unknown mutant 'nope'"),
     (["fcfs-tight", "--versions", "0.33.0..0.20.2"], "0.33.0 is newer than 0.20.2"),
-    (["fcfs-tight", "--versions", "0.15.3"], "0.15.3: not a vLLM release"),
+    (["fcfs-tight", "--versions", "0.15.3"], "0.15.3 is not a known vLLM release"),
     (["--candidate", "reference", "--bogus"], "error: No such option '--bogus'."),
 ])
 def test_cli_sweep_bad_arguments_one_line_exit_2(args, message) -> None:
@@ -81,3 +81,22 @@ def test_sweep_exit_order() -> None:
     assert sweep_exit([[ok], [bad]]) == 1
     assert sweep_exit([[bad], [unavailable]]) == 2
     assert sweep_exit([[Cell("d", "s", "failed"), ok]]) == 1
+
+
+def test_cli_sweep_markdown_is_the_fidelity_table() -> None:
+    """``--markdown``: the table of docs/explanation/releases.md (bench/vllm_fidelity.py prints it from
+    the sweep's --json), then the verdict line."""
+    res = CliRunner().invoke(main, ["sweep", *SCENARIOS, *(a for s in SPECS for a in ("--candidate", s)),
+                                    "--markdown"])
+    assert res.exit_code == 1, res.output
+    assert res.output.splitlines() == [
+        "| release | scenarios run (refused) | steps identical | without the capacity guard | verdicts "
+        "| first divergences |",
+        "|---|---|---|---|---|---|",
+        "| reference | 2 (0) | 613/613 = 100.0% | 100.0% | 2 clean | none |",
+        "| mutant:ignore-max-num-seqs | 2 (0) | 605/613 = 98.7% | 98.7% | 1 clean; MAX-NUM-SEQS ×2 "
+        "| priority-tight@206 |",
+        "sweep: 2 candidates x 2 scenarios: 3 clean, 1 violating (exit 1)",
+    ]
+    res = CliRunner().invoke(main, ["sweep", "fcfs-tight", "--candidate", "reference", "--markdown", "--json"])
+    assert (res.exit_code, res.output) == (2, "error: --json and --markdown: choose one\n")

@@ -8,6 +8,7 @@ trace, no release could run it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -19,6 +20,7 @@ from rich.table import Table
 
 from harness.bisect.core import BisectError, BisectResult, parse_versions, run_bisect
 from harness.richtext import keep_words_whole
+from harness.sweep_cli import join_ray, ray_option, step_timeout_option
 
 
 def _fail(err: Console, message: str) -> None:
@@ -106,8 +108,11 @@ def verdict_line(result: BisectResult) -> str:
 @click.option("--candidate-class", "scheduler_cls", metavar="package.module:Class", default=None,
               help="Run this vLLM Scheduler subclass on every release (found on PYTHONPATH), "
                    "as vllm@VERSION,scheduler_cls=... does.")
+@ray_option("each release")
+@step_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-def bisect(source: str, versions: str, scheduler_cls: str | None, as_json: bool) -> None:
+def bisect(source: str, versions: str, scheduler_cls: str | None, ray_address: str | None,
+           step_timeout: float, as_json: bool) -> None:
     """Record SCENARIO (or TRACE's inputs) on each vLLM release of --versions, building
     envs as needed (HARNESS_VLLM_ENVS), check each under its own profile and compare its
     decisions with the previous release's; name the first release where the verdict or
@@ -134,20 +139,29 @@ def bisect(source: str, versions: str, scheduler_cls: str | None, as_json: bool)
     if to_build:
         err.print(f"bisect: building the vLLM env of {len(to_build)} release(s) not yet built under "
                   f"{envs_root()}: {', '.join(to_build)} (35-90 s and 16-170 MB each)", soft_wrap=True)
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total} releases"), TimeElapsedColumn(),
-                  console=err, transient=True, disable=not err.is_terminal) as progress:
-        task = progress.add_task("bisect", total=len(chosen))
+    with contextlib.ExitStack() as stack:
+        if ray_address is not None:
+            join_ray(stack, ray_address, err, enabled=err.is_terminal)
+        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} releases"), TimeElapsedColumn(),
+                      console=err, transient=True, disable=not err.is_terminal) as progress:
+            task = progress.add_task("bisect" + (" on Ray" if ray_address else ""), total=len(chosen))
 
-        def on_row(version, row) -> None:
-            if row is None:
-                progress.update(task, description=f"vLLM {version}")
+            def on_row(version, row) -> None:
+                if row is None:
+                    progress.update(task, description=f"vLLM {version}")
+                else:
+                    progress.advance(task)
+
+            if ray_address is not None:
+                from harness.bisect.parallel_ray import bisect_ray
+
+                result = bisect_ray(source, workload, config, seed, chosen, scheduler_cls=scheduler_cls,
+                                    step_timeout=step_timeout, on_row=on_row)
             else:
-                progress.advance(task)
-
-        result = run_bisect(source, workload, config, seed, chosen, scheduler_cls=scheduler_cls,
-                            on_row=on_row,
-                            log=lambda line: progress.update(task, description=line[:60]))
+                result = run_bisect(source, workload, config, seed, chosen, scheduler_cls=scheduler_cls,
+                                    step_timeout=step_timeout, on_row=on_row,
+                                    log=lambda line: progress.update(task, description=line[:60]))
     if not any(r.status == "ran" for r in result.rows):
         reasons = "; ".join(f"{r.version}: {r.reason}" for r in result.rows)
         _fail(err, f"{source}: no release could run it ({reasons[:400]})")

@@ -158,19 +158,24 @@ def first_divergence(a, b) -> dict[str, Any] | None:
     return None
 
 
-def identical_steps(a, b) -> tuple[int, int]:
+def identical_steps(a, b, ignore: tuple[str, ...] = ()) -> tuple[int, int]:
     """``(steps of a whose rows b repeats exactly, steps of a)``: the fidelity
-    share of ``bench/vllm_fidelity.py``."""
+    share of ``bench/vllm_fidelity.py``; ``ignore``: row fields left out of
+    the comparison (``prefill_capacity_bound``: releases before 0.24.0 have
+    no prefill cadence guard, the field reads False)."""
     from itertools import zip_longest
 
     from harness.replay import first_difference
+
+    def rows(items):
+        return [{k: v for k, v in r.items() if k not in ignore} for r in items] if ignore else items
 
     same = total = 0
     for item_a, item_b in zip_longest(a.iter_steps(), b.iter_steps()):
         if item_a is None:
             break
         total += 1
-        if item_b is not None and first_difference(item_a[0], item_a[1], item_b[1]) is None:
+        if item_b is not None and first_difference(item_a[0], rows(item_a[1]), rows(item_b[1])) is None:
             same += 1
     return same, total
 
@@ -183,60 +188,103 @@ def verdict_of(by_invariant: dict[str, int]) -> str:
     return ", ".join(f"{k} ×{n}" for k, n in items)
 
 
-def run_bisect(source: str, workload: Workload, config: EngineConfig, seed: int, versions: list[str],
-               *, scheduler_cls: str | None = None,
-               on_row: Callable[[str, Row | None], None] | None = None,
-               log: Callable[[str], None] | None = None) -> BisectResult:
-    """Record ``workload`` on every release of ``versions`` (oldest first) and
-    compare each with the previous one that ran; see the module docstring.
-    ``on_row(version, None)`` is called when a release starts, ``on_row(version,
-    row)`` when it is done. Recordings are temporary files, removed after use."""
+def release_spec(version: str, scheduler_cls: str | None = None) -> str:
+    """The candidate spec of one bisect row: ``vllm@VERSION[,scheduler_cls=...]``."""
+    return f"vllm@{version}" + (f",scheduler_cls={scheduler_cls}" if scheduler_cls else "")
+
+
+def record_release(version: str, spec: str, workload: Workload, config: EngineConfig, seed: int, out: Path,
+                   *, step_timeout: float | None = None,
+                   log: Callable[[str], None] | None = None) -> Row:
+    """One bisect row without its comparison: build the env of a ``vllm@``
+    release when missing (``ensure_env``; ``log`` gets its progress lines),
+    record ``workload`` with ``spec`` to ``out`` and check it under
+    ``--semantics auto``. ``status`` ``ran`` (the trace is at ``out``),
+    ``refused``, ``unavailable`` or ``failed`` (no trace); never raises for
+    the candidate's failures. ``step_timeout``: seconds a call into the
+    candidate's process may take (None: its default)."""
     from harness.candidates.resolve import CandidateSpecError, resolve_candidate
     from harness.check import check_trace
     from harness.trace import open_trace
     from harness.trace.recorder import record
 
-    rows: list[Row] = []
+    t0 = time.monotonic()
+    row = Row(version, "ran")
+    if spec.startswith("vllm@") and spec[5:6].isdigit():
+        try:
+            ensure_env(spec[5:].split(",", 1)[0], log=log)
+        except (VLLMEnvError, OSError) as exc:
+            row.status, row.reason = "unavailable", " ".join(str(exc).split())
+    row.build_seconds = time.monotonic() - t0
+    if row.status == "ran":
+        try:
+            factory = resolve_candidate(spec, step_timeout=step_timeout)
+            record(workload, config, out, seed=seed, engine=spec, candidate_factory=factory)
+        except CandidateSpecError as exc:
+            row.status, row.reason = "failed", str(exc)
+        except CandidateError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, CandidateRefused):
+                row.status, row.reason = "refused", " ".join(str(cause).split())
+            else:
+                row.status, row.reason = "failed", " ".join(str(exc).split())
+        if spec.startswith("vllm@"):  # its idle driver (~0.5 GB) is no use to the next release
+            from harness.candidates.vllm.candidate import shutdown_pool
+
+            shutdown_pool()
+    if row.status == "ran":
+        checked = check_trace(open_trace(out), "auto")
+        row.violations = dict(checked.by_invariant)
+        row.verdict = verdict_of(row.violations)
+        row.profile = checked.profile
+        row.steps = checked.steps
+    row.seconds = time.monotonic() - t0
+    return row
+
+
+def compare_rows(rows: list[Row], traces: dict[str, Path]) -> None:
+    """Fill each row that ran (oldest first) with its comparison against the
+    previous one that ran (``compared_with``, ``same_as_previous``,
+    ``divergence``); ``traces``: each such row's recording by version. The
+    same wherever the rows were recorded."""
+    from harness.trace import open_trace
+
+    previous: Row | None = None
+    for row in rows:
+        if row.status != "ran":
+            continue
+        if previous is not None:
+            found = first_divergence(open_trace(traces[previous.version]), open_trace(traces[row.version]))
+            row.compared_with, row.same_as_previous, row.divergence = previous.version, found is None, found
+        previous = row
+
+
+def run_bisect(source: str, workload: Workload, config: EngineConfig, seed: int, versions: list[str],
+               *, scheduler_cls: str | None = None, step_timeout: float | None = None,
+               on_row: Callable[[str, Row | None], None] | None = None,
+               log: Callable[[str], None] | None = None,
+               spec_for: Callable[[str], str] | None = None) -> BisectResult:
+    """Record ``workload`` on every release of ``versions`` (oldest first) and
+    compare each with the previous one that ran; see the module docstring.
+    ``on_row(version, None)`` is called when a release starts, ``on_row(version,
+    row)`` when it is recorded (its comparison is filled in at the end).
+    ``spec_for(version)``: the candidate of a row (default ``release_spec``;
+    tests bisect over the reference and mutants). Recordings are temporary
+    files, removed after use. ``harness.bisect.ray.bisect_ray`` is the same
+    with the rows recorded in parallel on a Ray cluster."""
+    spec_of = spec_for or (lambda v: release_spec(v, scheduler_cls))
     notify = on_row or (lambda _v, _r: None)
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="sched-harness-bisect-") as tmp:
-        previous: tuple[Row, Path] | None = None
-        for version in versions:
+        traces: dict[str, Path] = {}
+        for i, version in enumerate(versions):
             notify(version, None)
-            t0 = time.monotonic()
-            row = Row(version, "ran")
-            try:
-                ensure_env(version, log=log)
-            except (VLLMEnvError, OSError) as exc:
-                row.status, row.reason = "unavailable", " ".join(str(exc).split())
-            row.build_seconds = time.monotonic() - t0
+            out = Path(tmp) / f"{i}.parquet"
+            row = record_release(version, spec_of(version), workload, config, seed, out,
+                                 step_timeout=step_timeout, log=log)
             if row.status == "ran":
-                spec = f"vllm@{version}" + (f",scheduler_cls={scheduler_cls}" if scheduler_cls else "")
-                out = Path(tmp) / f"{version}.parquet"
-                try:
-                    factory = resolve_candidate(spec)
-                    record(workload, config, out, seed=seed, engine=spec, candidate_factory=factory)
-                except CandidateSpecError as exc:
-                    row.status, row.reason = "failed", str(exc)
-                except CandidateError as exc:
-                    cause = exc.__cause__
-                    if isinstance(cause, CandidateRefused):
-                        row.status, row.reason = "refused", " ".join(str(cause).split())
-                    else:
-                        row.status, row.reason = "failed", " ".join(str(exc).split())
-            if row.status == "ran":
-                trace = open_trace(out)
-                checked = check_trace(trace, "auto")
-                row.violations = dict(checked.by_invariant)
-                row.verdict = verdict_of(row.violations)
-                row.profile = checked.profile
-                row.steps = checked.steps
-                if previous is not None:
-                    found = first_divergence(open_trace(previous[1]), trace)
-                    row.compared_with = previous[0].version
-                    row.same_as_previous = found is None
-                    row.divergence = found
-                previous = (row, out)
-            row.seconds = time.monotonic() - t0
+                traces[version] = out
             rows.append(row)
             notify(version, row)
+        compare_rows(rows, traces)
     return BisectResult(source, scheduler_cls, rows)
