@@ -280,3 +280,18 @@ def test_protocol_kinds_name_every_line_the_converter_writes() -> None:
         "schedule-twice", "update-without-schedule", "hand-built-output", "queue-edited",
         "preempted-by-hand", "mid-step-abort", "prefix-cache-reset", "streaming-input",
         "stopped-by-driver", "other"]
+
+
+def test_layered_env_without_pip_gets_test_packages_through_the_harness_pip(tmp_path: Path) -> None:
+    """A layered env (``layered.py``: a venv built without pip) made ``harness vllm-tests 0.25.0``
+    die on ``pip freeze`` (CalledProcessError); the harness's pip acts on it with ``--python``."""
+    import venv
+
+    from harness.candidates.vllm.own_tests import _pip_for
+
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "layered")
+    python = str(tmp_path / "layered" / "bin" / "python")
+    assert _pip_for(python) == [sys.executable, "-m", "pip", "--python", python]
+    assert _pip_for(sys.executable) == [sys.executable, "-m", "pip"]
+    listed = subprocess.run([*_pip_for(python), "list", "--format=json"], capture_output=True, text=True)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []  # it sees that env, not ours
