@@ -70,6 +70,17 @@ def _reanalyse(version: str, out: Path) -> dict | str:
     return report
 
 
+def _not_replayed(report: dict) -> str:
+    """Why clean traces were not replayed: a feature the reference cannot re-drive
+    (``not-replayed-unmodelled``), or no semantics profile measured for the release."""
+    unmodelled = report["artefacts"].get("not-replayed-unmodelled", 0)
+    unprofiled = report["clean"] - report["replay_identical"] - report["replay_diverged"] - unmodelled
+    parts = ([f"{unmodelled} not replayed: an unmodelled feature"] if unmodelled else []) + (
+        [f"{unprofiled} not replayed: no semantics profile measured for {report['version']}"]
+        if unprofiled else [])
+    return f"; {', '.join(parts)}" if parts else ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("versions", nargs="*", default=["0.33.0"])
@@ -110,7 +121,7 @@ def main() -> int:
               f"converted {report['converted']}/{report['recordings']} = {100 * report['converted'] / rec:.0f} % "
               f"(goal >= 90 %); unexplained violations {len(report['violations'])} (goal 0); replay "
               f"{report['replay_identical']} identical, {report['replay_diverged']} diverged of "
-              f"{report['clean']} clean (goal: all identical)")
+              f"{report['clean']} clean (goal: all identical){_not_replayed(report)}")
         ratio = report["injected_cpu_s"] / report["plain_cpu_s"] if report["plain_cpu_s"] else float("nan")
         print(f"cpu {version}: plain pytest {report['plain_cpu_s']} s, injected {report['injected_cpu_s']} s "
               f"(x{ratio:.2f})" + (f"; analysis {report['analysis_cpu_s']} s" if "analysis_cpu_s" in report

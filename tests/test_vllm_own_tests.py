@@ -190,6 +190,44 @@ def test_vllm_tests_on_a_selection_of_0_33_0s_own_tests(tmp_path: Path) -> None:
     assert unmodelled == report["artefacts"].get("unmodelled-kv_connector", 0)
 
 
+@pytest.mark.vllm
+def test_vllm_0_29_0_kv_load_promotions_are_recorded_and_hand_queued_requests_are_a_break(
+        tmp_path: Path) -> None:
+    """Regressions from 0.29.0's own tests: its KV-load promotions go through
+    ``_try_promote_blocked_waiting_request`` (0.31.0 renamed it), which the recorder did not hook, so
+    each admission after a load read as ADMISSION-ORDER "admitted as new but its status was
+    WAITING_FOR_REMOTE_KVS"; ``test_scheduler_stats_waiting_queues`` queues requests by hand before
+    its first ``schedule()`` and its recording was refused ("request '3' was never added")."""
+    if SKIP:
+        pytest.skip("HARNESS_SKIP_VLLM=1")
+    from harness.candidates.vllm.env import is_ready
+    from harness.candidates.vllm.own_tests import OwnTestsError, fetch_sdist
+    from harness.cli import main
+
+    if not is_ready("0.29.0"):
+        pytest.skip("no vLLM 0.29.0 env (harness vllm-env 0.29.0)")
+    try:
+        fetch_sdist("0.29.0")
+    except OwnTestsError as exc:  # no index reachable and nothing cached
+        pytest.skip(str(exc))
+    result = CliRunner().invoke(main, [
+        "vllm-tests", "0.29.0", "-o", str(tmp_path), "--json", "-k",
+        "test_throttle_prefills_excludes_fully_transferred_remote_kv or test_scheduler_stats_waiting_queues"])
+    assert result.exit_code == 0, result.output[-3000:]
+    report = json.loads(result.output)
+    assert (report["plain_passed"], report["injected_passed"], report["recordings"], report["converted"],
+            report["checkable"], report["clean"]) == (2, 2, 2, 2, 1, 1)
+    assert report["violations"] == [] and report["refused"] == [] and report["broken_by_recorder"] == []
+    assert report["artefacts"] == {"no-complete-step": 1, "not-replayed-unmodelled": 1,
+                                   "stopped-by-driver": 1, "unmodelled-kv_connector": 1}
+    manifest = [json.loads(line) for line in (tmp_path / "recordings" / "manifest.jsonl").read_text().splitlines()]
+    throttle = next(m["file"] for m in manifest if "throttle" in m["nodeid"])
+    promotions = [(r["step"], e["request_id"], e["status"], e["num_computed_tokens"])
+                  for r in map(json.loads, (tmp_path / "recordings" / throttle).read_text().splitlines())
+                  if r["t"] == "schedule" for e in r["output"]["events"] if e["type"] == "kv_promote"]
+    assert promotions == [(2, "r1", "WAITING", 31), (4, "r2", "WAITING", 31)]
+
+
 # -- without vLLM: the sdist fetch, the JUnit reading, the pins, the report ------------------
 
 def _serve(files: dict[str, bytes]):
@@ -280,3 +318,18 @@ def test_protocol_kinds_name_every_line_the_converter_writes() -> None:
         "schedule-twice", "update-without-schedule", "hand-built-output", "queue-edited",
         "preempted-by-hand", "mid-step-abort", "prefix-cache-reset", "streaming-input",
         "stopped-by-driver", "other"]
+
+
+def test_layered_env_without_pip_gets_test_packages_through_the_harness_pip(tmp_path: Path) -> None:
+    """A layered env (``layered.py``: a venv built without pip) made ``harness vllm-tests 0.25.0``
+    die on ``pip freeze`` (CalledProcessError); the harness's pip acts on it with ``--python``."""
+    import venv
+
+    from harness.candidates.vllm.own_tests import _pip_for
+
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "layered")
+    python = str(tmp_path / "layered" / "bin" / "python")
+    assert _pip_for(python) == [sys.executable, "-m", "pip", "--python", python]
+    assert _pip_for(sys.executable) == [sys.executable, "-m", "pip"]
+    listed = subprocess.run([*_pip_for(python), "list", "--format=json"], capture_output=True, text=True)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []  # it sees that env, not ours

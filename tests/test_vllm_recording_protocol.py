@@ -88,6 +88,25 @@ def test_a_running_queue_edited_by_hand_is_a_protocol_break(tmp_path: Path) -> N
     assert f"line {j + 1}: the running queue changed outside schedule() (edited by hand)" in summary["protocol"]
 
 
+def test_a_request_queued_by_hand_before_the_first_schedule_is_a_protocol_break(tmp_path: Path) -> None:
+    """Regression: vLLM 0.29.0's ``test_scheduler_stats_waiting_queues`` puts requests into
+    ``skipped_waiting`` by hand before its first ``schedule()``; the recording was refused as a
+    whole ("request '3' was never added")."""
+    records = _format3()
+    j = _index(records, "schedule", 0)
+    records[j]["before"]["waiting"] = ["by-hand", *records[j]["before"]["waiting"]]
+    summary = rc.convert(_write(tmp_path / "rec.jsonl", records), tmp_path / "rec.parquet")
+    assert summary["steps"] == 0
+    assert (f"line {j + 1}: request(s) 'by-hand' entered the waiting queue outside schedule() and "
+            f"add_request() (by hand: a preemption, a queue edited)") in summary["protocol"]
+    records = _format3()
+    records[j]["before"]["running"] = ["by-hand"]  # appended to running by hand
+    (tmp_path / "b").mkdir()
+    summary = rc.convert(_write(tmp_path / "b" / "rec.jsonl", records), tmp_path / "b" / "rec.parquet")
+    assert summary["steps"] == 0
+    assert f"line {j + 1}: the running queue changed outside schedule()" in summary["protocol"]
+
+
 def test_an_abort_between_schedule_and_update_at_vllms_timing_ends_the_trace_before_its_step(
         tmp_path: Path) -> None:
     """SCHED_HARNESS_MID_STEP_ABORTS unset (vLLM's behaviour untouched): the abort record says

@@ -143,7 +143,8 @@ class DecisionHooks:
     is an async-load admission, recorded as ``("remote_load", ...)`` with its
     local hit, external tokens, whole block table and the ``reserved_blocks``
     vLLM passed (its ``skip_request`` is not a skip);
-    ``_handle_blocked_waiting_request`` of a load reported done is a
+    ``_handle_blocked_waiting_request`` (``_try_promote_blocked_waiting_request``
+    before 0.31.0) of a load reported done is a
     promotion, ``("promote", id, status, num_computed_tokens, load_failed,
     freed blocks)``; ``_update_from_kv_xfer_finished`` fills ``recving`` and
     ``kv_freed``.
@@ -309,7 +310,14 @@ class DecisionHooks:
                     hooks.seq.append(("skip", request.request_id, skip_reason(request)))
                 super().add(request)
 
-        orig_blocked = getattr(sched, "_handle_blocked_waiting_request", None)
+        # 0.31.0 on: _handle_blocked_waiting_request; 0.20.2 through 0.29.0 name it
+        # _try_promote_blocked_waiting_request (same contract: request -> ready).
+        # Regression: only the newer name was hooked, so 0.29.0's promotions went
+        # unrecorded and its admissions after a load read as ADMISSION-ORDER
+        # "admitted as new but its status was WAITING_FOR_REMOTE_KVS".
+        blocked_name = next((n for n in ("_handle_blocked_waiting_request",
+                                         "_try_promote_blocked_waiting_request") if hasattr(sched, n)), None)
+        orig_blocked = getattr(sched, blocked_name, None) if blocked_name else None
 
         def _handle_blocked_waiting_request(request, *args, **kwargs):
             # A finished async load is promoted here (vLLM
@@ -353,7 +361,7 @@ class DecisionHooks:
         kvm.allocate_slots = allocate_slots
         kvm.free = free
         if orig_blocked is not None:
-            sched._handle_blocked_waiting_request = _handle_blocked_waiting_request
+            setattr(sched, blocked_name, _handle_blocked_waiting_request)
         if orig_xfer is not None:
             sched._update_from_kv_xfer_finished = _update_from_kv_xfer_finished
         if orig_pop is not None:

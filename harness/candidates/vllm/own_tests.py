@@ -163,6 +163,16 @@ def _pins(root: Path) -> dict[str, str]:
     return pins
 
 
+def _pip_for(python: str) -> list[str]:
+    """The pip command acting on the env of ``python``: its own pip, or, for a
+    layered env (built without pip, ``layered.py``), the harness's pip pointed
+    at it with ``--python`` (pip sees the shared layer on that interpreter's
+    path, so what it holds counts as installed and is held at its version)."""
+    if subprocess.run([python, "-c", "import pip"], capture_output=True).returncode == 0:
+        return [python, "-m", "pip"]
+    return [sys.executable, "-m", "pip", "--python", python]
+
+
 def ensure_test_packages(version: str, root: Path, log: Log = lambda _: None) -> list[str]:
     """Install the TEST_PACKAGES the env of ``version`` lacks, at the release's
     pins, adding only (every installed package held at its version). Returns
@@ -177,12 +187,16 @@ def ensure_test_packages(version: str, root: Path, log: Log = lambda _: None) ->
     pins = _pins(root)
     wanted = [f"{p}=={pins[p]}" if p in pins else p for p in missing]
     log(f"installing {', '.join(wanted)} into the {version} env")
-    freeze = subprocess.run([python, "-m", "pip", "freeze"], capture_output=True, text=True, check=True)
+    pip = _pip_for(python)
+    freeze = subprocess.run([*pip, "freeze"], capture_output=True, text=True)
+    if freeze.returncode:
+        raise OwnTestsError(f"pip cannot list the packages of the {version} env: "
+                            f"{(freeze.stderr.strip().splitlines() or ['?'])[-1]}")
     held = root.parent / f".constraints-{version}-{os.getpid()}.txt"
     held.write_text("\n".join(line for line in freeze.stdout.splitlines()
                               if "==" in line and not line.startswith("-e")) + "\n")
     try:
-        done = subprocess.run([python, "-m", "pip", "install", "-q", "-c", str(held), *wanted],
+        done = subprocess.run([*pip, "install", "-q", "-c", str(held), *wanted],
                               capture_output=True, text=True)
     finally:
         held.unlink(missing_ok=True)

@@ -405,9 +405,17 @@ def _check_queues_untouched(before: dict, last_after: dict | None, arrived: set[
     only loses requests between them (update_from_output, aborts: never one
     added or reordered), and a waiting request was waiting then, or arrived
     since. Anything else was done by hand (a unit test appending to
-    ``running``, calling ``_preempt_request``): a protocol break."""
+    ``running``, calling ``_preempt_request``): a protocol break. At the
+    first ``schedule()`` (``last_after`` None) the queues hold only requests
+    added since the scheduler was built (regression: vLLM 0.29.0's
+    ``test_scheduler_stats_waiting_queues`` puts requests into
+    ``skipped_waiting`` by hand, and the recording was refused as a whole,
+    "request '3' was never added")."""
     if last_after is None:
-        return
+        if before["running"]:
+            raise _ProtocolBreak(f"line {number}: the running queue changed outside schedule() "
+                                 f"(edited by hand): the driver left EngineCore's protocol")
+        last_after = {"running": [], "waiting": []}
     prev = iter(last_after["running"])
     if not all(any(r == p for p in prev) for r in before["running"]):
         raise _ProtocolBreak(f"line {number}: the running queue changed outside schedule() "
@@ -416,8 +424,8 @@ def _check_queues_untouched(before: dict, last_after: dict | None, arrived: set[
     extra = [r for r in before["waiting"] if r not in allowed]
     if extra:
         raise _ProtocolBreak(f"line {number}: request(s) {', '.join(map(repr, extra[:3]))} entered the "
-                             f"waiting queue outside schedule() and add_request() (a preemption by "
-                             f"hand): the driver left EngineCore's protocol")
+                             f"waiting queue outside schedule() and add_request() (by hand: a "
+                             f"preemption, a queue edited): the driver left EngineCore's protocol")
 
 
 def _new_notes() -> dict[str, Any]:
