@@ -9,7 +9,9 @@ real Scheduler and compared step by step. vLLM runs in driver processes under th
 (``harness/candidates/vllm/driver.py``): each imports vLLM once and builds a fresh Scheduler for every
 example from its config (``init``); two are kept idle in a pool (``harness.candidates.vllm.candidate``),
 enough for an example with two data-parallel ranks. Both are started first, their imports overlapping
-(``prestart``), and that warm-up is reported on its own; the figures after it are the steady state.
+(``prestart``: the import and the first scheduler, which costs as much, since vLLM inspects the model
+class in a subprocess once per process), and that warm-up is reported on its own; the figures after it
+are the steady state.
 
 Goals: >= 10 examples per second, and 100 examples in under 30 s, after the first import. Printed:
 wall seconds, and CPU seconds of this process (``resource.getrusage``) and of the drivers (their
@@ -56,7 +58,8 @@ def own_cpu() -> float:
 
 class DriverCPU:
     """CPU seconds of every driver process seen (the reaper shim and its
-    descendants: the driver's Python), each PID's last reading kept, so a
+    descendants: the driver's Python, with its waited-for children), each
+    PID's last reading kept, so a
     driver that died mid-run still counts what it had used when last read."""
 
     def __init__(self) -> None:
@@ -73,12 +76,15 @@ class DriverCPU:
                         fields = f.read().rsplit(")", 1)[1].split()
                 except OSError:
                     continue
-                self.seen[pid] = (int(fields[11]) + int(fields[12])) / self.tick
+                # utime, stime, and cutime, cstime: what its waited-for children
+                # used (vLLM inspects the model class in a subprocess).
+                self.seen[pid] = sum(int(v) for v in fields[11:15]) / self.tick
         return sum(self.seen.values())
 
 
 def driver_stats(version: str) -> dict[str, tuple[int, float]]:
-    """Calls and seconds per op summed over the idle drivers (their ``stats``)."""
+    """Calls and wall seconds per op summed over the idle drivers (their
+    ``stats``, since each started; asking builds one scheduler in each)."""
     candidates = [vllm_candidate.VLLMCandidate(EngineConfig(), version)
                   for _ in range(vllm_candidate.POOL.idle_count(
                       vllm_candidate._pool_key(vllm_candidate.release_target(version))))]
@@ -113,10 +119,11 @@ def main() -> int:
     wall0, cpu0 = time.monotonic(), own_cpu()
     pids = vllm_candidate.prestart(args.version)
     warm_wall, warm_cpu, warm_drivers = time.monotonic() - wall0, own_cpu() - cpu0, drivers.read()
-    print(f"warm-up: {len(pids)} vLLM {args.version} drivers started at once (vLLM imported): "
+    print(f"warm-up: {len(pids)} vLLM {args.version} drivers started at once (vLLM imported, one scheduler built): "
           f"{warm_wall:.1f} s wall, CPU {warm_cpu:.2f} s here + {warm_drivers:.2f} s in the drivers")
 
     started = len(drivers.drivers)
+    stats_before = driver_stats(args.version)
     wall0, cpu0, dcpu0 = time.monotonic(), own_cpu(), drivers.read()
     result = fuzz(factory, max_examples=args.examples, seed=args.seed, known=known_reference_finding,
                   shrink_budget_s=60.0, on_example=lambda n, shrinking: drivers.read())
@@ -140,9 +147,11 @@ def main() -> int:
     for label, value in (("100 examples, wall s", 100 / per_wall), ("100 examples, CPU s", 100 / per_cpu)):
         met = "met" if value < GOAL_100_S else "NOT MET"
         print(f"  {label:<20} {value:>8.2f}  goal < {GOAL_100_S:g}  ratio {value / GOAL_100_S:.2f}  {met}")
-    totals = driver_stats(args.version)
+    after = driver_stats(args.version)
+    totals = {op: (n - stats_before.get(op, (0, 0.0))[0], t - stats_before.get(op, (0, 0.0))[1])
+              for op, (n, t) in after.items()}
     busy = sum(t for op, (n, t) in totals.items() if op != "stats")
-    print("in the drivers (their stats op: calls, seconds, share of the ops' time):")
+    print("in the drivers during the run (their stats op: calls, wall seconds, share of the ops' time):")
     for op, (n, t) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
         if op != "stats":
             print(f"  {op:<20} {n:>7,} calls {t:>8.2f} s  {t / busy if busy else 0:>5.0%}")

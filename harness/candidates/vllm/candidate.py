@@ -255,7 +255,9 @@ def prestart(version: str | VLLMTarget, count: int = POOL_SIZE) -> list[int]:
     there) drivers for ``version`` at once and leave them idle in the pool,
     vLLM imported: their imports overlap instead of the second one waiting
     for an example that needs two schedulers (``data_parallel_size=2``), as
-    ``fuzz`` draws early. Returns the PIDs started. Raises VLLMEnvError (env
+    ``fuzz`` draws early; each builds one scheduler (``EngineConfig()``), as
+    the first one in a process costs about what the import does. Returns the
+    PIDs started. Raises VLLMEnvError (env
     not built) or VLLMDriverError (a driver that did not answer)."""
     target = version if isinstance(version, VLLMTarget) else release_target(version)
     key = _pool_key(target)
@@ -266,6 +268,9 @@ def prestart(version: str | VLLMTarget, count: int = POOL_SIZE) -> list[int]:
     def hello(proc: _DriverProcess) -> None:
         try:
             proc.call({"op": "hello"})
+            # The first init costs as much as the import (vLLM inspects the
+            # model class in a subprocess, once per process): paid here too.
+            proc.call({"op": "init", "config": driver_config(EngineConfig()), "seed": 0})
         except BaseException as exc:  # noqa: B036 - re-raised below, in this thread
             errors.append(exc)
 
