@@ -487,6 +487,10 @@ class ChildPool:
         else:
             child.kill()
 
+    def idle_count(self, key: str) -> int:
+        """Idle children for ``key`` still alive (what ``acquire`` would hand out)."""
+        return sum(1 for child in self._idle.get(key, []) if child.alive())
+
     def kill_idle(self) -> None:
         """Kill every idle child (tests: to measure a cold start)."""
         for idle in list(self._idle.values()):

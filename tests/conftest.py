@@ -33,6 +33,7 @@ pytest_plugins = ["pytester"]
 ONE_WORKER_MODULES = {
     "tests/test_vllm.py": "vllm-pool",
     "tests/test_vllm_async_spec.py": "vllm-pool",
+    "tests/test_fuzz_vllm_pool.py": "vllm-pool",
     "tests/test_finding_give_back_uncomputed_hit.py": "vllm-pool",
     "tests/test_finding_vllm_0_20_2_resume_before_stale_output.py": "vllm-pool",
     "tests/test_vllm_versions.py": "vllm-pool",

@@ -24,7 +24,7 @@ import page  # noqa: E402
 # drive vLLM 0.33.0, the latter on two of its own tests from the release's sdist.)
 PLAIN = ["bench_check", "bench_corpus", "bench_isolation", "bench_memory", "bench_reference", "bench_torch",
          "bench_views", "progress_soundness"]
-VLLM = ["bench_vllm", "bench_serve", "bench_serve_breakdown", "fork_experiment", "semantics_versions",
+VLLM = ["bench_vllm", "bench_fuzz_vllm", "bench_serve", "bench_serve_breakdown", "fork_experiment", "semantics_versions",
         "vllm_async_spec_sweep", "vllm_fidelity", "vllm_own_tests"]
 
 

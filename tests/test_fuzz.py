@@ -1056,3 +1056,31 @@ def test_plain_fuzz_and_check_never_import_ray(tmp_path):
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_run_case_closes_every_candidate_it_built_even_one_that_raised():
+    # issue 24: a vllm@ candidate's driver goes back to the pool when its example
+    # ends (close), not whenever the garbage collector reaches the candidate.
+    closed: list[str] = []
+
+    class Raising(Scheduler):
+        def schedule(self, *args, **kwargs):
+            raise RuntimeError("boom")
+
+    def make(kind):
+        def factory(config):
+            candidate = (Raising if kind == "raises" else Scheduler)(config)
+            candidate.close = lambda: closed.append(kind)
+            return candidate
+        return factory
+
+    case = FuzzCase({"num_gpu_blocks": 16, "block_size": 4, "max_num_seqs": 2, "max_num_batched_tokens": 16,
+                     "max_model_len": 32},
+                    (RequestSpec("r000000", 0.0, (1, 2, 3, 4, 5), 3),), 0)
+    from harness.fuzz.run import run_case
+
+    ok = run_case(make("fine"), case)
+    assert ok.ended == "" and ok.result.ok
+    crashed = run_case(make("raises"), case)
+    assert crashed.ended.startswith("crashed") or "ENGINE-CRASH" in crashed.result.by_invariant
+    assert closed == ["fine", "raises"]

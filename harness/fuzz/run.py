@@ -67,8 +67,15 @@ def run_case(factory: CandidateFactory, case: FuzzCase, profile: Profile | None 
     steps: list[tuple[int, list[Row]]] = []
     ended = ""
     config = case.engine_config()
+    built: list[Any] = []
+
+    def build(cfg):
+        candidate = factory(cfg)
+        built.append(candidate)
+        return candidate
     try:
-        run_to_rows(case.workload(), config, seed=case.seed, candidate_factory=factory,
+        run_to_rows(case.workload(), config, seed=case.seed,
+                    candidate_factory=factory if isinstance(factory, type) else build,
                     on_step_rows=lambda s, rows: steps.append((s, rows)))
     except EngineStalled as exc:
         ended = f"stalled: {exc}"
@@ -79,7 +86,24 @@ def run_case(factory: CandidateFactory, case: FuzzCase, profile: Profile | None 
             ended = "refused: " + " ".join(str(exc.__cause__).split())
         else:
             ended = f"exception: {exc}"
+    finally:
+        close_candidates(built)
     return Run(steps, ended, check_steps(config.to_dict(), steps, profile))
+
+
+def close_candidates(candidates: list[Any]) -> None:
+    """Close each candidate that has ``close()`` (a ``vllm@`` or ``module:factory``
+    candidate: its process goes back to the pool, healthy, or is killed).
+
+    ``run_case`` calls it when an example ends, whatever way it ended, so the
+    driver is free for the next example at once rather than when the garbage
+    collector gets to the candidate: one kept alive past its example (by a
+    reference cycle through an exception's traceback, say) would make the
+    next example start another driver and import vLLM again (issue 24)."""
+    for candidate in candidates:
+        close = getattr(candidate, "close", None)
+        if callable(close):
+            close()
 
 
 def _violation_failure(kind: str, result: CheckResult) -> Failure:

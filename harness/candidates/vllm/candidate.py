@@ -250,6 +250,42 @@ def _release(proc: _DriverProcess, reuse: bool) -> None:
     POOL.release(proc.key, proc, reuse and proc.started)
 
 
+def prestart(version: str | VLLMTarget, count: int = POOL_SIZE) -> list[int]:
+    """Start ``count`` (at most ``POOL_SIZE``, less the idle ones already
+    there) drivers for ``version`` at once and leave them idle in the pool,
+    vLLM imported: their imports overlap instead of the second one waiting
+    for an example that needs two schedulers (``data_parallel_size=2``), as
+    ``fuzz`` draws early; each builds one scheduler (``EngineConfig()``), as
+    the first one in a process costs about what the import does. Returns the
+    PIDs started. Raises VLLMEnvError (env
+    not built) or VLLMDriverError (a driver that did not answer)."""
+    target = version if isinstance(version, VLLMTarget) else release_target(version)
+    key = _pool_key(target)
+    idle = POOL.idle_count(key)
+    procs = [_DriverProcess(target) for _ in range(max(0, min(count, POOL_SIZE) - idle))]
+    errors: list[BaseException] = []
+
+    def hello(proc: _DriverProcess) -> None:
+        try:
+            proc.call({"op": "hello"})
+            # The first init costs as much as the import (vLLM inspects the
+            # model class in a subprocess, once per process): paid here too.
+            proc.call({"op": "init", "config": driver_config(EngineConfig()), "seed": 0})
+        except BaseException as exc:  # noqa: B036 - re-raised below, in this thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hello, args=(p,), daemon=True) for p in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for proc in procs:
+        _release(proc, True)
+    if errors:
+        raise errors[0]
+    return [p.pid for p in procs]
+
+
 def shutdown_pool() -> None:
     """Kill every idle driver (tests call this to measure a cold start)."""
     POOL.kill_idle()
