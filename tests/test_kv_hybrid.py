@@ -149,17 +149,17 @@ def test_scheduler_builds_the_hybrid_manager_only_for_a_hybrid_config() -> None:
     assert type(hybrid.kv_cache_manager.coordinator).__name__ == "HybridKVCacheCoordinator"
 
 
-def test_recording_a_hybrid_config_is_refused_not_written_with_group_0_only() -> None:
+def test_a_hybrid_config_records_but_not_with_a_kv_connector() -> None:
     from reference.engine import check_workload_supported
     from reference.workload import Workload
 
     config = EngineConfig(block_size=4, num_gpu_blocks=64, max_model_len=64, sliding_window=8,
                           layer_types=(SW, FA))
-    with pytest.raises(ConfigError, match=r"^sliding_window / layer_types \(a hybrid KV cache\) cannot be "
-                                          r"recorded yet: the trace holds one block table per request, "
-                                          r"not one per KV-cache group$"):
-        check_workload_supported(config, Workload("synthetic", "", {}, ()))
-    check_workload_supported(EngineConfig(), Workload("synthetic", "", {}, ()))  # the single group records
+    check_workload_supported(config, Workload("synthetic", "", {}, ()))  # per-group block ids: schema 9
+    with pytest.raises(ConfigError, match=r"^sliding_window / layer_types \(a hybrid KV cache\) with "
+                                          r"kv_connector is not modelled: the connector's loads fill one "
+                                          r"full-attention KV-cache group$"):
+        check_workload_supported(config.with_overrides({"kv_connector": "true"}), Workload("synthetic", "", {}, ()))
 
 
 def test_scheduler_over_alternating_layers_shares_the_window_tail_and_frees_behind_it() -> None:
