@@ -179,8 +179,9 @@ def trace_schema_page() -> str:
              "Generated from `harness/trace/schema.py`. The prose contract (what each row holds, the "
              "order of rows in a step, the metadata, example queries) is the "
              "[trace format](../trace-format.md).", "",
-             f"- Schema version written: **{s.SCHEMA_VERSION}**; versions read: "
-             f"{', '.join(map(str, readable))} and {s.SCHEMA_VERSION}.",
+             f"- Schema version written: **{s.SCHEMA_VERSION}** (a hybrid model's, with "
+             f"{', '.join(f'`{c}`' for c in s.GROUP_COLUMNS)}: **{s.HYBRID_SCHEMA_VERSION}**); versions read: "
+             f"{', '.join(map(str, readable + [s.SCHEMA_VERSION]))} and {s.HYBRID_SCHEMA_VERSION}.",
              f"- Tamper evidence (page checksums, footer digest) since schema {s.DIGEST_SINCE}; "
              f"`request_state` rows and observed columns since {s.OBSERVED_SINCE}; queue snapshots "
              f"stored as changes since {s.QUEUE_DELTA_SINCE}.",
@@ -189,8 +190,9 @@ def trace_schema_page() -> str:
              "## Columns", "",
              f"{len(s.COLUMNS)} columns, in file order. Columns an older version lacks read as null.", "",
              "| # | column | Arrow type | null | absent before schema |", "|---|---|---|---|---|"]
-    absent_in = {c: max(v for v in readable if c in s.absent_columns(v)) + 1
-                 for c in s.COLUMNS if any(c in s.absent_columns(v) for v in readable)}
+    older = readable + [s.SCHEMA_VERSION]
+    absent_in = {c: max(v for v in older if c in s.absent_columns(v)) + 1
+                 for c in s.COLUMNS if any(c in s.absent_columns(v) for v in older)}
     for n, field in enumerate(s.SCHEMA, 1):
         lines.append(f"| {n} | `{field.name}` | `{_arrow_type(field.type)}` | "
                      f"{'yes' if field.nullable else 'no'} | {absent_in.get(field.name, '')} |")

@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -244,26 +244,30 @@ def _check_summary(result: CheckResult) -> str:
 def check_goldens(directory: str | os.PathLike[str],
                   candidate_factory: CandidateFactory = Scheduler,
                   on_result: Callable[[GoldenResult], object] | None = None,
-                  require_sealed: bool = True) -> list[GoldenResult]:
+                  require_sealed: bool = True,
+                  scenarios: Mapping[str, Scenario] | None = None) -> list[GoldenResult]:
     """Check every scenario's golden in ``directory`` (see the module docstring;
     ``on_result`` sees each scenario's result as it comes: progress).
     ``require_sealed`` (the default, as in the pytest plugin): a golden
     without tamper evidence (``Trace.sealed``) fails; a golden of a run that
-    did not end (``Trace.incomplete``) always fails.
+    did not end (``Trace.incomplete``) always fails. ``scenarios``: the set
+    the folder's goldens record (default ``SCENARIOS``; ``HYBRID_SCENARIOS``
+    for ``golden/hybrid/``).
 
     One result per scenario in ``SCENARIOS`` order, then one per unused
     golden file or manifest entry (sorted). Raises GoldenError when the
     folder or manifest is unusable.
     """
     directory = Path(directory)
+    scenarios = SCENARIOS if scenarios is None else scenarios
     entries = read_manifest(directory)
     results = []
-    for name, scenario in SCENARIOS.items():
+    for name, scenario in scenarios.items():
         results.append(_check_one(directory, scenario, entries.get(name), candidate_factory, require_sealed))
         if on_result is not None:
             on_result(results[-1])
     files = {p.name[:-len(SUFFIX)] for p in directory.glob(f"*{SUFFIX}") if not p.name.startswith(".")}
-    for name in sorted((files | set(entries)) - set(SCENARIOS)):
+    for name in sorted((files | set(entries)) - set(scenarios)):
         where = [w for w, present in (("file", name in files), ("manifest entry", name in entries))
                  if present]
         results.append(GoldenResult(name, [f"unused golden ({' and '.join(where)}): no scenario "
@@ -338,7 +342,7 @@ def _check_one(directory: Path, scenario: Scenario, entry: dict[str, Any] | None
 # ---------------------------------------------------------------- update
 
 def update_goldens(directory: str | os.PathLike[str], names: Iterable[str] | None = None,
-                   prune: bool = False) -> list[GoldenChange]:
+                   prune: bool = False, scenarios: Mapping[str, Scenario] | None = None) -> list[GoldenChange]:
     """Re-record the goldens of ``names`` (default: every scenario) into ``directory``.
 
     Each scenario is recorded by the reference to a temporary file in the
@@ -347,29 +351,32 @@ def update_goldens(directory: str | os.PathLike[str], names: Iterable[str] | Non
     atomically (temp + rename) when its text changes. Goldens and manifest
     entries of scenarios that no longer exist are removed only with ``prune``,
     and only goldens the old manifest lists (a foreign ``*.parquet`` is kept).
+    ``scenarios``: the set the folder records (default ``SCENARIOS``;
+    ``HYBRID_SCENARIOS`` for ``golden/hybrid/``).
     Raises GoldenError for an unknown scenario name, or an unreadable
     manifest when only some scenarios are updated.
     """
     directory = Path(directory)
+    scenarios = SCENARIOS if scenarios is None else scenarios
     if directory.resolve() == PACKAGED_DIR and not CHECKOUT_DIR.is_dir():
         raise GoldenError(f"{directory}: the installed package's copy of the goldens; "
                           f"re-record into a checkout's golden/ or pass --dir")
-    selected = list(SCENARIOS) if names is None else list(dict.fromkeys(names))
-    unknown = [n for n in selected if n not in SCENARIOS]
+    selected = list(scenarios) if names is None else list(dict.fromkeys(names))
+    unknown = [n for n in selected if n not in scenarios]
     if unknown:
         raise GoldenError(f"unknown scenario {unknown[0]!r}"
-                          + (did_you_mean(unknown[0], SCENARIOS) or " (harness/scenarios/ holds them)"))
+                          + (did_you_mean(unknown[0], scenarios) or " (harness/scenarios/ holds them)"))
     if directory.exists() and not directory.is_dir():
         raise GoldenError(f"{directory}: not a folder")
     directory.mkdir(parents=True, exist_ok=True)
-    lock = _lock_folder(directory)
+    lock = _lock_folder(directory, scenarios)
     try:
-        return _update_locked(directory, selected, names, prune)
+        return _update_locked(directory, selected, names, prune, scenarios)
     finally:
         os.close(lock)
 
 
-def _lock_folder(directory: Path) -> int:
+def _lock_folder(directory: Path, scenarios: Mapping[str, Scenario]) -> int:
     """Take the folder's update lock (``flock`` on the folder itself: no lock
     file), then remove what an earlier update killed mid-way (SIGKILL, a power
     cut) left in it (issue 26): the temporary files of ``_update_one`` and
@@ -387,7 +394,7 @@ def _lock_folder(directory: Path) -> int:
     except OSError:
         os.close(fd)
         raise GoldenError(f"{directory}: another 'harness golden update' is updating this folder") from None
-    owned = tuple(f"{dots}{name}." for name in (*(n + SUFFIX for n in SCENARIOS), MANIFEST_NAME)
+    owned = tuple(f"{dots}{name}." for name in (*(n + SUFFIX for n in scenarios), MANIFEST_NAME)
                   for dots in (".", ".."))
     for path in directory.iterdir():
         if path.name.startswith(owned) and path.name.endswith(".tmp"):
@@ -399,7 +406,7 @@ def _lock_folder(directory: Path) -> int:
 
 
 def _update_locked(directory: Path, selected: list[str], names: Iterable[str] | None,
-                   prune: bool) -> list[GoldenChange]:
+                   prune: bool, scenarios: Mapping[str, Scenario]) -> list[GoldenChange]:
     old_entries: dict[str, dict[str, Any]] = {}
     if (directory / MANIFEST_NAME).exists():
         try:
@@ -413,7 +420,7 @@ def _update_locked(directory: Path, selected: list[str], names: Iterable[str] | 
     pending: list[tuple[Path, Path]] = []  # (temporary file, golden) to rename into place
     try:
         for name in selected:
-            change, tmp = _update_one(directory, SCENARIOS[name], old_entries.get(name))
+            change, tmp = _update_one(directory, scenarios[name], old_entries.get(name))
             changes.append(change)
             if change.new is not None:
                 entries[name] = change.new
@@ -426,7 +433,7 @@ def _update_locked(directory: Path, selected: list[str], names: Iterable[str] | 
         for tmp, _ in pending:
             tmp.unlink(missing_ok=True)
     files = {p.name[:-len(SUFFIX)] for p in directory.glob(f"*{SUFFIX}") if not p.name.startswith(".")}
-    for name in sorted((files | set(entries)) - set(SCENARIOS)):
+    for name in sorted((files | set(entries)) - set(scenarios)):
         if prune and name not in old_entries:
             # Regression (adversarial trial): --prune removed every *.parquet of the folder
             # for no scenario, a user's own traces included; only the manifest's goldens go.

@@ -80,21 +80,25 @@ def golden() -> None:
 @_step_timeout
 @click.option("--require-sealed/--allow-unsealed", default=True, show_default=True,
               help="A golden without tamper evidence (no trace_sha256 digest) fails.")
-def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_sealed: bool) -> None:
+@click.option("--hybrid", is_flag=True,
+              help="The hybrid models' goldens (golden/hybrid/, harness/scenarios/hybrid/*.toml: several KV-cache "
+                   "groups) instead of the canonical ones.")
+def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_sealed: bool, hybrid: bool) -> None:
     """Check every scenario's golden: present, sha256 and config fingerprint as in the manifest,
     sealed and complete, invariants hold, and CANDIDATE makes identical decisions. Exit 0 all ok,
     1 any failure, 2 unusable folder or manifest."""
     from rich.markup import escape
 
     from harness.golden import DEFAULT_DIR, GoldenError, check_goldens
-    from harness.scenarios import SCENARIOS
+    from harness.scenarios import HYBRID_SCENARIOS, SCENARIOS
 
-    golden_dir = golden_dir or str(DEFAULT_DIR)
+    scenarios = HYBRID_SCENARIOS if hybrid else SCENARIOS
+    golden_dir = golden_dir or str(DEFAULT_DIR / "hybrid" if hybrid else DEFAULT_DIR)
     factory = _candidate(candidate, step_timeout)
     try:
-        with progress(f"checking goldens on {candidate}", len(SCENARIOS)) as update:
+        with progress(f"checking goldens on {candidate}", len(scenarios)) as update:
             results = check_goldens(golden_dir, factory, on_result=lambda r: update(advance=1),
-                                    require_sealed=require_sealed)
+                                    require_sealed=require_sealed, scenarios=scenarios)
     except GoldenError as exc:
         _fail(str(exc))
     width = max(len(r.scenario) for r in results)
@@ -128,16 +132,21 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
 @click.option("--scenario", "names", multiple=True, metavar="NAME",
               help="Re-record only this scenario (repeatable); default: all.")
 @click.option("--prune", is_flag=True, help="Remove goldens of scenarios that no longer exist (those the manifest lists; any other *.parquet in the folder is kept).")
-def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool) -> None:
+@click.option("--hybrid", is_flag=True,
+              help="The hybrid models' goldens (golden/hybrid/, harness/scenarios/hybrid/*.toml: several KV-cache "
+                   "groups) instead of the canonical ones.")
+def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool, hybrid: bool) -> None:
     """Re-record goldens with the reference (temp file + rename), rewrite MANIFEST.json
     atomically, and report per scenario: new, unchanged or changed (and how)."""
     from rich.markup import escape
 
     from harness.golden import DEFAULT_DIR, GoldenError, update_goldens
+    from harness.scenarios import HYBRID_SCENARIOS, SCENARIOS
 
-    golden_dir = golden_dir or str(DEFAULT_DIR)
+    golden_dir = golden_dir or str(DEFAULT_DIR / "hybrid" if hybrid else DEFAULT_DIR)
     try:
-        changes = update_goldens(golden_dir, list(names) or None, prune=prune)
+        changes = update_goldens(golden_dir, list(names) or None, prune=prune,
+                                 scenarios=HYBRID_SCENARIOS if hybrid else SCENARIOS)
     except GoldenError as exc:
         _fail(str(exc))
     styles = {"new": "cyan", "unchanged": "green", "changed": "yellow", "removed": "magenta",

@@ -71,21 +71,21 @@ from reference.workload import Action, RequestSpec, Workload
 def check_config_supported(config: EngineConfig) -> None:
     """Raise ConfigError for a config no workload can be recorded under: a
     hybrid KV cache (``sliding_window``, ``layer_types`` with more than one
-    KV-cache group, ``EngineConfig.kv_cache_groups``). The scenario loader
+    KV-cache group) together with a KV connector. The scenario loader
     calls it to name the file and line; ``check_workload_supported`` too."""
-    if config.kv_cache_groups:
-        # reference.kv runs a hybrid model in-process (tests/test_kv_hybrid.py),
-        # but a trace holds one block table per request: a recording would
-        # keep group 0 only and fail every block rule (issue 28).
-        raise ConfigError("sliding_window / layer_types (a hybrid KV cache) cannot be recorded yet: "
-                          "the trace holds one block table per request, not one per KV-cache group")
+    if config.kv_cache_groups and config.kv_connector:
+        # Trace schema 9 holds one block table per KV-cache group, but the
+        # connector's loads are modelled for one full-attention group.
+        raise ConfigError("sliding_window / layer_types (a hybrid KV cache) with kv_connector is not "
+                          "modelled: the connector's loads fill one full-attention KV-cache group")
 
 
 def check_workload_supported(config: EngineConfig, workload: Workload) -> None:
     """Raise ConfigError for a workload this engine cannot run under ``config``.
 
-    A hybrid KV cache (``sliding_window``, ``layer_types``) is refused: the
-    trace has no per-group block tables yet. A forced reset (an action with
+    A hybrid KV cache (``sliding_window``, ``layer_types``) with a KV
+    connector is refused (the connector's loads are modelled for one
+    full-attention group). A forced reset (an action with
     ``reset_running_requests``) is modelled for a
     synchronous engine only: vLLM also drops in-flight output there and refuses
     while a remote KV load holds blocks. ``Engine.run`` checks it, so a config

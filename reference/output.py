@@ -33,6 +33,11 @@ class ScheduledRequest:
     new_block_ids: list[int]
     spec_token_ids: list[int] = field(default_factory=list)
     encoder_input_ids: list[int] = field(default_factory=list)
+    # A hybrid model's (several KV-cache groups): each group's new blocks
+    # (an admission: each group's whole table, null blocks as 0); None with
+    # one group. ``new_block_ids`` is then every group's blocks in the order
+    # they left the free queue, null blocks left out.
+    group_block_ids: list[list[int]] | None = None
 
 
 @dataclass
@@ -65,6 +70,22 @@ class Preemption:
     num_computed_tokens: int
     freed_block_ids: list[int]
     fence: int | None = None
+    group_block_ids: list[list[int]] | None = None  # hybrid: each group's freed ids
+
+
+@dataclass
+class SkippedFree:
+    """A hybrid model's sliding-window groups freed the blocks wholly before
+    the window of the request's processed tokens (vLLM
+    ``KVCacheManager.remove_skipped_blocks``, called by ``allocate_slots``
+    before it allocates, whether or not the allocation then fits).
+    ``group_block_ids``: each group's freed ids, last block first (their
+    table slots now hold the null block); ``freed_block_ids``: them all, in
+    group order (the order they entered the free queue)."""
+
+    request_id: str
+    freed_block_ids: list[int]
+    group_block_ids: list[list[int]]
 
 
 @dataclass
@@ -132,6 +153,7 @@ class Withdrawal:
     num_scheduled_tokens: int
     block_ids: list[int]
     encoder_input_ids: list[int] = field(default_factory=list)
+    group_block_ids: list[list[int]] | None = None  # hybrid: each group's blocks
 
 
 @dataclass
@@ -145,6 +167,7 @@ class FinishedRequest:
     num_output_tokens: int
     freed_block_ids: list[int]
     fence: int | None = None
+    group_block_ids: list[list[int]] | None = None  # hybrid: each group's freed ids
 
 
 @dataclass
@@ -160,7 +183,7 @@ class SchedulerOutput:
     """
 
     events: list[ScheduledRequest | Withdrawal | Preemption | Skip | RemoteLoad | Promotion
-                 | EncoderPlan]
+                 | EncoderPlan | SkippedFree]
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     preempted_req_ids: set[str]

@@ -35,7 +35,7 @@ from reference.kv_cache_utils import KVCacheBlock
 from reference.kv_connector import KVConnectorOutput, SimulatedKVConnector
 from reference.output import (EncoderPlan, FinishedRequest, KVTransferFree, Preemption, PrefixCacheReset, Promotion,
                               RemoteLoad, RequestState, ScheduledRequest, SchedulerOutput, SchedulerSnapshot,
-                              Skip, UpdateResult, Withdrawal)
+                              Skip, SkippedFree, UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus, check_stop
 from reference.request_queue import create_request_queue
 
@@ -59,6 +59,7 @@ class Scheduler:
         self.max_num_running_reqs = config.max_num_seqs
         self.max_num_scheduled_tokens = config.token_budget
         kv_cache_groups = config.kv_cache_groups
+        self.hybrid = bool(kv_cache_groups)  # block ids recorded per KV-cache group too
         if kv_cache_groups:  # a hybrid model (sliding_window / layer_types): reference.kv
             self.kv_cache_manager = HybridKVCacheManager(
                 kv_cache_groups,
@@ -204,28 +205,43 @@ class Scheduler:
         if self.connector is not None:
             self.connector.request_finished(request.request_id)
         self.encoder_cache_manager.free(request)
-        freed, fence = [], None
+        freed, fence, groups = [], None, None
         if delay_free_blocks:
             self.kv_pending_free[request.request_id] = request
         else:
-            freed, fence = self._free_request_blocks(request)
+            freed, fence, groups = self._free_request_blocks(request)
         del self.requests[request.request_id]
         return FinishedRequest(request.request_id, request.status, request.get_finished_reason(),
-                               request.stop_reason, request.num_output_tokens, freed, fence)
+                               request.stop_reason, request.num_output_tokens, freed, fence, groups)
 
     def _request_blocks_can_be_freed(self, request: Request) -> bool:
         # An in-flight step may still write the request's blocks.
         return not self.defer_block_free or request.last_sched_seq <= self.processed_step_seq
 
-    def _free_request_blocks(self, request: Request) -> tuple[list[int], int | None]:
+    def _free_request_blocks(self, request: Request) -> tuple[list[int], int | None, list[list[int]] | None]:
         """Free now, or defer behind the fence ``sched_step_seq`` (spec 5.10).
-        Returns (block ids in free order, fence or None)."""
+        Returns (block ids in free order, fence or None, and for a hybrid
+        model each group's ids tail first, else None)."""
         if self._request_blocks_can_be_freed(request):
-            return self.kv_cache_manager.free(request), None
+            if self.hybrid:
+                groups = self.kv_cache_manager.free_per_group(request)
+                return [b for ids in groups for b in ids], None, groups
+            return self.kv_cache_manager.free(request), None, None
+        groups = None
+        if self.hybrid:
+            groups = [[b for b in ids[::-1] if b]
+                      for ids in self.kv_cache_manager.get_block_ids_per_group(request.request_id)]
         blocks = self.kv_cache_manager.pop_blocks_for_free(request)
         if blocks:
             self.deferred_frees.append((self.sched_step_seq, blocks))
-        return [b.block_id for b in reversed(blocks)], self.sched_step_seq
+        return [b.block_id for b in reversed(blocks)], self.sched_step_seq, groups
+
+    def _skipped_frees(self) -> list[SkippedFree]:
+        """The window frees of the last ``allocate_slots`` (hybrid models)."""
+        if not self.hybrid:
+            return []
+        return [SkippedFree(rid, [b for ids in groups for b in ids], groups)
+                for rid, groups in self.kv_cache_manager.take_skipped_frees()]
 
     def _drain_deferred_frees(self) -> list[tuple[int, list[int]]]:
         """Return deferred blocks whose fence has passed, FIFO, stopping at
@@ -344,6 +360,7 @@ class Scheduler:
             num_computed_before = request.num_computed_tokens
             while True:
                 new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                events.extend(self._skipped_frees())
                 if new_blocks is not None:
                     break
                 # Out of KV blocks: preempt the lowest-priority running request.
@@ -361,7 +378,7 @@ class Scheduler:
                     # PRIORITY give-back of a victim scheduled earlier this step.
                     restored = num_scheduled_tokens.pop(victim.request_id)
                     events.append(Withdrawal(victim.request_id, restored, given_back.new_block_ids,
-                                             list(given_back.encoder_input_ids)))
+                                             list(given_back.encoder_input_ids), given_back.group_block_ids))
                     token_budget += restored
                     input_budget += restored + draft_slots
                     encoder_compute_budget += self._encoder_embeds_to_restore(
@@ -381,7 +398,9 @@ class Scheduler:
             record = ScheduledRequest(request.request_id, "running", num_computed_before,
                                       num_new_tokens, 0,
                                       self.kv_cache_manager.new_block_ids(new_blocks),
-                                      encoder_input_ids=list(encoder_ids))
+                                      encoder_input_ids=list(encoder_ids),
+                                      group_block_ids=(self.kv_cache_manager.new_group_block_ids(new_blocks)
+                                                       if self.hybrid else None))
             events.append(record)
             scheduled_running[request.request_id] = record
             prefill_scheduled |= request.is_prefill_chunk
@@ -501,6 +520,7 @@ class Scheduler:
                     reserved_blocks=reserved,
                     has_scheduled_reqs=bool(self.running),
                 )
+                events.extend(self._skipped_frees())
                 if new_blocks is None:
                     if request.has_encoder_inputs:
                         # Release the cache references taken while planning.
@@ -527,11 +547,13 @@ class Scheduler:
                     scheduled_resumed.append(request.request_id)
                 else:
                     raise RuntimeError(f"invalid status {request.status.name} in waiting")
+                block_ids, group_block_ids = (
+                    self.kv_cache_manager.admission_block_ids(request.request_id, hit_blocks) if self.hybrid
+                    else (self.kv_cache_manager.get_block_ids(request.request_id), None))
                 events.append(ScheduledRequest(
-                    request.request_id, kind, num_computed, num_new_tokens, num_hit_tokens,
-                    self.kv_cache_manager.get_block_ids(request.request_id),
+                    request.request_id, kind, num_computed, num_new_tokens, num_hit_tokens, block_ids,
                     [-1] * self.num_spec_tokens if pad_spec_decode else [],
-                    list(encoder_ids)))
+                    list(encoder_ids), group_block_ids))
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
                 input_budget -= num_new_tokens + draft_slots
@@ -690,7 +712,7 @@ class Scheduler:
         """
         assert request.status == RequestStatus.RUNNING, "only running requests can be preempted"
         num_computed_before = request.num_computed_tokens
-        freed, fence = self._free_request_blocks(request)
+        freed, fence, groups = self._free_request_blocks(request)
         # Its encoder-cache entries become freeable, not evicted.
         self.encoder_cache_manager.free(request)
         self._inflight_prefills.pop(request.request_id, None)
@@ -703,7 +725,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
         self.reset_preempted_req_ids.add(request.request_id)
-        return Preemption(request.request_id, num_computed_before, freed, fence)
+        return Preemption(request.request_id, num_computed_before, freed, fence, groups)
 
     def _update_after_schedule(self, output: SchedulerOutput) -> None:
         # Advance computed counts now, so the next schedule() can continue a
@@ -860,7 +882,7 @@ class Scheduler:
                 self.finished_recving_kv_req_ids.add(req_id)
                 continue
             request = self.kv_pending_free.pop(req_id)
-            freed, fence = self._free_request_blocks(request)
+            freed, fence, _ = self._free_request_blocks(request)  # no connector with hybrid models
             result.kv_freed.append(KVTransferFree(req_id, freed, fence))
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> dict[str, list[int]]:

@@ -67,7 +67,7 @@ def lines_by_scenario(out: str) -> dict[str, str]:
 
 
 def digests(directory: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()}
 
 
 @pytest.fixture
@@ -98,8 +98,9 @@ def test_committed_goldens_pass_check() -> None:
 
 def test_committed_folder_holds_exactly_the_scenarios() -> None:
     names = sorted(p.name for p in GOLDEN.iterdir())
-    # README.md: the folder's paragraph (tests/test_layout.py requires one); nothing else but goldens.
-    assert names == sorted([MANIFEST_NAME, "README.md"] + [f"{s}.parquet" for s in SCENARIOS])
+    # README.md: the folder's paragraph (tests/test_layout.py requires one); nothing else but goldens
+    # and hybrid/, the hybrid models' goldens (tests/test_hybrid_trace.py).
+    assert names == sorted([MANIFEST_NAME, "README.md", "hybrid"] + [f"{s}.parquet" for s in SCENARIOS])
     assert set(EXPECTED) == set(SCENARIOS)
 
 

@@ -149,34 +149,35 @@ def test_scheduler_builds_the_hybrid_manager_only_for_a_hybrid_config() -> None:
     assert type(hybrid.kv_cache_manager.coordinator).__name__ == "HybridKVCacheCoordinator"
 
 
-def test_recording_a_hybrid_config_is_refused_not_written_with_group_0_only() -> None:
+def test_a_hybrid_config_records_but_not_with_a_kv_connector() -> None:
     from reference.engine import check_workload_supported
     from reference.workload import Workload
 
     config = EngineConfig(block_size=4, num_gpu_blocks=64, max_model_len=64, sliding_window=8,
                           layer_types=(SW, FA))
-    with pytest.raises(ConfigError, match=r"^sliding_window / layer_types \(a hybrid KV cache\) cannot be "
-                                          r"recorded yet: the trace holds one block table per request, "
-                                          r"not one per KV-cache group$"):
-        check_workload_supported(config, Workload("synthetic", "", {}, ()))
-    check_workload_supported(EngineConfig(), Workload("synthetic", "", {}, ()))  # the single group records
+    check_workload_supported(config, Workload("synthetic", "", {}, ()))  # per-group block ids: schema 9
+    with pytest.raises(ConfigError, match=r"^sliding_window / layer_types \(a hybrid KV cache\) with "
+                                          r"kv_connector is not modelled: the connector's loads fill one "
+                                          r"full-attention KV-cache group$"):
+        check_workload_supported(config.with_overrides({"kv_connector": "true"}), Workload("synthetic", "", {}, ()))
 
 
-HYBRID_REFUSAL = ("bad config: sliding_window / layer_types (a hybrid KV cache) cannot be recorded yet: the "
-                  "trace holds one block table per request, not one per KV-cache group")
+HYBRID_REFUSAL = ("bad config: sliding_window / layer_types (a hybrid KV cache) with kv_connector is not "
+                  "modelled: the connector's loads fill one full-attention KV-cache group")
 
 
 def test_regression_hybrid_config_error_in_fuzz_scenario_and_bisect_was_not_the_one_liner(tmp_path: Path) -> None:
     """Trial finding: ``harness fuzz --scenario`` and ``harness bisect`` of a
-    hybrid scenario printed "ConfigError: ..." (the last resort); now, as
+    hybrid scenario it cannot run (then any hybrid one; now one with a KV
+    connector) printed "ConfigError: ..." (the last resort); now, as
     ``harness record SCENARIO``: ``FILE:LINE: bad config: ...``, exit 2."""
     from click.testing import CliRunner
 
     from harness.cli import main
 
     source = Path(__file__).resolve().parents[1] / "traces" / "scenarios" / "admit-all-that-fit.toml"
-    text = source.read_text().replace("[config]\n", '[config]\nsliding_window = 8\nlayer_types = '
-                                                   '["full_attention", "sliding_attention"]\n', 1)
+    text = source.read_text().replace("[config]\n", '[config]\nkv_connector = true\nsliding_window = 8\n'
+                                                   'layer_types = ["full_attention", "sliding_attention"]\n', 1)
     scenario = tmp_path / "hybrid.toml"
     scenario.write_text(text)
     line = text.splitlines().index('layer_types = ["full_attention", "sliding_attention"]') + 1

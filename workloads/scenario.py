@@ -342,8 +342,9 @@ def load_scenario(path: str | Path) -> Scenario:
             next((k for k in config if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
         raise fail(["config"] + ([key] if key else []), f"bad config: {exc}") from None
     try:
-        # Regression (trial finding): a hybrid config passed the loader and was refused later
-        # without its file and line (fuzz --scenario, bisect: "ConfigError: ...").
+        # Regression (trial finding): a config no engine run accepts (hybrid with a KV connector)
+        # passed the loader and was refused later without its file and line (fuzz --scenario,
+        # bisect: "ConfigError: ...").
         check_config_supported(EngineConfig.from_dict(config))
     except ConfigError as exc:
         key = next((k for k in ("layer_types", "sliding_window") if k in config), None)

@@ -20,7 +20,7 @@ INVARIANTS = [
               SEMANTICS, "Taking the longest cached prefix, with cached contents as this version registers and evicts them, is design: a shorter hit is still correct."),
     Invariant("HIT-UNCOMPUTED-BLOCK", "A prefix hit never lands on a block whose KV was never computed, such as one cached at allocation by a chunk that a PRIORITY give-back then withdrew.", "4.2, 5.7 step 10",
               SAFETY, "A hit on a block whose KV was never computed reads garbage KV in every version (a finding in vLLM 0.33.0)."),
-    Invariant("BLOCKS-COVER", "After scheduling, a request's table has exactly ceil((computed + scheduled) / block_size) blocks.", "5.7",
+    Invariant("BLOCKS-COVER", "After scheduling, a request's table (a hybrid model: each KV-cache group's, null slots counted; a full-attention group's holds no null block) has exactly ceil((computed + scheduled) / block_size) blocks.", "5.7",
               SAFETY, "The table must cover computed + scheduled tokens or the step writes KV outside the request's blocks; the harness also holds every version to exactly that many (no over-allocation is measured in any release we run)."),
     Invariant("BLOCK-EXCLUSIVE", "A newly allocated block is held by nobody; a block in two tables is a full, prefix-shared block.", "5.3, 8 #26",
               SAFETY, "A block written by two requests corrupts both unless it is a full, prefix-shared (read-only) block; the null block is never allocated."),
@@ -104,8 +104,20 @@ def check_prefix_hit(m: TraceModel, req: ReqShadow, hit: int, block_ids: list[in
     if not m.caching:
         return
     longest = m.longest_cached_prefix(req)
-    uncomputed = [b for b in block_ids[:n_hit] if b in m.uncomputed]
-    forgotten = [b for b in block_ids[:n_hit] if b in m.reset_forgotten]
+    if check_hit_blocks_computed(m, rid, block_ids[:n_hit]) and hit != longest:
+        m.violate("PREFIX-HIT-LONGEST", rid, f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
+    for i, block in enumerate(block_ids[:n_hit]):
+        if i < len(req.chain) and block not in m.uncomputed and block not in m.reset_forgotten \
+                and m.content.get(block) != req.chain[i]:
+            m.violate("PREFIX-HIT-RULES", rid, f"hit block {block} (#{i}) does not hold this request's prefix block")
+            break
+
+
+def check_hit_blocks_computed(m: TraceModel, rid: str, hit_blocks: list[int]) -> bool:
+    """HIT-AFTER-RESET and HIT-UNCOMPUTED-BLOCK for a hit's blocks; True
+    when neither fires (so PREFIX-HIT-LONGEST may be judged)."""
+    forgotten = [b for b in hit_blocks if b in m.reset_forgotten]
+    uncomputed = [b for b in hit_blocks if b in m.uncomputed]
     if forgotten:
         block = forgotten[0]
         m.violate("HIT-AFTER-RESET", rid,
@@ -117,13 +129,7 @@ def check_prefix_hit(m: TraceModel, req: ReqShadow, hit: int, block_ids: list[in
                   f"prefix hit on block {block}, whose KV was never computed: a chunk of "
                   f"{m.uncomputed[block]} cached it at allocation and was then withdrawn "
                   f"by a PRIORITY give-back")
-    elif hit != longest:
-        m.violate("PREFIX-HIT-LONGEST", rid, f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
-    for i, block in enumerate(block_ids[:n_hit]):
-        if i < len(req.chain) and block not in m.uncomputed and block not in m.reset_forgotten \
-                and m.content.get(block) != req.chain[i]:
-            m.violate("PREFIX-HIT-RULES", rid, f"hit block {block} (#{i}) does not hold this request's prefix block")
-            break
+    return not forgotten and not uncomputed
 
 
 def check_no_lookup_with_loaded_kv(m: TraceModel, rid: str, hit: int) -> None:
@@ -167,3 +173,68 @@ def check_reset(m: TraceModel, succeeded: bool, forced: bool) -> None:
     elif not succeeded and forced:
         m.violate("RESET-ONLY-WHEN-FREE", None,
                   f"forced prefix-cache reset refused: {held} blocks still held after preempting every running request")
+
+
+# -- a hybrid model's groups (harness.check.hybrid follows the tables) ------------------
+def check_group_lists(m: TraceModel, req: ReqShadow, groups: list | None, where: str) -> bool:
+    """BLOCKS-COVER: a hybrid model's row carries one block list per KV-cache
+    group (otherwise the tables cannot be followed). True when it does."""
+    if groups is None or len(groups) != len(m.group_windows):
+        m.violate("BLOCKS-COVER", req.request_id,
+                  f"{where} row without one block list per KV-cache group ({len(m.group_windows)} groups): "
+                  f"{groups}")
+        return False
+    return True
+
+
+def check_group_cover(m: TraceModel, req: ReqShadow, g: int, table: list[int], need: int, end: int) -> None:
+    """BLOCKS-COVER for group ``g``: ``need`` slots for ``end`` tokens; a
+    full-attention table holds no null block."""
+    if len(table) != need:
+        m.violate("BLOCKS-COVER", req.request_id, f"group {g}: table has {plural(len(table), 'slot')} for "
+                                                  f"{plural(end, 'token')}, needs {need}")
+    if m.group_windows[g] is None and 0 in table:
+        m.violate("BLOCKS-COVER", req.request_id,
+                  f"group {g} (full attention): slot {table.index(0)} is the null block, but a full-attention "
+                  f"table holds every block")
+
+
+def check_group_free_order(m: TraceModel, req: ReqShadow, kind: str, got: list[list[int]],
+                           expected: list[list[int]]) -> None:
+    """FREE-ORDER per group: a free's ``group_block_ids`` are each group's table
+    tail first (null slots left out); a different set is FREE-WHOLE-TABLE's."""
+    if got != expected and sorted(b for g in got for b in g) == sorted(b for g in expected for b in g):
+        m.violate("FREE-ORDER", req.request_id, f"{kind} freed {got} per group, expected {expected}")
+
+
+def check_group_prefix_hit(m: TraceModel, req: ReqShadow, hit: int, tables: list[list[int]],
+                           key_of, longest_of) -> None:
+    """A hybrid admission's hit: PREFIX-HIT-RULES (whole blocks, at most
+    num_tokens - 1, none with caching off, no null block in a
+    full-attention hit, every non-null hit block holding this request's
+    prefix block of its group: ``key_of(chain_hash, group)``),
+    HIT-UNCOMPUTED-BLOCK, HIT-AFTER-RESET, and PREFIX-HIT-LONGEST against
+    ``longest_of(m, req)`` (vLLM's fixed point across groups)."""
+    rid = req.request_id
+    if hit % m.bs or hit > req.num_tokens - 1 or (hit and not m.caching):
+        m.violate("PREFIX-HIT-RULES", rid, f"hit of {hit} tokens (block_size {m.bs}, {req.num_tokens} tokens, "
+                                           f"caching {'on' if m.caching else 'off'})")
+    n_hit = hit // m.bs
+    for g, table in enumerate(tables):
+        if m.group_windows[g] is None and 0 in table[:n_hit]:
+            m.violate("PREFIX-HIT-RULES", rid, f"group {g} (full attention): hit slot {table.index(0)} is the null block")
+    if not m.caching:
+        return
+    m.extend_chain(req, min(n_hit, req.num_tokens // m.bs))
+    hit_blocks = [b for table in tables for b in table[:n_hit] if b]
+    computed = check_hit_blocks_computed(m, rid, hit_blocks)
+    for g, table in enumerate(tables):
+        for i, block in enumerate(table[:n_hit]):
+            if block and i < len(req.chain) and block not in m.uncomputed and block not in m.reset_forgotten \
+                    and m.content.get(block) != key_of(req.chain[i], g):
+                m.violate("PREFIX-HIT-RULES", rid,
+                          f"group {g}: hit block {block} (#{i}) does not hold this request's prefix block")
+                return
+    longest = longest_of(m, req)
+    if computed and hit != longest:
+        m.violate("PREFIX-HIT-LONGEST", rid, f"hit of {hit} tokens, but every KV-cache group hits {longest}")

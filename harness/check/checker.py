@@ -29,6 +29,7 @@ from harness.check import (
     data_parallel,
     encoder,
     fences,
+    hybrid,
     kv_connector,
     lifecycle,
     preemption,
@@ -56,12 +57,22 @@ class TraceChecker(TraceModel):
         blocks.check_acquire(self, req, block, as_hit)
         self.take_block(req, block, as_hit)
 
-    def _release_all(self, req: ReqShadow, freed: list[int], kind: str, fence: int | None = None) -> None:
+    def _release_all(self, req: ReqShadow, freed: list[int], kind: str, fence: int | None = None,
+                     ev: dict | None = None) -> None:
         """Drop the request's references in table order, tail first (a preempt,
-        finish or abort row's ``block_ids``, checked against it); blocks reaching
-        ref 0 enter the free queue, or for a deferred free stay held by the
-        fence entry until it is drained."""
-        expected = req.blocks[::-1]
+        finish or abort row's ``block_ids``, checked against it; a hybrid
+        model's group after group, ``harness.check.hybrid.free_order``); blocks
+        reaching ref 0 enter the free queue, or for a deferred free stay held
+        by the fence entry until it is drained."""
+        parts = None
+        if self.group_windows is not None:
+            parts = hybrid.free_parts(self, req, deferred=fence is not None)
+            expected = [b for part in parts for b in part]
+            if ev is not None:
+                hybrid.check_free_groups(self, req, ev, kind)
+            hybrid.clear(req)
+        else:
+            expected = req.blocks[::-1]
         whole = (preemption.check_preempt_frees(self, req, freed, expected) if kind == "preempt"
                  else blocks.check_free_whole_table(self, req, freed, expected))
         if whole:
@@ -70,7 +81,8 @@ class TraceChecker(TraceModel):
         if fence is not None:
             self.defer_blocks(req, expected, fence)
         else:
-            self.return_blocks(expected, req.request_id)
+            for part in parts or [expected]:  # a hybrid model: one free per KV-cache group
+                self.return_blocks(part, req.request_id)
         req.blocks = []
         req.registered = 0
 
@@ -84,11 +96,11 @@ class TraceChecker(TraceModel):
             # Its load may still write the blocks: they stay until it reports.
             if freed:
                 kv_connector.check_finish_frees_nothing(self, rid, kind, freed)
-                self._release_all(req, freed, kind, ev.get("fence"))
+                self._release_all(req, freed, kind, ev.get("fence"), ev)
             else:
                 self.kv_abandoned[rid] = req
         else:
-            self._release_all(req, freed, kind, ev.get("fence"))
+            self._release_all(req, freed, kind, ev.get("fence"), ev)
         self.kv_queue.discard(rid)
         self.inflight.pop(rid, None)
         if req.items:
@@ -203,7 +215,7 @@ class TraceChecker(TraceModel):
         """What any preemption does to the request: its table given back,
         progress reset, drafts and placeholders dropped, in-flight output stale."""
         queues.check_computed(self, req, ev["num_computed_tokens"], "preempt")
-        self._release_all(req, list(ev["block_ids"] or []), "preempt", ev.get("fence"))
+        self._release_all(req, list(ev["block_ids"] or []), "preempt", ev.get("fence"), ev)
         if req.items:
             encoder.on_preempt(self, st, req)
         req.status = "PREEMPTED"
@@ -252,6 +264,17 @@ class TraceChecker(TraceModel):
                 st.last_running_index -= 1
         st.preempted.append(rid)
 
+    def _on_skipped_free(self, ev: dict, st: StepState) -> None:
+        """A hybrid model's window free (``harness.check.hybrid.on_skipped_free``)."""
+        rid = ev["request_id"]
+        req = self.reqs.get(rid)
+        if not queues.check_known(self, rid, req, "skipped_free of an unknown or finished request"):
+            return
+        if self.group_windows is None:
+            queues.check_unknown_kind(self, ev)
+            return
+        hybrid.on_skipped_free(self, req, ev)
+
     def _on_withdraw(self, ev: dict, st: StepState) -> None:
         """PRIORITY give-back: undo this step's scheduling of a victim."""
         rid, n = ev["request_id"], ev["num_scheduled_tokens"]
@@ -287,6 +310,8 @@ class TraceChecker(TraceModel):
         drafts = list(ev["spec_token_ids"] or [])
         st.drafts[rid] = drafts
         blocks_before = len(req.blocks)
+        groups_before = hybrid.table_lengths(self, req) if self.group_windows is not None else ()
+        processed = computed - req.in_flight  # tokens whose steps are processed (the window's base)
         if kind == "running":
             progress.on_running_scheduled(self, st, rid, len(ev["block_ids"] or []))
             fences.check_not_past_max_tokens(self, req, computed)
@@ -297,13 +322,20 @@ class TraceChecker(TraceModel):
             queues.check_running_order(self, st, req)
             queues.check_computed(self, req, computed, "running")
             budget.check_span_model_len(self, rid, computed, n)
-            for block in ev["block_ids"] or []:
-                self._acquire(req, block, as_hit=False)
+            if self.group_windows is not None:
+                hybrid.check_window_freed(self, req, processed)
+                hybrid.acquire_running(self, req, ev)
+            else:
+                for block in ev["block_ids"] or []:
+                    self._acquire(req, block, as_hit=False)
         else:
             spec_decode.check_admission_drafts(self, req, computed, n, drafts)
             self._on_admission(ev, st, req, kind, hit, computed, n)
         budget.check_span_tokens(self, req, computed, n, drafts)
-        blocks.check_blocks_cover(self, req, blocks_before, computed + n)
+        if self.group_windows is not None:
+            hybrid.check_cover(self, req, groups_before, computed + n, processed)
+        else:
+            blocks.check_blocks_cover(self, req, blocks_before, computed + n)
         req.num_computed_tokens = computed + n
         req.in_flight += n
         req.prefill_chunk = computed + n < req.num_tokens + req.placeholders
@@ -312,7 +344,8 @@ class TraceChecker(TraceModel):
             req.placeholders += 1 + len(drafts)
             spec_decode.set_async_draft_placeholders(self, req)
         st.ends[rid] = computed + n
-        st.registered_before[rid] = req.registered
+        st.registered_before[rid] = (req.registered if req.groups is None
+                                     else tuple(req.group_registered))  # type: ignore[assignment]
         self.register_full_blocks(req, computed + n)
         self.note(req, f"scheduled {kind}: computed {computed} + {n}"
                        + (f", prefix hit {hit}" if kind != "running" else "")
@@ -352,6 +385,11 @@ class TraceChecker(TraceModel):
         if preemption.check_still_holding(self, req):
             self._release_all(req, req.blocks[::-1], "finish")
         queues.check_computed_is_hit(self, rid, computed, hit)
+        if self.group_windows is not None:
+            hybrid.admit(self, req, ev, hit)
+            req.status = "RUNNING"
+            self.result.prefix_hit_tokens += hit
+            return
         n_hit = hit // self.bs
         blocks.check_prefix_hit(self, req, hit, block_ids)
         for i, block in enumerate(block_ids):

@@ -23,6 +23,7 @@ from harness.check import (
     data_parallel,
     encoder,
     fences,
+    hybrid,
     kv_connector,
     lifecycle,
     preemption,
@@ -36,7 +37,7 @@ __all__ = ["FAMILIES", "INVARIANTS", "PROGRESS_IDS", "SAFETY_IDS", "SEMANTICS_ID
            "family_of", "root_cause_first"]
 
 # Family modules, in the order of the spec's sections.
-FAMILIES = (queues, preemption, budget, blocks, spec_decode, fences, kv_connector, encoder, data_parallel,
+FAMILIES = (queues, preemption, budget, blocks, hybrid, spec_decode, fences, kv_connector, encoder, data_parallel,
             lifecycle, progress)
 
 # The order ``harness invariants`` has always listed (it is stable output).

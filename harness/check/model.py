@@ -66,6 +66,10 @@ class ReqShadow:
     kv_done: bool = False    # its async KV load was reported finished
     kv_failed: bool = False  # ... with invalid blocks
     items: tuple[Item, ...] = ()  # encoder inputs (multimodal items)
+    # A hybrid model (harness.check.hybrid): each KV-cache group's table (the
+    # null block as 0) and its leading blocks whose content is recorded.
+    groups: list[list[int]] | None = None
+    group_registered: list[int] = field(default_factory=list)
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
 
     @property
@@ -177,6 +181,11 @@ class TraceModel:
         self.checked = frozenset(self.profile.checked)
         self.free_unhashed_to_head = self.profile.free_unhashed_to_head
         self.bs: int = config["block_size"]
+        # A hybrid model's KV-cache groups: each one's window (None: full
+        # attention); None for one full-attention group (harness.check.hybrid).
+        from harness.check.hybrid import group_windows_of
+
+        self.group_windows: list[int | None] | None = group_windows_of(config)
         self.num_gpu_blocks: int = config["num_gpu_blocks"]
         self.max_model_len: int = config["max_model_len"]
         self.max_num_seqs: int = config["max_num_seqs"]
@@ -354,6 +363,11 @@ class TraceModel:
         ``upto_tokens`` (what vLLM caches eagerly at schedule time)."""
         if not self.caching:
             return
+        if self.group_windows is not None:
+            from harness.check.hybrid import register_full_blocks
+
+            register_full_blocks(self, req, upto_tokens)
+            return
         n_full = min(upto_tokens, req.num_tokens, len(req.blocks) * self.bs) // self.bs
         self.extend_chain(req, n_full)
         for i in range(req.registered, n_full):
@@ -367,6 +381,11 @@ class TraceModel:
         """The withdrawn chunk never runs: blocks its scheduling registered
         (eagerly, vLLM caches at allocation) hold no computed KV. Forget their
         content and mark them uncomputed, so a later prefix hit on them is seen."""
+        if self.group_windows is not None:
+            from harness.check.hybrid import unregister_withdrawn
+
+            unregister_withdrawn(self, req, registered_before)
+            return
         for i in range(registered_before, req.registered):
             block = req.blocks[i]
             if self.content.get(block) == req.chain[i]:

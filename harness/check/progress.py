@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harness.check.hybrid import blocks_needed
 from harness.check.model import StepState, TraceModel, cdiv
 from harness.check.result import PROGRESS, Invariant
 
@@ -61,12 +62,13 @@ INVARIANTS = [
 class RunningBefore:
     """What a running request needed at ``schedule_begin``: tokens to compute
     (``need``: tokens + drafts + async placeholders - computed), computed
-    tokens, blocks held, whether it was a prefill chunk, and why it is
-    exempt whatever the step does ("" when it is not)."""
+    tokens, blocks held (a hybrid model: each group's table length), whether
+    it was a prefill chunk, and why it is exempt whatever the step does (""
+    when it is not)."""
 
     need: int
     computed: int
-    held: int
+    held: int | tuple[int, ...]
     prefill_chunk: bool
     exempt: str
 
@@ -110,7 +112,8 @@ def snapshot(m: TraceModel, st: StepState, running: list[str]) -> None:
             exempt = "the async max_tokens guard"
         elif req.items:
             exempt = "encoder inputs"
-        p.running[rid] = RunningBefore(need, req.num_computed_tokens, len(req.blocks), req.prefill_chunk, exempt)
+        held = len(req.blocks) if req.groups is None else tuple(len(t) for t in req.groups)
+        p.running[rid] = RunningBefore(need, req.num_computed_tokens, held, req.prefill_chunk, exempt)
 
 
 def on_preempt(m: TraceModel, st: StepState, rid: str, fence: int | None) -> None:
@@ -209,7 +212,7 @@ def _check_running(m: TraceModel, st: StepState, p: ProgressStep, budget_left: i
         tokens = min(before.need, budget_left, m.max_model_len - before.computed - 1)
         if tokens <= 0:
             continue
-        needed = cdiv(min(before.computed + tokens + m.num_spec, m.max_model_len), m.bs) - before.held
+        needed = blocks_needed(m, before.held, min(before.computed + tokens + m.num_spec, m.max_model_len))
         if needed > free:
             # KV pressure: from here on the running loop may stop (0.33.0 gives up on a
             # fenced victim; a self-preempting tail ends it), so later requests are not judged.
@@ -238,7 +241,7 @@ def _check_admission(m: TraceModel, st: StepState, budget_left: int, free: int, 
     if not m.chunked_prefill and req.num_tokens > budget_left:
         return
     tokens = min(req.num_tokens + m.num_spec, m.max_model_len)
-    needed = cdiv(tokens, m.bs) + watermark_blocks(m)
+    needed = cdiv(tokens, m.bs) * len(m.group_windows or (None,)) + watermark_blocks(m)
     if needed > free:
         return
     m.violate("PROGRESS-ADMIT", head,

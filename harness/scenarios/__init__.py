@@ -31,8 +31,8 @@ from reference.config import EngineConfig
 from reference.workload import Action, Workload
 from workloads.scenario import ScenarioError, load_scenario, synthetic_workload
 
-__all__ = ["ACTION_SCENARIOS", "ActionScenario", "DIRECTORY", "ORDER", "SCENARIOS", "Scenario",
-           "load_canonical"]
+__all__ = ["ACTION_SCENARIOS", "ActionScenario", "DIRECTORY", "HYBRID_DIRECTORY", "HYBRID_SCENARIOS", "ORDER",
+           "SCENARIOS", "Scenario", "load_canonical"]
 
 #: The folder of the canonical scenario files (this package's).
 DIRECTORY = Path(__file__).resolve().parent
@@ -101,6 +101,16 @@ def _load_all(directory: Path) -> dict[str, Scenario]:
 
 
 SCENARIOS: dict[str, Scenario] = _load_all(DIRECTORY)
+
+#: Hybrid models' scenarios (``sliding_window`` / ``layer_types``: several
+#: KV-cache groups, trace schema 9), one canonical-format file each in
+#: ``hybrid/``, by name. Kept apart from ``SCENARIOS``: their goldens are in
+#: ``golden/hybrid/`` (``harness golden check --hybrid``) and the vLLM
+#: candidates do not drive a hybrid KV-cache config yet, so the conformance
+#: suite and the sweeps over SCENARIOS leave them out; the mutation
+#: self-test runs them (``harness.mutation.MUTATION_SCENARIOS``).
+HYBRID_DIRECTORY = DIRECTORY / "hybrid"
+HYBRID_SCENARIOS: dict[str, Scenario] = {p.stem: load_canonical(p) for p in sorted(HYBRID_DIRECTORY.glob("*.toml"))}
 
 
 # -- scenarios with [[actions]] ------------------------------------------------------

@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from harness.trace.schema import (COLUMNS, DIGEST_SINCE, METADATA_KEY, READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION,
+from harness.trace.schema import (COLUMNS, DIGEST_SINCE, HYBRID_SCHEMA_VERSION, METADATA_KEY, READABLE_VERSIONS,
+                                  SCHEMA, SCHEMA_VERSION,
                                   SUMMARY_KEY, absent_columns)
 from harness.trace.clock import VirtualClock
 from harness.trace.queues import DELTA_COLUMNS, SNAPSHOT_KINDS, QueueDecoder
@@ -294,7 +295,7 @@ def _open(p: Path) -> Trace:
     if not isinstance(meta, dict):
         raise TraceError(f"{p}: sched-harness metadata is not a JSON object")
     version = meta.get("schema_version")
-    known = (SCHEMA_VERSION, *READABLE_VERSIONS)
+    known = (HYBRID_SCHEMA_VERSION, SCHEMA_VERSION, *READABLE_VERSIONS)
     if version not in known or isinstance(version, bool):
         hint = "; re-record it with this harness" if isinstance(version, int) and version < SCHEMA_VERSION else ""
         raise TraceError(f"{p}: unknown trace schema version {version!r} "

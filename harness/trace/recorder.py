@@ -27,7 +27,7 @@ from reference.config import EngineConfig
 from reference.candidate import CandidateCrash, CandidateFactory
 from reference.engine import Crash, Engine, EngineStalled, EngineSummary, StepRecord
 from reference.output import (EncoderPlan, FinishedRequest, Preemption, PrefixCacheReset, Promotion,
-                              RemoteLoad, RequestState, ScheduledRequest, Skip, Withdrawal)
+                              RemoteLoad, RequestState, ScheduledRequest, Skip, SkippedFree, Withdrawal)
 from reference.runners.base import RunnerFactory
 from reference.scheduler import Scheduler
 from reference.workload import RequestSpec, Workload
@@ -61,8 +61,16 @@ def _request_fields(spec: RequestSpec) -> Row:
     }
 
 
+def _groups(row: Row, group_block_ids: list[list[int]] | None) -> Row:
+    """``row`` with a hybrid model's per-group block ids (schema 9); a
+    one-group engine's rows never get the key, so its traces keep schema 8."""
+    if group_block_ids is not None:
+        row["group_block_ids"] = group_block_ids
+    return row
+
+
 def _finish_row(kind: str, fin: FinishedRequest) -> Row:
-    return {
+    return _groups({
         "kind": kind,
         "request_id": fin.request_id,
         "status": fin.status.name,
@@ -71,7 +79,7 @@ def _finish_row(kind: str, fin: FinishedRequest) -> Row:
         "num_output_tokens": fin.num_output_tokens,
         "block_ids": fin.freed_block_ids,
         "fence": fin.fence,
-    }
+    }, fin.group_block_ids)
 
 
 def step_rows(rec: StepRecord) -> list[Row]:
@@ -187,18 +195,22 @@ def _action_rows(rec: StepRecord) -> list[Row]:
 
 def _decision_row(event: ScheduledRequest | Withdrawal | Preemption | Skip) -> Row:
     if isinstance(event, Withdrawal):
-        return {"kind": "withdraw", "request_id": event.request_id,
-                "num_scheduled_tokens": event.num_scheduled_tokens, "block_ids": event.block_ids,
-                "encoder_input_ids": event.encoder_input_ids or None}
+        return _groups({"kind": "withdraw", "request_id": event.request_id,
+                        "num_scheduled_tokens": event.num_scheduled_tokens, "block_ids": event.block_ids,
+                        "encoder_input_ids": event.encoder_input_ids or None}, event.group_block_ids)
+    if isinstance(event, SkippedFree):
+        return {"kind": "skipped_free", "request_id": event.request_id, "block_ids": event.freed_block_ids,
+                "group_block_ids": event.group_block_ids}
     if isinstance(event, EncoderPlan):
         return {"kind": "encoder_plan", "request_id": event.request_id,
                 "num_computed_tokens": event.num_computed_tokens,
                 "num_scheduled_tokens": event.num_scheduled_tokens,
                 "encoder_input_ids": event.encoder_input_ids}
     if isinstance(event, Preemption):
-        return {"kind": "preempt", "request_id": event.request_id, "status": "RUNNING",
-                "num_computed_tokens": event.num_computed_tokens,
-                "block_ids": event.freed_block_ids, "fence": event.fence}
+        return _groups({"kind": "preempt", "request_id": event.request_id, "status": "RUNNING",
+                        "num_computed_tokens": event.num_computed_tokens,
+                        "block_ids": event.freed_block_ids, "fence": event.fence},
+                       event.group_block_ids)
     if isinstance(event, Skip):
         return {"kind": "skip", "request_id": event.request_id, "message": event.reason}
     if isinstance(event, RemoteLoad):
@@ -212,12 +224,13 @@ def _decision_row(event: ScheduledRequest | Withdrawal | Preemption | Skip) -> R
                 "num_computed_tokens": event.num_computed_tokens,
                 "message": "load failed" if event.load_failed else "loaded",
                 "block_ids": event.freed_block_ids}
-    return {"kind": "schedule", "request_id": event.request_id, "schedule_kind": event.kind,
-            "num_computed_tokens": event.num_computed_tokens,
-            "num_scheduled_tokens": event.num_scheduled_tokens,
-            "num_prefix_hit_tokens": event.num_prefix_hit_tokens,
-            "block_ids": event.new_block_ids, "spec_token_ids": event.spec_token_ids or None,
-            "encoder_input_ids": event.encoder_input_ids or None}
+    return _groups({"kind": "schedule", "request_id": event.request_id, "schedule_kind": event.kind,
+                    "num_computed_tokens": event.num_computed_tokens,
+                    "num_scheduled_tokens": event.num_scheduled_tokens,
+                    "num_prefix_hit_tokens": event.num_prefix_hit_tokens,
+                    "block_ids": event.new_block_ids, "spec_token_ids": event.spec_token_ids or None,
+                    "encoder_input_ids": event.encoder_input_ids or None},
+                   event.group_block_ids)
 
 
 def trace_metadata(workload: Workload, config: EngineConfig, seed: int, engine: str,

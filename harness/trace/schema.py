@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-#: The version every new trace is written in: all of SCHEMA's columns.
+#: The version every one-group trace is written in: SINGLE_GROUP_SCHEMA
+#: (a hybrid model's: HYBRID_SCHEMA_VERSION, all of SCHEMA's columns).
 #: Schema 6 = schema 5 (whose scenario columns are now always present, null
 #: when unused) plus OBSERVED_COLUMNS and the ``request_state`` event kind:
 #: what each step's decisions leave behind, observed rather than assumed.
@@ -31,6 +32,13 @@ SCENARIO_SCHEMA_VERSION = 5
 SCENARIO_COLUMNS = ("arrival_step", "after", "abort_step", "output_token_ids", "draft_acceptance_pattern")
 # Schema 6: the ids the step's request data carried (schedule_end).
 OBSERVED_COLUMNS = ("request_data_ids",)
+#: The version a hybrid model's trace (several KV-cache groups: the config's
+#: ``sliding_window`` / ``layer_types``) is written in: schema 8 plus
+#: GROUP_COLUMNS and the ``skipped_free`` event kind. One-group traces stay
+#: schema 8, byte for byte (``schema_for``).
+HYBRID_SCHEMA_VERSION = 9
+# Schema 9: each KV-cache group's block ids, beside the pool-wide ``block_ids``.
+GROUP_COLUMNS = ("group_block_ids",)
 #: Older versions this harness still reads, with the schema-4 columns each
 #: lacks (read as null); every version below 5 also lacks SCENARIO_COLUMNS,
 #: every version below 6 OBSERVED_COLUMNS (and has no ``request_state`` rows).
@@ -50,7 +58,24 @@ def absent_columns(version: int) -> tuple[str, ...]:
         absent += OBSERVED_COLUMNS
     if version < QUEUE_DELTA_SINCE:
         absent += QUEUE_DELTA_COLUMNS  # null: every queue stored whole
+    if version < HYBRID_SCHEMA_VERSION:
+        absent += GROUP_COLUMNS  # null: one KV-cache group
     return absent
+
+
+def is_hybrid_config(config: dict) -> bool:
+    """A trace config (``EngineConfig.to_dict``) naming several attention
+    types or a sliding window: its trace is written in schema 9."""
+    return config.get("sliding_window") is not None or config.get("layer_types") is not None
+
+
+def schema_for(meta: dict) -> tuple[int, pa.Schema]:
+    """The version and columns a trace with metadata ``meta`` is written in:
+    HYBRID_SCHEMA_VERSION with GROUP_COLUMNS for a hybrid model's config,
+    SCHEMA_VERSION without them for every other."""
+    if is_hybrid_config(meta.get("config") or {}):
+        return HYBRID_SCHEMA_VERSION, SCHEMA
+    return SCHEMA_VERSION, SINGLE_GROUP_SCHEMA
 
 
 def rows_as_of(version: int, rows: list[dict]) -> list[dict]:
@@ -159,8 +184,15 @@ SCHEMA = pa.schema([
     pa.field("waiting_head", _strs),
     pa.field("running_kept", _ids),
     pa.field("running_head", _strs),
+    # KV-cache groups (schema 9, hybrid models only): on every row with
+    # ``block_ids`` but free_drain, the same blocks per group, in group order
+    # (``kv_cache_groups_for``); an admission's lists are each group's whole
+    # table with null blocks (sliding window: before the window) as 0.
+    pa.field("group_block_ids", pa.list_(_ids)),
 ])
 COLUMNS = tuple(SCHEMA.names)
+#: Schema 8's columns (every one-group trace): SCHEMA without GROUP_COLUMNS.
+SINGLE_GROUP_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in GROUP_COLUMNS])
 
 EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "encoder_plan", "schedule", "withdraw",
                "preempt", "skip", "kv_load", "kv_promote", "schedule_end", "update_begin", "free_drain",
@@ -173,4 +205,7 @@ EVENT_KINDS = ("arrival", "reject", "abort", "schedule_begin", "encoder_plan", "
                # Schema 6: what a request holds after schedule() (a request it
                # preempted, or one not running that holds drafts) or after the
                # draft update (one not running that holds drafts).
-               "request_state")
+               "request_state",
+               # Schema 9: blocks a sliding-window group freed as they left the
+               # window (vLLM remove_skipped_blocks, in allocate_slots).
+               "skipped_free")

@@ -45,7 +45,7 @@ Row = dict[str, Any]
 # Rows that name a request (request_id must be a non-empty string).
 _REQUEST_KINDS = frozenset({"arrival", "reject", "abort", "encoder_plan", "schedule", "withdraw", "preempt",
                             "skip", "kv_load", "kv_promote", "output", "finish", "kv_finished", "kv_free",
-                            "draft", "request_state"})
+                            "draft", "request_state", "skipped_free"})
 # Columns holding request ids (printed in witnesses: no control characters).
 _ID_COLUMNS = ("request_id", "waiting", "running", "preempted_req_ids", "finished_req_ids", "request_data_ids",
                "waiting_head", "running_head")
@@ -57,7 +57,7 @@ _ID_COLUMNS = ("request_id", "waiting", "running", "preempted_req_ids", "finishe
 _INPUT, _DECIDE, _SCHEDULED, _UPDATE, _END = range(5)
 _INPUT_KINDS = frozenset({"arrival", "reject", "abort", "reset_prefix_cache"})
 _DECISION_KINDS = frozenset({"encoder_plan", "schedule", "withdraw", "preempt", "skip", "kv_load",
-                             "kv_promote"})
+                             "kv_promote", "skipped_free"})
 _UPDATE_ORDER = {"free_drain": 0, "kv_invalid": 1, "output": 2, "finish": 3, "kv_finished": 4, "kv_free": 4,
                  "draft": 5, "request_state": 6}
 _STATUSES = frozenset(s.name for s in RequestStatus)

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.trace.queues import QueueEncoder
-from harness.trace.schema import METADATA_KEY, SCHEMA, SCHEMA_VERSION, SUMMARY_KEY
+from harness.trace.schema import METADATA_KEY, SUMMARY_KEY, schema_for
 
 #: The digest's stand-in while the file is hashed: 64 zeros (a sha256 in hex).
 DIGEST_PLACEHOLDER = "0" * 64
@@ -131,8 +131,9 @@ class TraceWriter:
     ``add_step(rows)`` takes one step's rows (dicts keyed by column name;
     missing keys are null); a row group (segment) is cut after the step that
     brings the buffer to ``rows_per_group`` rows or ``bytes_per_group``
-    estimated bytes, never inside a step. Every trace is written in schema
-    ``SCHEMA_VERSION`` (all columns). Raises OSError when the folder cannot
+    estimated bytes, never inside a step. A trace is written in schema
+    ``SCHEMA_VERSION``, a hybrid model's in ``HYBRID_SCHEMA_VERSION``
+    (``harness.trace.schema.schema_for``). Raises OSError when the folder cannot
     be written.
     """
 
@@ -141,8 +142,9 @@ class TraceWriter:
         self.path = Path(path)
         self.rows_per_group = rows_per_group
         self.bytes_per_group = bytes_per_group
-        meta = {"schema_version": SCHEMA_VERSION, **meta}
-        self._schema = SCHEMA.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
+        version, schema = schema_for(meta)
+        meta = {"schema_version": version, **meta}
+        self._schema = schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = _make_temp_dir(self.path)
         self._buffer: list[dict[str, Any]] = []  # rows as stored (queue changes), in order

@@ -107,10 +107,11 @@ class KVCacheCoordinator:
             blocks.extend(manager.pop_blocks_for_free(request_id))
         return blocks
 
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
-        """Each group frees the blocks its window left (vLLM ``remove_skipped_blocks``)."""
-        for manager in self.single_type_managers:
-            manager.remove_skipped_blocks(request_id, processed_computed_tokens)
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> GroupBlocks:
+        """Each group frees the blocks its window left (vLLM ``remove_skipped_blocks``);
+        returns each group's freed blocks in free order."""
+        return tuple(manager.remove_skipped_blocks(request_id, processed_computed_tokens)
+                     for manager in self.single_type_managers)
 
     def get_blocks(self, request_id: str) -> GroupBlocks:
         """Each group's table (vLLM ``get_blocks``)."""

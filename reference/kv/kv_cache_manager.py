@@ -37,6 +37,10 @@ class HybridKVCacheManager:
             max_in_flight_tokens=max_in_flight_tokens, enable_caching=enable_caching)
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.num_kv_cache_groups = len(self.kv_cache_groups)
+        # Blocks the windows left, freed by allocate_slots and not yet taken
+        # by the scheduler (``take_skipped_frees``): (request id, each group's
+        # freed ids in free order).
+        self.skipped_frees: list[tuple[str, list[list[int]]]] = []
 
     @property
     def block_pool(self) -> BlockPool:
@@ -89,7 +93,10 @@ class HybridKVCacheManager:
             if needed + watermark > self.block_pool.get_num_free_blocks():
                 return None
         num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        self.coordinator.remove_skipped_blocks(request_id, max(0, total_computed - request.num_in_flight_tokens))
+        skipped = self.coordinator.remove_skipped_blocks(
+            request_id, max(0, total_computed - request.num_in_flight_tokens))
+        if any(skipped):
+            self.skipped_frees.append((request_id, [[b.block_id for b in blocks] for blocks in skipped]))
         needed = self.coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, hits, num_local_computed + num_external_computed_tokens)
         if needed + watermark > self.block_pool.get_num_free_blocks() - reserved_blocks:
@@ -113,10 +120,23 @@ class HybridKVCacheManager:
         """Register every group's full blocks within the first ``num_tokens``."""
         self.coordinator.cache_blocks(request, num_tokens)
 
+    def take_skipped_frees(self) -> list[tuple[str, list[list[int]]]]:
+        """The window frees since the last call (``skipped_frees``), emptied."""
+        frees, self.skipped_frees = self.skipped_frees, []
+        return frees
+
     def free(self, request: Request) -> list[int]:
         """Free every group's table (group order, each tail first); returns
         the ids in that order, null blocks left out."""
-        return [b.block_id for b in self.coordinator.free(request.request_id) if not b.is_null]
+        return [b for ids in self.free_per_group(request) for b in ids]
+
+    def free_per_group(self, request: Request) -> list[list[int]]:
+        """Free every group's table (group order, each tail first); returns
+        each group's freed ids in that order, null blocks left out."""
+        freed: list[list[int]] = []
+        for manager in self.coordinator.single_type_managers:
+            freed.append([b.block_id for b in manager.free(request.request_id) if not b.is_null])
+        return freed
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Every group's table, group after group, not yet freed."""
@@ -131,12 +151,26 @@ class HybridKVCacheManager:
         return tuple([b.block_id for b in blocks] for blocks in self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        """Group 0's table as block ids (the single-table trace columns)."""
-        return self.get_block_ids_per_group(request_id)[0]
+        """Every group's table, group after group, null blocks left out."""
+        return [b for ids in self.get_block_ids_per_group(request_id) for b in ids if b]
+
+    def admission_block_ids(self, request_id: str, hit_blocks: GroupBlocks) -> tuple[list[int], list[list[int]]]:
+        """An admitted request's blocks as the trace records them: the ids in
+        the order they left the free queue (every group's hit blocks, then
+        every group's new blocks, group order, null blocks left out) and each
+        group's whole table (null blocks as 0)."""
+        tables = [list(ids) for ids in self.get_block_ids_per_group(request_id)]
+        hits = [table[:len(hit_blocks[g])] for g, table in enumerate(tables)]
+        news = [table[len(hit_blocks[g]):] for g, table in enumerate(tables)]
+        return [b for part in (*hits, *news) for b in part if b], tables
 
     def new_block_ids(self, new_blocks: GroupBlocks) -> list[int]:
-        """Group 0's ids among ``allocate_slots``' new blocks."""
-        return [b.block_id for b in new_blocks[0]]
+        """Every group's new ids, group after group (the order allocated)."""
+        return [b.block_id for blocks in new_blocks for b in blocks]
+
+    def new_group_block_ids(self, new_blocks: GroupBlocks) -> list[list[int]]:
+        """Each group's new ids."""
+        return [[b.block_id for b in blocks] for blocks in new_blocks]
 
     @property
     def num_free_blocks(self) -> int:

@@ -149,13 +149,14 @@ class SingleTypeKVCacheManager:
         self.block_pool.free_blocks(ordered)
         return ordered
 
-    def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
+    def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> list[KVCacheBlock]:
         """Free the table's blocks in [first_block, last_block), last first,
         replacing each by the null block; stops at the first null block met
-        (the range below it was removed before) (vLLM ``_remove_blocks_in_range``)."""
+        (the range below it was removed before) (vLLM ``_remove_blocks_in_range``).
+        Returns the freed blocks in free order."""
         blocks = self.req_to_blocks.get(request_id)
         if blocks is None or first_block >= last_block:
-            return
+            return []
         freed: list[KVCacheBlock] = []
         for i in range(min(last_block, len(blocks)) - 1, first_block - 1, -1):
             if blocks[i] is self._null_block:
@@ -164,16 +165,18 @@ class SingleTypeKVCacheManager:
             blocks[i] = self._null_block
         if freed:
             self.block_pool.free_blocks(freed)
+        return freed
 
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> list[KVCacheBlock]:
         """Free the blocks no later token attends, given the tokens whose
         steps have completed (vLLM ``remove_skipped_blocks``; in-flight steps
-        still read the blocks above ``processed_computed_tokens``)."""
+        still read the blocks above ``processed_computed_tokens``). Returns
+        the freed blocks in free order (last first)."""
         num_skipped_tokens = self.get_num_skipped_tokens(processed_computed_tokens)
         if num_skipped_tokens <= 0 or request_id not in self.req_to_blocks:
-            return
+            return []
         blocks = self.req_to_blocks[request_id]
-        self._remove_blocks_in_range(request_id, 0, min(num_skipped_tokens // self.block_size, len(blocks)))
+        return self._remove_blocks_in_range(request_id, 0, min(num_skipped_tokens // self.block_size, len(blocks)))
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens the next token does not attend: none by default."""

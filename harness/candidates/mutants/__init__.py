@@ -25,7 +25,8 @@ from harness.candidates.mutants.queues import (AdmitAfterPreempt, PreemptHead, I
                                                PreemptKeepsDrafts)
 from harness.candidates.mutants.blocks import (LeakOnFinish, HitEvictedBlock, LeakOnAbort, DoubleFreeShared,
                                                FreeUnhashedToTail, PreemptKeepsBlock, OverAllocate,
-                                               ReuseHeldBlock, ResetWhileHeld, ResetKeepsCache, FreeHeadFirst)
+                                               ReuseHeldBlock, ResetWhileHeld, ResetKeepsCache, FreeHeadFirst,
+                                               KeepSkippedBlocks, FreeWindowAhead)
 from harness.candidates.mutants.spec_async import (DraftsOnPrefill, NoDraftRollback, FreeBeforeFence,
                                                    NoStaleSkip, NoAsyncMaxTokensGuard, IgnorePrefillCadence,
                                                    IgnoreThrottle, StaleSpecOutput)
@@ -88,6 +89,9 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "eager-preempt": (EagerPreempt, "PROGRESS-PREEMPT-NEEDED"),
     "preempt-fenced": (PreemptFenced, "PROGRESS-PREEMPT-FREES"),
     "stop-after-preempt": (StopAfterPreempt, "PROGRESS-AFTER-PREEMPT"),
+    # A hybrid model's sliding window: killed only by the hybrid scenarios (HYBRID_SCENARIOS).
+    "keep-skipped-blocks": (KeepSkippedBlocks, "SLIDING-WINDOW-FREE"),
+    "free-window-ahead": (FreeWindowAhead, "SLIDING-WINDOW-HELD"),
 }
 MUTANTS: dict[str, type[Scheduler]] = {k: v[0] for k, v in MUTANTS_AND_TARGETS.items()}
 EXPECTED_INVARIANT: dict[str, str] = {k: v[1] for k, v in MUTANTS_AND_TARGETS.items()}

@@ -229,3 +229,40 @@ class ResetKeepsCache(Scheduler):
     def __init__(self, config) -> None:
         super().__init__(config)
         self.kv_cache_manager.block_pool.__class__ = _ResetKeepsHashesPool
+
+
+# -- a hybrid model's sliding window (harness.check.hybrid) ------------------------------
+class KeepSkippedBlocks(Scheduler):
+    """A sliding-window group never frees the blocks that left its window:
+    they stay in the table until the request ends (SLIDING-WINDOW-FREE;
+    correct, only wasteful). A one-group config runs as the reference."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        if self.hybrid:
+            coordinator = self.kv_cache_manager.coordinator
+            coordinator.remove_skipped_blocks = lambda request_id, processed: tuple(
+                [] for _ in coordinator.single_type_managers)
+
+
+class FreeWindowAhead(Scheduler):
+    """Frees a sliding window's blocks on the tokens after the step
+    (computed + scheduled) instead of the processed ones, so blocks that
+    this step's first tokens still read return to the pool
+    (SLIDING-WINDOW-HELD). A one-group config runs as the reference."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        if not self.hybrid:
+            return
+        manager = self.kv_cache_manager
+        allocate = manager.allocate_slots
+
+        def allocate_slots(request: Request, num_new_tokens: int, **kwargs):
+            ahead = request.num_computed_tokens + kwargs.get("num_new_computed_tokens", 0) + num_new_tokens
+            skipped = manager.coordinator.remove_skipped_blocks(request.request_id, ahead)
+            if any(skipped):
+                manager.skipped_frees.append((request.request_id, [[b.block_id for b in g] for g in skipped]))
+            return allocate(request, num_new_tokens, **kwargs)
+
+        manager.allocate_slots = allocate_slots

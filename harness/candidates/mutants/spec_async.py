@@ -50,7 +50,7 @@ class FreeBeforeFence(Scheduler):
     write them (DEFERRED-FREE-FENCED)."""
 
     def _free_request_blocks(self, request: Request):
-        return self.kv_cache_manager.free(request), None
+        return self.kv_cache_manager.free(request), None, None
 
 
 class NoStaleSkip(Scheduler):

@@ -1,0 +1,319 @@
+"""Hybrid models: block tables per KV-cache group over one shared pool.
+
+A config with ``sliding_window`` / ``layer_types`` (docs/explanation/hybrid-kv.md)
+records each row's blocks per group (``group_block_ids``, trace schema 9).
+The pool-wide rules (BLOCK-CONSERVATION, BLOCK-EXCLUSIVE, ALLOC-FROM-HEAD,
+FREE-ORDER, FREE-WHOLE-TABLE, PREEMPT-EFFECTS) keep their ids and are fed
+here group by group in the order vLLM 0.33.0's coordinator takes and frees
+blocks (``vllm/v1/core/kv_cache_coordinator.py``); BLOCKS-COVER and the
+prefix-hit rules are judged per group; the two sliding-window rules below
+are this module's own (vLLM ``SlidingWindowManager``,
+``KVCacheManager.remove_skipped_blocks``).
+
+Shadow state: ``ReqShadow.groups`` (each group's table, the null block as 0)
+and ``ReqShadow.group_registered`` (each group's leading blocks whose content
+is recorded); ``TraceModel.group_windows`` (None: full attention, else the
+window in tokens). A block's cached content is its chained hash with the
+group id appended (vLLM caches per group). Units: tokens unless named blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.check import blocks
+from harness.check.model import ReqShadow, TraceModel, cdiv
+from harness.check.result import SAFETY, SEMANTICS, Invariant
+
+INVARIANTS = [
+    Invariant("SLIDING-WINDOW-HELD", "A sliding-window group keeps a block at every table index the window of the request's oldest unprocessed token reads (tokens from processed - sliding_window + 1 on, processed = num_computed_tokens minus the tokens of steps in flight); a skipped_free row frees only blocks of its own table wholly before that window.", "vLLM SlidingWindowManager.remove_skipped_blocks",
+              SAFETY, "A block the window still reads (by this step or a step still in flight) that is freed or nulled can be reallocated and overwritten under the attention that reads it, in every version."),
+    Invariant("SLIDING-WINDOW-FREE", "When a running request is allocated slots, its sliding-window groups have just freed every block wholly before the window of its processed tokens, last block first, in a skipped_free row before its schedule row (table slots then hold the null block); an admission's hit holds the null block there.", "vLLM KVCacheManager.allocate_slots, remove_skipped_blocks",
+              SEMANTICS, "Freeing the blocks that left the window at each allocation (not later, not at the request's end) is 0.33.0's design: keeping them longer is still correct, only wasteful."),
+]
+
+
+def group_windows_of(config: dict[str, Any]) -> list[int | None] | None:
+    """Each KV-cache group's window (None: full attention) of a trace
+    config, in group order (``reference.kv.kv_cache_spec.kv_cache_groups_for``);
+    None for a one-group model without a window, as ``EngineConfig.kv_cache_groups``
+    (full_attention layers only are that plain model too)."""
+    if config.get("sliding_window") is None and config.get("layer_types") is None:
+        return None
+    if config.get("layer_types") is not None and all(t == "full_attention" for t in config["layer_types"]):
+        return None
+    from reference.kv.kv_cache_spec import SlidingWindowSpec, kv_cache_groups_for
+
+    layer_types = tuple(config.get("layer_types") or ("sliding_attention",))
+    groups = kv_cache_groups_for(layer_types, config["block_size"], config.get("sliding_window"))
+    return [g.kv_cache_spec.sliding_window if isinstance(g.kv_cache_spec, SlidingWindowSpec) else None
+            for g in groups]
+
+
+def content_key(chain_hash: bytes, group: int) -> bytes:
+    """The cached content of a group's block: the chained hash with the group id (vLLM's key)."""
+    return chain_hash + group.to_bytes(2, "big")
+
+
+def skipped_blocks(m: TraceModel, window: int | None, processed: int) -> int:
+    """Leading table indices wholly before the window of the token after
+    ``processed`` tokens (vLLM ``get_num_skipped_tokens // block_size``)."""
+    if window is None:
+        return 0
+    return max(0, processed - window + 1) // m.bs
+
+
+def _ensure(m: TraceModel, req: ReqShadow) -> list[list[int]]:
+    if req.groups is None:
+        req.groups = [[] for _ in m.group_windows]
+        req.group_registered = [0] * len(m.group_windows)
+    return req.groups
+
+
+def _group_lists(m: TraceModel, ev: dict, where: str, req: ReqShadow) -> list[list[int]]:
+    """The row's ``group_block_ids``, one list per group (none when misshapen:
+    ``blocks.check_group_lists``)."""
+    groups = ev.get("group_block_ids")
+    if not blocks.check_group_lists(m, req, groups, where):
+        return [[] for _ in m.group_windows]
+    return [list(g or ()) for g in groups]
+
+
+def table_lengths(m: TraceModel, req: ReqShadow) -> tuple[int, ...]:
+    """Each group's table length (null slots included)."""
+    return tuple(len(t) for t in _ensure(m, req))
+
+
+def _take(m: TraceModel, req: ReqShadow, block: int, as_hit: bool) -> None:
+    """BLOCK-EXCLUSIVE and ALLOC-FROM-HEAD for ``block``, then ``req`` takes
+    it (the null block, a violation already, is never taken)."""
+    blocks.check_acquire(m, req, block, as_hit)
+    if block:
+        m.take_block(req, block, as_hit)
+
+
+def acquire_running(m: TraceModel, req: ReqShadow, ev: dict) -> None:
+    """A running request's new blocks, group after group, from the free queue's head."""
+    tables = _ensure(m, req)
+    for g, new in enumerate(_group_lists(m, ev, "schedule", req)):
+        for block in new:
+            _take(m, req, block, False)
+            tables[g].append(block)
+
+
+def admit(m: TraceModel, req: ReqShadow, ev: dict, hit: int) -> None:
+    """An admission's tables: prefix-hit checks per group, every group's hit
+    blocks taken (touched) before any group's new blocks (vLLM
+    ``allocate_new_computed_blocks`` then ``allocate_new_blocks``)."""
+    rid = req.request_id
+    tables = _group_lists(m, ev, "admission", req)
+    n_hit = hit // m.bs
+    check_prefix_hit(m, req, hit, tables)
+    req.groups = [[] for _ in tables]
+    req.group_registered = [0] * len(tables)
+    for g, table in enumerate(tables):
+        window = m.group_windows[g]
+        skipped = skipped_blocks(m, window, hit)
+        for i, block in enumerate(table[:n_hit]):
+            if block == 0 and i >= skipped and window is not None:
+                m.violate("SLIDING-WINDOW-HELD", rid,
+                          f"group {g}: hit slot {i} is the null block, but the window of token {hit} reads it")
+            elif block != 0 and i < skipped:
+                m.violate("SLIDING-WINDOW-FREE", rid,
+                          f"group {g}: hit slot {i} holds block {block}, wholly before the window of token "
+                          f"{hit}: 0.33.0 adopts the null block there")
+            if block:
+                _take(m, req, block, True)
+            req.groups[g].append(block)
+    for g, table in enumerate(tables):
+        for block in table[n_hit:]:
+            _take(m, req, block, False)
+            req.groups[g].append(block)
+
+
+def check_prefix_hit(m: TraceModel, req: ReqShadow, hit: int, tables: list[list[int]]) -> None:
+    """The prefix-hit rules per group (``blocks.check_group_prefix_hit``)."""
+    blocks.check_group_prefix_hit(m, req, hit, tables, content_key, longest_hit)
+
+
+def _cached(m: TraceModel, req: ReqShadow, i: int, groups: list[int]) -> bool:
+    return all(m.cached.get(content_key(req.chain[i], g)) for g in groups)
+
+
+def longest_hit(m: TraceModel, req: ReqShadow) -> int:
+    """The hit vLLM 0.33.0 finds (``HybridKVCacheCoordinator.find_longest_cache_hit``):
+    the longest length every group accepts, full attention a leading run of
+    cached blocks, a window its last ``cdiv(sliding_window - 1, block_size)``
+    blocks cached (searched right to left), iterated to a fixed point."""
+    max_blocks = (req.num_tokens - 1) // m.bs
+    m.extend_chain(req, max_blocks)
+    spec_groups: dict[int | None, list[int]] = {}
+    for g, window in enumerate(m.group_windows):
+        spec_groups.setdefault(window, []).append(g)
+    order = sorted(spec_groups.items(), key=lambda kv: kv[0] is not None)  # full attention first
+    length = max_blocks
+    while True:
+        cur = length
+        for window, groups in order:
+            if window is None:
+                n = 0
+                while n < cur and _cached(m, req, n, groups):
+                    n += 1
+                cur = n
+                continue
+            need = cdiv(window - 1, m.bs)
+            run, found = 0, False
+            for i in range(cur - 1, -1, -1):
+                if not _cached(m, req, i, groups):
+                    run = 0
+                    continue
+                run += 1
+                if run >= need:
+                    cur, found = i + run, True
+                    break
+            if not found:
+                cur = run
+        if cur >= length:
+            return length * m.bs
+        length = cur
+
+
+def check_cover(m: TraceModel, req: ReqShadow, before: tuple[int, ...], end: int, processed: int) -> None:
+    """After a schedule row: BLOCKS-COVER per group (ceil(end / block_size)
+    slots; a full-attention table holds no null block) and
+    SLIDING-WINDOW-HELD (no null slot the window of ``processed`` reads)."""
+    rid = req.request_id
+    need_slots = cdiv(end, m.bs)
+    for g, table in enumerate(_ensure(m, req)):
+        blocks.check_group_cover(m, req, g, table, max(before[g], need_slots), end)
+        window = m.group_windows[g]
+        if window is None:
+            continue
+        skipped = skipped_blocks(m, window, processed)
+        nulls = [i for i, b in enumerate(table) if b == 0 and i >= skipped]
+        if nulls:
+            m.violate("SLIDING-WINDOW-HELD", rid,
+                      f"group {g}: slot {nulls[0]} is the null block, but the window of token {processed} reads it")
+
+
+def check_window_freed(m: TraceModel, req: ReqShadow, processed: int) -> None:
+    """SLIDING-WINDOW-FREE at a running request's schedule row: no block
+    wholly before the window of its processed tokens is still held."""
+    for g, table in enumerate(_ensure(m, req)):
+        skipped = skipped_blocks(m, m.group_windows[g], processed)
+        kept = [b for b in table[:skipped] if b]
+        if kept:
+            m.violate("SLIDING-WINDOW-FREE", req.request_id,
+                      f"group {g}: allocated with blocks {kept} still held, wholly before the window of "
+                      f"token {processed} (0.33.0 frees them at the allocation)")
+
+
+def on_skipped_free(m: TraceModel, req: ReqShadow, ev: dict) -> None:
+    """A ``skipped_free`` row: each group's freed blocks, last first, are
+    the table's blocks wholly before the window of the processed tokens
+    (SLIDING-WINDOW-HELD: none the window reads, all of its own table;
+    SLIDING-WINDOW-FREE: every one, last first); they leave the table (null
+    slots) and return to the free queue."""
+    rid = req.request_id
+    processed = req.num_computed_tokens - req.in_flight
+    tables = _ensure(m, req)
+    freed_all: list[int] = []
+    for g, freed in enumerate(_group_lists(m, ev, "skipped_free", req)):
+        window = m.group_windows[g]
+        skipped = skipped_blocks(m, window, processed)
+        table = tables[g]
+        expected = [b for b in table[:skipped] if b][::-1]
+        for block in freed:
+            index = table.index(block) if block and block in table else None
+            if index is None or index >= skipped:
+                m.violate("SLIDING-WINDOW-HELD", rid,
+                          f"group {g}: freed block {block} as out of the window of token {processed}, but "
+                          + ("it is not in the group's table" if index is None
+                             else f"the window reads slot {index}"))
+                if index is None:
+                    continue  # followed as freed nonetheless: the trace says it left the table
+            table[index] = 0
+            if block in req.blocks:
+                req.blocks.remove(block)
+            freed_all.append(block)
+        if freed != expected and all(b in expected for b in freed):
+            m.violate("SLIDING-WINDOW-FREE", rid,
+                      f"group {g}: freed {freed}; the blocks wholly before the window of token {processed}, "
+                      f"last first, are {expected}")
+    m.return_blocks(freed_all, rid)
+    m.note(req, f"skipped_free {freed_all}")
+
+
+def free_parts(m: TraceModel, req: ReqShadow, deferred: bool) -> list[list[int]]:
+    """The table's blocks as a free returns them to the pool, one list per
+    ``BlockPool.free_blocks`` call (vLLM ``KVCacheCoordinator.free``: one
+    call per group, each tail first, null slots left out; a deferred free:
+    one call, every group's blocks in allocation order, reversed, as the
+    drain frees them)."""
+    tables = _ensure(m, req)
+    if deferred:
+        return [[b for table in tables for b in table if b][::-1]]
+    return [[b for b in table[::-1] if b] for table in tables]
+
+
+def check_free_groups(m: TraceModel, req: ReqShadow, ev: dict, kind: str) -> None:
+    """A free's ``group_block_ids`` against each group's table, tail first
+    (``blocks.check_group_free_order``)."""
+    if ev.get("group_block_ids") is None:
+        return
+    expected = [[b for b in table[::-1] if b] for table in _ensure(m, req)]
+    blocks.check_group_free_order(m, req, kind, [list(g or ()) for g in ev["group_block_ids"]], expected)
+
+
+def clear(req: ReqShadow) -> None:
+    """The request holds no table any more."""
+    if req.groups is not None:
+        req.groups = [[] for _ in req.groups]
+        req.group_registered = [0] * len(req.groups)
+
+
+def register_full_blocks(m: TraceModel, req: ReqShadow, upto_tokens: int) -> None:
+    """Record each group's full blocks within ``upto_tokens`` (null slots
+    passed over), keyed per group (vLLM ``cache_blocks`` per manager)."""
+    if not m.caching:
+        return
+    tables = _ensure(m, req)
+    for g, table in enumerate(tables):
+        n_full = min(upto_tokens, req.num_tokens, len(table) * m.bs) // m.bs
+        m.extend_chain(req, n_full)
+        for i in range(req.group_registered[g], n_full):
+            block = table[i]
+            if block and block not in m.content:
+                key = content_key(req.chain[i], g)
+                m.content[block] = key
+                m.cached.setdefault(key, set()).add(block)
+        req.group_registered[g] = max(req.group_registered[g], n_full)
+    req.registered = min(req.group_registered)
+
+
+def unregister_withdrawn(m: TraceModel, req: ReqShadow, registered_before: Any) -> None:
+    """A withdrawn chunk's eagerly cached blocks hold no computed KV
+    (``TraceModel.unregister_withdrawn``, per group)."""
+    before = list(registered_before) if isinstance(registered_before, (list, tuple)) \
+        else [registered_before] * len(m.group_windows)
+    for g, table in enumerate(_ensure(m, req)):
+        for i in range(before[g], req.group_registered[g]):
+            block = table[i]
+            key = content_key(req.chain[i], g)
+            if block and m.content.get(block) == key:
+                del m.content[block]
+                m.cached[key].discard(block)
+                if not m.cached[key]:
+                    del m.cached[key]
+                m.uncomputed[block] = req.request_id
+        req.group_registered[g] = min(req.group_registered[g], before[g])
+    req.registered = min(req.group_registered)
+
+
+def blocks_needed(m: TraceModel, held: Any, end: int) -> int:
+    """Blocks a request holding ``held`` (a table length, or each group's)
+    still needs for ``end`` tokens (the progress layer's bound)."""
+    n = cdiv(end, m.bs)
+    if isinstance(held, tuple):
+        return sum(max(n - h, 0) for h in held)
+    return n - held

@@ -1,0 +1,107 @@
+"""Hybrid models recorded and checked (issue 28 stage 2): per-group block ids
+in the trace (schema 9, docs/trace-format.md "Hybrid models"), the per-group
+block rules and the sliding-window rules (harness/check/hybrid.py), their
+mutants, and the hybrid goldens (golden/hybrid/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from harness.check import check_steps
+from harness.check.invariants import INVARIANTS
+from harness.golden import CHECKOUT_DIR, check_goldens
+from harness.mutation import kill_matrix, run_candidate
+from harness.scenarios import HYBRID_SCENARIOS
+from harness.trace import open_trace
+from harness.trace.schema import HYBRID_SCHEMA_VERSION, SCHEMA_VERSION
+from reference.scheduler import Scheduler
+
+HYBRID = CHECKOUT_DIR / "hybrid"
+
+
+def _rows(path: Path, steps: set[int]) -> list[dict]:
+    return [r for step, rows in open_trace(path).iter_steps() if step in steps for r in rows]
+
+
+def _brief(r: dict) -> tuple:
+    return (r["step"], r["event_index"], r["kind"], r["request_id"], r["num_computed_tokens"],
+            r["num_scheduled_tokens"], r["num_prefix_hit_tokens"], r["block_ids"], r["group_block_ids"])
+
+
+def test_a_hybrid_trace_is_schema_9_and_a_one_group_trace_keeps_schema_8_without_the_column() -> None:
+    hybrid = pq.ParquetFile(HYBRID / "hybrid-alternating.parquet").schema_arrow
+    single = pq.ParquetFile(CHECKOUT_DIR / "prefix-sharing.parquet").schema_arrow
+    assert str(hybrid.field("group_block_ids").type) == "list<element: list<element: int32>>"
+    assert "group_block_ids" not in single.names and len(hybrid.names) == len(single.names) + 1
+    assert open_trace(HYBRID / "hybrid-alternating.parquet").meta["schema_version"] == HYBRID_SCHEMA_VERSION == 9
+    one_group = open_trace(CHECKOUT_DIR / "prefix-sharing.parquet")
+    assert one_group.meta["schema_version"] == SCHEMA_VERSION == 8
+    assert all(r["group_block_ids"] is None for _, rows in one_group.iter_steps() for r in rows)  # read as null
+
+
+def test_blocks_per_group_window_frees_and_a_sliding_window_hit_in_the_alternating_golden() -> None:
+    # Layers [sliding (window 8), full]: group 0 sliding window, group 1 full attention; block 4 tokens.
+    rows = [_brief(r) for r in _rows(HYBRID / "hybrid-alternating.parquet", {0, 12, 31})
+            if r["kind"] in ("schedule", "skipped_free", "finish")]
+    # A 64-token chunk: 16 blocks a group, every group's blocks in allocation order pool-wide.
+    assert rows[0] == (0, 2, "schedule", "r000000", 0, 64, 0, list(range(1, 33)),
+                       [list(range(1, 17)), list(range(17, 33))])
+    # 35 computed: the window of token 35 starts at 28, so slot 6 (tokens 24-27) leaves group 0
+    # before the allocation, last block first, and its slot holds the null block.
+    assert rows[1] == (12, 2, "skipped_free", "r000001", None, None, None, [11], [[11], []])
+    assert rows[2] == (12, 3, "schedule", "r000001", 35, 1, 0, [], [[], []])
+    # A finish frees group after group, each table tail first, leading null slots left out.
+    assert rows[4] == (12, 9, "finish", "r000001", None, None, None, [39, 1, 38, 16, 4, 5, 6, 7, 8, 9, 10],
+                       [[39, 1], [38, 16, 4, 5, 6, 7, 8, 9, 10]])
+    # A 12-token hit: the sliding window keeps its last cdiv(8 - 1, 4) = 2 blocks and the null
+    # block before them; every group's hit blocks come first pool-wide, then the new ones.
+    hit = next(r for r in rows if r[0] == 31 and r[6])
+    assert hit[:7] == (31, 1, "schedule", "r000004", 12, 53, 12)
+    assert hit[8][0][:3] == [0, 20, 21] and hit[8][1][:3] == [23, 24, 25]
+    assert hit[7][:5] == [20, 21, 23, 24, 25] and len(hit[8][0]) == len(hit[8][1]) == 17
+
+
+def test_the_hybrid_goldens_check_clean_and_replay_identically_on_the_reference() -> None:
+    results = check_goldens(HYBRID, scenarios=HYBRID_SCENARIOS)
+    assert [(r.scenario, r.ok, r.steps, r.replayed_steps) for r in results] == [
+        ("hybrid-alternating", True, 213, 213), ("hybrid-five-to-one", True, 253, 253)]
+    manifest = (HYBRID / "MANIFEST.json").read_text()
+    assert '"preemptions": 5' in manifest and '"preemptions": 16' in manifest
+    assert '"prefix_hit_tokens": 328' in manifest and '"prefix_hit_tokens": 452' in manifest
+
+
+@pytest.mark.parametrize("name, target", [("keep-skipped-blocks", "SLIDING-WINDOW-FREE"),
+                                          ("free-window-ahead", "SLIDING-WINDOW-HELD")])
+def test_each_sliding_window_rule_fires_on_its_mutant_only(name: str, target: str) -> None:
+    assert INVARIANTS[target].layer == ("semantics" if target == "SLIDING-WINDOW-FREE" else "safety")
+    (row,) = kill_matrix([name], list(HYBRID_SCENARIOS))
+    for scenario, cell in row.cells.items():
+        assert cell.ended == "" and cell.result.by_invariant.get(target), (scenario, cell.result.by_invariant)
+        # The reference on the same scenario: silent.
+        clean = run_candidate(Scheduler, HYBRID_SCENARIOS[scenario])
+        assert clean.ended == "" and clean.result.by_invariant == {}, (scenario, clean.result.by_invariant)
+    if name == "free-window-ahead":  # a freed block the window reads: nothing else to blame
+        assert set(row.cells["hybrid-alternating"].result.by_invariant) == {"SLIDING-WINDOW-HELD"}
+
+
+def _doctored(mutate) -> dict[str, int]:
+    trace = open_trace(HYBRID / "hybrid-alternating.parquet")
+    steps = [(step, [dict(r) for r in rows]) for step, rows in trace.iter_steps()]
+    mutate(steps)
+    return check_steps(trace.meta["config"], steps).by_invariant
+
+
+def test_a_free_out_of_group_order_is_free_order_and_a_row_without_groups_blocks_cover() -> None:
+    def swap_groups(steps):
+        row = next(r for _, rows in steps for r in rows if r["kind"] == "finish")
+        row["group_block_ids"] = row["group_block_ids"][::-1]
+
+    def drop_groups(steps):
+        row = next(r for _, rows in steps for r in rows if r["kind"] == "schedule" and r["step"] == 5)
+        row["group_block_ids"] = None
+
+    assert _doctored(swap_groups) == {"FREE-ORDER": 1}
+    assert "BLOCKS-COVER" in _doctored(drop_groups)
