@@ -50,8 +50,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _witness(result) -> str:
-    lines = [f"{v.invariant} at step {v.step}, request {v.request}: {v.message}"
-             for v in result.violations[:5]]
+    """The first five violations, one line each, as ``harness check`` words them: a step-level
+    rule names no request (regression: test_regression_plugin_witness_said_request_none)."""
+    lines = [f"{v.invariant} at step {v.step}" + (f", request {v.request}" if v.request is not None else "")
+             + f": {v.message}" for v in result.violations[:5]]
     return "\n".join(lines)
 
 

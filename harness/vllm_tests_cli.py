@@ -58,7 +58,9 @@ def vllm_tests(version: str, files: tuple[str, ...], k: str | None, out_dir: str
         except OutputPathError as exc:
             _err.print(f"error: {exc}", markup=False)
             sys.exit(2)
-    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix=f"vllm-tests-{version}-"))
+    # Absolute: pytest runs in the sdist's folder, where a relative --junitxml or recordings
+    # folder would land (regression: test_regression_vllm_tests_relative_out_dir_lost_results).
+    out = Path(out_dir).resolve() if out_dir else Path(tempfile.mkdtemp(prefix=f"vllm-tests-{version}-"))
     chosen = list(files) or list(own_tests.DEFAULT_FILES)
     try:
         root = own_tests.prepare(version, log)

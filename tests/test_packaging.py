@@ -159,6 +159,31 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+def _wheel_only_env(site: Path) -> dict[str, str]:
+    """The environment for ``python -S`` to import the project from the wheel installed at
+    ``site`` and the third-party libraries from this venv: ``-S`` skips the .pth files, so the
+    editable install's finder (which resolves any subpackage of ``reference`` or ``harness``
+    from the checkout) cannot hide a module the wheel lacks."""
+    import sysconfig
+
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), sysconfig.get_paths()["purelib"]])}
+
+
+def test_regression_wheel_lacked_reference_kv_and_pytest_inject(wheel: Path) -> None:
+    """Regression (new-user trial): ``pip install .`` shipped neither reference/kv/ (the hybrid
+    KV cache, imported by reference/scheduler.py: every command died on "No module named
+    'reference.kv'") nor harness/candidates/vllm/pytest_inject/ (``harness vllm-tests``): the
+    package list in pyproject.toml had not been extended, and the editable install's finder hid
+    it from the installed-wheel test. Every Python file of the sources is in the wheel."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = {n for n in zf.namelist() if n.endswith(".py")}
+    sources = {p.relative_to(ROOT).as_posix() for top in OWN for p in (ROOT / top).rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert sorted(sources - shipped) == []
+
+
 def _shipped(wheel: Path, folder: str) -> dict[str, bytes]:
     """``{file name: bytes}`` of the wheel's files directly in ``folder``."""
     import zipfile
@@ -242,13 +267,13 @@ def test_an_installed_harness_builds_scenarios_from_its_files_and_checks_its_gol
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
                     str(site), str(wheel)], check=True, capture_output=True)
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    env = _wheel_only_env(site)
     code = ("import sys; from harness.scenarios import DIRECTORY, SCENARIOS; "
             "print(DIRECTORY, len(SCENARIOS), next(iter(SCENARIOS)))")
-    where = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+    where = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path,
                            env=env, check=True)
     assert where.stdout == f"{site / 'harness' / 'scenarios'} 20 fcfs-tight\n"
-    check = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "golden", "check"],
-                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    check = subprocess.run([sys.executable, "-S", "-c", "from harness.cli import main; main()", "golden",
+                            "check"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.splitlines()[-1] == f"20 ok, 0 failed ({site / 'harness' / 'goldens'}, candidate reference)"

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -28,6 +30,24 @@ def _fail(err: Console, message: str) -> None:
     sys.exit(2)
 
 
+def _canonical_hint(source: str, err: Console) -> None:
+    """A missing SOURCE that is a canonical (or hybrid) scenario's name, as `harness sweep`
+    takes it: one line naming its file (regression:
+    test_regression_bisect_scenario_name_said_no_such_file)."""
+    from harness.scenarios import DIRECTORY, HYBRID_DIRECTORY, HYBRID_SCENARIOS, SCENARIOS
+
+    name = source[:-len(".toml")] if source.endswith(".toml") else source
+    for names, folder in ((SCENARIOS, DIRECTORY), (HYBRID_SCENARIOS, HYBRID_DIRECTORY)):
+        if name in names:
+            path = folder / f"{name}.toml"
+            try:
+                path = Path(os.path.relpath(path))
+            except ValueError:  # another drive
+                pass
+            _fail(err, f"{source}: no such file; the canonical scenario {name!r} is {path}: "
+                       f"harness bisect {path} --versions ...")
+
+
 def _inputs(source: str, err: Console):
     """(workload, config, seed) of a scenario file or of a trace's inputs."""
     from reference.config import ConfigError
@@ -37,6 +57,8 @@ def _inputs(source: str, err: Console):
     from harness.replay import workload_from_trace
     from harness.trace import TraceError, open_trace
 
+    if not os.path.exists(source):
+        _canonical_hint(source, err)
     try:
         if is_scenario_path(source):
             scenario = load_scenario(source)

@@ -285,7 +285,7 @@ def reseal(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
     metadata and footer summary kept) to ``dst`` with page checksums and a
     fresh digest: what a deliberate editor (a doctored test trace, a forger)
     does. The digest is evidence that nobody changed the file after it was
-    written, not of who wrote it (README "Threat model"). Writes a temp file
+    written, not of who wrote it (docs/explanation/threat-model.md). Writes a temp file
     beside ``dst`` and renames it. Raises OSError or pyarrow.ArrowException
     for an unreadable ``src``, ValueError if it has no footer summary."""
     src, dst = Path(src), Path(dst)
