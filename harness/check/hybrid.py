@@ -260,6 +260,9 @@ def check_free_groups(m: TraceModel, req: ReqShadow, ev: dict, kind: str) -> Non
     """A free's ``group_block_ids`` against each group's table, tail first
     (``blocks.check_group_free_order``)."""
     if ev.get("group_block_ids") is None:
+        if ev.get("block_ids"):
+            # Regression: a preempt row whose groups were nulled passed as conformant.
+            blocks.check_group_lists(m, req, None, kind)
         return
     expected = [[b for b in table[::-1] if b] for table in _ensure(m, req)]
     blocks.check_group_free_order(m, req, kind, [list(g or ()) for g in ev["group_block_ids"]], expected)
