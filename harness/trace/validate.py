@@ -19,7 +19,9 @@ data_parallel_size``) or ranks out of order; a request-scoped row without a
 ``arrival_time_s``, ``abort_time_s``); a negative token id (prompt, stop or
 output tokens; drafts may hold -1 placeholders); an ``arrival``/``reject`` row that
 ``RequestSpec`` refuses (so replay can rebuild the workload); an unknown
-status, finish reason or ``schedule_kind``; a null inside a list; rows out
+status, finish reason or ``schedule_kind``; a null inside a list (or inside
+one of ``group_block_ids``' lists); a hybrid row whose ``group_block_ids``,
+null blocks left out, are not its ``block_ids``; rows out
 of the step's documented order (docs/trace-format.md "Row order"); a
 ``schedule_begin`` without its ``schedule_end`` or an ``update_begin``
 without its ``update_end`` (unless the step ends on ``crash``); rows after
