@@ -213,12 +213,15 @@ def on_skipped_free(m: TraceModel, req: ReqShadow, ev: dict) -> None:
     the table's blocks wholly before the window of the processed tokens
     (SLIDING-WINDOW-HELD: none the window reads, all of its own table;
     SLIDING-WINDOW-FREE: every one, last first); they leave the table (null
-    slots) and return to the free queue."""
+    slots) and return to the free queue, one group's blocks at a time."""
     rid = req.request_id
     processed = req.num_computed_tokens - req.in_flight
     tables = _ensure(m, req)
     freed_all: list[int] = []
+    parts: list[list[int]] = []
     for g, freed in enumerate(_group_lists(m, ev, "skipped_free", req)):
+        part: list[int] = []
+        parts.append(part)
         window = m.group_windows[g]
         skipped = skipped_blocks(m, window, processed)
         table = tables[g]
@@ -235,12 +238,19 @@ def on_skipped_free(m: TraceModel, req: ReqShadow, ev: dict) -> None:
             table[index] = 0
             if block in req.blocks:
                 req.blocks.remove(block)
+            part.append(block)
             freed_all.append(block)
         if freed != expected and all(b in expected for b in freed):
             m.violate("SLIDING-WINDOW-FREE", rid,
                       f"group {g}: freed {freed}; the blocks wholly before the window of token {processed}, "
                       f"last first, are {expected}")
-    m.return_blocks(freed_all, rid)
+    # One BlockPool.free_blocks call per group (vLLM's coordinator has each
+    # manager free its own): with caching off each group's blocks go to the
+    # free queue's head in turn, the last group's first. Regression: one
+    # call for all groups predicted the first group's blocks at the head
+    # (ALLOC-FROM-HEAD on the reference, two sliding-window groups).
+    for part in parts:
+        m.return_blocks(part, rid)
     m.note(req, f"skipped_free {freed_all}")
 
 
@@ -260,6 +270,9 @@ def check_free_groups(m: TraceModel, req: ReqShadow, ev: dict, kind: str) -> Non
     """A free's ``group_block_ids`` against each group's table, tail first
     (``blocks.check_group_free_order``)."""
     if ev.get("group_block_ids") is None:
+        if ev.get("block_ids"):
+            # Regression: a preempt row whose groups were nulled passed as conformant.
+            blocks.check_group_lists(m, req, None, kind)
         return
     expected = [[b for b in table[::-1] if b] for table in _ensure(m, req)]
     blocks.check_group_free_order(m, req, kind, [list(g or ()) for g in ev["group_block_ids"]], expected)

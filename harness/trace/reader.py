@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from harness.trace.schema import (COLUMNS, DIGEST_SINCE, HYBRID_SCHEMA_VERSION, METADATA_KEY, READABLE_VERSIONS,
                                   SCHEMA, SCHEMA_VERSION,
-                                  SUMMARY_KEY, absent_columns)
+                                  SUMMARY_KEY, absent_columns, is_hybrid_config)
 from harness.trace.clock import VirtualClock
 from harness.trace.queues import DELTA_COLUMNS, SNAPSHOT_KINDS, QueueDecoder
 from harness.trace.validate import RowError, StepValidator, suspect_rows
@@ -310,6 +310,7 @@ def _open(p: Path) -> Trace:
             raise TraceError(f"{p}: column {name} has type {pf.schema_arrow.field(name).type}, "
                              f"not {SCHEMA.field(name).type}")
     config = _validate_meta(p, meta)
+    _check_version_of_config(p, version, meta["config"])
     raw_summary = (pf.metadata.metadata or {}).get(SUMMARY_KEY)
     try:
         summary = json.loads(raw_summary) if raw_summary is not None else None
@@ -332,6 +333,22 @@ def _open(p: Path) -> Trace:
         _verify_digest(p, pf, summary, version)
         digest = summary.pop("trace_sha256")  # verified; the summary keeps the run's figures only
     return Trace(p, meta, config, summary, pf.metadata.num_rows, pf, digest)
+
+
+def _check_version_of_config(p: Path, version: int, config: dict[str, Any]) -> None:
+    """TraceError unless the schema version is the one the recorder writes for
+    ``config`` (``schema.schema_for``): 9 exactly for a config naming
+    ``sliding_window`` / ``layer_types``. Regression: a hybrid trace relabelled
+    schema 8 was checked as one (1803 violations when its group column was
+    dropped), and a schema-9 trace with a plain config had its per-group
+    blocks ignored; neither is anything a recorder writes."""
+    hybrid = is_hybrid_config(config)
+    if hybrid and version != HYBRID_SCHEMA_VERSION:
+        raise TraceError(f"{p}: schema {version} trace with a hybrid config (sliding_window / layer_types): "
+                         f"such a trace is written in schema {HYBRID_SCHEMA_VERSION} (metadata edited?)")
+    if not hybrid and version == HYBRID_SCHEMA_VERSION:
+        raise TraceError(f"{p}: schema {version} trace whose config names no sliding_window or layer_types: "
+                         f"a one-group trace is written in schema {SCHEMA_VERSION} (metadata edited?)")
 
 
 def _verify_digest(p: Path, pf: pq.ParquetFile, summary: dict[str, Any], version: int) -> None:

@@ -19,7 +19,9 @@ data_parallel_size``) or ranks out of order; a request-scoped row without a
 ``arrival_time_s``, ``abort_time_s``); a negative token id (prompt, stop or
 output tokens; drafts may hold -1 placeholders); an ``arrival``/``reject`` row that
 ``RequestSpec`` refuses (so replay can rebuild the workload); an unknown
-status, finish reason or ``schedule_kind``; a null inside a list; rows out
+status, finish reason or ``schedule_kind``; a null inside a list (or inside
+one of ``group_block_ids``' lists); a hybrid row whose ``group_block_ids``,
+null blocks left out, are not its ``block_ids``; rows out
 of the step's documented order (docs/trace-format.md "Row order"); a
 ``schedule_begin`` without its ``schedule_end`` or an ``update_begin``
 without its ``update_end`` (unless the step ends on ``crash``); rows after
@@ -140,6 +142,8 @@ class StepValidator:
             phase, sub = _advance(where, kind, phase, sub, open_rows)
             if suspects is None or suspects[index]:
                 _check_values(where, kind, row)
+            if row.get("group_block_ids") is not None:
+                _check_group_blocks(where, kind, row)
             elif kind in _SPEC_KINDS:
                 _check_spec(where, kind, row)
             if kind == "crash":
@@ -190,6 +194,14 @@ def suspect_rows(batch: pa.RecordBatch) -> list[bool]:
         values = batch.column(column)
         if pa.types.is_list(values.type) and values.values.null_count:
             elements_where(column, pc.is_null)
+        if pa.types.is_list(values.type) and pa.types.is_list(values.values.type) \
+                and values.values.values.null_count:
+            # A null id inside an inner list (group_block_ids): the row of that list.
+            inner = pc.list_flatten(values)
+            mask = pc.fill_null(pc.is_null(pc.list_flatten(inner)), True)
+            if pc.any(mask).as_py():
+                lists = pc.filter(pc.list_parent_indices(inner), mask)
+                flagged.append(pc.take(pc.list_parent_indices(values), lists))
     for column in _ID_COLUMNS:
         if column not in names:
             continue
@@ -330,7 +342,7 @@ def _check_values(where: str, kind: str, row: Row) -> None:
     if kind == "schedule_begin" and row.get("clock_s") is None:
         raise RowError(f"{where}: schedule_begin without clock_s")
     for column, value in row.items():
-        if isinstance(value, list) and None in value:
+        if isinstance(value, list) and (None in value or any(isinstance(v, list) and None in v for v in value)):
             raise RowError(f"{where}: null inside {column}")
     status = row.get("status")
     if kind in ("finish", "abort"):
@@ -354,6 +366,33 @@ def _check_values(where: str, kind: str, row: Row) -> None:
                 raise RowError(f"{where}: schedule row without {column}")
     if kind in _SPEC_KINDS:
         _check_spec(where, kind, row)
+
+
+def _check_group_blocks(where: str, kind: str, row: Row) -> None:
+    """A hybrid row's ``group_block_ids`` hold its ``block_ids``: the same
+    ids, each as often, once the null blocks (0, an admission's slots before
+    the window) are left out (docs/trace-format.md "Hybrid models"). Every
+    recorder writes both from the same blocks, so a row whose two columns
+    disagree is an edit; the checker follows the groups and would otherwise
+    never look at ``block_ids``. Regression: a preempt row's groups cut to
+    one list passed ``check`` as conformant."""
+    groups = row["group_block_ids"]
+    if any(not isinstance(g, list) for g in groups):
+        return  # a null list: "null inside group_block_ids" (_check_values)
+    held = [b for g in groups for b in g if b != 0]
+    pool = row.get("block_ids") or []
+    if held == pool:  # every row but an admission with a hit: the groups in order
+        return
+    if None in held or None in pool:
+        return  # "null inside ..." (_check_values)
+    if sorted(held) != sorted(pool):
+        raise RowError(f"{where}: {kind} block_ids {_short(row.get('block_ids'))} are not the blocks of its "
+                       f"group_block_ids {_short(groups)} (null blocks left out)")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_spec(where: str, kind: str, row: Row) -> None:
