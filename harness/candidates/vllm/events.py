@@ -95,6 +95,20 @@ def is_hybrid(kv_cache_config) -> bool:
     return len(groups) > 1 or any(type(g.kv_cache_spec).__name__ != "FullAttentionSpec" for g in groups)
 
 
+def describe_groups(kv_cache_config) -> list[list]:
+    """Each KV-cache group as ``[spec class name, sliding_window or None,
+    block_size, number of layers]``, in group order (a recording's meta
+    ``kv_cache_groups``: the converter maps them onto the harness's
+    ``sliding_window`` and ``layer_types``)."""
+    out = []
+    for g in getattr(kv_cache_config, "kv_cache_groups", ()) or ():
+        spec = g.kv_cache_spec
+        window = getattr(spec, "sliding_window", None)
+        out.append([type(spec).__name__, None if window is None else int(window),
+                    int(getattr(spec, "block_size", 0) or 0), len(getattr(g, "layer_names", ()) or ())])
+    return out
+
+
 def freed_per_group(tables: list[list[int]]) -> list[list[int]]:
     """What freeing these tables gives back, per group: each table tail
     first, null blocks left out (vLLM ``SingleTypeKVCacheManager.free``; the
