@@ -745,7 +745,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         "mid_step_aborts": notes["mid_step_aborts"], "warnings": warnings,
         "unmodelled": _unmodelled(meta_rec, unsupported),
     }
-    if groups_unmodelled:
+    if groups_unmodelled and "kv_cache_spec" not in meta["vllm_recording"]["unmodelled"]:
+        # (A spec the model lacks is marked kv_cache_spec by the recorder already.)
         meta["vllm_recording"]["unmodelled"].setdefault(
             "kv_cache_groups", f"{len(meta_rec['kv_cache_groups'])} KV-cache groups ({groups_unmodelled})")
     # Every group's blocks, where the config names the groups (trace schema 9).
