@@ -33,7 +33,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.trace.recorder import record
-from harness.scenarios import SCENARIOS
+from harness.scenarios import HYBRID_SCENARIOS, SCENARIOS
 from reference.config import EngineConfig
 from reference.workload import RequestSpec, Workload
 
@@ -223,10 +223,15 @@ def _cases() -> dict[str, tuple[EngineConfig, Workload]]:
     assert all(SCENARIOS[name].seed == 0 for name in SCENARIO_NAMES)  # traces carry seed 0
     cases["abort-burst"] = _abort_burst()
     cases["crash"] = _crash_case()
+    # A hybrid model (sliding window + full attention: two KV-cache groups, issue 28).
+    hybrid = HYBRID_SCENARIOS[HYBRID]
+    assert hybrid.seed == 0
+    cases[HYBRID] = (hybrid.engine_config(), hybrid.make_workload())
     return cases
 
 
 CASES = [*SCENARIO_NAMES, "abort-burst"]
+HYBRID = "hybrid-alternating"
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +290,7 @@ def _harness_json(*args: str) -> dict:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", [*CASES, HYBRID])
 def test_recorded_run_converts_checks_and_replays_identically(recorded, tmp_path, name):
     from harness.candidates.vllm.recording_convert import convert
 
@@ -331,7 +336,7 @@ def test_recorded_run_converts_checks_and_replays_identically(recorded, tmp_path
     meta = json.loads(pq.read_schema(trace).metadata[b"sched_harness"])
     assert meta["engine"] == f"vllm@{VERSION}" and meta["seed"] == 0
     assert meta["workload"]["source"] == "live" and len(meta["workload"]["sha256"]) == 64
-    expected_config = config.to_dict()
+    expected_config = json.loads(json.dumps(config.to_dict()))  # layer_types: a JSON list
     assert meta["config"] == expected_config
     unmapped = meta["vllm_recording"]["unmapped_config"]
     assert "cache_config.gpu_memory_utilization" in unmapped  # captured, not ours
@@ -554,3 +559,38 @@ def test_a_crash_in_update_from_output_keeps_the_schedule_and_the_tokens(recorde
     assert (got[-1]["status"], got[-1]["message"]) == ("update_from_output", "RuntimeError: injected update failure")
     check = _harness_json("check", str(trace))
     assert check["violations_by_invariant"] == {"ENGINE-CRASH": 1}
+
+
+@pytest.mark.vllm
+def test_a_hybrid_recording_carries_every_group_and_checks_with_no_rule_skipped(recorded, tmp_path):
+    """Issue 28: the recorder reads every KV-cache group's blocks and the
+    sliding window's frees; the converter names the groups as the config's
+    ``sliding_window``/``layer_types`` (schema 9), so no block rule is
+    skipped for "kv_cache_groups" (regression: group 0's blocks only, and
+    BLOCK-CONSERVATION, ALLOC-FROM-HEAD, BLOCKS-COVER fired on correct vLLM)."""
+    from harness.candidates.vllm.recording_convert import convert
+    from harness.check import check_steps
+    from harness.trace import open_trace
+
+    jsonl, _, config, _ = recorded["runs"][HYBRID]
+    meta_rec = json.loads(jsonl.read_text().splitlines()[0])
+    assert meta_rec["kv_cache_groups"] == [["SlidingWindowSpec", 8, 4, 1], ["FullAttentionSpec", None, 4, 1]]
+    assert meta_rec["unmodelled"] == {} and meta_rec["warnings"] == []
+    trace = tmp_path / "hybrid.parquet"
+    convert(jsonl, trace)
+    tr = open_trace(trace)
+    assert tr.meta["schema_version"] == 9 and tr.meta["vllm_recording"]["unmodelled"] == {}
+    assert (tr.meta["config"]["sliding_window"], tr.meta["config"]["layer_types"]) == (
+        8, ["sliding_attention", "full_attention"])
+    rows = [r for _, rs in tr.iter_steps() for r in rs]
+    # The golden's step-12 window free (tests/test_hybrid_trace.py), as vLLM recorded it.
+    assert [(r["request_id"], r["block_ids"], r["group_block_ids"]) for r in rows
+            if r["kind"] == "skipped_free" and r["step"] == 12] == [("r000001", [11], [[11], []])]
+    assert sum(r["kind"] == "skipped_free" for r in rows) == 110  # as many as the golden holds
+    first = next(r for r in rows if r["kind"] == "schedule")
+    assert first["group_block_ids"] == [list(range(1, 17)), list(range(17, 33))]
+    from harness.check.checker import unjudged_rules
+
+    assert unjudged_rules(tr.meta) == {}  # every block rule judged
+    result = check_steps(tr.meta["config"], tr.iter_steps())
+    assert result.ok and result.by_invariant == {}, result.by_invariant

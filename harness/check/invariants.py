@@ -142,7 +142,10 @@ def _known(invariant_id: str) -> None:
 #: Rules the model cannot judge on a recording with a feature it does not follow,
 #: by the ``unmodelled`` key of a trace's ``vllm_recording`` metadata
 #: (``recording_convert``): the block rules, for what vLLM's KV manager does
-#: there beyond the model's one pool of full-attention blocks.
+#: there beyond the model's one pool of full-attention blocks. ``kv_cache_groups``
+#: marks only groups the converter cannot name as ``sliding_window``/``layer_types``
+#: (or a recording made before every group was recorded): a hybrid recording
+#: whose groups it names is schema 9 and every block rule runs per group.
 UNMODELLED_RULES: dict[str, tuple[str, ...]] = {
     "kv_connector": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
                      "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK",

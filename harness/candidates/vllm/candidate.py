@@ -37,7 +37,7 @@ from reference.config import EngineConfig
 from reference.kv_connector import KVConnectorOutput
 from reference.output import (FinishedRequest, KVTransferFree, Preemption, PrefixCacheReset, Promotion, RemoteLoad,
                               RequestState, ScheduledRequest, SchedulerOutput, SchedulerSnapshot, Skip,
-                              UpdateResult, Withdrawal)
+                              SkippedFree, UpdateResult, Withdrawal)
 from reference.request import Request, RequestStatus
 
 from harness.children import ChildPool, GroupWatchdog, die_with_parent, shim_command, stop_process_group
@@ -304,7 +304,7 @@ def _finished(item: dict[str, Any]) -> FinishedRequest:
     status = _status(item["status"])
     return FinishedRequest(item["request_id"], status, item["finish_reason"], item["stop_reason"],
                            item["num_output_tokens"], list(item["freed_block_ids"]),
-                           item.get("fence"))
+                           item.get("fence"), item.get("group_block_ids"))
 
 
 def _snapshot(data: dict[str, Any]) -> SchedulerSnapshot:
@@ -330,12 +330,16 @@ def _output(data: dict[str, Any]) -> SchedulerOutput:
             events.append(ScheduledRequest(e["request_id"], e["kind"], e["num_computed_tokens"],
                                            e["num_scheduled_tokens"], e["num_prefix_hit_tokens"],
                                            list(e["new_block_ids"]),
-                                           list(e.get("spec_token_ids") or ())))
+                                           list(e.get("spec_token_ids") or ()),
+                                           group_block_ids=e.get("group_block_ids")))
         elif kind == "withdraw":
-            events.append(Withdrawal(e["request_id"], e["num_scheduled_tokens"], list(e["block_ids"])))
+            events.append(Withdrawal(e["request_id"], e["num_scheduled_tokens"], list(e["block_ids"]),
+                                     group_block_ids=e.get("group_block_ids")))
         elif kind == "preempt":
             events.append(Preemption(e["request_id"], e["num_computed_tokens"],
-                                     list(e["freed_block_ids"]), e.get("fence")))
+                                     list(e["freed_block_ids"]), e.get("fence"), e.get("group_block_ids")))
+        elif kind == "skipped_free":
+            events.append(SkippedFree(e["request_id"], list(e["freed_block_ids"]), e["group_block_ids"]))
         elif kind == "skip":
             events.append(Skip(e["request_id"], e["reason"]))
         elif kind == "kv_load":
@@ -414,9 +418,21 @@ class VLLMCandidate:
                 # lacks, a key it cannot map): a refusal, not a crash of vLLM.
                 text = exc.crash_message.removeprefix("DriverError: ")
                 raise VLLMRefused(f"{self.target.label} cannot run this config: {text}") from None
+            self._check_groups()
             self._snap = None
             self._in_flight.clear()
         return self._proc
+
+    def _check_groups(self) -> None:
+        """vLLM's KV-cache groups (``init``'s ``kv_cache_groups``) against the
+        config's (``EngineConfig.kv_cache_groups``, the reference's grouping):
+        VLLMDriverError, one line, when they differ."""
+        ours = [[type(g.kv_cache_spec).__name__, getattr(g.kv_cache_spec, "sliding_window", None),
+                 list(g.layer_ids)] for g in self.config.kv_cache_groups] or None
+        theirs = self.info.get("kv_cache_groups")
+        if ours != theirs and not (ours is None and theirs is None):
+            raise VLLMDriverError(f"{self.target.label} groups the layers as {theirs}, the reference "
+                                  f"as {ours} (reference.kv.kv_cache_spec.kv_cache_groups_for)")
 
     def _call(self, op: str, **payload: Any) -> dict[str, Any]:
         return self._driver().call({"op": op, **payload}, timeout=self.step_timeout)
@@ -470,7 +486,8 @@ class VLLMCandidate:
         self._snap = _snapshot(answer["snapshot"])
         return PrefixCacheReset(reset_running_requests, list(answer["running_before"]),
                                 [Preemption(p["request_id"], p["num_computed_tokens"],
-                                            list(p["freed_block_ids"]), p.get("fence"))
+                                            list(p["freed_block_ids"]), p.get("fence"),
+                                            p.get("group_block_ids"))
                                  for p in answer["preemptions"]],
                                 bool(answer["succeeded"]))
 

@@ -113,6 +113,21 @@ the transfers processed and the frees of requests that finished while
 loading. Versions whose scheduler lacks 0.33.0's connector plumbing
 (``kv_holding_waiting``, ...) are refused at ``init`` with one line.
 
+Hybrid models (the harness's ``sliding_window`` and ``layer_types``, named
+as in a model config; ``reference/kv/``): one KV-cache spec per layer
+(``FullAttentionSpec`` for ``full_attention``, ``SlidingWindowSpec`` with the
+window for ``sliding_attention``; a window without layer types: one sliding
+layer), all of the config's ``block_size``, grouped by vLLM's own
+``get_kv_cache_groups`` into the ``KVCacheConfig`` of ``num_gpu_blocks``
+blocks the scheduler gets, as a GPU engine would build it: the CPU
+platform turns ``SchedulerConfig.disable_hybrid_kv_cache_manager`` on (no
+hybrid KV-cache support), so it is set back off first. ``init`` answers the
+groups (``kv_cache_groups``: ``[spec name, window or None, layer indices]``
+each) for the harness to check against its own grouping. The hooks then
+record every group's blocks and the window frees (``events.DecisionHooks``,
+``normalise(num_groups=...)``). A KV connector with a hybrid config is
+refused, as the harness refuses it.
+
 One file over ~500 lines on purpose: it is started as a script by path
 under vLLM's own virtual environment (``candidate.py``), where this
 project's packages are not importable, so the protocol loop, the scheduler
@@ -126,6 +141,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections import deque
+import importlib
 import importlib.util
 import json
 import os
@@ -224,6 +240,8 @@ MAPPED_KEYS = {
     # max_concurrent_batches is derived (checked against vLLM's own).
     "async_scheduling", "pipeline_parallel_size", "max_concurrent_batches", "defer_block_free",
     "data_parallel_size",
+    # A hybrid model's KV cache (see "Hybrid models" in the module docstring).
+    "sliding_window", "layer_types",
 }
 #: Formerly the pipelining fields refused at non-synchronous values; all are
 #: mapped now (kept empty for callers that still add it to the known keys).
@@ -631,9 +649,16 @@ class Driver:
         if "use_mla" in ev.field_names(self.FullAttentionSpec):
             spec_kwargs["use_mla"] = False
         spec = self.FullAttentionSpec(**spec_kwargs)
+        kv_cache_groups = self._hybrid_kv_cache_groups(config, vllm_config, spec_kwargs)
+        self.kv_cache_groups_answer = None
+        if kv_cache_groups is None:
+            kv_cache_groups = [self.KVCacheGroupSpec(["layer"], spec)]
+        else:
+            self.kv_cache_groups_answer = [
+                [type(g.kv_cache_spec).__name__, getattr(g.kv_cache_spec, "sliding_window", None),
+                 [int(name.rsplit(".", 1)[1]) for name in g.layer_names]] for g in kv_cache_groups]
         kv_cache_config = self.KVCacheConfig(
-            num_blocks=num_blocks, kv_cache_tensors=[],
-            kv_cache_groups=[self.KVCacheGroupSpec(["layer"], spec)])
+            num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=kv_cache_groups)
         sched_kwargs = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                             structured_output_manager=self.StructuredOutputManager(vllm_config),
                             block_size=block_size, log_stats=False, include_finished_set=False)
@@ -692,7 +717,61 @@ class Driver:
                 "defer_block_free_by_vllm": vllm_deferred,
                 "local_prefill_interval": getattr(sched, "local_prefill_interval", 1),
                 "max_concurrent_batches": self.max_in_flight,
+                "kv_cache_groups": self.kv_cache_groups_answer,
                 "num_free_blocks": self.num_free_blocks()}
+
+    def _hybrid_kv_cache_groups(self, config: dict, vllm_config, spec_kwargs: dict):
+        """vLLM's KV-cache groups for the config's ``layer_types`` and
+        ``sliding_window`` (see "Hybrid models" in the module docstring), or
+        None for a model of full-attention layers only (the one-group
+        ``KVCacheConfig``). DriverError: a layer type the driver does not
+        build, a KV connector, a vLLM without the grouping function."""
+        window = config.get("sliding_window")
+        layer_types = list(config.get("layer_types") or ())
+        if not layer_types:
+            layer_types = ["sliding_attention"] if window is not None else []
+        if all(t == "full_attention" for t in layer_types):
+            return None
+        if self.kv_connector:
+            raise DriverError("a KV connector with a hybrid KV cache (sliding_window/layer_types) is not driven")
+        from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+        specs = {}
+        for i, layer_type in enumerate(layer_types):
+            if layer_type == "full_attention":
+                specs[f"layer.{i}"] = self.FullAttentionSpec(**spec_kwargs)
+            elif layer_type == "sliding_attention" and window is not None:
+                specs[f"layer.{i}"] = SlidingWindowSpec(**ev.kwargs_for(
+                    SlidingWindowSpec, {**spec_kwargs, "sliding_window": int(window)}))
+            else:
+                raise DriverError(f"layer_types[{i}] {layer_type!r} (sliding_window {window}) is not "
+                                  f"a layer the driver builds")
+        get_kv_cache_groups = None
+        for module in ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils"):
+            try:
+                get_kv_cache_groups = getattr(importlib.import_module(module), "get_kv_cache_groups")
+                break
+            except (ImportError, AttributeError):
+                continue
+        if get_kv_cache_groups is None:
+            raise DriverError(f"vLLM {self.version} has no get_kv_cache_groups: hybrid KV caches "
+                              f"are not driven")
+        sc = vllm_config.scheduler_config
+        if getattr(sc, "disable_hybrid_kv_cache_manager", False):
+            # The CPU platform's choice (no hybrid KV-cache support); a GPU keeps it on.
+            sc.disable_hybrid_kv_cache_manager = False
+        cc = vllm_config.cache_config
+        unresolved = hasattr(cc, "kv_cache_layout") and cc.kv_cache_layout is None
+        if unresolved:
+            # The engine core resolves the layout from its workers' backends
+            # (none here); it only matters to layers of different page sizes,
+            # and every layer built here has the same page size.
+            cc.kv_cache_layout = "NHD"
+        try:
+            return list(get_kv_cache_groups(vllm_config, specs))
+        finally:
+            if unresolved:
+                cc.kv_cache_layout = None
 
     # -- KV connector stand-in ------------------------------------------------
     def _kv_transfer_config(self, config: dict):
@@ -771,8 +850,12 @@ class Driver:
         return {}
 
     def _finished_info(self, request) -> dict:
+        groups = self.hooks.freed_groups.pop(request.request_id, None)
+        if self.hooks.hybrid and groups is None:
+            groups = [[] for _ in range(self.hooks.num_groups)]
         return ev.finished_info(request, self.hooks.freed.pop(request.request_id, []),
-                                self.hooks.fences.pop(request.request_id, None))
+                                self.hooks.fences.pop(request.request_id, None),
+                                groups if self.hooks.hybrid else None)
 
     def abort(self, request_ids: list[str]) -> dict:
         sched = self._require()
@@ -799,7 +882,8 @@ class Driver:
         # Passed by name: a vLLM without the parameter fails loudly (TypeError).
         ok = sched.reset_prefix_cache(reset_running_requests=reset_running_requests)
         preemptions = [{"request_id": item[1], "num_computed_tokens": item[2],
-                        "freed_block_ids": list(item[3]), "fence": item[4] if len(item) > 4 else None}
+                        "freed_block_ids": list(item[3]), "fence": item[4] if len(item) > 4 else None,
+                        "group_block_ids": item[5] if len(item) > 5 else None}
                        for item in self.hooks.seq if item[0] == "preempt"]
         self.hooks.seq = []
         return {"succeeded": bool(ok), "running_before": running_before, "preemptions": preemptions,
@@ -831,7 +915,8 @@ class Driver:
         self.in_flight.append(so)
         output = ev.normalise(so, self.hooks.seq, use_v2=self.use_v2,
                               max_num_scheduled_tokens=self.max_num_scheduled_tokens,
-                              requests=sched.requests)
+                              requests=sched.requests,
+                              num_groups=self.hooks.num_groups if self.hooks.hybrid else 0)
         self.last_preempted = list(output["preempted_req_ids"])
         output.update(throttle_prefills=bool(throttle_prefills), defer_prefills=defer,
                       prefill_capacity_bound=bool(getattr(sched, "prefill_capacity_bound", False)))

@@ -70,6 +70,52 @@ def table_of(kv_cache_manager, request_id: str) -> list[int]:
     return list(ids[0]) if ids else []
 
 
+def group_tables(kv_cache_manager, request_id: str) -> list[list[int]]:
+    """The request's table of every KV-cache group (null blocks as 0): vLLM
+    ``KVCacheManager.get_blocks(id).get_block_ids()``; ``[]`` per group for
+    an unknown request."""
+    get_blocks = getattr(kv_cache_manager, "get_blocks", None)
+    ids = get_blocks(request_id).get_block_ids() if get_blocks is not None \
+        else kv_cache_manager.get_block_ids(request_id)
+    return [list(g) for g in ids]
+
+
+def group_ids_of(kv_blocks, num_groups: int) -> list[list[int]]:
+    """Every group's block ids of a KVCacheBlocks (None: an empty list per group)."""
+    if kv_blocks is None:
+        return [[] for _ in range(num_groups)]
+    return [list(g) for g in kv_blocks.get_block_ids()]
+
+
+def is_hybrid(kv_cache_config) -> bool:
+    """Whether a KVCacheConfig is a hybrid model's, as the harness records it
+    (trace schema 9): more than one KV-cache group, or a group whose spec is
+    not full attention (a sliding window)."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", ()) or ())
+    return len(groups) > 1 or any(type(g.kv_cache_spec).__name__ != "FullAttentionSpec" for g in groups)
+
+
+def describe_groups(kv_cache_config) -> list[list]:
+    """Each KV-cache group as ``[spec class name, sliding_window or None,
+    block_size, number of layers]``, in group order (a recording's meta
+    ``kv_cache_groups``: the converter maps them onto the harness's
+    ``sliding_window`` and ``layer_types``)."""
+    out = []
+    for g in getattr(kv_cache_config, "kv_cache_groups", ()) or ():
+        spec = g.kv_cache_spec
+        window = getattr(spec, "sliding_window", None)
+        out.append([type(spec).__name__, None if window is None else int(window),
+                    int(getattr(spec, "block_size", 0) or 0), len(getattr(g, "layer_names", ()) or ())])
+    return out
+
+
+def freed_per_group(tables: list[list[int]]) -> list[list[int]]:
+    """What freeing these tables gives back, per group: each table tail
+    first, null blocks left out (vLLM ``SingleTypeKVCacheManager.free``; the
+    pool passes over the null block)."""
+    return [[b for b in reversed(table) if b] for table in tables]
+
+
 def kwargs_for(callable_obj, wanted: dict) -> dict:
     """The subset of ``wanted`` that ``callable_obj`` accepts."""
     params = inspect.signature(callable_obj).parameters
@@ -148,6 +194,18 @@ class DecisionHooks:
     promotion, ``("promote", id, status, num_computed_tokens, load_failed,
     freed blocks)``; ``_update_from_kv_xfer_finished`` fills ``recving`` and
     ``kv_freed``.
+
+    Hybrid models (``hybrid``: several KV-cache groups, or a sliding window;
+    ``is_hybrid``): an ``alloc`` item carries a tenth element, each group's
+    new block ids (a running request) or each group's whole table and hit
+    length in blocks (an admission); ``freed_groups`` maps request id ->
+    each group's blocks of its last free (tail first, null blocks left out);
+    a ``preempt`` item carries them as its sixth element; and the blocks a
+    sliding-window group frees as they leave the window
+    (``coordinator.remove_skipped_blocks``, called by ``allocate_slots``
+    before it allocates, whether or not the allocation then fits) are a
+    ``("skipped_free", id, each group's freed ids, last block first)`` item
+    right before that call's ``alloc`` (or the preemptions its failure causes).
     """
 
     def __init__(self, sched) -> None:
@@ -164,6 +222,14 @@ class DecisionHooks:
         self.kv_freed: list[tuple[str, list[int], int | None]] = []
         self.in_schedule = False
         self.active = True
+        kv_cache_config = getattr(sched, "kv_cache_config", None) or getattr(
+            sched.kv_cache_manager, "kv_cache_config", None)
+        self.hybrid = is_hybrid(kv_cache_config)
+        self.num_groups = len(getattr(kv_cache_config, "kv_cache_groups", ()) or ()) or 1
+        self.freed_groups: dict[str, list[list[int]]] = {}
+        # Each group's blocks the windows freed inside the allocate_slots call
+        # under way (hybrid models): taken by the allocate_slots hook.
+        self.skipped: list[list[int]] | None = None
         # Called as outside(method, request id) when a preemption happens outside
         # schedule() (a unit test calling _preempt_request by hand; a reset that
         # preempts the running requests): the recording scheduler sets it.
@@ -202,7 +268,11 @@ class DecisionHooks:
             status_before = status_names.get(status)
             if status_before is None:
                 status_before = status_names[status] = status.name
+            hooks.skipped = None
             result = orig_alloc(request, *args, **kwargs)
+            skipped, hooks.skipped = hooks.skipped, None
+            if skipped is not None and hooks.in_schedule and hooks.active:
+                hooks.seq.append(("skipped_free", request.request_id, skipped))
             if result is not None and hooks.in_schedule and hooks.active:
                 n_new = arg(args, kwargs, "num_new_tokens")
                 if kwargs.get("delay_cache_blocks") or (
@@ -226,13 +296,19 @@ class DecisionHooks:
                         if n_spec > 0:
                             spec = list(request.spec_token_ids[:n_spec])
                     # (normalise reads the whole table of admissions only.)
+                    groups = ({"new": group_ids_of(result, hooks.num_groups)} if hooks.hybrid else None)
                     hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
                                       n_new, arg(args, kwargs, "num_new_computed_tokens"),
-                                      blocks_of(result), spec, None))
+                                      blocks_of(result), spec, None, groups))
                 else:
+                    groups = None
+                    if hooks.hybrid:
+                        hits = getattr(arg(args, kwargs, "new_computed_blocks") or None, "blocks", None)
+                        groups = {"table": group_tables(kvm, request.request_id),
+                                  "hits": [len(g) for g in hits] if hits else [0] * hooks.num_groups}
                     hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
                                       n_new, arg(args, kwargs, "num_new_computed_tokens"),
-                                      blocks_of(result), [], table_of(kvm, request.request_id)))
+                                      blocks_of(result), [], table_of(kvm, request.request_id), groups))
             return result
 
         @functools.wraps(orig_free)  # keeps the signature for whoever wraps us
@@ -243,26 +319,37 @@ class DecisionHooks:
                 table = table_of(kvm, request.request_id)
             except KeyError:
                 table = []
+            groups = None
+            if hooks.hybrid:
+                groups = freed_per_group(group_tables(kvm, request.request_id))
+                table = [b for ids in groups for b in ids][::-1]  # reversed below: every group in order
             computed_before = request.num_computed_tokens
             inline_victim = (hooks.inline_preempt and hooks.in_schedule
                              and request.status.name == "RUNNING")
             orig_free(request, *args, **kwargs)
             hooks.freed[request.request_id] = table[::-1]
             hooks.fences.pop(request.request_id, None)
+            if groups is not None:
+                hooks.freed_groups[request.request_id] = groups
             if hooks.free_order is not None:
                 hooks.free_order.append(request.request_id)
             if inline_victim:
                 hooks.freed.pop(request.request_id, None)
-                hooks.seq.append(("preempt", request.request_id, computed_before, table[::-1], None))
+                hooks.seq.append(("preempt", request.request_id, computed_before, table[::-1], None,
+                                  hooks.freed_groups.pop(request.request_id, None)))
 
         orig_pop = getattr(kvm, "pop_blocks_for_free", None)
 
         def pop_blocks_for_free(request, *args, **kwargs):
             # The deferred branch of _free_request_blocks: the blocks leave the
             # request now and reach the pool once the fence has passed.
+            groups = (freed_per_group(group_tables(kvm, request.request_id))
+                      if hooks.active and hooks.hybrid else None)
             blocks = orig_pop(request, *args, **kwargs)
             if hooks.active:
                 hooks.freed[request.request_id] = [b.block_id for b in reversed(blocks)]
+                if groups is not None:
+                    hooks.freed_groups[request.request_id] = groups
                 hooks.fences[request.request_id] = sched.sched_step_seq
                 if hooks.free_order is not None:
                     hooks.free_order.append(request.request_id)
@@ -288,15 +375,17 @@ class DecisionHooks:
             computed_before = request.num_computed_tokens
             hooks.freed.pop(request.request_id, None)
             hooks.fences.pop(request.request_id, None)
+            hooks.freed_groups.pop(request.request_id, None)
             orig_preempt(request, *args, **kwargs)
             freed = hooks.freed.pop(request.request_id, None)
             fence = hooks.fences.pop(request.request_id, None)
+            groups = hooks.freed_groups.pop(request.request_id, None)
             if freed is None:
                 # Our hooks missed the free (a vLLM whose free path they do not
                 # wrap): the observation is broken, not the engine.
                 raise NormalisationError(f"preemption of {request.request_id} freed no blocks "
                                          f"through kv_cache_manager.free or pop_blocks_for_free")
-            hooks.seq.append(("preempt", request.request_id, computed_before, freed, fence))
+            hooks.seq.append(("preempt", request.request_id, computed_before, freed, fence, groups))
 
         class _SkipRecordingSet(set):
             """``deferred_waiting``: an add inside schedule() is a waiting-loop skip."""
@@ -358,8 +447,27 @@ class DecisionHooks:
                                        hooks.fences.pop(req_id, None)))
             return result
 
+        coordinator = getattr(kvm, "coordinator", None)
+        orig_remove = getattr(coordinator, "remove_skipped_blocks", None)
+
+        def remove_skipped_blocks(request_id, *args, **kwargs):
+            # Each group's slots that held a block and hold the null block
+            # after the call were freed, last first (vLLM _remove_blocks_in_range).
+            before = [list(g) for g in coordinator.get_blocks(request_id)]
+            result = orig_remove(request_id, *args, **kwargs)
+            after = coordinator.get_blocks(request_id)
+            freed = [[old[i].block_id for i in range(len(old) - 1, -1, -1)
+                      if not old[i].is_null and i < len(new) and new[i].is_null]
+                     for old, new in zip(before, after)]
+            if any(freed):
+                hooks.skipped = freed if hooks.skipped is None else [
+                    a + b for a, b in zip(hooks.skipped, freed)]
+            return result
+
         kvm.allocate_slots = allocate_slots
         kvm.free = free
+        if self.hybrid and orig_remove is not None:
+            coordinator.remove_skipped_blocks = remove_skipped_blocks
         if orig_blocked is not None:
             setattr(sched, blocked_name, _handle_blocked_waiting_request)
         if orig_xfer is not None:
@@ -497,15 +605,20 @@ def request_states(sched, preempted_req_ids=()) -> list[list]:
              [int(t) for t in getattr(shown[i], "spec_token_ids", None) or ()]] for i in sorted(shown)]
 
 
-def finished_info(request, freed_block_ids: list[int], fence: int | None = None) -> dict:
+def finished_info(request, freed_block_ids: list[int], fence: int | None = None,
+                  group_block_ids: list[list[int]] | None = None) -> dict:
     """A finished (or aborted) request as the harness's ``FinishedRequest``
-    (``fence``: set when its free was deferred)."""
+    (``fence``: set when its free was deferred; ``group_block_ids``: a hybrid
+    model's freed ids per group, ``DecisionHooks.freed_groups``)."""
     reason = request.get_finished_reason()
-    return {"request_id": request.request_id, "status": request.status.name,
+    info = {"request_id": request.request_id, "status": request.status.name,
             "finish_reason": None if reason is None else str(reason),
             "stop_reason": request.stop_reason,
             "num_output_tokens": request.num_output_tokens,
             "freed_block_ids": list(freed_block_ids), "fence": fence}
+    if group_block_ids is not None:
+        info["group_block_ids"] = group_block_ids
+    return info
 
 
 def skip_reason(request) -> str:
@@ -583,10 +696,29 @@ def _group_blocks(value, field: str, *where) -> list[int]:
     return blocks
 
 
-def request_data(so) -> tuple[list[str], dict[str, tuple[str, int, list[int]]]]:
+def _all_groups(value, field: str, *where) -> list[list[int]] | None:
+    """Every group's block ids of a ``([ids], ...)`` field (None stays None);
+    ``field`` and ``where`` as for ``_count``."""
+    if value is None:
+        return None
+    try:
+        groups = [list(g) for g in value]
+    except TypeError:
+        name = field.format(*where) if where else field
+        raise NormalisationError(f"SchedulerOutput.{name}: not a tuple of block-id lists "
+                                 f"({type(value).__name__})") from None
+    for ids in groups:
+        if not set(map(type, ids)) <= {int}:
+            for b in ids:
+                _count(b, field, *where)
+    return groups
+
+
+def request_data(so) -> tuple[list[str], dict[str, tuple[str, int, list[int], list[list[int]] | None]]]:
     """The request data of a SchedulerOutput: the ids it carries, in order
     (``scheduled_new_reqs``, then ``scheduled_cached_reqs.req_ids``), and per
-    id (source "admitted" or "running", num_computed_tokens, new block ids).
+    id (source "admitted" or "running", num_computed_tokens, new block ids of
+    group 0, every group's new block ids or None).
     Raises NormalisationError, naming the field, on malformed data (a
     missing field, a wrong type, cached lists of unequal lengths)."""
     ids: list[str] = []
@@ -604,7 +736,8 @@ def request_data(so) -> tuple[list[str], dict[str, tuple[str, int, list[int]]]]:
         ids.append(req_id)
         truth.setdefault(req_id, ("admitted",
                                   _count(nr.num_computed_tokens, "scheduled_new_reqs[{}].num_computed_tokens", i),
-                                  _group_blocks(nr.block_ids, "scheduled_new_reqs[{}].block_ids", i)))
+                                  _group_blocks(nr.block_ids, "scheduled_new_reqs[{}].block_ids", i),
+                                  _all_groups(nr.block_ids, "scheduled_new_reqs[{}].block_ids", i)))
     for name, values in (("new_block_ids", cached_blocks), ("num_computed_tokens", cached_computed)):
         if len(values) != len(cached_ids):
             raise NormalisationError(f"SchedulerOutput.scheduled_cached_reqs.{name}: {len(values)} entries "
@@ -617,12 +750,23 @@ def request_data(so) -> tuple[list[str], dict[str, tuple[str, int, list[int]]]]:
         truth.setdefault(req_id, (
             "admitted" if resumed else "running",
             _count(cached_computed[i], "scheduled_cached_reqs.num_computed_tokens[{}]", i),
-            _group_blocks(cached_blocks[i], "scheduled_cached_reqs.new_block_ids[{}]", i)))
+            _group_blocks(cached_blocks[i], "scheduled_cached_reqs.new_block_ids[{}]", i),
+            _all_groups(cached_blocks[i], "scheduled_cached_reqs.new_block_ids[{}]", i)))
     return ids, truth
 
 
+def flat_block_ids(groups: list[list[int]], hits: list[int] | None = None) -> list[int]:
+    """A hybrid model's blocks as one list, in the order they left the free
+    queue (the harness's ``new_block_ids``): every group's first ``hits[g]``
+    ids (the prefix hit, adopted first), then every group's others, group
+    order, null blocks (0) left out."""
+    hits = hits or [0] * len(groups)
+    return ([b for g, ids in enumerate(groups) for b in ids[:hits[g]] if b]
+            + [b for g, ids in enumerate(groups) for b in ids[hits[g]:] if b])
+
+
 def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: int,
-              requests=None) -> dict:
+              requests=None, num_groups: int = 0) -> dict:
     """The decisions of one ``schedule()`` call: ``seq`` (from ``DecisionHooks``)
     in order, valued from the real SchedulerOutput, recorded as they are.
 
@@ -639,7 +783,16 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
     disagree on a value, the output's (what the worker is told) is recorded.
     Raises NormalisationError, naming the field, only on malformed input
     (``request_data``; a count that is not an integer; a key that nothing
-    describes)."""
+    describes).
+
+    ``num_groups`` (a hybrid model's KV-cache groups, ``DecisionHooks.hybrid``;
+    0 otherwise): every ``schedule``, ``withdraw`` and ``preempt`` event also
+    carries ``group_block_ids`` (an admission: each group's whole table, null
+    blocks as 0; a running request: each group's new blocks; a preemption:
+    each group's freed blocks), ``new_block_ids`` becomes every group's
+    blocks in allocation order (``flat_block_ids``), and the window frees
+    are ``{"type": "skipped_free", request_id, freed_block_ids,
+    group_block_ids}``."""
     data_ids, truth = request_data(so)
     try:
         scheduled = dict(so.num_scheduled_tokens)
@@ -654,22 +807,34 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
     live: dict[str, dict] = {}        # allocated in this step and not (yet) taken out
     withdrawn: dict[str, dict] = {}   # victim id -> its withdraw event (kept only if it left the output)
     tables: dict[str, list[int]] = {}
+    no_groups = [[] for _ in range(num_groups)]
     for item in seq:
         if item[0] == "alloc":
             _, req_id, status, computed_before, n_new, n_hit, new_blocks, spec, *rest = item
+            groups = rest[1] if len(rest) > 1 and num_groups else None
             if status == "RUNNING":
                 kind, hit = "running", 0
+                if groups is not None:
+                    new_blocks = flat_block_ids(groups["new"])
             else:  # an admission: PREEMPTED resumes, any other waiting status is new
                 kind, hit = ("resumed" if status == "PREEMPTED" else "new"), n_hit
                 computed_before += n_hit
-                tables[req_id] = list(rest[0]) if rest else list(new_blocks)
+                tables[req_id] = (flat_block_ids(groups["table"], groups["hits"]) if groups is not None
+                                  else list(rest[0]) if rest else list(new_blocks))
                 new_blocks = None  # the whole table, from the SchedulerOutput
             event = {"type": "schedule", "request_id": req_id, "kind": kind,
                      "num_computed_tokens": computed_before, "num_scheduled_tokens": n_new,
                      "num_prefix_hit_tokens": hit, "new_block_ids": new_blocks,
                      "spec_token_ids": spec}
+            if groups is not None:
+                event["group_block_ids"] = groups.get("new") or groups["table"]
+                event["_hits"] = groups.get("hits")
             live[req_id] = event
             events.append(event)
+        elif item[0] == "skipped_free":
+            _, req_id, freed = item
+            events.append({"type": "skipped_free", "request_id": req_id,
+                           "freed_block_ids": [b for ids in freed for b in ids], "group_block_ids": freed})
         elif item[0] == "remote_load":
             _, req_id, status, n_hit, n_external, block_ids, reserved, n_new = item
             events.append({"type": "kv_load", "request_id": req_id,
@@ -694,11 +859,17 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
                             "num_scheduled_tokens": victim["num_scheduled_tokens"],
                             "block_ids": list(tables.get(req_id, []) if blocks is None else blocks),
                             "_victim": victim}
+                if num_groups:
+                    withdraw["group_block_ids"] = victim.get("group_block_ids") or no_groups
                 withdrawn[req_id] = withdraw
                 events.append(withdraw)
-            events.append({"type": "preempt", "request_id": req_id,
-                           "num_computed_tokens": computed_before, "freed_block_ids": freed,
-                           "fence": fence})
+            preempt = {"type": "preempt", "request_id": req_id,
+                       "num_computed_tokens": computed_before, "freed_block_ids": freed,
+                       "fence": fence}
+            if num_groups:
+                preempt["group_block_ids"] = (rest[1] if len(rest) > 1 and rest[1] is not None
+                                              else no_groups)
+            events.append(preempt)
 
     for req_id, withdraw in withdrawn.items():
         victim = withdraw.pop("_victim")
@@ -709,9 +880,12 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
         if req_id not in scheduled:
             # Allocated, then out of the output without a preemption.
             blocks = event["new_block_ids"]
-            events.append({"type": "withdraw", "request_id": req_id,
-                           "num_scheduled_tokens": event["num_scheduled_tokens"],
-                           "block_ids": list(tables.get(req_id, []) if blocks is None else blocks)})
+            withdraw = {"type": "withdraw", "request_id": req_id,
+                        "num_scheduled_tokens": event["num_scheduled_tokens"],
+                        "block_ids": list(tables.get(req_id, []) if blocks is None else blocks)}
+            if num_groups:
+                withdraw["group_block_ids"] = event.get("group_block_ids") or no_groups
+            events.append(withdraw)
             del live[req_id]
             if blocks is None:
                 event["new_block_ids"] = list(tables.get(req_id, []))
@@ -719,7 +893,7 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
         if req_id in live:
             continue
         # A key of num_scheduled_tokens that was never allocated.
-        source, computed, blocks = truth.get(req_id, (None, None, None))
+        source, computed, blocks, _ = truth.get(req_id, (None, None, None, None))
         if source is None:
             request = (requests or {}).get(req_id)
             if request is None:
@@ -734,15 +908,23 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
         live[req_id] = event
         events.append(event)
     for req_id, event in live.items():
-        source, computed, blocks = truth.get(req_id, (None, None, None))
+        source, computed, blocks, groups = truth.get(req_id, (None, None, None, None))
+        hits = event.pop("_hits", None)
         if source is not None:
             event["num_computed_tokens"] = computed
             event["new_block_ids"] = blocks
+            if num_groups:
+                event["group_block_ids"] = groups or no_groups
+                event["new_block_ids"] = flat_block_ids(event["group_block_ids"], hits)
         elif event["new_block_ids"] is None:
             event["new_block_ids"] = list(tables.get(req_id, []))
+        if num_groups and "group_block_ids" not in event:
+            event["group_block_ids"] = no_groups
         event["num_scheduled_tokens"] = scheduled[req_id]
         spec = spec_tokens.get(req_id)
         event["spec_token_ids"] = [int(t) for t in spec] if spec else []
+    for event in events:
+        event.pop("_hits", None)
     preempted = (sorted(_ids(so.preempted_req_ids, "preempted_req_ids")) if hasattr(so, "preempted_req_ids")
                  else sorted(e["request_id"] for e in events if e["type"] == "preempt"))
     total = _count(so.total_num_scheduled_tokens, "total_num_scheduled_tokens")

@@ -477,6 +477,45 @@ def _ulps_below(x: float, n: int) -> float:
     return x
 
 
+#: The recorded KV-cache specs the harness models (``reference.kv``), by the
+#: layer type a model config names for them.
+_LAYER_TYPE_OF_SPEC = {"FullAttentionSpec": "full_attention", "SlidingWindowSpec": "sliding_attention"}
+
+
+def hybrid_config(groups: list[list] | None, block_size: int) -> tuple[dict, str | None]:
+    """A hybrid recording's KV-cache groups (meta ``kv_cache_groups``:
+    ``[spec name, sliding_window, block_size, layers]`` each, group order) as
+    the harness's config keys: ``({"sliding_window": w, "layer_types": [...]},
+    None)`` when one layer per group, grouped as vLLM 0.33.0 groups them
+    (``reference.kv.kv_cache_spec.kv_cache_groups_for``), gives back the same
+    groups in the same order; else ``({}, why)``: the block rules cannot
+    follow those groups. ``({}, None)`` for no groups recorded."""
+    from reference.kv.kv_cache_spec import kv_cache_groups_for
+
+    if not groups:
+        return {}, None
+    names = [g[0] for g in groups]
+    other = sorted(set(names) - set(_LAYER_TYPE_OF_SPEC))
+    if other:
+        return {}, f"KV-cache spec {', '.join(other)} is not modelled"
+    if any(g[2] != block_size for g in groups):
+        return {}, f"block sizes {[g[2] for g in groups]} per group (the model has one, {block_size})"
+    windows = sorted({g[1] for g in groups if g[0] == "SlidingWindowSpec"})
+    if len(windows) > 1:
+        return {}, f"sliding windows {windows} (the model has one)"
+    window = windows[0] if windows else None
+    layer_types = tuple(_LAYER_TYPE_OF_SPEC[n] for n in names)
+    rebuilt = [[type(g.kv_cache_spec).__name__, getattr(g.kv_cache_spec, "sliding_window", None)]
+               for g in kv_cache_groups_for(layer_types, block_size, window)]
+    if rebuilt != [[g[0], g[1] if g[0] == "SlidingWindowSpec" else None] for g in groups]:
+        return {}, f"groups {names} in an order vLLM's grouping does not give"
+    if window is not None and set(layer_types) == {"sliding_attention"}:
+        return {"sliding_window": window}, None  # every layer a sliding-window layer
+    if window is None:
+        return {}, f"{len(groups)} full-attention groups"
+    return {"sliding_window": window, "layer_types": list(layer_types)}, None
+
+
 def _map_config(meta_rec: dict, engine_config_cls,
                 derived_keys: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """(values for EngineConfig, unmapped captured values). Names are vLLM's:
@@ -536,6 +575,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         ScheduledRequest,
         SchedulerOutput,
         Skip,
+        SkippedFree,
         UpdateResult,
         Withdrawal,
     )
@@ -559,6 +599,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                         f"engine (data_parallel_size {raw['parallel_config.data_parallel_size']}): "
                         f"converted as one scheduler")
         values["data_parallel_size"] = 1
+    hybrid_keys, groups_unmodelled = hybrid_config(meta_rec.get("kv_cache_groups"),
+                                                   values.get("block_size", 16))
+    values.update(hybrid_keys)
     values.update(overrides or {})
     try:
         config = EngineConfig.from_dict(values, accept_vllm_crash=True)  # what vLLM ran
@@ -702,6 +745,15 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         "mid_step_aborts": notes["mid_step_aborts"], "warnings": warnings,
         "unmodelled": _unmodelled(meta_rec, unsupported),
     }
+    if groups_unmodelled and "kv_cache_spec" not in meta["vllm_recording"]["unmodelled"]:
+        # (A spec the model lacks is marked kv_cache_spec by the recorder already.)
+        meta["vllm_recording"]["unmodelled"].setdefault(
+            "kv_cache_groups", f"{len(meta_rec['kv_cache_groups'])} KV-cache groups ({groups_unmodelled})")
+    # Every group's blocks, where the config names the groups (trace schema 9).
+    hybrid = bool(config.kv_cache_groups)
+
+    def groups_of(e: dict):
+        return e.get("group_block_ids") if hybrid else None
 
     def finished_of(f: dict, where: int) -> FinishedRequest:
         if f["status"] not in status_names:
@@ -710,7 +762,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         stop = f["stop_reason"]
         return FinishedRequest(rid(f["request_id"], where), RequestStatus[f["status"]],
                                f["finish_reason"], None if stop is None else str(stop),
-                               f["num_output_tokens"], list(f["freed_block_ids"]))
+                               f["num_output_tokens"], list(f["freed_block_ids"]),
+                               group_block_ids=groups_of(f))
 
     def states_of(items, where: int) -> list[RequestState]:
         out = []
@@ -728,13 +781,17 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         if e["type"] == "schedule":
             return ScheduledRequest(rid(e["request_id"], where), e["kind"], e["num_computed_tokens"],
                                     e["num_scheduled_tokens"], e["num_prefix_hit_tokens"],
-                                    list(e["new_block_ids"]), list(e.get("spec_token_ids") or ()))
+                                    list(e["new_block_ids"]), list(e.get("spec_token_ids") or ()),
+                                    group_block_ids=groups_of(e))
         if e["type"] == "withdraw":
             return Withdrawal(rid(e["request_id"], where), e["num_scheduled_tokens"],
-                              list(e["block_ids"]))
+                              list(e["block_ids"]), group_block_ids=groups_of(e))
         if e["type"] == "preempt":
             return Preemption(rid(e["request_id"], where), e["num_computed_tokens"],
-                              list(e["freed_block_ids"]))
+                              list(e["freed_block_ids"]), group_block_ids=groups_of(e))
+        if e["type"] == "skipped_free":  # a hybrid model's window frees (None: groups not followed)
+            return (SkippedFree(rid(e["request_id"], where), list(e["freed_block_ids"]),
+                                e["group_block_ids"]) if hybrid else None)
         # Regression: "unknown decision 'kv_load'" (the recorder writes the KV
         # connector's decisions as the vLLM driver normalises them).
         if e["type"] == "skip":
@@ -803,7 +860,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                     rec.crash = dataclasses.replace(rec.crash, stage="inputs")
             elif not idle:
                 batch_step[step["batch"]] = index
-                events = [decision(e, where) for e in output["events"]]
+                events = [d for d in (decision(e, where) for e in output["events"]) if d is not None]
                 extra = {k: output[k] for k in ("throttle_prefills", "defer_prefills",
                                                 "prefill_capacity_bound")
                          if k in out_fields and k in output}

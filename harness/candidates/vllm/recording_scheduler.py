@@ -118,7 +118,12 @@ except ImportError:  # pragma: no cover - loaded by file path
 # an async schedule its ``placeholders``; a snapshot's waiting and running are
 # left out when they are the requests of the snapshot written before it, in
 # the same order (``_Recorder.snap``); request_states only in ``after``, and
-# only when not empty. convert also reads formats 1 and 2.
+# only when not empty. convert also reads formats 1 and 2. A hybrid model's
+# recording (several KV-cache groups, or a sliding window: ``events.is_hybrid``)
+# adds, in format 3, ``kv_cache_groups`` to its meta record
+# (``events.describe_groups``), ``group_block_ids`` to its schedule,
+# withdraw, preempt and finished entries and ``skipped_free`` decisions
+# (``events.normalise(num_groups=...)``); a one-group recording is unchanged.
 FORMAT = 3
 READABLE_FORMATS = (1, 2, FORMAT)
 ENV_PATH = "SCHED_HARNESS_TRACE"
@@ -301,6 +306,8 @@ class _Recorder:
                 "pid": os.getpid(), "started_unix": time.time(), "path": str(self.path),
                 "config": self._engine_config(vc), "vllm_config": self._raw_config(vc),
                 "warnings": self._warnings(vc), "unmodelled": self._unmodelled()}
+        if self.hooks.hybrid:
+            meta["kv_cache_groups"] = _ev.describe_groups(sched.kv_cache_config)
         if getattr(sched, "_sched_harness_base", None):  # the user's class under the recorder
             meta["scheduler_cls"] = sched._sched_harness_base
         self._write(meta)
@@ -392,7 +399,7 @@ class _Recorder:
         if getattr(sched, "connector", None) is not None:
             out.append("a KV connector is configured (remote KV loads/frees are not modelled)")
         groups = len(getattr(sched.kv_cache_config, "kv_cache_groups", ()) or ())
-        if groups != 1:
+        if groups != 1 and not self.hooks.hybrid:
             out.append(f"{groups} KV-cache groups (the trace keeps group 0's block ids only)")
         if getattr(vc, "num_lookahead_tokens", 0):
             out.append(f"speculative decoding reserves {vc.num_lookahead_tokens} lookahead slots "
@@ -409,17 +416,20 @@ class _Recorder:
     def _unmodelled(self) -> dict[str, str]:
         """``{feature: description}`` for what the trace's model cannot follow
         (``harness.check.invariants.UNMODELLED_RULES`` names the rules it then
-        skips): a KV connector (its external tokens and remote loads), more
-        than one KV-cache group (only group 0's blocks are recorded)."""
+        skips): a KV connector (its external tokens and remote loads), a
+        KV-cache spec other than full attention and sliding window. Every
+        group's blocks are recorded (``meta["kv_cache_groups"]``): the
+        converter maps groups the model follows onto ``sliding_window`` and
+        ``layer_types`` and marks the others ``kv_cache_groups``."""
         sched, out = self.sched, {}
         if getattr(sched, "connector", None) is not None:
             out["kv_connector"] = f"a KV connector ({type(sched.connector).__name__})"
         groups = list(getattr(sched.kv_cache_config, "kv_cache_groups", ()) or ())
-        if len(groups) > 1:
+        if len(groups) > 1 and not self.hooks.hybrid:
             out["kv_cache_groups"] = f"{len(groups)} KV-cache groups (group 0's blocks recorded)"
         kinds = sorted({type(getattr(g, "kv_cache_spec", None)).__name__ for g in groups}
-                       - {"FullAttentionSpec", "NoneType"})
-        if kinds:  # sliding window, Mamba, MLA, ...: allocation the model does not follow
+                       - {"FullAttentionSpec", "SlidingWindowSpec", "NoneType"})
+        if kinds:  # Mamba, MLA, chunked local, ...: allocation the model does not follow
             out["kv_cache_spec"] = f"KV-cache spec {', '.join(kinds)}"
         return out
 
@@ -440,6 +450,7 @@ class _Recorder:
             self.enabled = False
             self.hooks.active = False
             self.hooks.freed.clear()
+            self.hooks.freed_groups.clear()
             _log.exception("sched-harness recording stopped: %s", exc)
             try:
                 self._write({"t": "error", "step": self.steps,
@@ -534,10 +545,19 @@ class _Recorder:
         # vLLM frees in set order: record the order its frees happened in.
         rank = {rid: i for i, rid in enumerate(order)}
         finished.sort(key=lambda r: rank.get(r.request_id, len(rank)))
-        infos = [_ev.finished_info(r, self.hooks.freed.pop(r.request_id, [])) for r in finished]
+        infos = [self._finished_info(r) for r in finished]
         if infos:
             self._write({"t": "abort", "mid_step": self.mid_step,
                          "status": getattr(status, "name", str(status)), "finished": infos})
+
+    def _finished_info(self, request) -> dict:
+        """``events.finished_info`` of a request that ended, with the blocks
+        (and on a hybrid model each group's blocks) its free released."""
+        groups = self.hooks.freed_groups.pop(request.request_id, None)
+        if self.hooks.hybrid and groups is None:
+            groups = [[] for _ in range(self.hooks.num_groups)]
+        return _ev.finished_info(request, self.hooks.freed.pop(request.request_id, []),
+                                 group_block_ids=groups)
 
     def queues(self) -> tuple:
         """``(waiting, running, num_free_blocks)`` now: the queues as lists of
@@ -577,7 +597,8 @@ class _Recorder:
         sched = self.sched
         output = _ev.normalise(so, self.hooks.seq, use_v2=self.use_v2,
                                max_num_scheduled_tokens=sched.max_num_scheduled_tokens,
-                               requests=sched.requests)
+                               requests=sched.requests,
+                               num_groups=self.hooks.num_groups if self.hooks.hybrid else 0)
         output.update(throttle_prefills=bool(throttle), defer_prefills=bool(defer),
                       prefill_capacity_bound=bool(getattr(sched, "prefill_capacity_bound", False)))
         record = {"t": "schedule", "step": self.steps, "batch": self.batches, "before": self.snap(before),
@@ -649,14 +670,14 @@ class _Recorder:
 
     def after_update(self, pre: tuple) -> None:
         live, sampled, batch = pre
-        freed, done = self.hooks.freed, self.finished_by_status
+        done = self.finished_by_status
         finished = []
         for q in live:
             ended = done.get(q.status)
             if ended is None:
                 ended = done[q.status] = q.is_finished()
             if ended:
-                finished.append(_ev.finished_info(q, freed.pop(q.request_id, [])))
+                finished.append(self._finished_info(q))
         self._write({"t": "update", "step": self.steps, "batch": batch, "sampled": sampled,
                      "finished": finished, "num_free_blocks": _ev.num_free_blocks(self.sched)})
         self.steps += 1
