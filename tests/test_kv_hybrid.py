@@ -17,6 +17,7 @@ from reference.kv.kv_cache_manager import HybridKVCacheManager
 from reference.kv.kv_cache_spec import (
     FullAttentionSpec,
     KVCacheGroupSpec,
+    MambaSpec,
     SlidingWindowSpec,
     kv_cache_groups_for,
 )
@@ -31,8 +32,12 @@ SW, FA = "sliding_attention", "full_attention"
 
 def reference_states(case: dict) -> list[dict]:
     bs = case["block_size"]
-    groups = [KVCacheGroupSpec((i,), FullAttentionSpec(bs) if w is None else SlidingWindowSpec(bs, w))
-              for i, w in enumerate(case["groups"])]
+    def spec(w):
+        if w == "mamba":
+            return MambaSpec(case["max_model_len"], case.get("num_speculative_blocks", 0))
+        return FullAttentionSpec(bs) if w is None else SlidingWindowSpec(bs, w)
+
+    groups = [KVCacheGroupSpec((i,), spec(w)) for i, w in enumerate(case["groups"])]
     manager = HybridKVCacheManager(groups, num_gpu_blocks=case["num_gpu_blocks"],
                                    max_model_len=case["max_model_len"],
                                    max_in_flight_tokens=case["max_in_flight_tokens"],
@@ -69,7 +74,7 @@ def test_hybrid_config_keys_are_validated_at_the_edge() -> None:
     with pytest.raises(ConfigError, match=r"^layer_types has sliding_attention layers but sliding_window is not set$"):
         EngineConfig(layer_types=(SW, FA))
     with pytest.raises(ConfigError, match=r"^layer_types\[1\] 'full_atention' is not a layer type; did you mean "
-                                          r"'full_attention' or 'sliding_attention'\?$"):
+                                          r"'full_attention', 'linear_attention' or 'sliding_attention'\?$"):
         EngineConfig(sliding_window=8, layer_types=(SW, "full_atention"))
     with pytest.raises(ConfigError, match=r"^sliding_window must be a positive integer, got 0$"):
         EngineConfig(sliding_window=0)
