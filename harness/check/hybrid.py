@@ -267,13 +267,16 @@ def on_skipped_free(m: TraceModel, req: ReqShadow, ev: dict) -> None:
     """A ``skipped_free`` row: each group's freed blocks, last first, are
     the table's blocks wholly before the window of the processed tokens
     (SLIDING-WINDOW-HELD: none the window reads, all of its own table;
-    SLIDING-WINDOW-FREE: every one, last first); they leave the table (null
-    slots) and return to the free queue."""
+    SLIDING-WINDOW-FREE: every one, last first; a Mamba group frees none:
+    MAMBA-STATE-HELD); they leave the table (null slots) and return to the
+    free queue, one pool call per group (caching off: each group's to the head)."""
     rid = req.request_id
     processed = req.num_computed_tokens - req.in_flight
     tables = _ensure(m, req)
     freed_all: list[int] = []
+    calls: list[list[int]] = []  # one BlockPool.free_blocks call per group, as vLLM's coordinator
     for g, freed in enumerate(_group_lists(m, ev, "skipped_free", req)):
+        calls.append([])
         window = m.group_windows[g]
         skipped = skipped_blocks(m, window, processed)
         table = tables[g]
@@ -287,6 +290,7 @@ def on_skipped_free(m: TraceModel, req: ReqShadow, ev: dict) -> None:
                 if block in req.blocks:
                     req.blocks.remove(block)
                 freed_all.append(block)
+                calls[-1].append(block)
             continue
         for block in freed:
             index = table.index(block) if block and block in table else None
@@ -301,11 +305,13 @@ def on_skipped_free(m: TraceModel, req: ReqShadow, ev: dict) -> None:
             if block in req.blocks:
                 req.blocks.remove(block)
             freed_all.append(block)
+            calls[-1].append(block)
         if freed != expected and all(b in expected for b in freed):
             m.violate("SLIDING-WINDOW-FREE", rid,
                       f"group {g}: freed {freed}; the blocks wholly before the window of token {processed}, "
                       f"last first, are {expected}")
-    m.return_blocks(freed_all, rid)
+    for call in calls:
+        m.return_blocks(call, rid)
     m.note(req, f"skipped_free {freed_all}")
 
 
