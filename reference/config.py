@@ -197,9 +197,11 @@ class EngineConfig:
     disable_chunked_mm_input: bool = False
     # A hybrid model's KV cache (reference.kv): the model config's
     # ``sliding_window`` (tokens a sliding-window layer attends, itself
-    # included) and ``layer_types`` (one per layer: "full_attention" or
-    # "sliding_attention"). A window without layer types makes every layer a
-    # sliding-window layer. Both None: one full-attention group.
+    # included) and ``layer_types`` (one per layer: "full_attention",
+    # "sliding_attention" or "linear_attention", a Mamba layer in vLLM's
+    # mamba_cache_mode "none", which needs enable_prefix_caching off). A window
+    # without layer types makes every layer a sliding-window layer. Both None:
+    # one full-attention group.
     sliding_window: int | None = None
     layer_types: tuple[str, ...] | None = None
     step_fixed_s: float = 0.005
@@ -224,7 +226,9 @@ class EngineConfig:
         if self.layer_types is not None and all(t == "full_attention" for t in self.layer_types):
             return ()
         layer_types = self.layer_types or ("sliding_attention",)
-        return kv_cache_groups_for(layer_types, self.block_size, self.sliding_window)
+        return kv_cache_groups_for(layer_types, self.block_size, self.sliding_window,
+                                   max_model_len=self.max_model_len,
+                                   num_speculative_tokens=self.num_speculative_tokens)
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -277,14 +281,23 @@ class EngineConfig:
                     or not all(isinstance(t, str) for t in self.layer_types):
                 raise ConfigError(f"layer_types must be a non-empty list of layer type names, "
                                   f"got {self.layer_types!r}")
-            from reference.kv.kv_cache_spec import LAYER_TYPES
+            from reference.kv.kv_cache_spec import LAYER_TYPES, LEGACY_LAYER_TYPES
             for i, layer_type in enumerate(self.layer_types):
+                if layer_type in LEGACY_LAYER_TYPES:
+                    raise ConfigError(f"layer_types[{i}] {layer_type!r} is a legacy name: write "
+                                      f"{LEGACY_LAYER_TYPES[layer_type]!r} (transformers' name for it)")
                 if layer_type not in LAYER_TYPES:
                     raise ConfigError(f"layer_types[{i}] {layer_type!r} is not a layer type"
                                       + (did_you_mean(layer_type, LAYER_TYPES) or
                                          f" (one of {', '.join(LAYER_TYPES)})"))
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
                 raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
+            if "linear_attention" in self.layer_types and self.enable_prefix_caching:
+                # vLLM 0.33.0 turns prefix caching with Mamba layers into
+                # mamba_cache_mode "align" (MambaModelConfig), not modelled.
+                raise ConfigError("layer_types has linear_attention (Mamba) layers with enable_prefix_caching: "
+                                  "vLLM 0.33.0 then caches Mamba state in mamba_cache_mode 'align', which is not "
+                                  "modelled; set enable_prefix_caching = false (mode 'none')")
         if self.num_gpu_blocks > MAX_NUM_GPU_BLOCKS:
             # A harness limit, not vLLM's: one Python object per block.
             raise ConfigError(f"num_gpu_blocks {self.num_gpu_blocks} is above this harness's "

@@ -142,7 +142,10 @@ def test_mutants_command_prints_kill_matrix() -> None:
                                    # Only async-spec-decode (async scheduling with drafts).
                                    "stale-spec-output",
                                    # Only deferred-frees (a fenced victim).
-                                   "preempt-fenced"]
+                                   "preempt-fenced",
+                                   # Only the hybrid scenarios (golden/hybrid/): sliding window, Mamba.
+                                   "keep-skipped-blocks", "free-window-ahead",
+                                   "mamba-free-state", "mamba-extra-state-block"]
     assert report["reference_violations"] == {}
     cell = report["matrix"]["preempt-head"]["cells"]["fcfs-tight"]
     assert (cell["target_hits"], cell["ended"]) == (1, "")

@@ -20,6 +20,7 @@ from harness.trace.schema import HYBRID_SCHEMA_VERSION, SCHEMA_VERSION
 from reference.scheduler import Scheduler
 
 HYBRID = CHECKOUT_DIR / "hybrid"
+SLIDING_WINDOW_SCENARIOS = ["hybrid-alternating", "hybrid-five-to-one"]
 
 
 def _rows(path: Path, steps: set[int]) -> list[dict]:
@@ -67,9 +68,10 @@ def test_blocks_per_group_window_frees_and_a_sliding_window_hit_in_the_alternati
 def test_the_hybrid_goldens_check_clean_and_replay_identically_on_the_reference() -> None:
     results = check_goldens(HYBRID, scenarios=HYBRID_SCENARIOS)
     assert [(r.scenario, r.ok, r.steps, r.replayed_steps) for r in results] == [
-        ("hybrid-alternating", True, 213, 213), ("hybrid-five-to-one", True, 253, 253)]
+        ("hybrid-alternating", True, 213, 213), ("hybrid-five-to-one", True, 253, 253),
+        ("hybrid-mamba", True, 153, 153)]
     manifest = (HYBRID / "MANIFEST.json").read_text()
-    assert '"preemptions": 5' in manifest and '"preemptions": 16' in manifest
+    assert '"preemptions": 5' in manifest and '"preemptions": 16' in manifest and '"preemptions": 14' in manifest
     assert '"prefix_hit_tokens": 328' in manifest and '"prefix_hit_tokens": 452' in manifest
 
 
@@ -77,7 +79,7 @@ def test_the_hybrid_goldens_check_clean_and_replay_identically_on_the_reference(
                                           ("free-window-ahead", "SLIDING-WINDOW-HELD")])
 def test_each_sliding_window_rule_fires_on_its_mutant_only(name: str, target: str) -> None:
     assert INVARIANTS[target].layer == ("semantics" if target == "SLIDING-WINDOW-FREE" else "safety")
-    (row,) = kill_matrix([name], list(HYBRID_SCENARIOS))
+    (row,) = kill_matrix([name], SLIDING_WINDOW_SCENARIOS)
     for scenario, cell in row.cells.items():
         assert cell.ended == "" and cell.result.by_invariant.get(target), (scenario, cell.result.by_invariant)
         # The reference on the same scenario: silent.
@@ -85,6 +87,33 @@ def test_each_sliding_window_rule_fires_on_its_mutant_only(name: str, target: st
         assert clean.ended == "" and clean.result.by_invariant == {}, (scenario, clean.result.by_invariant)
     if name == "free-window-ahead":  # a freed block the window reads: nothing else to blame
         assert set(row.cells["hybrid-alternating"].result.by_invariant) == {"SLIDING-WINDOW-HELD"}
+
+
+def test_mamba_groups_hold_one_state_block_each_in_the_mamba_golden() -> None:
+    # Layers [linear_attention x 3, full_attention] (Qwen3-Next's 3:1): three Mamba groups, then full
+    # attention (block 4 tokens); mamba_cache_mode "none": one state block of max_model_len (96) tokens.
+    rows = [_brief(r) for r in _rows(HYBRID / "hybrid-mamba.parquet", {0, 1, 14})
+            if r["kind"] in ("schedule", "preempt", "skipped_free")]
+    # A 64-token chunk: one block in each Mamba group, 16 for full attention, group after group.
+    assert rows[0] == (0, 2, "schedule", "r000000", 0, 64, 0, list(range(1, 20)),
+                       [[1], [2], [3], list(range(4, 20))])
+    # The next chunk: only full attention grows; no Mamba block is added or freed (no skipped_free).
+    assert rows[1] == (1, 2, "schedule", "r000000", 64, 7, 0, [20, 21], [[], [], [], [20, 21]])
+    assert not any(r[2] == "skipped_free" for r in rows)
+    # A preemption frees every group's table, group after group, tail first.
+    assert rows[-1][2:4] == ("preempt", "r000004")
+    assert rows[-1][7:] == ([23, 22, 2, 36, 37, 38, 39, 40, 41, 42, 1], [[23], [22], [2], [36, 37, 38, 39, 40, 41, 42, 1]])
+
+
+@pytest.mark.parametrize("name, target, layer", [("mamba-free-state", "MAMBA-STATE-HELD", "safety"),
+                                                 ("mamba-extra-state-block", "MAMBA-STATE-BLOCKS", "semantics")])
+def test_each_mamba_rule_fires_on_its_mutant(name: str, target: str, layer: str) -> None:
+    assert INVARIANTS[target].layer == layer
+    (row,) = kill_matrix([name], ["hybrid-mamba"])
+    cell = row.cells["hybrid-mamba"]
+    assert cell.ended == "" and cell.result.by_invariant.get(target), cell.result.by_invariant
+    if name == "mamba-free-state":  # a freed state block: nothing else to blame
+        assert set(cell.result.by_invariant) == {"MAMBA-STATE-HELD"}
 
 
 def _doctored(mutate) -> dict[str, int]:

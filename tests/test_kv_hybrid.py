@@ -17,6 +17,7 @@ from reference.kv.kv_cache_manager import HybridKVCacheManager
 from reference.kv.kv_cache_spec import (
     FullAttentionSpec,
     KVCacheGroupSpec,
+    MambaSpec,
     SlidingWindowSpec,
     kv_cache_groups_for,
 )
@@ -26,13 +27,17 @@ from hybrid_kv.cases import CASES
 from hybrid_kv.hybrid_ops import run_ops
 
 KV = Path(__file__).parent / "hybrid_kv"
-SW, FA = "sliding_attention", "full_attention"
+SW, FA, LA = "sliding_attention", "full_attention", "linear_attention"
 
 
 def reference_states(case: dict) -> list[dict]:
     bs = case["block_size"]
-    groups = [KVCacheGroupSpec((i,), FullAttentionSpec(bs) if w is None else SlidingWindowSpec(bs, w))
-              for i, w in enumerate(case["groups"])]
+    def spec(w):
+        if w == "mamba":
+            return MambaSpec(case["max_model_len"], case.get("num_speculative_blocks", 0))
+        return FullAttentionSpec(bs) if w is None else SlidingWindowSpec(bs, w)
+
+    groups = [KVCacheGroupSpec((i,), spec(w)) for i, w in enumerate(case["groups"])]
     manager = HybridKVCacheManager(groups, num_gpu_blocks=case["num_gpu_blocks"],
                                    max_model_len=case["max_model_len"],
                                    max_in_flight_tokens=case["max_in_flight_tokens"],
@@ -64,12 +69,30 @@ def test_one_layer_type_is_one_group() -> None:
     assert kv_cache_groups_for((SW, SW), 4, 8) == (KVCacheGroupSpec((0, 1), SlidingWindowSpec(4, 8)),)
 
 
+def test_mamba_layers_make_mamba_groups_of_one_max_model_len_block() -> None:
+    # Qwen3-Next's 3:1: three Mamba buckets of one layer each, then full attention.
+    assert kv_cache_groups_for((LA, LA, LA, FA), 4, None, max_model_len=96, num_speculative_tokens=2) == (
+        KVCacheGroupSpec((0,), MambaSpec(96, 2)), KVCacheGroupSpec((1,), MambaSpec(96, 2)),
+        KVCacheGroupSpec((2,), MambaSpec(96, 2)), KVCacheGroupSpec((3,), FullAttentionSpec(4)))
+    assert EngineConfig(layer_types=(LA, FA), enable_prefix_caching=False, max_model_len=64).kv_cache_groups == (
+        KVCacheGroupSpec((0,), MambaSpec(64)), KVCacheGroupSpec((1,), FullAttentionSpec(16)))
+
+
+def test_a_mamba_layer_needs_prefix_caching_off_and_its_legacy_name_is_refused() -> None:
+    # vLLM 0.33.0 turns prefix caching with Mamba layers into mamba_cache_mode "align": not modelled.
+    with pytest.raises(ConfigError, match=r"^layer_types has linear_attention \(Mamba\) layers with "
+                                          r"enable_prefix_caching: .*set enable_prefix_caching = false"):
+        EngineConfig(layer_types=(LA, FA))
+    with pytest.raises(ConfigError, match=r"^layer_types\[0\] 'mamba' is a legacy name: write 'linear_attention'"):
+        EngineConfig(layer_types=("mamba", FA), enable_prefix_caching=False)
+
+
 # -- config keys -----------------------------------------------------------------
 def test_hybrid_config_keys_are_validated_at_the_edge() -> None:
     with pytest.raises(ConfigError, match=r"^layer_types has sliding_attention layers but sliding_window is not set$"):
         EngineConfig(layer_types=(SW, FA))
     with pytest.raises(ConfigError, match=r"^layer_types\[1\] 'full_atention' is not a layer type; did you mean "
-                                          r"'full_attention' or 'sliding_attention'\?$"):
+                                          r"'full_attention', 'linear_attention' or 'sliding_attention'\?$"):
         EngineConfig(sliding_window=8, layer_types=(SW, "full_atention"))
     with pytest.raises(ConfigError, match=r"^sliding_window must be a positive integer, got 0$"):
         EngineConfig(sliding_window=0)
@@ -121,6 +144,17 @@ def test_hit_across_groups_is_the_longest_length_every_group_hits() -> None:
     assert states[4]["result"]["hit"] == [20, [[0, 0, 0, 4, 9], [5, 6, 7, 8, 11]]]
     # b resumed after preemption: 28 tokens, the window's tail 13, 14 still cached.
     assert states[8]["result"]["hit"] == [28, [[0, 0, 0, 0, 0, 13, 14], [5, 6, 7, 8, 11, 16, 17]]]
+
+
+def test_a_mamba_group_takes_one_state_block_plus_speculative_ones_and_keeps_them() -> None:
+    states = reference_states(CASES["mamba3-full-spec"])
+    # Three Mamba groups with 2 speculative blocks: 3 blocks each at admission, full attention 4 for 16 tokens.
+    assert states[0]["tables"]["a"] == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12, 13]]
+    # 22 then 23 tokens: only full attention grows; no Mamba block is freed on the way.
+    assert states[1]["result"]["new"] == [[], [], [], [14, 15]] and states[2]["result"]["new"] == [[], [], [], []]
+    # Freed group after group, each tail first; caching off, so to the queue's head, last call first.
+    assert states[5]["free"][:15] == [15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1]
+    assert states[6]["tables"]["c"] == [[15, 14, 13], [12, 11, 10], [9, 8, 7], [6]]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -208,10 +208,11 @@ def test_the_wheel_ships_the_hybrid_goldens_and_scenario_files_byte_for_byte(whe
     """Issue 28: golden/hybrid/ and harness/scenarios/hybrid/ (HYBRID_SCENARIOS,
     loaded at import) travel with an installed harness as well."""
     goldens = {p.name: p.read_bytes() for p in (ROOT / "golden" / "hybrid").iterdir()}
-    assert sorted(goldens) == ["MANIFEST.json", "hybrid-alternating.parquet", "hybrid-five-to-one.parquet"]
+    assert sorted(goldens) == ["MANIFEST.json", "hybrid-alternating.parquet", "hybrid-five-to-one.parquet",
+                               "hybrid-mamba.parquet"]
     assert _shipped(wheel, "harness/goldens/hybrid") == goldens
     scenarios = {p.name: p.read_bytes() for p in (ROOT / "harness" / "scenarios" / "hybrid").glob("*.toml")}
-    assert len(scenarios) == 2 and _shipped(wheel, "harness/scenarios/hybrid") == scenarios
+    assert len(scenarios) == 3 and _shipped(wheel, "harness/scenarios/hybrid") == scenarios
 
 
 def test_the_wheel_ships_every_canonical_scenario_file_byte_for_byte(wheel: Path) -> None:

@@ -6,15 +6,19 @@ The pool-wide rules (BLOCK-CONSERVATION, BLOCK-EXCLUSIVE, ALLOC-FROM-HEAD,
 FREE-ORDER, FREE-WHOLE-TABLE, PREEMPT-EFFECTS) keep their ids and are fed
 here group by group in the order vLLM 0.33.0's coordinator takes and frees
 blocks (``vllm/v1/core/kv_cache_coordinator.py``); BLOCKS-COVER and the
-prefix-hit rules are judged per group; the two sliding-window rules below
-are this module's own (vLLM ``SlidingWindowManager``,
-``KVCacheManager.remove_skipped_blocks``).
+prefix-hit rules are judged per group; the two sliding-window rules and
+the two Mamba rules below are this module's own (vLLM ``SlidingWindowManager``,
+``MambaManager``, ``KVCacheManager.remove_skipped_blocks``).
 
 Shadow state: ``ReqShadow.groups`` (each group's table, the null block as 0)
 and ``ReqShadow.group_registered`` (each group's leading blocks whose content
 is recorded); ``TraceModel.group_windows`` (None: full attention, else the
 window in tokens). A block's cached content is its chained hash with the
-group id appended (vLLM caches per group). Units: tokens unless named blocks.
+group id appended (vLLM caches per group). A Mamba group (``linear_attention``
+layers, vLLM's ``mamba_cache_mode`` "none") has window None, no hits (prefix
+caching is off), blocks of ``max_model_len`` tokens and is listed in
+``TraceModel.mamba_groups`` (group -> its state blocks per request).
+Units: tokens unless named blocks.
 """
 
 from __future__ import annotations
@@ -30,24 +34,54 @@ INVARIANTS = [
               SAFETY, "A block the window still reads (by this step or a step still in flight) that is freed or nulled can be reallocated and overwritten under the attention that reads it, in every version."),
     Invariant("SLIDING-WINDOW-FREE", "When a running request is allocated slots, its sliding-window groups have just freed every block wholly before the window of its processed tokens, last block first, in a skipped_free row before its schedule row (table slots then hold the null block); an admission's hit holds the null block there.", "vLLM KVCacheManager.allocate_slots, remove_skipped_blocks",
               SEMANTICS, "Freeing the blocks that left the window at each allocation (not later, not at the request's end) is 0.33.0's design: keeping them longer is still correct, only wasteful."),
+    Invariant("MAMBA-STATE-HELD", "A Mamba group's table holds a real block (not the null block) at the slot of the request's state (slot cdiv(num_computed_tokens + num_scheduled_tokens, block_size) - 1) whenever the request is scheduled, and a skipped_free never frees a Mamba group's state block.", "vLLM MambaManager (mamba_cache_mode none)",
+              SAFETY, "The recurrent state of the request lives in that block: freed or nulled, it can be handed to another request and overwritten, or the step reads no state, in every version."),
+    Invariant("MAMBA-STATE-BLOCKS", "With mamba_cache_mode none (Mamba blocks of max_model_len tokens) a Mamba group's table is exactly 1 + num_speculative_tokens real blocks from the request's first allocation until its free: none added, none freed on the way.", "vLLM MambaManager.get_num_blocks_to_allocate, allocate_new_blocks (mode none)",
+              SEMANTICS, "One state block per request (plus one per speculative token) is 0.33.0's design without prefix caching; an engine holding more (align mode's per-block states, attention-sized blocks) is correct, only wasteful."),
 ]
 
 
-def group_windows_of(config: dict[str, Any]) -> list[int | None] | None:
-    """Each KV-cache group's window (None: full attention) of a trace
-    config, in group order (``reference.kv.kv_cache_spec.kv_cache_groups_for``);
-    None for a one-group model without a window, as ``EngineConfig.kv_cache_groups``
-    (full_attention layers only are that plain model too)."""
+def _groups_of(config: dict[str, Any]) -> tuple | None:
     if config.get("sliding_window") is None and config.get("layer_types") is None:
         return None
     if config.get("layer_types") is not None and all(t == "full_attention" for t in config["layer_types"]):
         return None
-    from reference.kv.kv_cache_spec import SlidingWindowSpec, kv_cache_groups_for
+    from reference.kv.kv_cache_spec import kv_cache_groups_for
 
     layer_types = tuple(config.get("layer_types") or ("sliding_attention",))
-    groups = kv_cache_groups_for(layer_types, config["block_size"], config.get("sliding_window"))
+    return kv_cache_groups_for(layer_types, config["block_size"], config.get("sliding_window"),
+                               max_model_len=config["max_model_len"],
+                               num_speculative_tokens=config.get("num_speculative_tokens", 0))
+
+
+def group_windows_of(config: dict[str, Any]) -> list[int | None] | None:
+    """Each KV-cache group's window (None: full attention or Mamba) of a trace
+    config, in group order (``reference.kv.kv_cache_spec.kv_cache_groups_for``);
+    None for a one-group model without a window, as ``EngineConfig.kv_cache_groups``
+    (full_attention layers only are that plain model too)."""
+    from reference.kv.kv_cache_spec import SlidingWindowSpec
+
+    groups = _groups_of(config)
+    if groups is None:
+        return None
     return [g.kv_cache_spec.sliding_window if isinstance(g.kv_cache_spec, SlidingWindowSpec) else None
             for g in groups]
+
+
+def mamba_groups_of(config: dict[str, Any]) -> dict[int, int]:
+    """The Mamba groups of a trace config: group index -> state blocks a
+    request holds (1 + ``num_speculative_tokens``; vLLM ``MambaSpec``,
+    mode "none"). Empty without ``linear_attention`` layers."""
+    from reference.kv.kv_cache_spec import MambaSpec
+
+    return {g: 1 + group.kv_cache_spec.num_speculative_blocks
+            for g, group in enumerate(_groups_of(config) or ())
+            if isinstance(group.kv_cache_spec, MambaSpec)}
+
+
+def group_block_size(m: TraceModel, g: int) -> int:
+    """Tokens a block of group ``g`` holds: ``max_model_len`` for Mamba, else ``block_size``."""
+    return m.max_model_len if g in m.mamba_groups else m.bs
 
 
 def content_key(chain_hash: bytes, group: int) -> bytes:
@@ -185,6 +219,9 @@ def check_cover(m: TraceModel, req: ReqShadow, before: tuple[int, ...], end: int
     rid = req.request_id
     need_slots = cdiv(end, m.bs)
     for g, table in enumerate(_ensure(m, req)):
+        if g in m.mamba_groups:
+            check_mamba_state(m, req, g, table, end)
+            continue
         blocks.check_group_cover(m, req, g, table, max(before[g], need_slots), end)
         window = m.group_windows[g]
         if window is None:
@@ -194,6 +231,24 @@ def check_cover(m: TraceModel, req: ReqShadow, before: tuple[int, ...], end: int
         if nulls:
             m.violate("SLIDING-WINDOW-HELD", rid,
                       f"group {g}: slot {nulls[0]} is the null block, but the window of token {processed} reads it")
+
+
+def check_mamba_state(m: TraceModel, req: ReqShadow, g: int, table: list[int], end: int) -> None:
+    """After a schedule row, Mamba group ``g``'s table: MAMBA-STATE-HELD (a
+    real block at the state's slot ``cdiv(end, block_size) - 1``) and
+    MAMBA-STATE-BLOCKS (exactly ``m.mamba_groups[g]`` slots, all real)."""
+    rid = req.request_id
+    slot = max(cdiv(end, group_block_size(m, g)) - 1, 0)
+    if slot >= len(table) or table[slot] == 0:
+        m.violate("MAMBA-STATE-HELD", rid,
+                  f"group {g} (Mamba): the state slot {slot} of token {end} holds "
+                  + ("no block" if slot >= len(table) else "the null block") + f" (table {table})")
+        return
+    want = m.mamba_groups[g]
+    if len(table) != want or 0 in table:
+        m.violate("MAMBA-STATE-BLOCKS", rid,
+                  f"group {g} (Mamba): table {table} after {end} tokens; 0.33.0 (mamba_cache_mode none) "
+                  f"holds exactly {want} state block(s)")
 
 
 def check_window_freed(m: TraceModel, req: ReqShadow, processed: int) -> None:
@@ -212,8 +267,9 @@ def on_skipped_free(m: TraceModel, req: ReqShadow, ev: dict) -> None:
     """A ``skipped_free`` row: each group's freed blocks, last first, are
     the table's blocks wholly before the window of the processed tokens
     (SLIDING-WINDOW-HELD: none the window reads, all of its own table;
-    SLIDING-WINDOW-FREE: every one, last first); they leave the table (null
-    slots) and return to the free queue, one group's blocks at a time."""
+    SLIDING-WINDOW-FREE: every one, last first; a Mamba group frees none:
+    MAMBA-STATE-HELD); they leave the table (null slots) and return to the
+    free queue, one pool call per group (caching off: each group's to the head)."""
     rid = req.request_id
     processed = req.num_computed_tokens - req.in_flight
     tables = _ensure(m, req)
@@ -226,6 +282,17 @@ def on_skipped_free(m: TraceModel, req: ReqShadow, ev: dict) -> None:
         skipped = skipped_blocks(m, window, processed)
         table = tables[g]
         expected = [b for b in table[:skipped] if b][::-1]
+        if freed and g in m.mamba_groups:
+            m.violate("MAMBA-STATE-HELD", rid,
+                      f"group {g} (Mamba): freed {freed} as skipped, but the request's state lives there")
+            for block in freed:
+                if block in table:
+                    table[table.index(block)] = 0
+                if block in req.blocks:
+                    req.blocks.remove(block)
+                freed_all.append(block)
+                part.append(block)
+            continue
         for block in freed:
             index = table.index(block) if block and block in table else None
             if index is None or index >= skipped:

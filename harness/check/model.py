@@ -183,9 +183,11 @@ class TraceModel:
         self.bs: int = config["block_size"]
         # A hybrid model's KV-cache groups: each one's window (None: full
         # attention); None for one full-attention group (harness.check.hybrid).
-        from harness.check.hybrid import group_windows_of
+        from harness.check.hybrid import group_windows_of, mamba_groups_of
 
         self.group_windows: list[int | None] | None = group_windows_of(config)
+        # Mamba groups: group -> state blocks per request (harness.check.hybrid).
+        self.mamba_groups: dict[int, int] = mamba_groups_of(config) if self.group_windows is not None else {}
         self.num_gpu_blocks: int = config["num_gpu_blocks"]
         self.max_model_len: int = config["max_model_len"]
         self.max_num_seqs: int = config["max_num_seqs"]

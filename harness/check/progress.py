@@ -241,7 +241,9 @@ def _check_admission(m: TraceModel, st: StepState, budget_left: int, free: int, 
     if not m.chunked_prefill and req.num_tokens > budget_left:
         return
     tokens = min(req.num_tokens + m.num_spec, m.max_model_len)
-    needed = cdiv(tokens, m.bs) * len(m.group_windows or (None,)) + watermark_blocks(m)
+    # Every group's table at most (a Mamba group: its state blocks).
+    needed = sum(m.mamba_groups.get(g, cdiv(tokens, m.bs))
+                 for g in range(len(m.group_windows or (None,)))) + watermark_blocks(m)
     if needed > free:
         return
     m.violate("PROGRESS-ADMIT", head,

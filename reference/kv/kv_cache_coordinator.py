@@ -29,15 +29,17 @@ class KVCacheCoordinator:
     """``num_gpu_blocks`` blocks (block 0 the null block) shared by every
     group's manager (vLLM ``KVCacheCoordinator``).
 
-    Raises ValueError for no groups or groups of different block sizes.
+    Raises ValueError for no groups, or groups of different block sizes with
+    prefix caching (without it, as vLLM's ``KVCacheCoordinatorNoPrefixCache``,
+    a Mamba group's blocks are ``max_model_len`` tokens).
     """
 
     def __init__(self, kv_cache_groups: Sequence[KVCacheGroupSpec], *, num_gpu_blocks: int,
                  max_model_len: int, max_in_flight_tokens: int, enable_caching: bool) -> None:
         if not kv_cache_groups:
             raise ValueError("a KV-cache coordinator needs at least one KV-cache group")
-        if len({g.kv_cache_spec.block_size for g in kv_cache_groups}) != 1:
-            raise ValueError("KV-cache groups of different block sizes are not modelled")
+        if enable_caching and len({g.kv_cache_spec.block_size for g in kv_cache_groups}) != 1:
+            raise ValueError("KV-cache groups of different block sizes are not modelled with prefix caching")
         self.kv_cache_groups = tuple(kv_cache_groups)
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching)

@@ -1,10 +1,12 @@
 """KV-cache specs and groups: which layers share a block table.
 
 Mirrors ``vllm/v1/kv_cache_interface.py`` (``FullAttentionSpec``,
-``SlidingWindowSpec``, ``KVCacheGroupSpec``) and the grouping of
+``SlidingWindowSpec``, ``MambaSpec``, ``KVCacheGroupSpec``) and the grouping of
 ``vllm/v1/core/kv_cache_planning.py::_get_kv_cache_groups_uniform_page_size``
-of vLLM 0.33.0, for layers of one page size (every group has the config's
-``block_size``; no per-group block sizes, no Mamba).
+of vLLM 0.33.0, for layers of one page size (attention groups have the
+config's ``block_size``, taken as the size after vLLM unifies page sizes; a
+Mamba group's block is one whole state: ``max_model_len`` tokens, vLLM's
+``mamba_cache_mode`` "none").
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ from dataclasses import dataclass
 
 #: The layer types of a Hugging Face model config (``config.layer_types``)
 #: that the reference models, mapped to the spec each builds.
-LAYER_TYPES = ("full_attention", "sliding_attention")
+#: ``linear_attention`` is a recurrent (Mamba, Mamba2, GDN, ...) layer:
+#: transformers' name, which maps the legacy ``mamba`` to it
+#: (``configuration_utils.remap_legacy_layer_types``; Qwen3-Next, OLMo-hybrid).
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+
+#: Legacy layer-type names and the name transformers maps each to.
+LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -45,7 +53,21 @@ class SlidingWindowSpec:
         return cdiv(num_tokens, self.block_size) + 1
 
 
-KVCacheSpec = FullAttentionSpec | SlidingWindowSpec
+@dataclass(frozen=True)
+class MambaSpec:
+    """A recurrent (Mamba) layer in vLLM 0.33.0's ``mamba_cache_mode``
+    "none" (vLLM ``MambaSpec``; its mode with prefix caching disabled,
+    ``MambaModelConfig.verify_and_update_config``): one block holds the
+    request's whole state, so ``block_size`` is ``max_model_len`` tokens
+    (``mamba_block_size``), plus ``num_speculative_blocks`` blocks for
+    speculative tokens (vLLM: ``num_speculative_tokens``)."""
+
+    block_size: int
+    num_speculative_blocks: int = 0
+    mamba_cache_mode: str = "none"
+
+
+KVCacheSpec = FullAttentionSpec | SlidingWindowSpec | MambaSpec
 
 
 @dataclass(frozen=True)
@@ -57,7 +79,8 @@ class KVCacheGroupSpec:
 
 
 def kv_cache_groups_for(layer_types: tuple[str, ...], block_size: int,
-                        sliding_window: int | None) -> tuple[KVCacheGroupSpec, ...]:
+                        sliding_window: int | None, *, max_model_len: int | None = None,
+                        num_speculative_tokens: int = 0) -> tuple[KVCacheGroupSpec, ...]:
     """The KV-cache groups vLLM 0.33.0 builds for these layers.
 
     Layers of one spec form a bucket, buckets in order of their first layer;
@@ -65,9 +88,12 @@ def kv_cache_groups_for(layer_types: tuple[str, ...], block_size: int,
     1.5 times the smallest's layers), and a bucket of ``n`` layers splits into
     ``cdiv(n, group_size)`` groups, group ``i`` taking ``layers[i::count]``
     (``_get_kv_cache_groups_uniform_page_size``). One spec only: one group.
+    A ``linear_attention`` layer is a ``MambaSpec`` of ``max_model_len``
+    tokens a block with ``num_speculative_tokens`` speculative blocks (vLLM
+    ``MambaBase.get_kv_cache_spec``).
 
-    Raises ValueError for an unknown layer type, or ``sliding_attention``
-    without a ``sliding_window``.
+    Raises ValueError for an unknown layer type, ``sliding_attention``
+    without a ``sliding_window``, or ``linear_attention`` without ``max_model_len``.
     """
     specs: list[KVCacheSpec] = []
     for i, layer_type in enumerate(layer_types):
@@ -77,6 +103,10 @@ def kv_cache_groups_for(layer_types: tuple[str, ...], block_size: int,
             if sliding_window is None:
                 raise ValueError(f"layer_types[{i}] is sliding_attention but sliding_window is not set")
             specs.append(SlidingWindowSpec(block_size, sliding_window))
+        elif layer_type == "linear_attention":
+            if max_model_len is None:
+                raise ValueError(f"layer_types[{i}] is linear_attention but max_model_len is not given")
+            specs.append(MambaSpec(max_model_len, num_speculative_tokens))
         else:
             raise ValueError(f"layer_types[{i}] {layer_type!r} is not one of {', '.join(LAYER_TYPES)}")
     buckets: dict[KVCacheSpec, list[int]] = {}

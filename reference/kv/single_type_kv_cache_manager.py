@@ -2,7 +2,8 @@
 
 Mirrors ``vllm/v1/core/single_type_kv_cache_manager.py`` of vLLM 0.33.0
 (``SingleTypeKVCacheManager``, ``FullAttentionManager``,
-``SlidingWindowManager``) for groups of one page size, without EAGLE, decode
+``SlidingWindowManager``, ``MambaManager`` in ``mamba_cache_mode`` "none")
+for groups of one page size, without EAGLE, decode
 context parallelism, partial-block hits (copy-on-write) or sparse retention
 (``prefix_cache_retention_interval`` unset: every full block is cached).
 Units: tokens unless named blocks.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from reference.block_pool import BlockPool
-from reference.kv.kv_cache_spec import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec, cdiv
+from reference.kv.kv_cache_spec import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec, cdiv
 from reference.kv_cache_utils import KVCacheBlock
 from reference.request import Request
 
@@ -275,11 +276,59 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return max(0, num_computed_tokens - self.sliding_window + 1)
 
 
+class MambaManager(SingleTypeKVCacheManager):
+    """Recurrent (Mamba) layers in ``mamba_cache_mode`` "none" (vLLM
+    ``MambaManager``): the block is ``max_model_len`` tokens, so a request's
+    table is one state block (plus ``num_speculative_blocks``), taken at its
+    first allocation and kept until it is freed; no prefix caching (vLLM
+    asserts "align" mode for it)."""
+
+    def __init__(self, kv_cache_spec: MambaSpec, **kwargs) -> None:
+        super().__init__(kv_cache_spec, **kwargs)
+        if kv_cache_spec.mamba_cache_mode != "none" or self.enable_caching:
+            raise ValueError("Mamba prefix caching requires mamba_cache_mode 'align', which is not modelled")
+        self.mamba_cache_mode = kv_cache_spec.mamba_cache_mode
+        self.num_speculative_blocks = kv_cache_spec.num_speculative_blocks
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[KVCacheBlock],
+                                   total_computed_tokens: int, apply_admission_cap: bool = False) -> int:
+        """The base count for ``num_tokens`` plus ``num_speculative_blocks``
+        blocks' worth of tokens (vLLM ``MambaManager.get_num_blocks_to_allocate``,
+        mode "none"): 1 + ``num_speculative_blocks`` for a request without
+        blocks, 0 after."""
+        num_tokens += self.block_size * self.num_speculative_blocks
+        return super().get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks,
+                                                  total_computed_tokens, apply_admission_cap)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """The state block and the speculative blocks, once (vLLM
+        ``MambaManager.allocate_new_blocks``, mode "none")."""
+        return super().allocate_new_blocks(request_id, num_tokens + self.block_size * self.num_speculative_blocks)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Only the last computed token's state is needed: ``num_computed_tokens
+        - 1`` (vLLM ``MambaManager.get_num_skipped_tokens``); with blocks of
+        ``max_model_len`` tokens no block is ever wholly skipped."""
+        return num_computed_tokens - 1
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes: Sequence[bytes], max_length: int,
+                               kv_cache_group_ids: list[int], block_pool: BlockPool,
+                               kv_cache_spec: KVCacheSpec) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """Never called: a Mamba group runs without prefix caching here (vLLM's
+        lookup is "align" mode's). Raises NotImplementedError."""
+        raise NotImplementedError("Mamba prefix hits are mamba_cache_mode 'align', not modelled")
+
+
 def get_manager_for_kv_cache_spec(kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool,
                                   kv_cache_group_id: int, max_in_flight_tokens: int,
                                   max_model_len: int) -> SingleTypeKVCacheManager:
     """The manager of a spec (vLLM ``get_manager_for_kv_cache_spec``); a
-    sliding window gets its admission cap."""
+    sliding window gets its admission cap, Mamba none."""
+    if isinstance(kv_cache_spec, MambaSpec):
+        return MambaManager(kv_cache_spec, block_pool=block_pool, enable_caching=enable_caching,
+                            kv_cache_group_id=kv_cache_group_id)
     if isinstance(kv_cache_spec, SlidingWindowSpec):
         return SlidingWindowManager(
             kv_cache_spec, block_pool=block_pool, enable_caching=enable_caching,

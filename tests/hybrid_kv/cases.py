@@ -10,7 +10,8 @@ import json
 A = list(range(1, 23))              # 22 tokens: 5 full blocks of 4
 B = A[:20] + list(range(200, 210))  # shares A's first 5 blocks
 
-# group windows: None is full attention; block size 4 throughout.
+# group windows: None is full attention, "mamba" a Mamba group (mamba_cache_mode
+# "none": blocks of max_model_len tokens, prefix caching off); block size 4 throughout.
 _SHARING = [
     {"op": "admit", "req": "a", "prompt": A, "num_new_tokens": 16},
     {"op": "step", "req": "a", "num_new_tokens": 6, "append": [100]},
@@ -58,6 +59,13 @@ CASES = {
     "swa-full-no-caching": {"block_size": 4, "num_gpu_blocks": 30, "max_model_len": 64,
                             "max_in_flight_tokens": 64, "groups": [8, None], "ops": _SHARING,
                             "enable_caching": False},
+    # Mamba beside full attention (mode "none": caching off, one state block each)
+    "mamba-full": {"block_size": 4, "num_gpu_blocks": 30, "max_model_len": 64, "max_in_flight_tokens": 64,
+                   "groups": ["mamba", None], "ops": _SHARING, "enable_caching": False},
+    # three Mamba groups to one full (Qwen3-Next's 3:1), two speculative state blocks each
+    "mamba3-full-spec": {"block_size": 4, "num_gpu_blocks": 40, "max_model_len": 64, "max_in_flight_tokens": 64,
+                         "groups": ["mamba", "mamba", "mamba", None], "ops": _SHARING, "enable_caching": False,
+                         "num_speculative_blocks": 2},
     # every layer sliding-window: the unitary coordinator
     "swa-only": {"block_size": 4, "num_gpu_blocks": 20, "max_model_len": 64, "max_in_flight_tokens": 16,
                  "groups": [8], "ops": _SHARING},

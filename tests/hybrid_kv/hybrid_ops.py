@@ -29,6 +29,7 @@ and the free queue head first.
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 
@@ -103,20 +104,26 @@ def _vllm_states(case: dict) -> list[dict]:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                            SlidingWindowSpec)
+                                            MambaSpec, SlidingWindowSpec)
     from vllm.v1.request import Request, RequestStatus
 
     block_size = case["block_size"]
     groups = []
-    for i, window in enumerate(case["groups"]):  # None: full attention
+    for i, window in enumerate(case["groups"]):  # None: full attention; "mamba": Mamba, mode "none"
         spec = (FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
                 if window is None else
+                MambaSpec(block_size=case["max_model_len"], shapes=((1,),), dtypes=(torch.float32,),
+                          mamba_cache_mode="none", num_speculative_blocks=case.get("num_speculative_blocks", 0))
+                if window == "mamba" else
                 SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,
                                   sliding_window=window))
         groups.append(KVCacheGroupSpec([f"layer{i}"], spec))
     config = KVCacheConfig(num_blocks=case["num_gpu_blocks"], kv_cache_tensors=[], kv_cache_groups=groups)
-    manager = KVCacheManager(config, max_model_len=case["max_model_len"], scheduler_block_size=block_size,
-                             hash_block_size=block_size, max_in_flight_tokens=case["max_in_flight_tokens"],
+    # vLLM's resolve_kv_cache_block_sizes: the LCM of the group block sizes
+    # (a Mamba group's is max_model_len), hashing at it too without prefix caching.
+    scheduler_block_size = math.lcm(*(g.kv_cache_spec.block_size for g in groups))
+    manager = KVCacheManager(config, max_model_len=case["max_model_len"], scheduler_block_size=scheduler_block_size,
+                             hash_block_size=scheduler_block_size, max_in_flight_tokens=case["max_in_flight_tokens"],
                              enable_caching=case.get("enable_caching", True))
     init_none_hash(sha256)
     hasher = get_request_block_hasher(block_size, sha256)

@@ -26,7 +26,8 @@ from harness.candidates.mutants.queues import (AdmitAfterPreempt, PreemptHead, I
 from harness.candidates.mutants.blocks import (LeakOnFinish, HitEvictedBlock, LeakOnAbort, DoubleFreeShared,
                                                FreeUnhashedToTail, PreemptKeepsBlock, OverAllocate,
                                                ReuseHeldBlock, ResetWhileHeld, ResetKeepsCache, FreeHeadFirst,
-                                               KeepSkippedBlocks, FreeWindowAhead)
+                                               KeepSkippedBlocks, FreeWindowAhead, MambaFreeState,
+                                               MambaExtraStateBlock)
 from harness.candidates.mutants.spec_async import (DraftsOnPrefill, NoDraftRollback, FreeBeforeFence,
                                                    NoStaleSkip, NoAsyncMaxTokensGuard, IgnorePrefillCadence,
                                                    IgnoreThrottle, StaleSpecOutput)
@@ -92,6 +93,9 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     # A hybrid model's sliding window: killed only by the hybrid scenarios (HYBRID_SCENARIOS).
     "keep-skipped-blocks": (KeepSkippedBlocks, "SLIDING-WINDOW-FREE"),
     "free-window-ahead": (FreeWindowAhead, "SLIDING-WINDOW-HELD"),
+    # A hybrid model's Mamba groups: killed only by hybrid-mamba (HYBRID_SCENARIOS).
+    "mamba-free-state": (MambaFreeState, "MAMBA-STATE-HELD"),
+    "mamba-extra-state-block": (MambaExtraStateBlock, "MAMBA-STATE-BLOCKS"),
 }
 MUTANTS: dict[str, type[Scheduler]] = {k: v[0] for k, v in MUTANTS_AND_TARGETS.items()}
 EXPECTED_INVARIANT: dict[str, str] = {k: v[1] for k, v in MUTANTS_AND_TARGETS.items()}

@@ -266,3 +266,38 @@ class FreeWindowAhead(Scheduler):
             return allocate(request, num_new_tokens, **kwargs)
 
         manager.allocate_slots = allocate_slots
+
+
+# -- a hybrid model's Mamba groups (harness.check.hybrid) ---------------------------------
+def _mamba_managers(scheduler: Scheduler) -> list:
+    from reference.kv.single_type_kv_cache_manager import MambaManager
+
+    if not scheduler.hybrid:
+        return []
+    return [m for m in scheduler.kv_cache_manager.coordinator.single_type_managers if isinstance(m, MambaManager)]
+
+
+class MambaFreeState(Scheduler):
+    """A Mamba group counts a whole block more as skipped
+    (``get_num_skipped_tokens`` of ``n`` processed tokens: ``n + block_size - 1``),
+    so every allocation after the first frees the request's state block and
+    nulls its slot while the request runs (MAMBA-STATE-HELD). A config
+    without Mamba layers runs as the reference."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        for manager in _mamba_managers(self):
+            manager.get_num_skipped_tokens = (lambda n, bs=manager.block_size: n + bs - 1 if n > 0 else 0)
+
+
+class MambaExtraStateBlock(Scheduler):
+    """A Mamba group holds one state block more per request than 0.33.0's
+    ``mamba_cache_mode`` "none" (as "align" keeps the previous step's state
+    beside the current one): two blocks from the first allocation to the free
+    (MAMBA-STATE-BLOCKS; correct, only wasteful). A config without Mamba
+    layers runs as the reference."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        for manager in _mamba_managers(self):
+            manager.num_speculative_blocks += 1
