@@ -51,3 +51,37 @@ def test_kill_all_kills_every_live_child_and_keeps_nothing_after() -> None:
     late = _Fake(pool, "late")
     pool.release("k", late, reusable=True)        # exiting: not kept
     assert late.killed == 1
+
+
+def test_acquire_waits_for_a_child_started_in_the_background_instead_of_starting_another() -> None:
+    """``expect``/``arrived`` (the vLLM drivers' ``prestart_in_background``, which ``fuzz`` calls):
+    a candidate needing a child while one is being started gets that one; whichever comes first,
+    the release or the acquire, ``start`` is never called."""
+    import threading
+
+    pool = ChildPool(size=2)
+    pool.expect("k", 1)
+    assert pool.pending_count("k") == 1
+    child = _Fake(pool, "prestarted")
+
+    def prestart() -> None:
+        pool.release("k", child, reusable=True)
+        pool.arrived("k")
+
+    thread = threading.Thread(target=prestart)
+    thread.start()
+    got = pool.acquire("k", lambda: _Fake(pool, "started"))
+    thread.join()
+    assert (got, pool.pending_count("k")) == (child, 0)
+
+
+def test_a_background_start_that_failed_lets_acquire_start_its_own() -> None:
+    pool = ChildPool(size=2)
+    pool.expect("k", 2)
+    failed = _Fake(pool, "failed")
+    failed.up = False                      # it died during its start
+    pool.release("k", failed, reusable=True)
+    pool.arrived("k")
+    pool.arrived("k")                      # the second never started
+    assert pool.acquire("k", lambda: _Fake(pool, "started")).name == "started"
+    assert failed.killed == 1 and pool.pending_count("k") == 0

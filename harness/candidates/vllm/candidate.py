@@ -30,6 +30,7 @@ import time
 import weakref
 from collections import deque
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from reference.candidate import CandidateRefused
@@ -250,6 +251,43 @@ def _release(proc: _DriverProcess, reuse: bool) -> None:
     POOL.release(proc.key, proc, reuse and proc.started)
 
 
+def _start_drivers(target: VLLMTarget, n: int, arrived: Callable[[], None] | None = None
+                   ) -> tuple[list[int], list[BaseException]]:
+    """Start ``n`` drivers for ``target`` at once, each answering ``hello`` and
+    building one scheduler (``EngineConfig()``), then release them to the pool
+    (``arrived()`` after each, when given). Returns their PIDs and the errors."""
+    procs: list[_DriverProcess] = []
+    errors: list[BaseException] = []
+    try:
+        for _ in range(n):
+            procs.append(_DriverProcess(target))
+    except BaseException as exc:  # noqa: B036 - the caller decides (raised, or left to the run)
+        errors.append(exc)
+
+    def hello(proc: _DriverProcess) -> None:
+        try:
+            proc.call({"op": "hello"})
+            # The first init costs as much as the import (vLLM inspects the
+            # model class in a subprocess, once per process): paid here too.
+            proc.call({"op": "init", "config": driver_config(EngineConfig()), "seed": 0})
+        except BaseException as exc:  # noqa: B036 - re-raised by the caller, in its thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hello, args=(p,), daemon=True) for p in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for proc in procs:
+        _release(proc, True)
+        if arrived is not None:
+            arrived()
+    for _ in range(n - len(procs)):  # never started
+        if arrived is not None:
+            arrived()
+    return [p.pid for p in procs], errors
+
+
 def prestart(version: str | VLLMTarget, count: int = POOL_SIZE) -> list[int]:
     """Start ``count`` (at most ``POOL_SIZE``, less the idle ones already
     there) drivers for ``version`` at once and leave them idle in the pool,
@@ -261,29 +299,31 @@ def prestart(version: str | VLLMTarget, count: int = POOL_SIZE) -> list[int]:
     not built) or VLLMDriverError (a driver that did not answer)."""
     target = version if isinstance(version, VLLMTarget) else release_target(version)
     key = _pool_key(target)
-    idle = POOL.idle_count(key)
-    procs = [_DriverProcess(target) for _ in range(max(0, min(count, POOL_SIZE) - idle))]
-    errors: list[BaseException] = []
-
-    def hello(proc: _DriverProcess) -> None:
-        try:
-            proc.call({"op": "hello"})
-            # The first init costs as much as the import (vLLM inspects the
-            # model class in a subprocess, once per process): paid here too.
-            proc.call({"op": "init", "config": driver_config(EngineConfig()), "seed": 0})
-        except BaseException as exc:  # noqa: B036 - re-raised below, in this thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=hello, args=(p,), daemon=True) for p in procs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for proc in procs:
-        _release(proc, True)
+    pids, errors = _start_drivers(target, max(0, min(count, POOL_SIZE) - POOL.idle_count(key)))
     if errors:
         raise errors[0]
-    return [p.pid for p in procs]
+    return pids
+
+
+def prestart_in_background(version: str | VLLMTarget, count: int = POOL_SIZE) -> threading.Thread | None:
+    """``prestart`` without waiting: the drivers start in a daemon thread while
+    the caller goes on (``fuzz`` drawing its first example, running it on the
+    reference), and a candidate that needs a driver meanwhile waits for one of
+    them (``ChildPool.expect``) instead of starting another. Those already
+    idle or being started count toward ``count``. Errors are not raised here:
+    a driver that does not start is gone from the pool, and the candidate
+    that needs one starts its own and meets the error itself. Returns the
+    thread (None when nothing was started)."""
+    target = version if isinstance(version, VLLMTarget) else release_target(version)
+    key = _pool_key(target)
+    n = max(0, min(count, POOL_SIZE) - POOL.idle_count(key) - POOL.pending_count(key))
+    if n == 0:
+        return None
+    POOL.expect(key, n)
+    thread = threading.Thread(target=_start_drivers, args=(target, n, lambda: POOL.arrived(key)),
+                              name=f"vllm-prestart-{target.version}", daemon=True)
+    thread.start()
+    return thread
 
 
 def shutdown_pool() -> None:
@@ -536,7 +576,8 @@ def make_factory(version: str | VLLMTarget, step_timeout: float | None = None):
     seconds (None: ``HARNESS_VLLM_TIMEOUT_S``). The factory carries
     ``vllm_version``, ``vllm_target`` and ``trace_metadata`` (what the
     recorder adds to a trace's metadata: ``engine_version`` the version found,
-    ``vllm_source`` for a path or a scheduler class)."""
+    ``vllm_source`` for a path or a scheduler class) and ``prestart(count)``
+    (``prestart_in_background``: drivers started without waiting)."""
     target = version if isinstance(version, VLLMTarget) else release_target(version)
 
     def factory(config: EngineConfig) -> VLLMCandidate:
@@ -549,6 +590,8 @@ def make_factory(version: str | VLLMTarget, step_timeout: float | None = None):
     if target.metadata():
         extra["vllm_source"] = target.metadata()
     factory.trace_metadata = extra  # type: ignore[attr-defined]
+    # ``fuzz`` starts the drivers while hypothesis draws (``prestart_in_background``).
+    factory.prestart = lambda count=POOL_SIZE: prestart_in_background(target, count)  # type: ignore[attr-defined]
     return factory
 
 
