@@ -251,18 +251,27 @@ def _release(proc: _DriverProcess, reuse: bool) -> None:
     POOL.release(proc.key, proc, reuse and proc.started)
 
 
-def _start_drivers(target: VLLMTarget, n: int, arrived: Callable[[], None] | None = None
-                   ) -> tuple[list[int], list[BaseException]]:
-    """Start ``n`` drivers for ``target`` at once, each answering ``hello`` and
-    building one scheduler (``EngineConfig()``), then release them to the pool
-    (``arrived()`` after each, when given). Returns their PIDs and the errors."""
+def _spawn_drivers(target: VLLMTarget, n: int) -> tuple[list[_DriverProcess], list[BaseException]]:
+    """Start ``n`` driver processes for ``target`` (each begins importing vLLM
+    at once), in the calling thread: a driver's parent-death signal follows
+    the thread that started it, so a thread that ends would take its drivers
+    with it (SIGTERM). Returns the processes and the error that stopped the
+    rest, if any."""
     procs: list[_DriverProcess] = []
-    errors: list[BaseException] = []
     try:
         for _ in range(n):
             procs.append(_DriverProcess(target))
     except BaseException as exc:  # noqa: B036 - the caller decides (raised, or left to the run)
-        errors.append(exc)
+        return procs, [exc]
+    return procs, []
+
+
+def _warm_drivers(procs: list[_DriverProcess], arrived: Callable[[], None] | None = None
+                  ) -> list[BaseException]:
+    """Wait for each of ``procs`` to answer ``hello`` and build one scheduler
+    (``EngineConfig()``), all at once, then release them to the pool
+    (``arrived()`` after each, when given). Returns the errors."""
+    errors: list[BaseException] = []
 
     def hello(proc: _DriverProcess) -> None:
         try:
@@ -282,10 +291,7 @@ def _start_drivers(target: VLLMTarget, n: int, arrived: Callable[[], None] | Non
         _release(proc, True)
         if arrived is not None:
             arrived()
-    for _ in range(n - len(procs)):  # never started
-        if arrived is not None:
-            arrived()
-    return [p.pid for p in procs], errors
+    return errors
 
 
 def prestart(version: str | VLLMTarget, count: int = POOL_SIZE) -> list[int]:
@@ -299,28 +305,34 @@ def prestart(version: str | VLLMTarget, count: int = POOL_SIZE) -> list[int]:
     not built) or VLLMDriverError (a driver that did not answer)."""
     target = version if isinstance(version, VLLMTarget) else release_target(version)
     key = _pool_key(target)
-    pids, errors = _start_drivers(target, max(0, min(count, POOL_SIZE) - POOL.idle_count(key)))
+    procs, errors = _spawn_drivers(target, max(0, min(count, POOL_SIZE) - POOL.idle_count(key)))
+    errors += _warm_drivers(procs)
     if errors:
         raise errors[0]
-    return pids
+    return [p.pid for p in procs]
 
 
 def prestart_in_background(version: str | VLLMTarget, count: int = POOL_SIZE) -> threading.Thread | None:
-    """``prestart`` without waiting: the drivers start in a daemon thread while
-    the caller goes on (``fuzz`` drawing its first example, running it on the
-    reference), and a candidate that needs a driver meanwhile waits for one of
-    them (``ChildPool.expect``) instead of starting another. Those already
-    idle or being started count toward ``count``. Errors are not raised here:
-    a driver that does not start is gone from the pool, and the candidate
-    that needs one starts its own and meets the error itself. Returns the
-    thread (None when nothing was started)."""
+    """``prestart`` without waiting: the drivers are started here (their
+    imports begin) and a daemon thread waits for them while the caller goes on
+    (``fuzz`` drawing its first example, running it on the reference); a
+    candidate that needs a driver meanwhile waits for one of them
+    (``ChildPool.expect``) instead of starting another. Those already idle or
+    being started count toward ``count``. Errors are not raised: a driver
+    that does not start is gone from the pool, and the candidate that needs
+    one starts its own and meets the error itself. Call it from a thread that
+    outlives the drivers (the main one): they die with the thread that started
+    them. Returns the waiting thread (None when nothing was started)."""
     target = version if isinstance(version, VLLMTarget) else release_target(version)
     key = _pool_key(target)
     n = max(0, min(count, POOL_SIZE) - POOL.idle_count(key) - POOL.pending_count(key))
     if n == 0:
         return None
     POOL.expect(key, n)
-    thread = threading.Thread(target=_start_drivers, args=(target, n, lambda: POOL.arrived(key)),
+    procs, _errors = _spawn_drivers(target, n)
+    for _ in range(n - len(procs)):  # never started
+        POOL.arrived(key)
+    thread = threading.Thread(target=_warm_drivers, args=(procs, lambda: POOL.arrived(key)),
                               name=f"vllm-prestart-{target.version}", daemon=True)
     thread.start()
     return thread
