@@ -191,6 +191,8 @@ def cold(args: argparse.Namespace, factory, drivers: DriverCPU) -> None:
                       shrink_budget_s=60.0, on_example=lambda _n, _s: drivers.read())
         wall, cpu, dcpu = time.monotonic() - wall0, own_cpu() - cpu0, drivers.read() - before
         rows.append((label, result.examples, wall, cpu, dcpu))
+        if result.found:  # a cold start that crashed must not pass as a figure
+            print(f"  {label}: found {result.failure.kind}: {result.failure.message[:300]}")
     print(f"cold start, {n} examples from no driver running (seed {args.seed}):")
     for label, examples, wall, cpu, dcpu in rows:
         print(f"  {label:<24} {examples} examples: wall {wall:.2f} s; CPU {cpu:.2f} s here + "
