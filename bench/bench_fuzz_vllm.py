@@ -21,8 +21,13 @@ to the wall time of an idle machine, and the rate per CPU second is the one to r
 driver's time goes (its ``stats`` op: calls and seconds per op) and how many drivers had to be started
 during the run (0 unless one crashed or hung: a new driver pays the import again).
 
---smoke: 8 examples (the test suite's run: figures printed, nothing asserted). A benchmark, not a test:
-exit 0 unless the run fails (1) or the vLLM env is not built (2).
+Last, the cold start ``harness fuzz`` pays: its first 10 examples from no driver running, as ``fuzz``
+runs them (the factory's ``prestart``: both drivers start in the background while hypothesis draws and
+the reference runs the first example) and without that prestart (the first example starts its driver
+and waits; a second starts when an example needs two), wall and CPU seconds each, and their ratio.
+
+--smoke: 8 examples, no cold start (the test suite's run: figures printed, nothing asserted).
+A benchmark, not a test: exit 0 unless the run fails (1) or the vLLM env is not built (2).
 """
 
 from __future__ import annotations
@@ -155,8 +160,45 @@ def main() -> int:
     for op, (n, t) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
         if op != "stats":
             print(f"  {op:<20} {n:>7,} calls {t:>8.2f} s  {t / busy if busy else 0:>5.0%}")
+    if args.smoke:  # four more vLLM imports (about 40 s CPU each on a loaded machine)
+        print("cold start: not measured under --smoke")
+    else:
+        cold(args, factory, drivers)
     vllm_candidate.shutdown_pool()
     return 0
+
+
+def cold(args: argparse.Namespace, factory, drivers: DriverCPU) -> None:
+    """What ``harness fuzz --candidate vllm@VERSION`` pays from a cold start
+    (no driver running) for its first examples: ``fuzz`` as is (its factory's
+    ``prestart``: the drivers start in the background while hypothesis draws
+    and the reference runs the first example), against the same factory
+    without ``prestart`` (the first example starts its driver and waits for it;
+    a second driver starts only when an example needs it). Each from an empty
+    pool; wall and CPU seconds (here and in the drivers)."""
+    n = 10
+
+    def hidden(config):  # the factory without its prestart attribute
+        return factory(config)
+
+    hidden.__dict__.update({k: v for k, v in factory.__dict__.items() if k != "prestart"})
+    rows = []
+    for label, fac in (("without prestart", hidden), ("with prestart (fuzz's)", factory)):
+        vllm_candidate.shutdown_pool()
+        before = drivers.read()
+        wall0, cpu0 = time.monotonic(), own_cpu()
+        result = fuzz(fac, max_examples=n, seed=args.seed, known=known_reference_finding,
+                      shrink_budget_s=60.0, on_example=lambda _n, _s: drivers.read())
+        wall, cpu, dcpu = time.monotonic() - wall0, own_cpu() - cpu0, drivers.read() - before
+        rows.append((label, result.examples, wall, cpu, dcpu))
+        if result.found:  # a cold start that crashed must not pass as a figure
+            print(f"  {label}: found {result.failure.kind}: {result.failure.message[:300]}")
+    print(f"cold start, {n} examples from no driver running (seed {args.seed}):")
+    for label, examples, wall, cpu, dcpu in rows:
+        print(f"  {label:<24} {examples} examples: wall {wall:.2f} s; CPU {cpu:.2f} s here + "
+              f"{dcpu:.2f} s in the drivers = {cpu + dcpu:.2f} s")
+    (_, _, w0, c0, d0), (_, _, w1, c1, d1) = rows
+    print(f"  with / without prestart: wall x{w1 / w0:.2f}, CPU x{(c1 + d1) / (c0 + d0):.2f}")
 
 
 if __name__ == "__main__":

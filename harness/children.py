@@ -445,51 +445,87 @@ class ChildPool:
     and ``harness.candidates.vllm.candidate``."""
 
     def __init__(self, size: int) -> None:
+        import threading
+
         self.size = size
         self._live: set = set()
         self._idle: dict[str, list] = {}
+        self._pending: dict[str, int] = {}  # children being started in the background, by key
         self._exiting = False
+        # Reentrant: a child's kill() calls forget() with the lock held.
+        self._cond = threading.Condition(threading.RLock())
         import atexit
 
         atexit.register(self.kill_all)
 
     def add(self, child) -> None:
         """Register a newly started child (killed at exit unless forgotten)."""
-        self._live.add(child)
+        with self._cond:
+            self._live.add(child)
 
     def forget(self, child) -> None:
         """``child`` is dead: drop it from the registry and the idle lists."""
-        self._live.discard(child)
-        for idle in self._idle.values():
-            if child in idle:
-                idle.remove(child)
+        with self._cond:
+            self._live.discard(child)
+            for idle in self._idle.values():
+                if child in idle:
+                    idle.remove(child)
 
     def live(self) -> set:
         """The registered children (a copy)."""
-        return set(self._live)
+        with self._cond:
+            return set(self._live)
+
+    def expect(self, key: str, count: int) -> None:
+        """``count`` children for ``key`` are being started in the background
+        (a prestart): ``acquire`` waits for them rather than starting its own.
+        Each must be followed by ``arrived(key)`` once that child is released
+        (or has failed to start)."""
+        with self._cond:
+            self._pending[key] = self._pending.get(key, 0) + count
+
+    def arrived(self, key: str) -> None:
+        """One child ``expect``-ed for ``key`` is released (idle) or gone."""
+        with self._cond:
+            self._pending[key] = max(0, self._pending.get(key, 0) - 1)
+            self._cond.notify_all()
+
+    def pending_count(self, key: str) -> int:
+        """Children for ``key`` still being started in the background."""
+        with self._cond:
+            return self._pending.get(key, 0)
 
     def acquire(self, key: str, start: Callable[[], object]):
-        """An idle, still alive child for ``key``, else ``start()``'s new one."""
-        idle = self._idle.get(key, [])
-        while idle:
-            child = idle.pop()
-            if child.alive():
-                return child
-            child.kill()
+        """An idle, still alive child for ``key``, else, once none is being
+        started in the background for it (``expect``), ``start()``'s new one."""
+        with self._cond:
+            while True:
+                idle = self._idle.get(key, [])
+                while idle:
+                    child = idle.pop()
+                    if child.alive():
+                        return child
+                    child.kill()
+                if not self._pending.get(key) or self._exiting:
+                    break
+                self._cond.wait(timeout=1.0)
         return start()
 
     def release(self, key: str, child, reusable: bool) -> None:
         """The candidate is done with ``child``: keep it idle if ``reusable``,
         alive, not exiting and there is room, else kill it."""
-        idle = self._idle.setdefault(key, [])
-        if reusable and not self._exiting and child.alive() and len(idle) < self.size:
-            idle.append(child)
-        else:
-            child.kill()
+        with self._cond:
+            idle = self._idle.setdefault(key, [])
+            if reusable and not self._exiting and child.alive() and len(idle) < self.size:
+                idle.append(child)
+                self._cond.notify_all()
+                return
+        child.kill()
 
     def idle_count(self, key: str) -> int:
         """Idle children for ``key`` still alive (what ``acquire`` would hand out)."""
-        return sum(1 for child in self._idle.get(key, []) if child.alive())
+        with self._cond:
+            return sum(1 for child in self._idle.get(key, []) if child.alive())
 
     def kill_idle(self) -> None:
         """Kill every idle child (tests: to measure a cold start)."""
@@ -499,6 +535,8 @@ class ChildPool:
 
     def kill_all(self) -> None:
         """Kill every registered child; from now on nothing is kept idle."""
-        self._exiting = True
-        for child in list(self._live):
+        with self._cond:
+            self._exiting = True
+            self._cond.notify_all()
+        for child in self.live():
             child.kill()

@@ -51,3 +51,73 @@ def test_kill_all_kills_every_live_child_and_keeps_nothing_after() -> None:
     late = _Fake(pool, "late")
     pool.release("k", late, reusable=True)        # exiting: not kept
     assert late.killed == 1
+
+
+def test_acquire_waits_for_a_child_started_in_the_background_instead_of_starting_another() -> None:
+    """``expect``/``arrived`` (the vLLM drivers' ``prestart_in_background``, which ``fuzz`` calls):
+    a candidate needing a child while one is being started gets that one; whichever comes first,
+    the release or the acquire, ``start`` is never called."""
+    import threading
+
+    pool = ChildPool(size=2)
+    pool.expect("k", 1)
+    assert pool.pending_count("k") == 1
+    child = _Fake(pool, "prestarted")
+
+    def prestart() -> None:
+        pool.release("k", child, reusable=True)
+        pool.arrived("k")
+
+    thread = threading.Thread(target=prestart)
+    thread.start()
+    got = pool.acquire("k", lambda: _Fake(pool, "started"))
+    thread.join()
+    assert (got, pool.pending_count("k")) == (child, 0)
+
+
+def test_a_background_start_that_failed_lets_acquire_start_its_own() -> None:
+    pool = ChildPool(size=2)
+    pool.expect("k", 2)
+    failed = _Fake(pool, "failed")
+    failed.up = False                      # it died during its start
+    pool.release("k", failed, reusable=True)
+    pool.arrived("k")
+    pool.arrived("k")                      # the second never started
+    assert pool.acquire("k", lambda: _Fake(pool, "started")).name == "started"
+    assert failed.killed == 1 and pool.pending_count("k") == 0
+
+
+def test_regression_prestarted_drivers_are_started_by_the_calling_thread(monkeypatch) -> None:
+    """Regression: ``prestart_in_background`` started the vLLM drivers inside its daemon thread;
+    a child's parent-death signal follows the thread that forked it, so the drivers were killed
+    (exit 143 during their first ``init``) as soon as that thread ended, and ``fuzz`` reported an
+    ENGINE-CRASH on its first example. They are started by the caller now; only the wait for their
+    import runs in the thread, and a candidate acquiring one meanwhile gets one of them."""
+    import threading
+    from types import SimpleNamespace
+
+    from harness.candidates.vllm import candidate as vllm_candidate
+
+    pool = ChildPool(size=2)
+    monkeypatch.setattr(vllm_candidate, "POOL", pool)
+    started_in: list[str] = []
+
+    class FakeDriver(_Fake):
+        def __init__(self, target) -> None:
+            super().__init__(pool, f"driver{len(started_in)}")
+            started_in.append(threading.current_thread().name)
+            self.key, self.started, self.pid = vllm_candidate._pool_key(target), False, len(started_in)
+
+        def call(self, msg):
+            self.started = True
+            return {}
+
+    monkeypatch.setattr(vllm_candidate, "_DriverProcess", FakeDriver)
+    target = SimpleNamespace(version="0.33.0", pool_key="fake")
+    monkeypatch.setattr(vllm_candidate, "release_target", lambda version: target)
+    thread = vllm_candidate.prestart_in_background("0.33.0", 2)
+    got = pool.acquire(vllm_candidate._pool_key(target), lambda: _Fake(pool, "started by acquire"))
+    thread.join()
+    assert started_in == [threading.current_thread().name] * 2
+    assert got.name in ("driver0", "driver1") and got.started
+    assert vllm_candidate.prestart_in_background("0.33.0", 1) is None  # one idle: enough

@@ -1084,3 +1084,23 @@ def test_run_case_closes_every_candidate_it_built_even_one_that_raised():
     crashed = run_case(make("raises"), case)
     assert crashed.ended.startswith("crashed") or "ENGINE-CRASH" in crashed.result.by_invariant
     assert closed == ["fine", "raises"]
+
+
+def test_fuzz_calls_a_factorys_prestart_before_the_first_example_and_survives_its_failure():
+    """``fuzz`` starts a candidate's processes first (``vllm@``: ``prestart_in_background``), so
+    they start while hypothesis draws; a prestart that raises is left to the first candidate."""
+    cls = MUTANTS_AND_TARGETS["ignore-max-num-seqs"][0]
+    calls: list[str] = []
+
+    def factory(config):
+        calls.append("candidate")
+        return cls(config)
+
+    def prestart():
+        calls.append("prestart")
+        raise RuntimeError("no env")
+
+    factory.prestart = prestart
+    result = fuzz(factory, max_examples=3, seed=0, known=known_reference_finding)
+    assert result.examples >= 1 and calls[0] == "prestart" and calls.count("prestart") == 1
+    assert calls.count("candidate") >= result.examples

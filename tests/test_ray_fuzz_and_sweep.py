@@ -263,3 +263,58 @@ def test_a_killed_bisect_worker_changes_no_row(cluster, local_bisect, tmp_path: 
                         task=_with_marker_dir(bisect_dying_once, str(tmp_path)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
     assert _bisect_rows(result) == _bisect_rows(local_bisect)
+
+
+# `harness vllm-tests VERSION... --ray`: each release a task whose output folder comes back packed
+# and is unpacked where the local run would have written it. The task body here is a stand-in for
+# ``run_release`` (no vLLM): it writes the files a run writes, naming its own folder in the report
+# and the recording's refusal; the real runs, local against Ray, are in tests/test_vllm_own_tests.py.
+def fake_release_dying_once(version, files, k, queue):
+    """A stand-in ``release_task``: release "b"'s first attempt SIGKILLs its own Ray worker; "c"
+    fails as a release whose tests cannot run."""
+    import tempfile
+
+    from harness.vllm_tests_ray import pack
+    from harness.vllm_tests_run import ReleaseRun, write_report
+
+    marker = Path(os.environ["HARNESS_TEST_MARKERS"]) / version
+    if version == "b" and not marker.exists():
+        marker.write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    queue.put_nowait((version, f"plain: {len(files)} file(s), -k {k}"))
+    if version == "c":
+        return ReleaseRun(version, 2, "/nowhere", error="pytest in the c env exited 5 with no results"), None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        (out / "recordings").mkdir(parents=True)
+        (out / "recordings" / "00000.jsonl").write_text(f"{version}\n")
+        report = {"version": version, "out_dir": str(out), "broken_by_recorder": [], "violations": [],
+                  "recorder_errors": [], "refused": [{"reason": f"{out / 'recordings' / '00000.jsonl'}: bad"}]}
+        write_report(out, report)
+        return ReleaseRun(version, 0, str(out), report=report), pack(out)
+
+
+def test_vllm_tests_ray_unpacks_each_release_where_the_local_run_writes_it(cluster, tmp_path: Path) -> None:
+    from harness.vllm_tests_ray import vllm_tests_ray
+
+    (tmp_path / "markers").mkdir()
+    outs = [tmp_path / v for v in "abc"]
+    (tmp_path / "a" / "recordings").mkdir(parents=True)
+    (tmp_path / "a" / "recordings" / "00007.jsonl").write_text("a previous run's")
+    (tmp_path / "a" / "notes.txt").write_text("mine")
+    lines: list[tuple[str, str]] = []
+    runs = vllm_tests_ray(list("abc"), ["t.py"], "x", outs, log=lambda v, line: lines.append((v, line)),
+                          task=_with_marker_dir(fake_release_dying_once, str(tmp_path / "markers")))
+    assert sorted(p.name for p in (tmp_path / "markers").iterdir()) == ["b"]
+    assert [(r.version, r.exit, r.out_dir, r.error) for r in runs] == [
+        ("a", 0, str(outs[0]), None), ("b", 0, str(outs[1]), None),
+        ("c", 2, str(outs[2]), "pytest in the c env exited 5 with no results")]
+    for version, run, out in zip("ab", runs, outs):
+        assert run.report["out_dir"] == str(out)
+        assert run.report["refused"] == [{"reason": f"{out / 'recordings' / '00000.jsonl'}: bad"}]
+        assert json.loads((out / "report.json").read_text()) == run.report
+        assert (out / "recordings" / "00000.jsonl").read_text() == f"{version}\n"
+    # A previous run's recordings are removed, as the local run removes them; one's own files stay.
+    assert sorted(p.name for p in (tmp_path / "a").rglob("*")) == [
+        "00000.jsonl", "notes.txt", "recordings", "report.json"]
+    assert sorted(lines) == [(v, "plain: 1 file(s), -k x") for v in "abc"]

@@ -190,42 +190,98 @@ def test_vllm_tests_on_a_selection_of_0_33_0s_own_tests(tmp_path: Path) -> None:
     assert unmodelled == report["artefacts"].get("unmodelled-kv_connector", 0)
 
 
-@pytest.mark.vllm
-def test_vllm_0_29_0_kv_load_promotions_are_recorded_and_hand_queued_requests_are_a_break(
-        tmp_path: Path) -> None:
-    """Regressions from 0.29.0's own tests: its KV-load promotions go through
-    ``_try_promote_blocked_waiting_request`` (0.31.0 renamed it), which the recorder did not hook, so
-    each admission after a load read as ADMISSION-ORDER "admitted as new but its status was
-    WAITING_FOR_REMOTE_KVS"; ``test_scheduler_stats_waiting_queues`` queues requests by hand before
-    its first ``schedule()`` and its recording was refused ("request '3' was never added")."""
+K29 = "test_throttle_prefills_excludes_fully_transferred_remote_kv or test_scheduler_stats_waiting_queues"
+
+
+def _vllm_tests_029_033(out: Path, *more: str) -> dict:
+    """``harness vllm-tests 0.29.0 0.33.0 -k K29 -o OUT --json [MORE]``'s one object (skips without
+    the envs or the sdists)."""
     if SKIP:
         pytest.skip("HARNESS_SKIP_VLLM=1")
     from harness.candidates.vllm.env import is_ready
     from harness.candidates.vllm.own_tests import OwnTestsError, fetch_sdist
     from harness.cli import main
 
-    if not is_ready("0.29.0"):
-        pytest.skip("no vLLM 0.29.0 env (harness vllm-env 0.29.0)")
-    try:
-        fetch_sdist("0.29.0")
-    except OwnTestsError as exc:  # no index reachable and nothing cached
-        pytest.skip(str(exc))
-    result = CliRunner().invoke(main, [
-        "vllm-tests", "0.29.0", "-o", str(tmp_path), "--json", "-k",
-        "test_throttle_prefills_excludes_fully_transferred_remote_kv or test_scheduler_stats_waiting_queues"])
+    for version in ("0.29.0", "0.33.0"):
+        if not is_ready(version):
+            pytest.skip(f"no vLLM {version} env (harness vllm-env {version})")
+        try:
+            fetch_sdist(version)
+        except OwnTestsError as exc:  # no index reachable and nothing cached
+            pytest.skip(str(exc))
+    result = CliRunner().invoke(main, ["vllm-tests", "0.29.0", "0.33.0", "-o", str(out), "--json",
+                                       "-k", K29, *more])
     assert result.exit_code == 0, result.output[-3000:]
-    report = json.loads(result.output)
-    assert (report["plain_passed"], report["injected_passed"], report["recordings"], report["converted"],
-            report["checkable"], report["clean"]) == (2, 2, 2, 2, 1, 1)
-    assert report["violations"] == [] and report["refused"] == [] and report["broken_by_recorder"] == []
-    assert report["artefacts"] == {"no-complete-step": 1, "not-replayed-unmodelled": 1,
-                                   "stopped-by-driver": 1, "unmodelled-kv_connector": 1}
-    manifest = [json.loads(line) for line in (tmp_path / "recordings" / "manifest.jsonl").read_text().splitlines()]
+    return json.loads(result.output)
+
+
+@pytest.fixture(scope="module")
+def local_029_033(tmp_path_factory) -> tuple[Path, dict]:
+    """The two releases run one after the other, here (the regression test below and the Ray
+    comparison share it)."""
+    out = tmp_path_factory.mktemp("vllm-tests-local")
+    return out, _vllm_tests_029_033(out)
+
+
+@pytest.mark.vllm
+def test_vllm_0_29_0_kv_load_promotions_are_recorded_and_hand_queued_requests_are_a_break(
+        local_029_033) -> None:
+    """Regressions from 0.29.0's own tests: its KV-load promotions go through
+    ``_try_promote_blocked_waiting_request`` (0.31.0 renamed it), which the recorder did not hook, so
+    each admission after a load read as ADMISSION-ORDER "admitted as new but its status was
+    WAITING_FOR_REMOTE_KVS"; ``test_scheduler_stats_waiting_queues`` queues requests by hand before
+    its first ``schedule()`` and its recording was refused ("request '3' was never added").
+    Run with 0.33.0 (several releases: one report each, ``DIR/VERSION``), whose same two tests
+    record the promotions under their new name."""
+    out, both = local_029_033
+    assert (both["ok"], both["exit"], both["runner"]) == (True, 0, "local")
+    assert [(r["version"], r["exit"], r["error"], r["out_dir"]) for r in both["releases"]] == [
+        ("0.29.0", 0, None, str(out / "0.29.0")), ("0.33.0", 0, None, str(out / "0.33.0"))]
+    # 0.29.0's test_scheduler_stats_waiting_queues queues requests by hand before its first
+    # schedule() (the break: no complete step); 0.33.0's adds them all and completes a step.
+    expected = {"0.29.0": ((2, 2, 2, 2, 1, 1, 0), {"no-complete-step": 1, "not-replayed-unmodelled": 1,
+                                                  "stopped-by-driver": 1, "unmodelled-kv_connector": 1}),
+                "0.33.0": ((2, 2, 2, 2, 2, 2, 1), {"not-replayed-unmodelled": 1, "stopped-by-driver": 2,
+                                                  "unmodelled-kv_connector": 1})}
+    for report in both["releases"]:
+        assert ((report["plain_passed"], report["injected_passed"], report["recordings"], report["converted"],
+                 report["checkable"], report["clean"], report["replay_identical"]), report["artefacts"]) == \
+            expected[report["version"]]
+        assert report["violations"] == [] and report["refused"] == [] and report["broken_by_recorder"] == []
+        assert report["replay_diverged"] == 0
+        assert json.loads((Path(report["out_dir"]) / "report.json").read_text()) == {
+            k: v for k, v in report.items() if k not in ("exit", "error")}
+    recordings = out / "0.29.0" / "recordings"
+    manifest = [json.loads(line) for line in (recordings / "manifest.jsonl").read_text().splitlines()]
     throttle = next(m["file"] for m in manifest if "throttle" in m["nodeid"])
     promotions = [(r["step"], e["request_id"], e["status"], e["num_computed_tokens"])
-                  for r in map(json.loads, (tmp_path / "recordings" / throttle).read_text().splitlines())
+                  for r in map(json.loads, (recordings / throttle).read_text().splitlines())
                   if r["t"] == "schedule" for e in r["output"]["events"] if e["type"] == "kv_promote"]
     assert promotions == [(2, "r1", "WAITING", 31), (4, "r2", "WAITING", 31)]
+
+
+def _same_run(report: dict) -> dict:
+    """A release's entry without what differs between two runs of it (CPU seconds, its folder)."""
+    return {k: v for k, v in report.items() if k not in ("plain_cpu_s", "injected_cpu_s", "out_dir")}
+
+
+@pytest.mark.vllm
+def test_vllm_tests_on_ray_gives_the_local_reports_release_for_release(local_029_033, tmp_path: Path) -> None:
+    """``harness vllm-tests 0.29.0 0.33.0 --ray``: each release a task on a local 2-CPU Ray cluster
+    (issue 25); the reports, and the files in each release's folder, are the local run's."""
+    pytest.importorskip("ray", reason="Ray is not installed (the [test] extra brings it)")
+    local_out, local = local_029_033
+    on_ray = _vllm_tests_029_033(tmp_path, "--ray")
+    assert (on_ray["ok"], on_ray["exit"], on_ray["runner"]) == (True, 0, "Ray local cluster")
+    assert [_same_run(r) for r in on_ray["releases"]] == [_same_run(r) for r in local["releases"]]
+    for version, report in zip(("0.29.0", "0.33.0"), on_ray["releases"]):
+        assert report["out_dir"] == str(tmp_path / version)
+
+        def files(root: Path) -> list[str]:
+            return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+        assert files(tmp_path / version) == files(local_out / version)
+        assert json.loads((tmp_path / version / "report.json").read_text())["out_dir"] == str(tmp_path / version)
 
 
 # -- without vLLM: the sdist fetch, the JUnit reading, the pins, the report ------------------

@@ -156,11 +156,16 @@ def bisect(source: str, versions: str, scheduler_cls: str | None, ray_address: s
     workload, config, seed = _inputs(source, err)
     from harness.candidates.vllm.env import envs_root, is_ready
 
-    # Say up front which envs a range will build (minutes, disk), piped or not.
-    to_build = [v for v in chosen if not is_ready(v)]
-    if to_build:
-        err.print(f"bisect: building the vLLM env of {len(to_build)} release(s) not yet built under "
-                  f"{envs_root()}: {', '.join(to_build)} (35-90 s and 16-170 MB each)", soft_wrap=True)
+    # Say up front which envs a range will build (minutes, disk), piped or not: this machine's
+    # (a local Ray cluster's nodes are this machine); a joined cluster's nodes each build their own.
+    if ray_address is None or ray_address == "local":
+        to_build = [v for v in chosen if not is_ready(v)]
+        if to_build:
+            err.print(f"bisect: building the vLLM env of {len(to_build)} release(s) not yet built under "
+                      f"{envs_root()}: {', '.join(to_build)} (35-90 s and 16-170 MB each)", soft_wrap=True)
+    else:
+        err.print(f"bisect: on Ray at {ray_address}, a node lacking a release's vLLM env builds it first "
+                  f"(35-90 s and 16-170 MB each, under that node's HARNESS_VLLM_ENVS)", soft_wrap=True)
     with contextlib.ExitStack() as stack:
         if ray_address is not None:
             join_ray(stack, ray_address, err, enabled=err.is_terminal)

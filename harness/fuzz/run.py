@@ -342,8 +342,18 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
     still fail. ``async_spec``: only async scheduling with speculative
     decoding (``fuzz_cases(async_spec=True)``; ignored with ``base``).
     ``profile``: what the candidate is checked under (``evaluate``). A case
-    the candidate refuses is counted (``FuzzResult.refused``), never a finding."""
+    the candidate refuses is counted (``FuzzResult.refused``), never a finding.
+    A factory with a ``prestart()`` (``vllm@``: its driver processes) has it
+    called first, so the candidate's processes start while hypothesis draws
+    and the reference runs the first example; a prestart that fails is left
+    to the first candidate to meet."""
     start = time.monotonic()
+    prestart = getattr(factory, "prestart", None)
+    if callable(prestart):
+        try:
+            prestart()
+        except Exception:  # noqa: BLE001 - the first candidate built reports it, as without prestart
+            pass
     state = {"n": 0, "found": False, "last": None, "shrink": 0, "stopped": False, "refused": 0,
              "refusal": ""}
     known_counts: dict[str, int] = {}

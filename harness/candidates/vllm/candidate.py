@@ -30,6 +30,7 @@ import time
 import weakref
 from collections import deque
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from reference.candidate import CandidateRefused
@@ -250,6 +251,49 @@ def _release(proc: _DriverProcess, reuse: bool) -> None:
     POOL.release(proc.key, proc, reuse and proc.started)
 
 
+def _spawn_drivers(target: VLLMTarget, n: int) -> tuple[list[_DriverProcess], list[BaseException]]:
+    """Start ``n`` driver processes for ``target`` (each begins importing vLLM
+    at once), in the calling thread: a driver's parent-death signal follows
+    the thread that started it, so a thread that ends would take its drivers
+    with it (SIGTERM). Returns the processes and the error that stopped the
+    rest, if any."""
+    procs: list[_DriverProcess] = []
+    try:
+        for _ in range(n):
+            procs.append(_DriverProcess(target))
+    except BaseException as exc:  # noqa: B036 - the caller decides (raised, or left to the run)
+        return procs, [exc]
+    return procs, []
+
+
+def _warm_drivers(procs: list[_DriverProcess], arrived: Callable[[], None] | None = None
+                  ) -> list[BaseException]:
+    """Wait for each of ``procs`` to answer ``hello`` and build one scheduler
+    (``EngineConfig()``), all at once, then release them to the pool
+    (``arrived()`` after each, when given). Returns the errors."""
+    errors: list[BaseException] = []
+
+    def hello(proc: _DriverProcess) -> None:
+        try:
+            proc.call({"op": "hello"})
+            # The first init costs as much as the import (vLLM inspects the
+            # model class in a subprocess, once per process): paid here too.
+            proc.call({"op": "init", "config": driver_config(EngineConfig()), "seed": 0})
+        except BaseException as exc:  # noqa: B036 - re-raised by the caller, in its thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hello, args=(p,), daemon=True) for p in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for proc in procs:
+        _release(proc, True)
+        if arrived is not None:
+            arrived()
+    return errors
+
+
 def prestart(version: str | VLLMTarget, count: int = POOL_SIZE) -> list[int]:
     """Start ``count`` (at most ``POOL_SIZE``, less the idle ones already
     there) drivers for ``version`` at once and leave them idle in the pool,
@@ -261,29 +305,37 @@ def prestart(version: str | VLLMTarget, count: int = POOL_SIZE) -> list[int]:
     not built) or VLLMDriverError (a driver that did not answer)."""
     target = version if isinstance(version, VLLMTarget) else release_target(version)
     key = _pool_key(target)
-    idle = POOL.idle_count(key)
-    procs = [_DriverProcess(target) for _ in range(max(0, min(count, POOL_SIZE) - idle))]
-    errors: list[BaseException] = []
-
-    def hello(proc: _DriverProcess) -> None:
-        try:
-            proc.call({"op": "hello"})
-            # The first init costs as much as the import (vLLM inspects the
-            # model class in a subprocess, once per process): paid here too.
-            proc.call({"op": "init", "config": driver_config(EngineConfig()), "seed": 0})
-        except BaseException as exc:  # noqa: B036 - re-raised below, in this thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=hello, args=(p,), daemon=True) for p in procs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for proc in procs:
-        _release(proc, True)
+    procs, errors = _spawn_drivers(target, max(0, min(count, POOL_SIZE) - POOL.idle_count(key)))
+    errors += _warm_drivers(procs)
     if errors:
         raise errors[0]
     return [p.pid for p in procs]
+
+
+def prestart_in_background(version: str | VLLMTarget, count: int = POOL_SIZE) -> threading.Thread | None:
+    """``prestart`` without waiting: the drivers are started here (their
+    imports begin) and a daemon thread waits for them while the caller goes on
+    (``fuzz`` drawing its first example, running it on the reference); a
+    candidate that needs a driver meanwhile waits for one of them
+    (``ChildPool.expect``) instead of starting another. Those already idle or
+    being started count toward ``count``. Errors are not raised: a driver
+    that does not start is gone from the pool, and the candidate that needs
+    one starts its own and meets the error itself. Call it from a thread that
+    outlives the drivers (the main one): they die with the thread that started
+    them. Returns the waiting thread (None when nothing was started)."""
+    target = version if isinstance(version, VLLMTarget) else release_target(version)
+    key = _pool_key(target)
+    n = max(0, min(count, POOL_SIZE) - POOL.idle_count(key) - POOL.pending_count(key))
+    if n == 0:
+        return None
+    POOL.expect(key, n)
+    procs, _errors = _spawn_drivers(target, n)
+    for _ in range(n - len(procs)):  # never started
+        POOL.arrived(key)
+    thread = threading.Thread(target=_warm_drivers, args=(procs, lambda: POOL.arrived(key)),
+                              name=f"vllm-prestart-{target.version}", daemon=True)
+    thread.start()
+    return thread
 
 
 def shutdown_pool() -> None:
@@ -553,7 +605,8 @@ def make_factory(version: str | VLLMTarget, step_timeout: float | None = None):
     seconds (None: ``HARNESS_VLLM_TIMEOUT_S``). The factory carries
     ``vllm_version``, ``vllm_target`` and ``trace_metadata`` (what the
     recorder adds to a trace's metadata: ``engine_version`` the version found,
-    ``vllm_source`` for a path or a scheduler class)."""
+    ``vllm_source`` for a path or a scheduler class) and ``prestart(count)``
+    (``prestart_in_background``: drivers started without waiting)."""
     target = version if isinstance(version, VLLMTarget) else release_target(version)
 
     def factory(config: EngineConfig) -> VLLMCandidate:
@@ -566,6 +619,8 @@ def make_factory(version: str | VLLMTarget, step_timeout: float | None = None):
     if target.metadata():
         extra["vllm_source"] = target.metadata()
     factory.trace_metadata = extra  # type: ignore[attr-defined]
+    # ``fuzz`` starts the drivers while hypothesis draws (``prestart_in_background``).
+    factory.prestart = lambda count=POOL_SIZE: prestart_in_background(target, count)  # type: ignore[attr-defined]
     return factory
 
 

@@ -798,6 +798,12 @@ class Driver:
         policy = self.config.get("kv_load_failure_policy", "recompute")
         if bool(sched.recompute_kv_load_failures) != (policy == "recompute"):
             raise DriverError(f"vLLM did not take kv_load_failure_policy={policy!r}")
+        # A capability probe, not a version check. 0.20.2..0.29.0 have the rest of the plumbing
+        # (allocate_slots' delay_cache_blocks/reserved_blocks from 0.25.0, the promotion under
+        # its old name _try_promote_blocked_waiting_request, which events.py hooks too), but no
+        # kv_holding_waiting: a held load waits in waiting/skipped_waiting, and the fail policy's
+        # finished requests (update_from_output below) are ordered by that queue. Driving them
+        # needs that order modelled and checked against those releases first.
         for name in ("kv_holding_waiting", "finished_recving_kv_req_ids",
                      "failed_recving_kv_req_ids", "_inflight_prefill_reserved_blocks",
                      "_handle_blocked_waiting_request", "_update_from_kv_xfer_finished"):
