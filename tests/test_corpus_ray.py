@@ -56,13 +56,13 @@ def local_rows(paths: list[str]):
 
 
 def test_ray_rows_equal_one_worker_trace_for_trace(cluster, paths, local_rows) -> None:
-    assert len(paths) == 26  # golden/ (20), golden/hybrid/ (2), the mutant trace, two bad files, a missing one
+    assert len(paths) == 27  # golden/ (20), golden/hybrid/ (3), the mutant trace, two bad files, a missing one
     rows = check_ray(paths, OPTIONS, check_one_json)
     assert [r.path for r in rows] == paths
     assert [(r.exit, r.verdict, r.violations, r.steps) for r in rows] == \
         [(r.exit, r.verdict, r.violations, r.steps) for r in local_rows]
     assert all(a.same_outcome(b) for a, b in zip(rows, local_rows, strict=True))
-    assert [r.exit for r in rows].count(0) == 22 and sorted({r.exit for r in rows}) == [0, 1, 2]
+    assert [r.exit for r in rows].count(0) == 23 and sorted({r.exit for r in rows}) == [0, 1, 2]
 
 
 def test_cli_ray_joins_the_running_cluster(cluster, paths, local_rows) -> None:

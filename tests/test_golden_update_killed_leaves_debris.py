@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_regression_next_golden_update_removes_a_killed_runs_debris(tmp_path: Path) -> None:
     folder = tmp_path / "golden"
     shutil.copytree(REPO / "golden", folder)
-    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}  # golden/hybrid/ is its own set
     debris = [folder / ".fcfs-tight.parquet.k3j2h1.tmp", folder / ".MANIFEST.json.a1b2c3.tmp",
               folder / ".spec-decode.parquet.zz9.tmp"]
     for path in debris:
@@ -32,7 +32,7 @@ def test_regression_next_golden_update_removes_a_killed_runs_debris(tmp_path: Pa
     mine.write_text("kept")
     changes = update_goldens(folder, ["fcfs-tight"])
     assert [(c.scenario, c.status) for c in changes] == [("fcfs-tight", "unchanged")]
-    assert sorted(p.name for p in folder.iterdir()) == sorted([*before, mine.name])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*before, mine.name, "hybrid"])
     assert all((folder / name).read_bytes() == data for name, data in before.items())
 
 
