@@ -37,7 +37,7 @@ def vllm_env():
 
 @pytest.mark.vllm
 @pytest.mark.skipif(SKIP, reason="HARNESS_SKIP_VLLM=1")
-@pytest.mark.parametrize("name, steps", [("hybrid-alternating", 213), ("hybrid-five-to-one", 253)])
+@pytest.mark.parametrize("name, steps", [("hybrid-alternating", 213), ("hybrid-five-to-one", 253), ("hybrid-mamba", 153)])
 def test_the_hybrid_goldens_replay_identically_on_vllm(vllm_env, name, steps):
     trace = open_trace(CHECKOUT_DIR / "hybrid" / f"{name}.parquet")
     divergence, replayed = replay(trace, resolve_candidate(SPEC))

@@ -140,6 +140,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections import deque
 import importlib
 import importlib.util
@@ -659,9 +660,13 @@ class Driver:
                  [int(name.rsplit(".", 1)[1]) for name in g.layer_names]] for g in kv_cache_groups]
         kv_cache_config = self.KVCacheConfig(
             num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=kv_cache_groups)
+        # vLLM schedules on the least common multiple of the groups' block
+        # sizes (a Mamba group's is max_model_len; resolve_kv_cache_block_sizes),
+        # which its coordinator asserts; the same as block_size without Mamba.
+        sched_block_size = math.lcm(block_size, *(g.kv_cache_spec.block_size for g in kv_cache_groups))
         sched_kwargs = dict(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                             structured_output_manager=self.StructuredOutputManager(vllm_config),
-                            block_size=block_size, log_stats=False, include_finished_set=False)
+                            block_size=sched_block_size, log_stats=False, include_finished_set=False)
         try:
             sched = scheduler_cls(**ev.kwargs_for(scheduler_cls, sched_kwargs))
         except Exception as exc:
@@ -735,6 +740,10 @@ class Driver:
         if self.kv_connector:
             raise DriverError("a KV connector with a hybrid KV cache (sliding_window/layer_types) is not driven")
         from vllm.v1.kv_cache_interface import SlidingWindowSpec
+        try:
+            from vllm.v1.kv_cache_interface import MambaSpec
+        except ImportError:  # a release without Mamba groups: refused below
+            MambaSpec = None
 
         specs = {}
         for i, layer_type in enumerate(layer_types):
@@ -743,6 +752,16 @@ class Driver:
             elif layer_type == "sliding_attention" and window is not None:
                 specs[f"layer.{i}"] = SlidingWindowSpec(**ev.kwargs_for(
                     SlidingWindowSpec, {**spec_kwargs, "sliding_window": int(window)}))
+            elif layer_type == "linear_attention" and MambaSpec is not None:
+                # A Mamba layer as MambaBase.get_kv_cache_spec builds it: one
+                # state block of max_model_len tokens (mode "none": prefix
+                # caching off, which the config requires), its page padded to
+                # the attention layers' so every group shares one pool.
+                specs[f"layer.{i}"] = MambaSpec(**ev.kwargs_for(MambaSpec, dict(
+                    block_size=int(config["max_model_len"]), shapes=((1,),), dtypes=(self.torch.float32,),
+                    page_size_padded=self.FullAttentionSpec(**spec_kwargs).page_size_bytes,
+                    mamba_cache_mode="none",
+                    num_speculative_blocks=int(config.get("num_speculative_tokens") or 0))))
             else:
                 raise DriverError(f"layer_types[{i}] {layer_type!r} (sliding_window {window}) is not "
                                   f"a layer the driver builds")
