@@ -30,7 +30,11 @@ def progress(description: str, total: int | None, *, enabled: bool = True,
     runs, if ``enabled`` and that console is a terminal."""
     out = console or err
     columns = [SpinnerColumn(), TextColumn("{task.description}")]
-    columns += [BarColumn(), MofNCompleteColumn()] if total else []
+    # The bar takes what the description leaves of the line: rich's default 40
+    # columns cut "replaying NAME on vllm@X" short on an 80-column terminal.
+    # 32 = spinner, "12345/12345", elapsed time and the separating spaces.
+    bar_width = max(5, min(40, out.width - len(description) - 32))
+    columns += [BarColumn(bar_width=bar_width), MofNCompleteColumn()] if total else []
     columns.append(TimeElapsedColumn())
     with Progress(*columns, console=out, transient=True,
                   disable=not (enabled and out.is_terminal)) as bar:

@@ -170,8 +170,9 @@ def sweep(scenario_names_given: tuple[str, ...], versions: str | None, candidate
                                "candidates": summary_rows(results),
                                "cells": [c.to_dict() for cells in results for c in cells]}))
     elif as_markdown:
+        # The table alone on stdout (``--markdown > table.md`` is the use); the verdict on stderr.
         click.echo(markdown_table([c.to_dict() for cells in results for c in cells]))
-        click.echo(verdict_line(results))
+        click.echo(verdict_line(results), err=True)
     else:
         render(results, scenarios, console)
     sys.exit(code)

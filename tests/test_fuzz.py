@@ -990,6 +990,22 @@ def test_regression_the_replay_hint_keeps_pythonpath_for_a_user_candidate(monkey
     assert _pythonpath_prefix("mysched.core:make") == ""
 
 
+def test_regression_the_witness_scenario_header_keeps_pythonpath(monkeypatch, tmp_path) -> None:
+    """Regression (new-user trial): the witness scenario file's ``Re-run:`` header had no PYTHONPATH
+    for a ``module:factory`` candidate, unlike the JSON's commands, so pasting it failed."""
+    from harness.fuzz.witness import write_failure
+
+    cls = MUTANTS_AND_TARGETS["ignore-max-num-seqs"][0]
+    result = fuzz(cls, max_examples=60, seed=0, known=known_reference_finding)
+    monkeypatch.setenv("PYTHONPATH", "/home/me/my sched")
+    _trace, json_path, command, toml = write_failure(tmp_path, "mysched.core:make", cls, result, 0)
+    header = toml.read_text().split("\n")[2]
+    assert header.startswith("# Re-run: PYTHONPATH='/home/me/my sched' harness record "
+                             "fuzz-mysched.core-make-seed0.toml --engine mysched.core:make -o T.parquet"), header
+    assert command.startswith("PYTHONPATH='/home/me/my sched' harness replay ")
+    assert json.loads(json_path.read_text())["record_command"].startswith("PYTHONPATH='/home/me/my sched' ")
+
+
 def test_regression_time_budget_overshoot_no_calls_after_the_stop(monkeypatch):
     """Regression (issue 16): the stop at the end of --time-budget was an
     Exception, which hypothesis took for a failure and shrank, calling the

@@ -33,6 +33,20 @@ def test_progress_draws_on_a_terminal_only() -> None:
     assert off.getvalue() == ""
 
 
+def test_a_long_description_is_not_cut_on_an_80_column_terminal() -> None:
+    """Regression (new-user trial): "replaying NAME on vllm@X" was cut to "replaying NAME on v…"
+    because the bar kept rich's default 40 columns."""
+    desc = "replaying azure-code-500.parquet on vllm@0.33.0,scheduler_cls=myfork.sched:Fair"
+    shown = io.StringIO()
+    with progress(desc, 12345, console=Console(file=shown, force_terminal=True, width=120)) as update:
+        update(6000)
+    assert desc in shown.getvalue()
+    shown = io.StringIO()
+    with progress(desc[:47], 12345, console=Console(file=shown, force_terminal=True, width=80)) as update:
+        update(6000)
+    assert desc[:47] in shown.getvalue() and "…" not in shown.getvalue()
+
+
 def test_every_steps_updates_each_nth_step() -> None:
     seen: list[int] = []
     on_step = every_steps(lambda step: seen.append(step), n=4)

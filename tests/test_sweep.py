@@ -85,18 +85,19 @@ def test_sweep_exit_order() -> None:
 
 def test_cli_sweep_markdown_is_the_fidelity_table() -> None:
     """``--markdown``: the table of docs/explanation/releases.md (bench/vllm_fidelity.py prints it from
-    the sweep's --json), then the verdict line."""
+    the sweep's --json) alone on stdout, so ``--markdown > table.md`` writes a table; the verdict line
+    on stderr (regression: it ended up in the file)."""
     res = CliRunner().invoke(main, ["sweep", *SCENARIOS, *(a for s in SPECS for a in ("--candidate", s)),
                                     "--markdown"])
     assert res.exit_code == 1, res.output
-    assert res.output.splitlines() == [
+    assert res.stdout.splitlines() == [
         "| release | scenarios run (refused) | steps identical | without the capacity guard | verdicts "
         "| first divergences |",
         "|---|---|---|---|---|---|",
         "| reference | 2 (0) | 613/613 = 100.0% | 100.0% | 2 clean | none |",
         "| mutant:ignore-max-num-seqs | 2 (0) | 605/613 = 98.7% | 98.7% | 1 clean; MAX-NUM-SEQS ×2 "
         "| priority-tight@206 |",
-        "sweep: 2 candidates x 2 scenarios: 3 clean, 1 violating (exit 1)",
     ]
+    assert res.stderr.splitlines()[-1] == "sweep: 2 candidates x 2 scenarios: 3 clean, 1 violating (exit 1)"
     res = CliRunner().invoke(main, ["sweep", "fcfs-tight", "--candidate", "reference", "--markdown", "--json"])
     assert (res.exit_code, res.output) == (2, "error: --json and --markdown: choose one\n")

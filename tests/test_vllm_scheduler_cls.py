@@ -168,11 +168,15 @@ BAD_CLASSES = {
     # Regression (a new user's trial): a forgotten PYTHONPATH gave no hint.
     "module-not-on-pythonpath": (spec("MyScheduler", "not_on_the_path"),
                                  "scheduler_cls not_on_the_path:MyScheduler: module 'not_on_the_path' "
-                                 "does not import: ModuleNotFoundError: No module named 'not_on_the_path' "
-                                 "(is its folder on PYTHONPATH?)"),
+                                 "is not found on this interpreter's path (is its folder on PYTHONPATH?)"),
+    # Both found before vLLM is imported (class_precheck.py).
     "no-such-class": (spec("Nope"),
-                      "scheduler_cls custom_schedulers:Nope: module 'custom_schedulers' has no "
-                      "attribute 'Nope'"),
+                      f"scheduler_cls custom_schedulers:Nope: module 'custom_schedulers' "
+                      f"({CLASSES / 'custom_schedulers.py'}) defines no 'Nope'"),
+    "misspelled-class": (spec("HigherSeqCapSchedulr"),
+                         f"scheduler_cls custom_schedulers:HigherSeqCapSchedulr: module 'custom_schedulers' "
+                         f"({CLASSES / 'custom_schedulers.py'}) defines no 'HigherSeqCapSchedulr' "
+                         "(did you mean 'HigherSeqCapScheduler'?)"),
 }
 
 

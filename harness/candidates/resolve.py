@@ -92,6 +92,11 @@ def _vllm_factory(spec: str, step_timeout: float | None = None) -> CandidateFact
                                                    make_factory, probe_scheduler_class)
 
     if target.scheduler_cls is not None:
+        from harness.candidates.vllm.class_precheck import precheck_scheduler_class
+
+        typo = precheck_scheduler_class(target)  # under a second, before vLLM's minute of import
+        if typo is not None:
+            raise CandidateSpecError(f"candidate {spec!r}: {typo}")
         try:
             probe_scheduler_class(target)
         except VLLMSchedulerClassError as exc:

@@ -102,9 +102,13 @@ def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, res
     toml_path = out / f"{base}.toml"
     extraction = extract(open_trace(trace_path), verify_factory=rec_factory,
                          description=f"fuzz witness ({spec}, seed {seed}): {failure.kind}: {failure.message}",
-                         comments=[f"Re-run: harness record {base}.toml --engine {engine} -o T.parquet, then "
+                         # The header's commands carry the PYTHONPATH a module:factory candidate
+                         # needs, as the JSON's do (regression: copied from the header, they failed
+                         # with "no module named ...").
+                         comments=[f"Re-run: {_pythonpath_prefix(engine)}harness record {base}.toml "
+                                   f"--engine {shlex.quote(engine)} -o T.parquet, then "
                                    + (f"harness check T.parquet{flag}" if engine == spec
-                                      else f"harness replay T.parquet --candidate {spec}{flag}")])
+                                      else f"{env}harness replay T.parquet --candidate {shlex.quote(spec)}{flag}")])
     extraction.write(toml_path)
     record_command = (f"{_pythonpath_prefix(engine)}harness record {shlex.quote(str(toml_path))} "
                       f"--engine {shlex.quote(engine)} -o {shlex.quote(f'{out / base}.rerecorded.parquet')}")

@@ -72,6 +72,11 @@ def check_candidate_class(name: str, config: EngineConfig) -> CandidateClass:
     # its version: the serving env's is known.
     target = VLLMTarget(f"vllm@{python},scheduler_cls={cls}", Path(python), SERVING_VERSION, False,
                         cls, caller_pythonpath())
+    from harness.candidates.vllm.class_precheck import precheck_scheduler_class
+
+    typo = precheck_scheduler_class(target)  # before the driver's ~15 s import of vLLM
+    if typo is not None:
+        raise CandidateClassError(f"--candidate-class: {typo}")
     try:
         probe_scheduler_class(target, config)
     except VLLMRefused as exc:  # VLLMSchedulerClassError: the class itself
