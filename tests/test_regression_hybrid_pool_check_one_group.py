@@ -11,13 +11,17 @@ boundary, which is exactly where the reference stops stalling."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from harness.check import check_steps
 from harness.trace.recorder import run_to_rows
 from reference.config import ConfigError, EngineConfig
 from reference.engine import EngineStalled
-from reference.kv.kv_cache_spec import max_memory_usage_blocks_from_groups
+from reference.kv.kv_cache_spec import FullAttentionSpec, MambaSpec, max_memory_usage_blocks_from_groups
 from reference.workload import RequestSpec, Workload
 
 BASE = dict(block_size=4, max_model_len=96, max_num_seqs=4, max_num_batched_tokens=64)
@@ -110,3 +114,30 @@ def test_one_full_attention_group_unchanged():
         EngineConfig(block_size=16, max_model_len=160, num_gpu_blocks=10, max_num_batched_tokens=256)
     assert str(err.value) == ("max_model_len 160 needs 10 KV blocks of 16 tokens but the pool has only "
                               "9 usable blocks: raise num_gpu_blocks or lower max_model_len")
+
+
+@pytest.mark.vllm
+def test_each_groups_need_is_vllm_0_33_0s_own():
+    """vLLM 0.33.0's specs (tests/hybrid_kv/pool_need.py, run in its
+    environment) count the same blocks per group as the reference, for every
+    case above and with two batches in flight."""
+    from harness.candidates.vllm.env import env_python
+
+    configs = {name: EngineConfig.from_dict({**data, "num_gpu_blocks": smallest})
+               for name, (data, _, smallest) in CASES.items()}
+    configs["async"] = EngineConfig.from_dict({**ALTERNATING, "async_scheduling": True, "num_gpu_blocks": 50})
+    kinds = {FullAttentionSpec: "full", MambaSpec: "mamba"}
+    query = {name: {"block_size": c.block_size, "max_model_len": c.max_model_len,
+                    "max_in_flight_tokens": c.max_concurrent_batches * c.max_num_batched_tokens,
+                    "sliding_window": c.sliding_window, "num_speculative_tokens": c.num_speculative_tokens,
+                    "groups": [kinds.get(type(g.kv_cache_spec), "sliding") for g in c.kv_cache_groups]}
+             for name, c in configs.items()}
+    out = subprocess.run([str(env_python("0.33.0")), str(Path(__file__).parent / "hybrid_kv" / "pool_need.py")],
+                         input=json.dumps(query), capture_output=True, text=True, check=True, timeout=600)
+    assert json.loads(out.stdout) == {
+        name: list(max_memory_usage_blocks_from_groups(
+            c.kv_cache_groups, max_model_len=c.max_model_len,
+            max_in_flight_tokens=c.max_concurrent_batches * c.max_num_batched_tokens))
+        for name, c in configs.items()} == {
+        "alternating": [19, 24], "five-to-one": [12] * 5 + [24], "mamba": [1, 1, 1, 24],
+        "mamba-spec-2": [3, 3, 3, 24], "sliding-only": [19], "async": [25, 24]}
