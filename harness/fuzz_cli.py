@@ -81,6 +81,10 @@ def _fuzz_base(path: str):
               help="Only async scheduling with speculative decoding (1-3 drafts, two batches in "
                    "flight); the default strategy never draws it (a new draw would shift every "
                    "generated example).")
+@click.option("--hybrid", is_flag=True, default=False,
+              help="Only hybrid models' KV caches: sliding-window or Mamba (linear_attention) layers beside "
+                   "full attention, pools sized by vLLM's start-up check; the default strategy never draws "
+                   "them (a new draw would shift every generated example).")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(),
               help="Folder for the minimal failing traces (Parquet) and their JSON descriptions.")
 @click.option("--semantics", default="auto", show_default=True, metavar="auto|safety|fork|VERSION",
@@ -92,7 +96,7 @@ def _fuzz_base(path: str):
 @_step_timeout
 def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, shrink_budget: float | None,
          workers: int, ray_address: str | None, report_known: bool, scenario_path: str | None,
-         async_spec: bool, out_dir: str, semantics: str, step_timeout: float) -> None:
+         async_spec: bool, hybrid: bool, out_dir: str, semantics: str, step_timeout: float) -> None:
     """Fuzz CANDIDATE with small generated scenarios (hypothesis): check every invariant and,
     for a candidate other than the reference, compare its decisions with the reference's.
 
@@ -123,13 +127,15 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
         _fail(str(exc))
     if async_spec and scenario_path is not None:
         _fail("--async-spec does not apply to --scenario (the scenario file carries its config)")
+    if hybrid and scenario_path is not None:
+        _fail("--hybrid does not apply to --scenario (the scenario file carries its config)")
     base = _fuzz_base(scenario_path) if scenario_path is not None else None
     with contextlib.ExitStack() as stack:
         run_workers: Any = fuzz_parallel
         if ray_address is not None:
             run_workers, workers = _fuzz_on_ray(stack, ray_address, workers)
         _fuzz_run(run_workers, candidate, factory, workers, ray_address, max_examples, seed, time_budget,
-                  shrink_budget, report_known, base, async_spec, out_dir, semantics, step_timeout)
+                  shrink_budget, report_known, base, async_spec, out_dir, semantics, step_timeout, hybrid)
 
 
 def _fuzz_on_ray(stack: contextlib.ExitStack, ray_address: str, workers: int) -> tuple[Any, int]:
@@ -154,7 +160,7 @@ def _fuzz_on_ray(stack: contextlib.ExitStack, ray_address: str, workers: int) ->
 def _fuzz_run(run_workers: Any, candidate: str, factory: CandidateFactory | None, workers: int,
               ray_address: str | None, max_examples: int, seed: int, time_budget: float | None,
               shrink_budget: float | None, report_known: bool, base: Any, async_spec: bool, out_dir: str,
-              semantics: str, step_timeout: float) -> None:
+              semantics: str, step_timeout: float, hybrid: bool = False) -> None:
     """The campaign of ``harness fuzz`` on ``run_workers`` (``fuzz_parallel``
     or ``fuzz_ray``), its summary, witnesses and exit."""
     from harness.fuzz import FuzzWorkerError, WorkerProgress, write_witnesses
@@ -183,7 +189,7 @@ def _fuzz_run(run_workers: Any, candidate: str, factory: CandidateFactory | None
                                  time_budget_s=time_budget, on_progress=on_progress,
                                  skip_known=not report_known, base=base, async_spec=async_spec,
                                  step_timeout=step_timeout, semantics=semantics,
-                                 shrink_budget_s=shrink_budget)
+                                 shrink_budget_s=shrink_budget, hybrid=hybrid)
         except FuzzWorkerError as exc:
             _fail(str(exc))
     render_summary(result, candidate, seed, console)

@@ -404,17 +404,51 @@ class EngineConfig:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({self.max_num_seqs})")
-        # vLLM (check_enough_kv_cache_memory): one max_model_len request must fit the pool.
-        # That is the engine's start-up check, not the Scheduler's: a trace's config
-        # (``from_dict(accept_vllm_crash=True)``, what the engine ran) may hold a smaller
-        # pool. Regression: recordings of vLLM's own scheduler tests, which build a
-        # Scheduler over a few blocks, were refused.
-        needed = -(-self.max_model_len // self.block_size)
-        if needed > self.num_gpu_blocks - 1 and not _ACCEPT_VLLM_CRASH.get():
+        if not _ACCEPT_VLLM_CRASH.get():
+            self._check_enough_kv_cache_blocks()
+
+    def _check_enough_kv_cache_blocks(self) -> None:
+        """Raise ConfigError unless one request of ``max_model_len`` tokens fits
+        the pool's ``num_gpu_blocks - 1`` usable blocks in every KV-cache group
+        at once: the groups share the pool, so a request's need is the sum of
+        each group's (full attention: every token's block; sliding window: its
+        admission cap, window plus tokens in flight; Mamba: its state blocks;
+        ``reference.kv.kv_cache_spec.max_memory_usage_blocks_from_groups``).
+
+        vLLM 0.33.0's engine start-up check, in blocks
+        (``vllm/v1/core/kv_cache_planning.py::get_kv_cache_configs``,
+        ``_check_enough_kv_cache_memory`` over
+        ``_max_memory_usage_bytes_from_groups``). Not the Scheduler's: a
+        trace's config (``from_dict(accept_vllm_crash=True)``, what the engine
+        ran) may hold a smaller pool, so ``validate`` skips it then.
+        Regressions: recordings of vLLM's own scheduler tests, which build a
+        Scheduler over a few blocks, were refused; a hybrid config was checked
+        against one group's blocks only, so an undersized pool stalled the
+        reference (LIVENESS / IDLE-ADMISSION false alarms) instead of being
+        refused (tests/test_regression_hybrid_pool_check_one_group.py)."""
+        groups = self.kv_cache_groups
+        if not groups:
+            needed = -(-self.max_model_len // self.block_size)
+            if needed > self.num_gpu_blocks - 1:
+                raise ConfigError(
+                    f"max_model_len {self.max_model_len} needs {needed} KV blocks of "
+                    f"{self.block_size} tokens but the pool has only {self.num_gpu_blocks - 1} "
+                    f"usable blocks: raise num_gpu_blocks or lower max_model_len")
+            return
+        from reference.kv.kv_cache_spec import FullAttentionSpec, MambaSpec, max_memory_usage_blocks_from_groups
+        per_group = max_memory_usage_blocks_from_groups(
+            groups, max_model_len=self.max_model_len,
+            max_in_flight_tokens=self.max_concurrent_batches * self.max_num_batched_tokens)
+        needed = sum(per_group)
+        if needed > self.num_gpu_blocks - 1:
+            kinds = {FullAttentionSpec: "full", MambaSpec: "Mamba"}
+            parts = ", ".join(f"{kinds.get(type(g.kv_cache_spec), 'sliding-window')} {n}"
+                              for g, n in zip(groups, per_group))
             raise ConfigError(
-                f"max_model_len {self.max_model_len} needs {needed} KV blocks of "
-                f"{self.block_size} tokens but the pool has only {self.num_gpu_blocks - 1} "
-                f"usable blocks: raise num_gpu_blocks or lower max_model_len")
+                f"max_model_len {self.max_model_len} needs {needed} KV blocks across its "
+                f"{len(groups)} KV-cache groups sharing the pool ({parts}) but the pool has only "
+                f"{self.num_gpu_blocks - 1} usable blocks (vLLM 0.33.0 refuses this at start-up): "
+                f"raise num_gpu_blocks to {needed + 1} or lower max_model_len")
 
     # -- serialisation ------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

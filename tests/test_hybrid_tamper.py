@@ -84,8 +84,8 @@ def test_regression_preempt_groups_cut_to_one_list_passed_as_conformant(tmp_path
 
     code, lines = check(doctored(tmp_path, cut))
     assert code == 2 and lines == [
-        f"error: {tmp_path / 'doctored.parquet'}: bad row: step 22 event 4: preempt block_ids "
-        f"[22, 21, 26, 25, 24, 23] are not the blocks of its group_block_ids [[22, 21]] (null blocks left out)"]
+        f"error: {tmp_path / 'doctored.parquet'}: bad row: step 64 event 4: preempt block_ids "
+        f"[12, 18, 29, 42, 6, 31, 17, 32] are not the blocks of its group_block_ids [[12, 18, 29]] (null blocks left out)"]
 
 
 def test_regression_schedule_block_ids_emptied_beside_its_groups_passed(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_regression_schedule_block_ids_emptied_beside_its_groups_passed(tmp_path
     code, lines = check(doctored(tmp_path, empty))
     assert code == 2 and len(lines) == 1
     assert "bad row: step 1 event 4: schedule block_ids [] are not the blocks of its group_block_ids " \
-           "[[37, 38, 39, 14, 13, 12, 11], [10, 9, 8, 7, 6, 5, 4]]" in lines[0]
+           "[[37, 38, 39, 40, 41, 42, 43], [14, 13, 12, 11, 10, 9, 8]]" in lines[0]
 
 
 def test_regression_preempt_groups_nulled_passed_as_conformant(tmp_path: Path) -> None:

@@ -16,5 +16,5 @@ def test_regression_config_doc_said_hybrid_recording_refused() -> None:
     assert "recording refuses it" not in text
     assert "recorded in trace schema 9" in text
     config = EngineConfig.from_dict({"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
-                                     "block_size": 4, "max_model_len": 96, "num_gpu_blocks": 40})
+                                     "block_size": 4, "max_model_len": 96, "num_gpu_blocks": 50})
     assert len(config.kv_cache_groups) == 2

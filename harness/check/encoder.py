@@ -66,8 +66,13 @@ def before_event(m: TraceModel, ev: dict, st: StepState) -> None:
     """Resolve what the previous rows left open before ``ev`` is handled."""
     kind, enc = ev["kind"], st.enc
     plan = enc.pending
+    # The plan's own allocation may write a skipped_free row first (a hybrid
+    # model: allocate_slots calls remove_skipped_blocks after
+    # _try_schedule_encoder_inputs planned the window; regression, found by
+    # `harness fuzz --hybrid`: the plan was dropped there and ENCODER-INPUTS
+    # fired on the reference).
     if plan is not None and kind not in ("withdraw", "preempt") \
-            and not (kind == "schedule" and ev["request_id"] == plan["rid"]):
+            and not (kind in ("schedule", "skipped_free") and ev["request_id"] == plan["rid"]):
         enc.pending = None  # its allocation failed
         req = m.reqs.get(plan["rid"])
         if plan["waiting"] and req is not None:

@@ -361,7 +361,11 @@ def register_full_blocks(m: TraceModel, req: ReqShadow, upto_tokens: int) -> Non
     for g, table in enumerate(tables):
         n_full = min(upto_tokens, req.num_tokens, len(table) * m.bs) // m.bs
         m.extend_chain(req, n_full)
-        for i in range(req.group_registered[g], n_full):
+        window = m.group_windows[g]
+        # A window of 1 token: no block can end a hit, so vLLM 0.33.0 caches none of
+        # its blocks (SlidingWindowManager.reachable_block_mask); they are freed unhashed.
+        skip = window is not None and cdiv(window - 1, m.bs) == 0
+        for i in range(n_full if skip else req.group_registered[g], n_full):
             block = table[i]
             if block and block not in m.content:
                 key = content_key(req.chain[i], g)

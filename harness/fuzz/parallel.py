@@ -173,7 +173,8 @@ def throttled_progress(put: Callable[[tuple], Any], worker: int) -> Callable[[in
 def run_worker(spec: str, seed: int, max_examples: int, deadline: float | None,
                on_example: Callable[[int, bool], None] | None, *, skip_known: bool = False,
                base: FuzzCase | None = None, async_spec: bool = False, step_timeout: float | None = None,
-               semantics: str = "auto", shrink_budget_s: float | None = SHRINK_BUDGET_S) -> FuzzResult:
+               semantics: str = "auto", shrink_budget_s: float | None = SHRINK_BUDGET_S,
+               hybrid: bool = False) -> FuzzResult:
     """One worker's search, the same wherever it runs (a spawned process,
     a Ray task): resolve ``spec`` here (factories need not pickle) and run
     ``fuzz`` with hypothesis seed ``seed`` on ``max_examples`` examples.
@@ -187,14 +188,14 @@ def run_worker(spec: str, seed: int, max_examples: int, deadline: float | None,
     return fuzz(factory, max_examples=max_examples, seed=seed, time_budget_s=time_budget_s,
                 on_example=on_example, known=known_reference_finding if skip_known else None,
                 base=base, async_spec=async_spec, profile=fuzz_profile(semantics),
-                shrink_budget_s=shrink_budget_s)
+                shrink_budget_s=shrink_budget_s, hybrid=hybrid)
 
 
 def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline: float | None,
                  queue: Any, skip_known: bool = False, base: FuzzCase | None = None,
                  async_spec: bool = False, step_timeout: float | None = None,
                  semantics: str = "auto", shrink_budget_s: float | None = SHRINK_BUDGET_S,
-                 parent: int | None = None) -> None:
+                 parent: int | None = None, hybrid: bool = False) -> None:
     """Body of one worker process (top level, so ``spawn`` can import it).
 
     ``deadline``: the wall-clock time (``time.time()``) at which the run's
@@ -209,7 +210,8 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline:
     try:
         result = run_worker(spec, seed, max_examples, deadline, throttled_progress(queue.put, worker),
                             skip_known=skip_known, base=base, async_spec=async_spec,
-                            step_timeout=step_timeout, semantics=semantics, shrink_budget_s=shrink_budget_s)
+                            step_timeout=step_timeout, semantics=semantics, shrink_budget_s=shrink_budget_s,
+                            hybrid=hybrid)
         queue.put(("done", worker, result))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent stops the run
         raise SystemExit(130) from None
@@ -225,7 +227,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
                   skip_known: bool = False, base: FuzzCase | None = None,
                   async_spec: bool = False, step_timeout: float | None = None,
                   semantics: str = "auto",
-                  shrink_budget_s: float | None = SHRINK_BUDGET_S) -> ParallelFuzzResult:
+                  shrink_budget_s: float | None = SHRINK_BUDGET_S, hybrid: bool = False) -> ParallelFuzzResult:
     """Fuzz the candidate named ``spec`` (``reference``, ``mutant:NAME``,
     ``module:factory``, ...) on ``workers`` processes.
 
@@ -243,6 +245,7 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     (``fuzz(known=known_reference_finding)``). ``base``: fuzz subsets of that
     case's requests instead of generated scenarios (``fuzz(base=...)``).
     ``async_spec``: only async scheduling with drafts (``fuzz(async_spec=True)``).
+    ``hybrid``: only hybrid models' KV caches (``fuzz(hybrid=True)``).
     ``step_timeout``: seconds a module:factory candidate's call may take
     (``resolve_candidate``). ``semantics``: what the candidate is checked
     under (``fuzz_profile``: ``auto``, ``safety``, ``fork`` or a release; only
@@ -274,7 +277,8 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
         result = fuzz(factory, max_examples=shares[0], seed=seeds[0], time_budget_s=time_budget_s,
                       on_example=lambda n, shrinking: report(0, examples=n, shrinking=shrinking),
                       known=known_reference_finding if skip_known else None, base=base,
-                      async_spec=async_spec, profile=profile, shrink_budget_s=shrink_budget_s)
+                      async_spec=async_spec, profile=profile, shrink_budget_s=shrink_budget_s,
+                      hybrid=hybrid)
         report(0, done=True)
         return ParallelFuzzResult(seed, [WorkerResult(0, seeds[0], shares[0], result)],
                                   time.monotonic() - start)
@@ -284,7 +288,8 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     queue = ctx.Queue()
     procs = [ctx.Process(target=_fuzz_worker, name=f"harness-fuzz-{i}", daemon=True,
                          args=(spec, i, seeds[i], shares[i], deadline, queue, skip_known, base,
-                               async_spec, step_timeout, semantics, shrink_budget_s, os.getpid()))
+                               async_spec, step_timeout, semantics, shrink_budget_s, os.getpid(),
+                               hybrid))
              for i in range(len(shares))]
     results: dict[int, FuzzResult] = {}
     try:

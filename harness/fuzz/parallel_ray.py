@@ -47,7 +47,7 @@ def fuzz_ray(spec: str, *, workers: int, max_examples: int = 200, seed: int = 0,
              skip_known: bool = False, base: FuzzCase | None = None, async_spec: bool = False,
              step_timeout: float | None = None, semantics: str = "auto",
              shrink_budget_s: float | None = SHRINK_BUDGET_S,
-             task: Callable[..., FuzzResult] = _fuzz_task) -> ParallelFuzzResult:
+             task: Callable[..., FuzzResult] = _fuzz_task, hybrid: bool = False) -> ParallelFuzzResult:
     """``fuzz_parallel`` (same arguments, same result for the same ``spec``,
     ``workers``, ``max_examples`` and ``seed``) with each worker a task on
     the cluster this process joined (``harness.ray_cluster.init_ray``).
@@ -71,7 +71,8 @@ def fuzz_ray(spec: str, *, workers: int, max_examples: int = 200, seed: int = 0,
     ray = ray_module()
 
     options = {"skip_known": skip_known, "base": base, "async_spec": async_spec,
-               "step_timeout": step_timeout, "semantics": semantics, "shrink_budget_s": shrink_budget_s}
+               "step_timeout": step_timeout, "semantics": semantics, "shrink_budget_s": shrink_budget_s,
+               "hybrid": hybrid}
     progress = [WorkerProgress(0, share) for share in shares]
     start = time.monotonic()
     deadline = None if time_budget_s is None else time.time() + time_budget_s

@@ -321,7 +321,7 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
          on_example: Callable[[int, bool], None] | None = None,
          known: Callable[[FuzzCase, Failure], str | None] | None = None,
          base: FuzzCase | None = None, async_spec: bool = False,
-         profile: Profile | None = None) -> FuzzResult:
+         profile: Profile | None = None, hybrid: bool = False) -> FuzzResult:
     """Search for a failing case; deterministic for a given ``seed`` (no
     database, no deadline). On a failure hypothesis shrinks it and the
     returned ``case`` is the minimal one. ``max_examples`` (>= 1) bounds the
@@ -341,6 +341,9 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
     itself tried first, so a failure shrinks to the fewest requests that
     still fail. ``async_spec``: only async scheduling with speculative
     decoding (``fuzz_cases(async_spec=True)``; ignored with ``base``).
+    ``hybrid``: only hybrid models' KV caches, sliding-window and Mamba
+    groups beside full attention (``fuzz_cases(hybrid=True)``; ignored with
+    ``base``).
     ``profile``: what the candidate is checked under (``evaluate``). A case
     the candidate refuses is counted (``FuzzResult.refused``), never a finding.
     A factory with a ``prestart()`` (``vllm@``: its driver processes) has it
@@ -366,7 +369,7 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
               phases=[Phase.generate, Phase.shrink], print_blob=False, verbosity=Verbosity.quiet)
     @hyp_seed(seed)
-    @given(fuzz_cases(async_spec) if base is None else request_subsets(base))
+    @given(fuzz_cases(async_spec, hybrid) if base is None else request_subsets(base))
     def prop(case: FuzzCase) -> None:
         if deadline.passed():
             state["stopped"] = True

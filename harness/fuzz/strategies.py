@@ -40,6 +40,15 @@ count (1, 2 or 3) and written as the vLLM keys that derive it
 scheduling are ``pipeline_parallel_size`` 1), so the draws, hence the
 examples, are those of the strategy that wrote ``max_concurrent_batches``.
 
+With ``hybrid`` (``harness fuzz --hybrid``) every config is a hybrid
+model's (``hybrid_settings``): sliding-window or Mamba (``linear_attention``)
+layers beside full attention in the shapes of ``HYBRID_SHAPES``, a window at
+block boundaries +-1, prefix caching off with Mamba layers, no KV connector
+(a hybrid config refuses it), and a pool of what one ``max_model_len``
+request takes over every KV-cache group (vLLM's start-up check) plus the few
+spare blocks drawn. The default strategy does not draw them, so every
+seed's examples stay what they were.
+
 The order of the draws is part of the behaviour: the same hypothesis seed
 generates the same cases only while every draw stays where it is (features
 added later are drawn last, so older draws are unchanged).
@@ -78,6 +87,20 @@ TIME_QUANTUM = 0.004
 # a livelock, not a finding).
 KV_STORE_FRACTIONS = (1.0, 0.5, 0.8, 0.3, 0.0)
 KV_LOAD_FAILURE_RATES = (0.0, 0.0, 0.25, 0.5, 0.75, 1.0)
+# Hybrid models' layer types drawn by ``engine_configs(hybrid=True)``, as the
+# hybrid scenarios' (harness/scenarios/hybrid/): alternating sliding-window and
+# full attention (2 KV-cache groups); five sliding to one full (6 groups);
+# three sliding to two full (group size 2: the sliding bucket splits into a
+# group of two layers and a padded one of one, 3 groups); a window alone (one
+# sliding-window group, ``layer_types`` left out); three Mamba to one full
+# (Qwen3-Next's 3:1, 4 groups) and one Mamba to one full (2 groups), both
+# with prefix caching off (the reference models mamba_cache_mode "none" only).
+HYBRID_SHAPES = (("sliding_attention", "full_attention"),
+                 ("sliding_attention",) * 5 + ("full_attention",),
+                 ("sliding_attention",) * 3 + ("full_attention",) * 2,
+                 None,
+                 ("linear_attention",) * 3 + ("full_attention",),
+                 ("linear_attention", "full_attention"))
 # Token ids of encoder input k (its content, hence its identifier): k never
 # collides with prompt tokens (100.., 1000..) nor EOS.
 MM_ITEM_BASE = 20000
@@ -145,6 +168,10 @@ class FuzzCase:
                          f"cache={c.get('encoder_cache_size')})")
         if c.get("disable_chunked_mm_input"):
             flags.append("disable_chunked_mm_input")
+        if c.get("sliding_window") is not None:
+            flags.append(f"sliding_window={c['sliding_window']}")
+        if c.get("layer_types"):
+            flags.append("layer_types=" + ",".join(c["layer_types"]))
         for key in ("enable_chunked_prefill", "enable_prefix_caching", "scheduler_reserve_full_isl"):
             if not c.get(key, True):
                 flags.append(f"no-{key}")
@@ -162,8 +189,11 @@ def _spec_dict(spec: RequestSpec) -> dict[str, Any]:
 # ----------------------------------------------------------------- strategies
 
 @st.composite
-def engine_configs(draw: st.DrawFn, async_spec: bool = False) -> dict[str, Any]:
+def engine_configs(draw: st.DrawFn, async_spec: bool = False, hybrid: bool = False) -> dict[str, Any]:
     """A small, valid EngineConfig as a dict (``EngineConfig(**d)`` accepts it).
+    ``hybrid``: a hybrid model's KV cache on every config (``hybrid_settings``;
+    ``harness fuzz --hybrid``), never with the KV connector, which a hybrid
+    config refuses.
     ``async_spec``: only async scheduling with speculative decoding (1-3
     drafts, two batches in flight; ``harness fuzz --async-spec``, the vLLM
     sweep of ``bench/vllm_async_spec_sweep.py``). Off, the draws are those of
@@ -220,14 +250,43 @@ def engine_configs(draw: st.DrawFn, async_spec: bool = False) -> dict[str, Any]:
     }
     # Drawn last, so the draws above are those of a config without it (and
     # shrinking turns it off first).
-    if draw(st.sampled_from([False, False, True])):
+    if not hybrid and draw(st.sampled_from([False, False, True])):
         config.update(kv_connector_settings(draw, batches))
     if async_spec:
         # Two batches in flight (reference.async_spec); a KV consumer then
         # defers its frees (vLLM's gate), otherwise either way.
         config.update(async_scheduling=True, pipeline_parallel_size=1,
                       defer_block_free=bool(config.get("kv_connector")) or draw(st.booleans()))
+    if hybrid:
+        config.update(hybrid_settings(draw, config, num_gpu_blocks - needed - 1))
     return config
+
+
+def hybrid_settings(draw: st.DrawFn, config: dict[str, Any], spare_blocks: int) -> dict[str, Any]:
+    """A hybrid model's keys for ``config``: a shape of ``HYBRID_SHAPES``, a
+    window at block boundaries +-1 (1 to 2 blocks + 1, or 12 tokens) for the
+    sliding ones, prefix caching off for the Mamba ones, and the pool resized
+    to what one max_model_len request takes over every KV-cache group
+    (``EngineConfig``'s start-up check, vLLM's) plus the ``spare_blocks``
+    the config was drawn with: tight pools, preemptions."""
+    from reference.kv.kv_cache_spec import max_memory_usage_blocks_from_groups
+
+    layer_types = draw(st.sampled_from(HYBRID_SHAPES))
+    settings_: dict[str, Any] = {}
+    if layer_types is None or "sliding_attention" in layer_types:
+        bs = config["block_size"]
+        windows = sorted({w for w in (1, 2, bs - 1, bs, bs + 1, 2 * bs, 2 * bs + 1, 12) if w >= 1})
+        settings_["sliding_window"] = draw(st.sampled_from(windows))
+    if layer_types is not None:
+        settings_["layer_types"] = list(layer_types)
+        if "linear_attention" in layer_types:
+            settings_["enable_prefix_caching"] = False
+    shaped = EngineConfig.from_dict({**config, **settings_}, accept_vllm_crash=True)
+    needed = sum(max_memory_usage_blocks_from_groups(
+        shaped.kv_cache_groups, max_model_len=shaped.max_model_len,
+        max_in_flight_tokens=shaped.max_concurrent_batches * shaped.max_num_batched_tokens))
+    settings_["num_gpu_blocks"] = needed + 1 + spare_blocks
+    return settings_
 
 
 def kv_connector_settings(draw: st.DrawFn, max_concurrent_batches: int) -> dict[str, Any]:
@@ -372,10 +431,11 @@ def _place_items(draw: st.DrawFn, prompt: list[int], catalogue: tuple[int, ...],
 
 
 @st.composite
-def fuzz_cases(draw: st.DrawFn, async_spec: bool = False) -> FuzzCase:
+def fuzz_cases(draw: st.DrawFn, async_spec: bool = False, hybrid: bool = False) -> FuzzCase:
     """A whole case: a valid config, its requests and an engine seed (0 or 1).
-    ``async_spec``: configs of ``engine_configs(async_spec=True)`` only."""
-    config = draw(engine_configs(async_spec))
+    ``async_spec``: configs of ``engine_configs(async_spec=True)`` only;
+    ``hybrid``: of ``engine_configs(hybrid=True)`` only (both: both)."""
+    config = draw(engine_configs(async_spec, hybrid))
     catalogue: tuple[int, ...] = ()
     if draw(st.sampled_from([False, False, True])):  # encoder inputs
         config, catalogue = draw(encoder_setups(config))

@@ -34,6 +34,12 @@ class FullAttentionSpec:
 
     block_size: int
 
+    def max_memory_usage_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int:
+        """Blocks one request of ``max_model_len`` tokens holds at most (vLLM
+        ``FullAttentionSpec.max_memory_usage_bytes`` over its page size, no
+        decode context parallelism): every token's block."""
+        return cdiv(max_model_len, self.block_size)
+
 
 @dataclass(frozen=True)
 class SlidingWindowSpec:
@@ -52,6 +58,12 @@ class SlidingWindowSpec:
         num_tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
         return cdiv(num_tokens, self.block_size) + 1
 
+    def max_memory_usage_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int:
+        """Blocks one request holds at most (vLLM
+        ``SlidingWindowSpec.max_memory_usage_bytes`` over its page size): the
+        admission cap, ``max_admission_blocks_per_request``."""
+        return self.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+
 
 @dataclass(frozen=True)
 class MambaSpec:
@@ -65,6 +77,12 @@ class MambaSpec:
     block_size: int
     num_speculative_blocks: int = 0
     mamba_cache_mode: str = "none"
+
+    def max_memory_usage_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int:
+        """Blocks one request holds at most (vLLM ``MambaSpec.max_memory_usage_bytes``
+        over its page size, mode "none"): the state block and the speculative
+        blocks, whatever the request's length."""
+        return 1 + self.num_speculative_blocks
 
 
 KVCacheSpec = FullAttentionSpec | SlidingWindowSpec | MambaSpec
@@ -121,3 +139,24 @@ def kv_cache_groups_for(layer_types: tuple[str, ...], block_size: int,
         count = cdiv(len(layers), group_size)
         groups.extend(KVCacheGroupSpec(tuple(layers[i::count]), spec) for i in range(count))
     return tuple(groups)
+
+
+def max_memory_usage_blocks_from_groups(kv_cache_groups: tuple[KVCacheGroupSpec, ...], *, max_model_len: int,
+                                        max_in_flight_tokens: int) -> tuple[int, ...]:
+    """Each group's blocks for one request of ``max_model_len`` tokens, in
+    group order; their sum is what the request takes from the one pool the
+    groups share, since each group claims its own blocks from it.
+
+    vLLM 0.33.0's start-up check (``vllm/v1/core/kv_cache_planning.py``:
+    ``get_kv_cache_configs`` calls ``_check_enough_kv_cache_memory`` with
+    ``_max_memory_usage_bytes_from_groups``) adds up, per group,
+    ``cdiv(spec.max_memory_usage_bytes, spec.page_size_bytes)`` blocks and
+    multiplies by the pool's bytes per block; the memory it compares with is
+    ``num_blocks`` blocks less the null block. In blocks: a config is
+    refused when the sum exceeds ``num_gpu_blocks - 1``. (The per-layer sum of
+    the same file's ``check_enough_kv_cache_memory``, which no engine path of
+    0.33.0 calls, would under-count a group padded to the group size.)
+    ``max_in_flight_tokens``: vLLM's ``VllmConfig.max_in_flight_tokens``,
+    batches in flight times ``max_num_batched_tokens``."""
+    return tuple(g.kv_cache_spec.max_memory_usage_blocks(max_model_len, max_in_flight_tokens)
+                 for g in kv_cache_groups)

@@ -233,6 +233,19 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         super().__init__(kv_cache_spec, **kwargs)
         self.sliding_window = kv_cache_spec.sliding_window
 
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """As any group's, except that a window of 1 token caches nothing
+        (vLLM 0.33.0 ``SlidingWindowManager.reachable_block_mask``, with the
+        coordinator's hit alignment of one block: a hit needs its last
+        ``cdiv(sliding_window - 1, block_size)`` blocks cached, 0 for a window
+        of 1, so no block can end a hit and the mask keeps none; a larger
+        window keeps every block). Such blocks stay unhashed: freed, they go to
+        the free queue's head. Regression (found by ``harness fuzz --hybrid``
+        against vLLM 0.33.0): they were cached, and freed to the tail."""
+        if cdiv(self.sliding_window - 1, self.block_size) == 0:
+            return
+        super().cache_blocks(request, num_tokens)
+
     @classmethod
     def find_longest_cache_hit(cls, block_hashes: Sequence[bytes], max_length: int,
                                kv_cache_group_ids: list[int], block_pool: BlockPool,
