@@ -1,8 +1,8 @@
 """Which invariants fire on traces that real vLLM releases record? (issue 13)
 
-For each version (``--versions``, default 0.33.0,0.29.0,0.20.2) this records every
-canonical scenario (``harness/scenarios/*.toml``, the goldens' workloads) and every
-bug-shape scenario (``traces/scenarios/*.toml``) with ``vllm@VERSION`` through the
+For each version (``--versions``, default 0.33.0,0.29.0,0.25.0,0.20.2: the releases with a
+profile) this records every canonical scenario (``harness/scenarios/*.toml``, the goldens'
+workloads) and every bug-shape scenario (``traces/scenarios/*.toml``) with ``vllm@VERSION`` through the
 driver (what ``harness record SCENARIO --engine vllm@VERSION`` does, in-process so the
 driver pool pays vLLM's import once per version), then checks each trace (``harness
 check --semantics auto``, i.e. under that version's profile). With ``--recording NAME,...`` it also records those scenarios through
@@ -142,7 +142,7 @@ def record_recording(names: list[str], version: str, outdir: Path) -> dict[str, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--versions", default="0.33.0,0.29.0,0.20.2")
+    ap.add_argument("--versions", default="0.33.0,0.29.0,0.25.0,0.20.2")
     ap.add_argument("--out", type=Path, default=Path("/tmp/versions"))
     ap.add_argument("--scenarios", default="", help="comma-separated scenario names (default: all)")
     ap.add_argument("--recording", default="fcfs-tight,prefix-sharing,eos-stop-abort,spec-decode-priority",
