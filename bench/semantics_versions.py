@@ -1,8 +1,8 @@
 """Which invariants fire on traces that real vLLM releases record? (issue 13)
 
-For each version (``--versions``, default 0.33.0,0.29.0,0.20.2) this records every
-canonical scenario (``harness/scenarios/*.toml``, the goldens' workloads) and every
-bug-shape scenario (``traces/scenarios/*.toml``) with ``vllm@VERSION`` through the
+For each version (``--versions``, default 0.33.0,0.29.0,0.25.0,0.20.2: the releases with a
+profile) this records every canonical scenario (``harness/scenarios/*.toml``, the goldens'
+workloads) and every bug-shape scenario (``traces/scenarios/*.toml``) with ``vllm@VERSION`` through the
 driver (what ``harness record SCENARIO --engine vllm@VERSION`` does, in-process so the
 driver pool pays vLLM's import once per version), then checks each trace (``harness
 check --semantics auto``, i.e. under that version's profile). With ``--recording NAME,...`` it also records those scenarios through
@@ -46,7 +46,7 @@ from harness.candidates.resolve import resolve_candidate  # noqa: E402
 from harness.check import check_trace  # noqa: E402
 from harness.trace import open_trace  # noqa: E402
 from harness.trace.recorder import record as record_run  # noqa: E402
-from reference.candidate import CandidateError  # noqa: E402
+from reference.candidate import CandidateCrash, CandidateError, CandidateRefused  # noqa: E402
 from reference.config import ConfigError  # noqa: E402
 from reference.engine import check_workload_supported  # noqa: E402
 from workloads.scenario import load_scenario  # noqa: E402
@@ -82,8 +82,12 @@ def record_driver(scenario_path: Path, version: str, out: Path) -> dict:
         return {"status": "refused", "why": f"harness config: {exc}"}
     except CandidateError as exc:
         msg = str(exc)
-        # The driver's init refusals (DriverError) arrive on the first call, at step 0.
-        status = "refused" if " raised during 'init'" in msg else "error"
+        # The driver's init refusals (DriverError, raised as VLLMRefused) arrive on the first call,
+        # at step 0, as a CandidateError caused by a CandidateRefused. Regression: only the message
+        # " raised during 'init'" was looked for, so every refusal (encoder-inputs, kv-connector)
+        # was counted as an error.
+        refused = isinstance(exc.__cause__, CandidateRefused) and not isinstance(exc, CandidateCrash)
+        status = "refused" if refused or " raised during 'init'" in msg else "error"
         return {"status": status, "why": msg[:400], "s": round(time.monotonic() - t0, 1)}
     return {"status": "recorded", "s": round(time.monotonic() - t0, 1), **check(out)}
 
@@ -138,7 +142,7 @@ def record_recording(names: list[str], version: str, outdir: Path) -> dict[str, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--versions", default="0.33.0,0.29.0,0.20.2")
+    ap.add_argument("--versions", default="0.33.0,0.29.0,0.25.0,0.20.2")
     ap.add_argument("--out", type=Path, default=Path("/tmp/versions"))
     ap.add_argument("--scenarios", default="", help="comma-separated scenario names (default: all)")
     ap.add_argument("--recording", default="fcfs-tight,prefix-sharing,eos-stop-abort,spec-decode-priority",

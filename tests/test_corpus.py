@@ -289,7 +289,7 @@ def test_regression_bogus_semantics_was_one_error_row_per_trace(monkeypatch: pyt
         assert (r.exit_code, r.output) == (2, "error: unknown semantics '0.33'; did you mean '0.33.0'?\n"), paths
     r = CliRunner().invoke(main, ["check", str(GOLDEN), "--semantics", "bogus"])
     assert (r.exit_code, r.output) == (2, "error: unknown semantics 'bogus': expected auto, 0.33.0, 0.29.0, "
-                                          "0.20.2, fork, safety\n")
+                                          "0.25.0, 0.20.2, fork, safety\n")
 
 
 def test_regression_folder_check_named_a_link_not_its_file_and_skipped_a_parquet_folder(tmp_path: Path) -> None:

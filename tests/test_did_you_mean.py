@@ -118,7 +118,7 @@ def test_golden_update_suggests_the_scenario(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name, message", [
     ("saftey", "unknown semantics 'saftey'; did you mean 'safety'?"),
     ("0.33", "unknown semantics '0.33'; did you mean '0.33.0'?"),
-    ("0.1.0", "unknown semantics '0.1.0': expected auto, 0.33.0, 0.29.0, 0.20.2, fork, safety"),
+    ("0.1.0", "unknown semantics '0.1.0': expected auto, 0.33.0, 0.29.0, 0.25.0, 0.20.2, fork, safety"),
 ])
 def test_bad_semantics(name: str, message: str) -> None:
     with pytest.raises(ProfileError) as info:

@@ -58,7 +58,8 @@ class Profile:
     #: The synchronous scheduler with speculative decoding caches the blocks
     #: completed by accepted tokens at update (vLLM 0.33.0
     #: ``Scheduler.update_from_output``); False: only the AsyncScheduler
-    #: caches at update (``_update_request_with_output``, 0.29.0 and 0.20.2).
+    #: caches at update (``_update_request_with_output``, 0.29.0, 0.25.0 and
+    #: 0.20.2).
     cache_at_update_with_spec: bool = True
     #: ``prefill_schedule_interval`` also defers prefills locally (without
     #: DP: vLLM 0.33.0 ``Scheduler.schedule``); False: only the DP
@@ -66,7 +67,8 @@ class Profile:
     local_prefill_cadence: bool = True
     #: ``check_stop`` returns "not stopped" while fewer than min_tokens were
     #: generated, before EOS, stop tokens and length are looked at (0.20.2
-    #: ``sched/utils.py``); False: those are tested first (0.33.0).
+    #: ``sched/utils.py``, 0.25.0 ``sched/utils.py:100-101``); False: those are
+    #: tested first (0.29.0, 0.33.0).
     min_tokens_first: bool = False
     #: FCFS: a preemption victim is prepended to ``waiting`` proper, behind
     #: the requests the waiting loop skipped earlier: vLLM 0.29.0 keeps those
@@ -127,6 +129,29 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     # behind the skipped_waiting queue.
     Profile("0.29.0", ("0.29.0",), _ALL,
             cache_at_update_with_spec=False, local_prefill_cadence=False, victims_behind_skipped=True),
+    # vLLM 0.25.0: 0.29.0's design but for check_stop, which tests min_tokens
+    # first as 0.20.2 does (v1/core/sched/utils.py:100-101; 0.29.0 moved it after
+    # EOS, stop tokens and length, utils.py:122). The same as 0.29.0, each
+    # pinned by a trace that fires when the knob is flipped
+    # (bench/semantics_versions.py --versions 0.25.0): no update-time caching in
+    # the synchronous Scheduler.update_from_output, only in
+    # AsyncScheduler._update_request_with_output (sched/async_scheduler.py:70-74;
+    # spec-decode fires ALLOC-FROM-HEAD with it on); prefill_schedule_interval
+    # read only by DPEngineCoreProc._should_throttle_prefills
+    # (v1/engine/core.py:1764, 1915-1923; prefill-cadence fires PREFILL-DEFER x73
+    # with a local cadence); the throttle and the capacity guard as 0.29.0
+    # (scheduler.py:436-438, 1018-1020); unhashed blocks freed to the head
+    # (block_pool.py:628-634: `if block.block_hash is None`, and with caching off
+    # no block gets a hash: every free goes to the head, as 0.33.0's `or not
+    # enable_caching`); FCFS victims behind skipped_waiting (scheduler.py:183,
+    # 1014-1015, 1161, 1867-1869; read from the source: no measured trace
+    # preempts while a request is skipped); forced-reset victims listed in
+    # preempted_req_ids (reset_prefix_cache 2206-2222 preempts from the tail of
+    # running; _preempt_request adds each to reset_preempted_req_ids, 1162,
+    # which schedule() reports, 1100).
+    Profile("0.25.0", ("0.25.0",), _ALL,
+            cache_at_update_with_spec=False, local_prefill_cadence=False, min_tokens_first=True,
+            victims_behind_skipped=True),
     # vLLM 0.20.2: every freed block to the tail of the free queue, no prefill
     # gating, min_tokens before every other stop test, forced-reset victims
     # not reported in preempted_req_ids.

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from harness.check import MAX_PER_INVARIANT, PROFILES, check_steps
 
 
@@ -50,13 +52,15 @@ def _scenario_file_rows(path: str):
     return config.to_dict(), rows
 
 
-def test_stop_min_tokens_fires_on_a_0_33_engine_checked_as_0_20_2() -> None:
+@pytest.mark.parametrize("release", ["0.20.2", "0.25.0"])
+def test_stop_min_tokens_fires_on_a_0_33_engine_checked_as_0_20_2(release: str) -> None:
     """The reference (0.33.0: EOS is tested before min_tokens) stops A at its
-    first EOS; under 0.20.2's semantics (min_tokens first) that is a
-    violation of STOP-MIN-TOKENS, a semantics rule: silent under safety."""
+    first EOS; under 0.20.2's and 0.25.0's semantics (min_tokens first,
+    ``sched/utils.py:100`` in both) that is a violation of STOP-MIN-TOKENS, a
+    semantics rule: silent under safety."""
     config, rows = _scenario_file_rows("traces/scenarios/min-tokens-eos.toml")
     assert check_steps(config, rows).ok
-    result = check_steps(config, rows, PROFILES["0.20.2"])
+    result = check_steps(config, rows, PROFILES[release])
     assert [(v.invariant, v.step, v.request, v.message) for v in result.violations] == [
         ("STOP-MIN-TOKENS", 0, "A", "finished with 'stop' but check_stop gives None (1 outputs, max_tokens 8)")]
     assert check_steps(config, rows, PROFILES["safety"]).ok

@@ -21,6 +21,7 @@ from harness.cli import main
     ({"engine": "mutant:leak-on-abort", "vllm_semantics": "0.33.0"}, "0.33.0",
      "a mutant of the reference mirrors vLLM 0.33.0"),
     ({"engine": "vllm@0.29.0"}, "0.29.0", "recorded by vLLM 0.29.0"),
+    ({"engine": "vllm@0.25.0"}, "0.25.0", "recorded by vLLM 0.25.0"),
     ({"engine": "vllm@0.20.2"}, "0.20.2", "recorded by vLLM 0.20.2"),
     ({"engine": "vllm@0.31.0"}, "safety", "recorded by vLLM 0.31.0: no semantics profile was measured for it"),
     ({"engine": "mypkg.sched:make"}, "safety", "engine mypkg.sched:make is of unknown origin: safety invariants only"),
@@ -34,7 +35,7 @@ def test_auto_picks_the_profile_of_the_engine_in_the_metadata(meta, name, reason
 def test_a_named_profile_overrides_the_metadata_and_an_unknown_one_is_refused() -> None:
     assert resolve("safety", {"engine": "reference", "vllm_semantics": "0.33.0"})[0].name == "safety"
     with pytest.raises(ProfileError, match=r"^unknown semantics '0.1.0': expected auto, 0.33.0, 0.29.0, "
-                                           r"0.20.2, fork, safety$"):
+                                           r"0.25.0, 0.20.2, fork, safety$"):
         resolve("0.1.0", {})
 
 
@@ -75,6 +76,18 @@ def test_cadence_knob_a_0_33_engine_checked_as_0_29_0_defers_without_a_reason(sc
     assert check_steps(config, rows, PROFILES["safety"]).ok
 
 
+def test_0_25_0_is_0_29_0_but_for_min_tokens_first() -> None:
+    """vLLM 0.25.0 (bench/semantics_versions.py --versions 0.25.0) keeps
+    0.29.0's design but tests min_tokens first in check_stop, as 0.20.2 does
+    (``sched/utils.py:100-101``; 0.29.0 tests it last, ``utils.py:122``)."""
+    import dataclasses
+
+    old, new = PROFILES["0.25.0"], PROFILES["0.29.0"]
+    assert (old.versions, old.semantics) == (("0.25.0",), new.semantics)
+    assert dataclasses.replace(old, name="0.29.0", versions=("0.29.0",), min_tokens_first=False) == new
+    assert old.min_tokens_first and not new.min_tokens_first
+
+
 def test_cli_check_semantics_names_the_profile_and_refuses_an_unknown_one() -> None:
     runner = CliRunner()
     r = runner.invoke(main, ["check", "traces/shared-prefix.parquet", "--semantics", "safety"])
@@ -84,4 +97,4 @@ def test_cli_check_semantics_names_the_profile_and_refuses_an_unknown_one() -> N
     r = runner.invoke(main, ["check", "traces/shared-prefix.parquet", "--semantics", "9.9.9"])
     assert r.exit_code == 2
     assert r.output.strip().splitlines()[-1].endswith(
-        "unknown semantics '9.9.9': expected auto, 0.33.0, 0.29.0, 0.20.2, fork, safety")
+        "unknown semantics '9.9.9': expected auto, 0.33.0, 0.29.0, 0.25.0, 0.20.2, fork, safety")
