@@ -152,6 +152,14 @@ import time
 import traceback
 from pathlib import Path
 
+# Run as a script, the driver has its own folder first on sys.path, where our
+# events.py, spec.py, env.py, ... would shadow a scheduler_cls module of the
+# same name that `vllm serve --scheduler-cls` finds (adversarial trial:
+# `scheduler_cls=events:MyScheduler` loaded our events.py). Nothing here is
+# imported from that folder, so it goes.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
 # The driver runs as a script with the vLLM env's python (no access to our
 # package), so its sibling module is loaded by file path, under a private name
 # (a top-level "events" could shadow or be shadowed by another package).
