@@ -1,0 +1,139 @@
+"""A recorded KV connector: the connector's answers are inputs, replayed as recorded.
+
+A recording of vLLM running its own connector (vLLM's ``MockKVConnector`` in
+its scheduler tests) stores what ``get_num_new_matched_tokens`` answered for
+each request, call by call, and the ``KVConnectorOutput`` each batch's model
+output carried (config ``kv_connector_matches`` / ``kv_connector_outputs``;
+``reference.kv_connector.RecordedKVConnector`` / ``RecordedKVWorker``). The
+reference answers as recorded, so the run replays identical; a mutated answer
+diverges at the step where it was given. Exact values throughout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from harness.replay import replay
+from harness.trace import open_trace
+from harness.trace.recorder import record
+from reference.config import ConfigError, EngineConfig
+from reference.kv_connector import KV_MATCH_PENDING, RecordedKVConnector, RecordedKVWorker
+from reference.output import RemoteLoad, ScheduledRequest, Skip
+from reference.request import Request, SamplingParams
+from reference.scheduler import Scheduler
+from reference.workload import RequestSpec, Workload
+
+BS = 4
+#: r0: the connector cannot tell at first (None), then 8 tokens, async.
+#: r1: 4 tokens, synchronous (computed at once, no WAITING_FOR_REMOTE_KVS).
+MATCHES = (("r0", ((None, False), (8, True))), ("r1", ((4, False),)))
+#: r0's load (started by the batch of step 1) reports done with that batch.
+OUTPUTS = ((1, ("r0",), ()),)
+
+
+def recorded_config(matches=MATCHES, outputs=OUTPUTS) -> EngineConfig:
+    return EngineConfig(num_gpu_blocks=21, block_size=BS, max_model_len=64, max_num_seqs=4,
+                        max_num_batched_tokens=64, kv_connector=True,
+                        kv_connector_matches=matches, kv_connector_outputs=outputs)
+
+
+def workload() -> Workload:
+    return Workload(source="synthetic", sha256="0" * 64, params={}, requests=(
+        RequestSpec("r0", 0.0, tuple(range(100, 108)), max_tokens=2, ignore_eos=True),
+        RequestSpec("r1", 0.0, tuple(range(200, 212)), max_tokens=2, ignore_eos=True)))
+
+
+def test_recorded_connector_answers_in_call_order_per_request() -> None:
+    connector = RecordedKVConnector(recorded_config())
+    r0 = Request("r0", list(range(8)), SamplingParams(max_tokens=1), block_size=BS)
+    other = Request("x", list(range(8)), SamplingParams(max_tokens=1), block_size=BS)
+    # k-th call, k-th answer; past the recorded ones the last repeats; none recorded: (0, False).
+    assert [connector.get_num_new_matched_tokens(r0, 0) for _ in range(3)] == [(None, False), (8, True),
+                                                                                (8, True)]
+    assert connector.get_num_new_matched_tokens(other, 0) == (0, False)
+    worker = RecordedKVWorker(recorded_config())
+    assert worker.busy and not worker.poll(0) and worker.busy
+    assert worker.poll(1).finished_recving == ("r0",) and not worker.busy
+
+
+def test_none_answer_skips_then_async_and_sync_loads() -> None:
+    """Exact decisions: step 0 skips r0 (None) and admits r1 with 4 external
+    tokens computed at once; step 1 decodes r1 and starts r0's async load of
+    8 tokens (the connector asked again: its second answer)."""
+    sched = Scheduler(recorded_config())
+    for spec in workload().requests:
+        sched.add_request(Request(spec.request_id, list(spec.prompt_token_ids),
+                                  SamplingParams(max_tokens=2, ignore_eos=True), block_size=BS))
+    out = sched.schedule()
+    assert out.events == [Skip("r0", KV_MATCH_PENDING), ScheduledRequest("r1", "new", 4, 8, 0, [1, 2, 3])]
+    sched.update_from_output(out, {"r1": [7]})
+    out = sched.schedule()
+    assert out.events == [ScheduledRequest("r1", "running", 12, 1, 0, [4]), RemoteLoad("r0", 0, 8, [5, 6], 0)]
+
+
+def test_recorded_connector_trace_replays_identical_and_config_round_trips(tmp_path) -> None:
+    path = tmp_path / "kv-recorded.parquet"
+    summary = record(workload(), recorded_config(), path)
+    assert (summary.finished, summary.remote_kv_loads) == (2, 1)
+    trace = open_trace(path)
+    assert trace.config == recorded_config()
+    assert trace.meta["config"]["kv_connector_matches"] == [["r0", [[None, False], [8, True]]],
+                                                            ["r1", [[4, False]]]]
+    rows = pq.read_table(path, columns=["step", "kind", "request_id", "num_computed_tokens", "message"]
+                         ).to_pylist()
+    kv = [(r["step"], r["kind"], r["request_id"]) for r in rows
+          if r["kind"] in ("skip", "kv_load", "kv_finished", "kv_promote")]
+    assert kv == [(0, "skip", "r0"), (1, "kv_load", "r0"), (1, "kv_finished", "r0"), (2, "kv_promote", "r0")]
+    assert replay(trace, Scheduler) == (None, summary.steps)
+
+
+@pytest.mark.parametrize("mutant, where", [
+    # r1's sync answer 4 -> 8: its admission at step 0 computes 8 tokens.
+    (dict(matches=(MATCHES[0], ("r1", ((8, False),)))), (0, "r1", "num_computed_tokens", 4, 8)),
+    # r0 answered at once (no None first): it loads at step 0, not skips.
+    (dict(matches=(("r0", ((8, True),)), MATCHES[1])), (0, "r0", "event", "skip r0", "kv_load r0")),
+])
+def test_mutated_answer_diverges_at_the_step_it_was_given(tmp_path, mutant, where) -> None:
+    path = tmp_path / "kv-recorded.parquet"
+    record(workload(), recorded_config(), path)
+    trace = open_trace(path)
+
+    def mutated(config: EngineConfig) -> Scheduler:
+        return Scheduler(dataclasses.replace(config, kv_connector_matches=mutant["matches"]))
+
+    divergence, _ = replay(trace, mutated)
+    assert divergence is not None
+    assert (divergence.step, divergence.request, divergence.field, divergence.expected,
+            divergence.actual) == where
+
+
+def test_worker_output_is_taken_as_recorded(tmp_path) -> None:
+    """The load reported done with the batch of step 2 instead of step 1: the
+    promotion moves from step 2 to step 3, and that run replays identical."""
+    late = tmp_path / "late.parquet"
+    record(workload(), recorded_config(outputs=((2, ("r0",), ()),)), late)
+    rows = pq.read_table(late, columns=["step", "kind", "request_id"]).to_pylist()
+    assert [(r["step"], r["kind"]) for r in rows if r["kind"] in ("kv_load", "kv_finished", "kv_promote")] == [
+        (1, "kv_load"), (2, "kv_finished"), (3, "kv_promote")]
+    trace = open_trace(late)
+    assert replay(trace, Scheduler)[0] is None
+
+
+def test_recorded_connector_config_is_validated() -> None:
+    with pytest.raises(ConfigError, match="go together"):
+        EngineConfig(kv_connector=True, kv_connector_matches=MATCHES)
+    with pytest.raises(ConfigError, match="go together"):
+        EngineConfig(kv_connector_matches=MATCHES, kv_connector_outputs=OUTPUTS)
+    with pytest.raises(ConfigError, match="kv_connector_matches: each item"):
+        EngineConfig(kv_connector=True, kv_connector_matches=(("r0", ((-1, True),)),),
+                     kv_connector_outputs=())
+    with pytest.raises(ConfigError, match="kv_connector_outputs: each item"):
+        EngineConfig(kv_connector=True, kv_connector_matches=(), kv_connector_outputs=((0, "r0", ()),))
+    # Left out of the metadata at their default (old fingerprints hold); JSON round trip.
+    assert "kv_connector_matches" not in EngineConfig().to_dict()
+    data = json.loads(json.dumps(recorded_config().to_dict()))
+    assert EngineConfig.from_dict(data) == recorded_config()
