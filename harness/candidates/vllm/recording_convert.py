@@ -729,10 +729,10 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             recorded_kv = f"{kv_sending} finished_sending report(s) (a KV producer's frees are not modelled)"
         else:
             try:
-                config = dataclasses.replace(
-                    config, kv_connector=True,
-                    kv_connector_matches=tuple((r, tuple(a)) for r, a in sorted(kv_matches.items())),
-                    kv_connector_outputs=tuple(kv_outputs))
+                config = EngineConfig.from_dict(
+                    {**values, "kv_connector": True,
+                     "kv_connector_matches": tuple((r, tuple(a)) for r, a in sorted(kv_matches.items())),
+                     "kv_connector_outputs": tuple(kv_outputs)}, accept_vllm_crash=True)
             except ConfigError as exc:
                 recorded_kv = str(exc)
         if recorded_kv:
