@@ -12,7 +12,9 @@ diverges at the step where it was given. Exact values throughout.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -137,3 +139,95 @@ def test_recorded_connector_config_is_validated() -> None:
     assert "kv_connector_matches" not in EngineConfig().to_dict()
     data = json.loads(json.dumps(recorded_config().to_dict()))
     assert EngineConfig.from_dict(data) == recorded_config()
+
+
+# -- a real recording: vLLM 0.33.0's test_kv_connector_basic[True] under the recorder ----------------
+#
+# ``tests/data/vllm-0.33.0-kv-connector-async.jsonl.gz`` was written by the recording scheduler
+# (``harness vllm-tests 0.33.0 -k test_kv_connector_basic``): vLLM's MockKVConnector(matched_tokens=32,
+# is_async=True) answers (32, async) for each of two 64-token requests; both loads report done with
+# the model output of the second batch; the test then adds the same ids again (a protocol break:
+# the trace keeps the 5 steps before it).
+
+RECORDING = Path(__file__).with_name("data") / "vllm-0.33.0-kv-connector-async.jsonl.gz"
+
+
+def _recording(tmp_path, edit=None) -> Path:
+    records = [json.loads(line) for line in gzip.decompress(RECORDING.read_bytes()).decode().splitlines()]
+    if edit is not None:
+        edit(records)
+    path = tmp_path / "rec.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_recorded_answers_convert_into_the_config_and_rows(tmp_path) -> None:
+    from harness.candidates.vllm.recording_convert import convert
+
+    summary = convert(_recording(tmp_path), tmp_path / "rec.parquet")
+    assert summary["steps"] == 5 and "request id '0' added again" in summary["protocol"]
+    trace = open_trace(tmp_path / "rec.parquet")
+    assert trace.config.kv_connector and trace.config.kv_connector_matches == (
+        ("r000000", ((32, True),)), ("r000001", ((32, True),)))
+    assert trace.config.kv_connector_outputs == ((1, ("r000000", "r000001"), ()),)
+    rows = pq.read_table(tmp_path / "rec.parquet", columns=["step", "kind", "request_id"]).to_pylist()
+    assert [(r["step"], r["kind"], r["request_id"]) for r in rows
+            if r["kind"] in ("kv_load", "kv_finished", "kv_promote")] == [
+        (0, "kv_load", "r000000"), (0, "kv_load", "r000001"), (1, "kv_finished", "r000000"),
+        (1, "kv_finished", "r000001"), (2, "kv_promote", "r000000"), (2, "kv_promote", "r000001")]
+    # The connector's rules stay unjudged (sync external tokens are not followed by the checker
+    # yet), but the trace is replayed: identical on the reference.
+    from harness.vllm_tests_report import replay_blocked_by
+    assert replay_blocked_by(trace) == []
+    assert replay(trace, Scheduler) == (None, 5)
+
+
+def _answer(records, req_id: str, answer) -> None:
+    for r in records:
+        for m in r.get("kv_matches") or ():
+            if m[0] == req_id:
+                m[2:] = answer
+
+
+def _no_worker_output(records) -> None:
+    for r in records:
+        r.pop("kv", None)
+
+
+@pytest.mark.parametrize("edit, where", [
+    # vLLM's connector said 32 tokens for request "1"; a recording that says 16 (vLLM's decisions
+    # unchanged) is replayed with 16: r000001's load at step 0 takes one block, not two.
+    (lambda rs: _answer(rs, "1", [16, True]), (0, "r000001", "block_ids", [3, 4], [3])),
+    # Synchronous instead of async: r000001 is scheduled at once.
+    (lambda rs: _answer(rs, "1", [32, False]), (0, "r000001", "event", "kv_load r000001", "schedule r000001")),
+    # No worker output recorded: the loads never report done; the engine stalls after step 0.
+    (_no_worker_output, (1, None, "event", "next step", "engine stalled: step 0: 2 unfinished requests "
+                         "but nothing scheduled and no arrival or abort ahead")),
+])
+def test_a_mutated_recorded_answer_diverges_at_its_step(tmp_path, edit, where) -> None:
+    from harness.candidates.vllm.recording_convert import convert
+
+    convert(_recording(tmp_path, edit), tmp_path / "rec.parquet")
+    trace = open_trace(tmp_path / "rec.parquet")
+    # The trace's rows are vLLM's decisions, its config the (edited) answers.
+    divergence, _ = replay(trace, Scheduler)
+    assert divergence is not None
+    assert (divergence.step, divergence.request, divergence.field, divergence.expected,
+            divergence.actual) == where
+
+
+def test_a_recording_without_answers_is_not_replayed(tmp_path) -> None:
+    """Recorded before the answers were (no meta ``kv_answers``): the connector stays unmodelled."""
+    from harness.candidates.vllm.recording_convert import convert
+    from harness.vllm_tests_report import replay_blocked_by
+
+    def old(records) -> None:
+        records[0].pop("kv_answers")
+        for r in records:
+            r.pop("kv_matches", None)
+            r.pop("kv", None)
+
+    convert(_recording(tmp_path, old), tmp_path / "rec.parquet")
+    trace = open_trace(tmp_path / "rec.parquet")
+    assert trace.config.kv_connector_matches is None and not trace.config.kv_connector
+    assert replay_blocked_by(trace) == ["kv_connector"]

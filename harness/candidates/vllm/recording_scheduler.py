@@ -64,6 +64,14 @@ its victims and of requests not running that hold drafts; under async
 scheduling each scheduled request's ``num_output_placeholders``; a queue is
 left out of a snapshot when it holds the same requests in the same order as
 the snapshot written before it, and ``request_states`` out when empty),
+With a KV connector (meta ``kv_answers``: its answers are inputs from outside
+the scheduler, recorded as given) a ``schedule`` record carries ``kv_matches``
+(one ``[request_id, num_computed_tokens given, num_external_tokens or None,
+load_kv_async]`` per ``get_num_new_matched_tokens`` call, in call order) and an
+``update`` record ``kv`` when its ``KVConnectorOutput`` reported anything
+(``finished_recving`` in processing order, ``invalid_block_ids``,
+``finished_sending``, ``kv_freed``: ``[request_id, blocks, fence]`` of requests
+that had finished while loading); both keys are optional, so format 3 is unchanged.
 ``update`` (the ``batch`` it completes; tokens sampled per scheduled request
 -- under async scheduling also for a request that ended while the batch ran,
 whose token vLLM ignores --, requests finished, free blocks after), ``drafts`` (``update_draft_token_ids``: drafts
