@@ -200,9 +200,9 @@ def _no_worker_output(records) -> None:
     (lambda rs: _answer(rs, "1", [16, True]), (0, "r000001", "block_ids", [3, 4], [3])),
     # Synchronous instead of async: r000001 is scheduled at once.
     (lambda rs: _answer(rs, "1", [32, False]), (0, "r000001", "event", "kv_load r000001", "schedule r000001")),
-    # No worker output recorded: the loads never report done; the engine stalls after step 0.
-    (_no_worker_output, (1, None, "event", "next step", "engine stalled: step 0: 2 unfinished requests "
-                         "but nothing scheduled and no arrival or abort ahead")),
+    # No worker output recorded (nor its kv_finished rows): the loads never report done, and where
+    # vLLM promoted r000000 at step 2 the reference still skips it (a load in flight keeps it stepping).
+    (_no_worker_output, (2, "r000000", "event", "kv_promote r000000", "skip r000000")),
 ])
 def test_a_mutated_recorded_answer_diverges_at_its_step(tmp_path, edit, where) -> None:
     from harness.candidates.vllm.recording_convert import convert
@@ -231,3 +231,41 @@ def test_a_recording_without_answers_is_not_replayed(tmp_path) -> None:
     trace = open_trace(tmp_path / "rec.parquet")
     assert trace.config.kv_connector_matches is None and not trace.config.kv_connector
     assert replay_blocked_by(trace) == ["kv_connector"]
+
+
+def test_a_load_never_reported_keeps_the_engine_stepping_then_stops() -> None:
+    """Regression (vLLM's test_pause_new_drains_async_kv_loads[load-in-flight]): a recording that
+    ends with a load in flight replayed as "engine stalled" at step 0; vLLM keeps stepping while a
+    load is in flight. Outside a replay the unreported load stops counting after
+    PENDING_LOAD_STEPS steps, so the run ends (stalled) instead of spinning."""
+    from reference.engine import Engine
+    from reference.kv_connector import PENDING_LOAD_STEPS
+
+    from reference.engine import EngineStalled
+
+    config = recorded_config(matches=(("r0", ((8, True),)),), outputs=())
+    engine = Engine(config)
+    with pytest.raises(EngineStalled, match=f"^step {PENDING_LOAD_STEPS}: 1 unfinished requests but "
+                                            f"nothing scheduled"):
+        engine.run(Workload(source="synthetic", sha256="0" * 64, params={},
+                            requests=workload().requests[:1]))
+    assert engine.summary.remote_kv_loads == 1 and engine.summary.finished == 0
+
+
+def test_a_step_cut_off_by_the_break_is_matched_as_far_as_it_goes(tmp_path) -> None:
+    """Regression (vLLM's test_delayed_kv_connector_free_keeps_scheduler_active, recorded): the test
+    adds a request, then calls ``update_from_output()`` with a hand-built output (a protocol break).
+    The trace's one step holds that arrival only; replay reported the reference's schedule() of the
+    step as a divergence ("expected None, actual schedule_begin") instead of stopping where the
+    recording does."""
+    from harness.candidates.vllm.recording_convert import convert
+
+    src = tmp_path / "rec.jsonl"
+    src.write_bytes(gzip.decompress((Path(__file__).with_name("data")
+                                     / "vllm-0.33.0-kv-delayed-free-cut-off.jsonl.gz").read_bytes()))
+    summary = convert(src, tmp_path / "rec.parquet")
+    assert summary["steps"] == 1 and "update_from_output() without a schedule()" in summary["protocol"]
+    trace = open_trace(tmp_path / "rec.parquet")
+    kinds = pq.read_table(tmp_path / "rec.parquet", columns=["kind"]).column("kind").to_pylist()
+    assert kinds == ["arrival"]
+    assert replay(trace, Scheduler) == (None, 1)
