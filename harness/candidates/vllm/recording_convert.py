@@ -937,7 +937,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                     rec.update = UpdateResult(
                         finished=[finished_of(f, where) for f in update_rec["finished"]])
                     kv = update_rec.get("kv")
-                    if kv is not None and config.kv_connector_matches is not None:  # the worker's KVConnectorOutput, and what the update made of it
+                    if kv is not None and config.kv_connector_matches is not None:
+                        # The worker's KVConnectorOutput, and what the update made of it.
                         rec.update.invalid_block_ids = list(kv["invalid_block_ids"])
                         rec.update.finished_recving = [rid(r, where) for r in kv["finished_recving"]]
                         rec.update.kv_freed = [KVTransferFree(rid(r, where), list(b), f)
