@@ -61,6 +61,18 @@ class FileRow:
     replay_diverged: int = 0
 
 
+def replay_blocked_by(trace) -> list[str]:
+    """The recording's unmodelled features (``vllm_recording.unmodelled``) that
+    keep the reference from re-driving it. A KV connector whose answers the
+    trace recorded (its config's ``kv_connector_matches``: the reference
+    answers as vLLM's connector did, ``reference.kv_connector.RecordedKVConnector``)
+    is replayed, identical or diverged, not skipped."""
+    unmodelled = set((trace.meta.get("vllm_recording") or {}).get("unmodelled") or {})
+    if trace.config.kv_connector_matches is not None:
+        unmodelled.discard("kv_connector")
+    return sorted(unmodelled)
+
+
 def _file_of(nodeid: str | None) -> str:
     return (nodeid or "?").split("::", 1)[0]
 
@@ -177,7 +189,7 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
         profile, _ = resolve_profile("auto", trace.meta)
         if version not in profile.versions:
             continue
-        if (trace.meta.get("vllm_recording") or {}).get("unmodelled"):
+        if replay_blocked_by(trace):
             artefact(row, "not-replayed-unmodelled")  # the reference cannot re-drive that feature
             continue
         try:

@@ -568,6 +568,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     from reference.engine import Crash, StepRecord, holds_drafts
     from reference.output import (
         FinishedRequest,
+        KVTransferFree,
         Preemption,
         Promotion,
         RemoteLoad,
@@ -632,6 +633,14 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     clock = 0.0
     dropped_idle = 0
     reordered_aborts = 0
+    # A recorded KV connector (meta ``kv_answers``): what its scheduler side
+    # answered, per request in call order, and the worker's output per batch
+    # (keyed by the trace step that scheduled it): the config's
+    # kv_connector_matches / kv_connector_outputs.
+    kv_matches: dict[str, list[tuple]] = {}
+    kv_outputs: list[tuple] = []
+    kv_sending = 0
+    kept_of_batch: dict[int, int] = {}
 
     def rid(vllm_id: str, where: int) -> str:
         try:
@@ -666,6 +675,17 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         for a in aborts:
             abort_time[a] = t
             t = math.nextafter(t, math.inf) if spread else t
+        if step["schedule"] is not None and idle is False:
+            kept_of_batch[step["batch"]] = len(plan)
+            for req_id, _, external, load_kv_async in step["schedule"].get("kv_matches") or ():
+                kv_matches.setdefault(rid(req_id, step["line"]), []).append((external, bool(load_kv_async)))
+        if step["update_kept"]:
+            batch_index = kept_of_batch.pop(step["update_batch"], None)
+            kv = (step["update"] or {}).get("kv")
+            if kv is not None and batch_index is not None:
+                kv_sending += len(kv.get("finished_sending") or ())
+                kv_outputs.append((batch_index, tuple(rid(r, step["line"]) for r in kv["finished_recving"]),
+                                   tuple(kv["invalid_block_ids"])))
         plan.append((clock, base))
         for f in step["update"]["finished"] if step["update"] is not None else ():
             if f["status"] == "FINISHED_STOPPED" and f["stop_reason"] is None:
@@ -701,6 +721,22 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         index += 1
 
     warnings = list(meta_rec.get("warnings", ()))
+    recorded_kv = None  # why the connector is not replayed as recorded (None: it is)
+    if meta_rec.get("kv_answers"):
+        if config.kv_cache_groups:
+            recorded_kv = "a hybrid KV cache (the connector's loads are modelled for one group)"
+        elif kv_sending:
+            recorded_kv = f"{kv_sending} finished_sending report(s) (a KV producer's frees are not modelled)"
+        else:
+            try:
+                config = EngineConfig.from_dict(
+                    {**values, "kv_connector": True,
+                     "kv_connector_matches": tuple((r, tuple(a)) for r, a in sorted(kv_matches.items())),
+                     "kv_connector_outputs": tuple(kv_outputs)}, accept_vllm_crash=True)
+            except ConfigError as exc:
+                recorded_kv = str(exc)
+        if recorded_kv:
+            warnings.append(f"the KV connector's recorded answers are not replayable: {recorded_kv}")
     if meta_rec["format"] == 1:
         warnings.append("format 1 recording: what requests hold after schedule() (request_state rows) "
                         "was not recorded, and the request data's ids are taken from the decisions")
@@ -900,6 +936,13 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                     rec.sampled = {rid(r, where): list(t) for r, t in update_rec["sampled"]}
                     rec.update = UpdateResult(
                         finished=[finished_of(f, where) for f in update_rec["finished"]])
+                    kv = update_rec.get("kv")
+                    if kv is not None and config.kv_connector_matches is not None:
+                        # The worker's KVConnectorOutput, and what the update made of it.
+                        rec.update.invalid_block_ids = list(kv["invalid_block_ids"])
+                        rec.update.finished_recving = [rid(r, where) for r in kv["finished_recving"]]
+                        rec.update.kv_freed = [KVTransferFree(rid(r, where), list(b), f)
+                                               for r, b, f in kv["kv_freed"]]
                     rec.num_free_blocks_after_update = update_rec["num_free_blocks"]
                     rec.drafts = {rid(r, where): list(t) for r, t in step["drafts"]}
                     # ... and after the draft update.
