@@ -417,7 +417,7 @@ class _Recorder:
         """``{feature: description}`` for what the trace's model cannot follow
         (``harness.check.invariants.UNMODELLED_RULES`` names the rules it then
         skips): a KV connector (its external tokens and remote loads), a
-        KV-cache spec other than full attention and sliding window. Every
+        KV-cache spec other than full attention, sliding window and Mamba. Every
         group's blocks are recorded (``meta["kv_cache_groups"]``): the
         converter maps groups the model follows onto ``sliding_window`` and
         ``layer_types`` and marks the others ``kv_cache_groups``."""
@@ -427,9 +427,12 @@ class _Recorder:
         groups = list(getattr(sched.kv_cache_config, "kv_cache_groups", ()) or ())
         if len(groups) > 1 and not self.hooks.hybrid:
             out["kv_cache_groups"] = f"{len(groups)} KV-cache groups (group 0's blocks recorded)"
+        # MambaSpec groups are described (mode, speculative and checkpoint
+        # blocks): the converter tells mode "none" from "align" (regression:
+        # every Mamba recording was "unmodelled-kv_cache_spec", mode "none" too).
         kinds = sorted({type(getattr(g, "kv_cache_spec", None)).__name__ for g in groups}
-                       - {"FullAttentionSpec", "SlidingWindowSpec", "NoneType"})
-        if kinds:  # Mamba, MLA, chunked local, ...: allocation the model does not follow
+                       - {"FullAttentionSpec", "SlidingWindowSpec", "MambaSpec", "NoneType"})
+        if kinds:  # MLA, chunked local, ...: allocation the model does not follow
             out["kv_cache_spec"] = f"KV-cache spec {', '.join(kinds)}"
         return out
 
