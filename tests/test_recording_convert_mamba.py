@@ -172,3 +172,27 @@ def test_hybrid_config_names_mamba_groups_as_linear_attention_layers() -> None:
     assert rc.hybrid_config([mamba, FULL], 96, max_model_len=96, enable_prefix_caching=True) == (
         {}, {"kv_cache_spec": "MambaSpec mamba_cache_mode 'none' with prefix caching (vLLM requires "
                               "'align' for it)"})
+
+
+def test_vllm_tests_report_names_why_each_mamba_recording_was_not_replayed(tmp_path: Path) -> None:
+    """``harness vllm-tests``' analysis of two recordings of one test: mode "none" checks clean
+    and replays identically; "align" checks clean with the block rules skipped and is not
+    replayed, the report naming why (``not_replayed``), never "N KV-cache groups"."""
+    from harness.vllm_tests_report import analyse, render
+
+    record_dir = tmp_path / "recordings"
+    record_dir.mkdir()
+    align = _records()
+    align[0]["kv_cache_groups"][0][4]["mamba_cache_mode"] = "align"
+    for name, records in (("00000.jsonl", _records()), ("00001.jsonl", align)):
+        (record_dir / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+    nodeid = "tests/v1/core/test_x.py::test_mamba"
+    (record_dir / "manifest.jsonl").write_text("".join(
+        json.dumps({"nodeid": nodeid, "file": f}) + "\n" for f in ("00000.jsonl", "00001.jsonl")))
+    report = analyse({nodeid: "passed"}, {nodeid: "passed"}, record_dir, tmp_path / "traces", "0.33.0")
+    assert (report["converted"], report["checkable"], report["clean"], report["violations"]) == (2, 2, 2, [])
+    assert (report["replay_identical"], report["replay_diverged"]) == (1, 0)
+    assert report["artefacts"] == {"unmodelled-kv_cache_spec": 1, "not-replayed-unmodelled": 1}
+    assert report["not_replayed"] == [{"test": nodeid, "recording": "00001.jsonl",
+                                       "reason": f"unmodelled: kv_cache_spec: 2 KV-cache groups ({ALIGN_WHY})"}]
+    assert f"not replayed (1): unmodelled: kv_cache_spec: 2 KV-cache groups ({ALIGN_WHY})" in render(report)

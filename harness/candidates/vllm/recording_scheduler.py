@@ -268,6 +268,11 @@ class _LineWriter:
             os.close(self._fd)
 
 
+#: Flags vLLM's ``Scheduler.__init__`` derives from the config that change how it
+#: schedules (0.33.0: chunks cut at Mamba block boundaries, mode "align").
+_DERIVED_FLAGS = ("need_mamba_block_aligned_split",)
+
+
 class _Recorder:
     """The recording state of one RecordingScheduler (kept off vLLM's namespace)."""
 
@@ -287,6 +292,9 @@ class _Recorder:
         self.in_flight: dict[int, tuple[int, Any]] = {}  # id(SchedulerOutput) -> (batch, it)
         self.hooks = _ev.DecisionHooks(sched)
         self.hooks.outside = self.on_outside
+        # What vLLM's Scheduler.__init__ derived from the config and a unit test may
+        # set by hand before schedule() (_check_derived).
+        self.derived = {name: getattr(sched, name) for name in _DERIVED_FLAGS if hasattr(sched, name)}
         self.use_v2 = bool(getattr(sched, "use_v2_model_runner",
                                    os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"))
         self.path = _output_path(vc)
@@ -593,7 +601,26 @@ class _Recorder:
         return out
 
     def before_schedule(self, throttle: bool) -> tuple:
+        if self.derived:
+            self._check_derived()
         return (self.queues(), _ev.prefill_gate(self.sched, throttle))
+
+    def _check_derived(self) -> None:
+        """A ``protocol`` record (the converter ends the trace there) when a flag
+        ``Scheduler.__init__`` derived from the config has changed since: set by
+        hand (vLLM 0.33.0's ``test_mamba_align_encoder_cache_cap_makes_progress``
+        sets ``need_mamba_block_aligned_split`` on a scheduler without Mamba
+        layers, so its chunks end on block boundaries as in Mamba "align" mode,
+        which the recording's config does not say). Once: the flags recorded are
+        then the current ones."""
+        for name, value in self.derived.items():
+            now = getattr(self.sched, name, value)
+            if now != value:
+                self.derived = {}
+                self._write({"t": "protocol", "step": self.steps,
+                             "what": f"Scheduler.{name} set to {now!r} by hand (vLLM derived {value!r} "
+                                     f"from the config)"})
+                return
 
     def after_schedule(self, so, pre: tuple, throttle: bool) -> None:
         before, defer = pre
