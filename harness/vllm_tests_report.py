@@ -149,8 +149,7 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
             trace = open_trace(out)
         except TraceError:  # no complete step (a test that never completed one)
             artefact(row, "no-complete-step")
-            unmodelled = _unmodelled_reasons(out)
-            not_replayed(entry, "no complete step" + (f"; unmodelled: {unmodelled}" if unmodelled else ""))
+            not_replayed(entry, _no_step_reason(out))
             continue
         row.checkable += 1
         report["checkable"] += 1
@@ -207,17 +206,26 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
     return report
 
 
-def _unmodelled_reasons(trace_path: Path) -> str:
-    """The ``unmodelled`` features of a converted trace that ``open_trace``
-    refuses (no complete step), read from its Parquet metadata; "" for none."""
+def _no_step_reason(trace_path: Path) -> str:
+    """Why a converted trace that ``open_trace`` refuses (no complete step) was
+    not replayed: "no complete step", then the kind of the protocol break that
+    ended it (``protocol_kind``) and its ``unmodelled`` features with their
+    reasons, read from its Parquet metadata where it has them."""
+    reason = "no complete step"
     try:
         import pyarrow.parquet as pq
 
-        meta = json.loads(pq.read_schema(trace_path).metadata[b"sched_harness"])
-    except Exception:  # not a trace: nothing to name
-        return ""
+        md = pq.read_metadata(trace_path).metadata or {}
+        meta = json.loads(md.get(b"sched_harness", b"{}"))
+        footer = json.loads(md.get(b"sched_harness_summary", b"{}"))
+    except Exception:  # not a trace: nothing more to name
+        return reason
+    if footer.get("protocol"):
+        reason += f" ({protocol_kind(footer['protocol'])})"
     unmodelled = (meta.get("vllm_recording") or {}).get("unmodelled") or {}
-    return "; ".join(f"{k}: {v}" for k, v in sorted(unmodelled.items()))
+    if unmodelled:
+        reason += "; unmodelled: " + "; ".join(f"{k}: {v}" for k, v in sorted(unmodelled.items()))
+    return reason
 
 
 def render(report: dict[str, Any]) -> list[str]:

@@ -196,3 +196,47 @@ def test_vllm_tests_report_names_why_each_mamba_recording_was_not_replayed(tmp_p
     assert report["not_replayed"] == [{"test": nodeid, "recording": "00001.jsonl",
                                        "reason": f"unmodelled: kv_cache_spec: 2 KV-cache groups ({ALIGN_WHY})"}]
     assert f"not replayed (1): unmodelled: kv_cache_spec: 2 KV-cache groups ({ALIGN_WHY})" in render(report)
+
+
+def test_a_recording_without_a_complete_step_names_its_break_and_unmodelled_features(tmp_path: Path) -> None:
+    """vLLM 0.33.0's ``test_mamba_align_*`` set ``need_mamba_block_aligned_split`` by hand before
+    the first ``schedule()``: the recorder's protocol record ends the trace before any step, and
+    the report says so (regression: "no complete step" alone; the align recordings'
+    reasons were only in their traces)."""
+    from harness.vllm_tests_report import analyse
+
+    records = _records()
+    first = next(i for i, r in enumerate(records) if r["t"] == "schedule")
+    records.insert(first, {"t": "protocol", "step": 0, "what": "Scheduler.need_mamba_block_aligned_split set "
+                                                                "to True by hand (vLLM derived False from the config)"})
+    align = _records()
+    align[0]["kv_cache_groups"][0][4]["mamba_cache_mode"] = "align"
+    align.insert(first, dict(records[first]))
+    record_dir = tmp_path / "recordings"
+    record_dir.mkdir()
+    for name, recs in (("00000.jsonl", records), ("00001.jsonl", align)):
+        (record_dir / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (record_dir / "manifest.jsonl").write_text("".join(
+        json.dumps({"nodeid": "t.py::a", "file": f}) + "\n" for f in ("00000.jsonl", "00001.jsonl")))
+    report = analyse({}, {}, record_dir, tmp_path / "traces", "0.33.0")
+    assert report["artefacts"] == {"no-complete-step": 2}
+    assert [r["reason"] for r in report["not_replayed"]] == [
+        "no complete step (scheduler-flag-set-by-hand)",
+        f"no complete step (scheduler-flag-set-by-hand); unmodelled: kv_cache_spec: 2 KV-cache groups ({ALIGN_WHY})"]
+
+
+def test_the_recorder_writes_a_protocol_record_once_a_derived_flag_is_set_by_hand() -> None:
+    from types import SimpleNamespace
+
+    from harness.candidates.vllm.recording_scheduler import _Recorder
+
+    written: list[dict] = []
+    rec = SimpleNamespace(derived={"need_mamba_block_aligned_split": False}, steps=3, _write=written.append,
+                          sched=SimpleNamespace(need_mamba_block_aligned_split=False))
+    _Recorder._check_derived(rec)
+    assert written == [] and rec.derived  # unchanged: nothing written
+    rec.sched.need_mamba_block_aligned_split = True
+    _Recorder._check_derived(rec)
+    _Recorder._check_derived(rec)
+    assert written == [{"t": "protocol", "step": 3, "what": "Scheduler.need_mamba_block_aligned_split set to "
+                                                            "True by hand (vLLM derived False from the config)"}]
