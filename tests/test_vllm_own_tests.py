@@ -379,10 +379,11 @@ def test_protocol_kinds_name_every_line_the_converter_writes() -> None:
         "... the prefix cache was reset ...",
         "... a streaming-input update of request 'a' ...",
         "stopped by the driver after step 3 with 1 request(s) live ...",
+        "... Scheduler.need_mamba_block_aligned_split set to True by hand (vLLM derived False from the config)",
         "something else")] == [
         "schedule-twice", "update-without-schedule", "hand-built-output", "queue-edited",
         "preempted-by-hand", "mid-step-abort", "prefix-cache-reset", "streaming-input",
-        "stopped-by-driver", "other"]
+        "stopped-by-driver", "scheduler-flag-set-by-hand", "other"]
 
 
 def test_layered_env_without_pip_gets_test_packages_through_the_harness_pip(tmp_path: Path) -> None:

@@ -100,17 +100,30 @@ def is_hybrid(kv_cache_config) -> bool:
     return len(groups) > 1 or any(type(g.kv_cache_spec).__name__ != "FullAttentionSpec" for g in groups)
 
 
+#: What a ``MambaSpec`` group's description adds (vLLM 0.33.0
+#: ``kv_cache_interface.MambaSpec`` fields the converter needs to tell mode
+#: "none", which the reference models, from "align" and its checkpoints).
+MAMBA_SPEC_FIELDS = ("mamba_cache_mode", "num_speculative_blocks", "num_prefill_checkpoint_blocks")
+
+
 def describe_groups(kv_cache_config) -> list[list]:
     """Each KV-cache group as ``[spec class name, sliding_window or None,
     block_size, number of layers]``, in group order (a recording's meta
     ``kv_cache_groups``: the converter maps them onto the harness's
-    ``sliding_window`` and ``layer_types``)."""
+    ``sliding_window`` and ``layer_types``). A ``MambaSpec`` group has a
+    fifth entry, ``{field: value}`` of ``MAMBA_SPEC_FIELDS`` the spec has
+    (block_size is then vLLM's ``mamba_block_size``: ``max_model_len`` in
+    mode "none")."""
     out = []
     for g in getattr(kv_cache_config, "kv_cache_groups", ()) or ():
         spec = g.kv_cache_spec
         window = getattr(spec, "sliding_window", None)
-        out.append([type(spec).__name__, None if window is None else int(window),
-                    int(getattr(spec, "block_size", 0) or 0), len(getattr(g, "layer_names", ()) or ())])
+        entry = [type(spec).__name__, None if window is None else int(window),
+                 int(getattr(spec, "block_size", 0) or 0), len(getattr(g, "layer_names", ()) or ())]
+        if entry[0] == "MambaSpec":
+            entry.append({name: (getattr(spec, name) if name == "mamba_cache_mode" else int(getattr(spec, name)))
+                          for name in MAMBA_SPEC_FIELDS if hasattr(spec, name)})
+        out.append(entry)
     return out
 
 

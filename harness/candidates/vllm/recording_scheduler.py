@@ -276,6 +276,11 @@ class _LineWriter:
             os.close(self._fd)
 
 
+#: Flags vLLM's ``Scheduler.__init__`` derives from the config that change how it
+#: schedules (0.33.0: chunks cut at Mamba block boundaries, mode "align").
+_DERIVED_FLAGS = ("need_mamba_block_aligned_split",)
+
+
 class _Recorder:
     """The recording state of one RecordingScheduler (kept off vLLM's namespace)."""
 
@@ -295,6 +300,9 @@ class _Recorder:
         self.in_flight: dict[int, tuple[int, Any]] = {}  # id(SchedulerOutput) -> (batch, it)
         self.hooks = _ev.DecisionHooks(sched)
         self.hooks.outside = self.on_outside
+        # What vLLM's Scheduler.__init__ derived from the config and a unit test may
+        # set by hand before schedule() (_check_derived).
+        self.derived = {name: getattr(sched, name) for name in _DERIVED_FLAGS if hasattr(sched, name)}
         self.use_v2 = bool(getattr(sched, "use_v2_model_runner",
                                    os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"))
         self.path = _output_path(vc)
@@ -429,7 +437,7 @@ class _Recorder:
         """``{feature: description}`` for what the trace's model cannot follow
         (``harness.check.invariants.UNMODELLED_RULES`` names the rules it then
         skips): a KV connector (its external tokens and remote loads), a
-        KV-cache spec other than full attention and sliding window. Every
+        KV-cache spec other than full attention, sliding window and Mamba. Every
         group's blocks are recorded (``meta["kv_cache_groups"]``): the
         converter maps groups the model follows onto ``sliding_window`` and
         ``layer_types`` and marks the others ``kv_cache_groups``."""
@@ -439,9 +447,12 @@ class _Recorder:
         groups = list(getattr(sched.kv_cache_config, "kv_cache_groups", ()) or ())
         if len(groups) > 1 and not self.hooks.hybrid:
             out["kv_cache_groups"] = f"{len(groups)} KV-cache groups (group 0's blocks recorded)"
+        # MambaSpec groups are described (mode, speculative and checkpoint
+        # blocks): the converter tells mode "none" from "align" (regression:
+        # every Mamba recording was "unmodelled-kv_cache_spec", mode "none" too).
         kinds = sorted({type(getattr(g, "kv_cache_spec", None)).__name__ for g in groups}
-                       - {"FullAttentionSpec", "SlidingWindowSpec", "NoneType"})
-        if kinds:  # Mamba, MLA, chunked local, ...: allocation the model does not follow
+                       - {"FullAttentionSpec", "SlidingWindowSpec", "MambaSpec", "NoneType"})
+        if kinds:  # MLA, chunked local, ...: allocation the model does not follow
             out["kv_cache_spec"] = f"KV-cache spec {', '.join(kinds)}"
         return out
 
@@ -602,7 +613,26 @@ class _Recorder:
         return out
 
     def before_schedule(self, throttle: bool) -> tuple:
+        if self.derived:
+            self._check_derived()
         return (self.queues(), _ev.prefill_gate(self.sched, throttle))
+
+    def _check_derived(self) -> None:
+        """A ``protocol`` record (the converter ends the trace there) when a flag
+        ``Scheduler.__init__`` derived from the config has changed since: set by
+        hand (vLLM 0.33.0's ``test_mamba_align_encoder_cache_cap_makes_progress``
+        sets ``need_mamba_block_aligned_split`` on a scheduler without Mamba
+        layers, so its chunks end on block boundaries as in Mamba "align" mode,
+        which the recording's config does not say). Once: the flags recorded are
+        then the current ones."""
+        for name, value in self.derived.items():
+            now = getattr(self.sched, name, value)
+            if now != value:
+                self.derived = {}
+                self._write({"t": "protocol", "step": self.steps,
+                             "what": f"Scheduler.{name} set to {now!r} by hand (vLLM derived {value!r} "
+                                     f"from the config)"})
+                return
 
     def after_schedule(self, so, pre: tuple, throttle: bool) -> None:
         before, defer = pre
