@@ -237,9 +237,10 @@ class TraceChecker(TraceModel):
 
     def _on_schedule_begin(self, ev: dict, st: StepState) -> None:
         self._resolve_reset(st)  # a forced reset whose victims did not all come
-        # The rows' queues are the checker's to keep (the reader builds each row's
-        # lists; nothing edits them in place): no copy of the backlog (issue 24).
-        running, waiting = _as_list(ev["running"]), _as_list(ev["waiting"])
+        # The row's waiting queue is used as it is: nothing in the checker edits a
+        # waiting list in place, so no copy of the backlog (issue 24). Running
+        # (at most max_num_seqs ids) is copied: st.sim_running is edited.
+        running, waiting = list(ev["running"]), _as_list(ev["waiting"])
         st.running_before, st.waiting_before = running, waiting
         st.sim_running = list(running)
         st.enc.budget_left = self.enc_budget
