@@ -52,6 +52,28 @@ class CrashAt50(ShortestPromptFirst):
         return super().schedule(throttle_prefills)
 
 
+class Stall(ShortestPromptFirst):
+    """The same policy; from step 60 it schedules nothing (its queues hidden from schedule())."""
+
+    calls = 0
+
+    def schedule(self, throttle_prefills=False):
+        self.calls += 1
+        if self.calls > 60:
+            waiting, running = self.waiting, self.running
+            self.running = []
+            self.waiting = type(waiting)()
+            try:
+                return super().schedule(throttle_prefills)
+            finally:
+                self.waiting, self.running = waiting, running
+        return super().schedule(throttle_prefills)
+
+
+def stall(config):
+    return Stall(config)
+
+
 def spf(config):
     return ShortestPromptFirst(config)
 
@@ -121,6 +143,18 @@ def test_a_crash_after_the_first_difference_fails_the_gate(fork_candidates) -> N
                          "to a version's design)")
     assert [line.split(" at fg_candidates")[0] for line in lines if line.startswith("VIOLATION ")] == [
         "VIOLATION ENGINE-CRASH at step 50: schedule() raised RuntimeError: boom at step 50"]
+
+
+def test_a_stall_after_the_first_difference_fails_the_gate(fork_candidates) -> None:
+    r = _replay("preemption-heavy.parquet", "fg_candidates:stall")
+    assert r.exit_code == 1, r.output[-3000:]
+    lines = r.output.splitlines()
+    assert ("own run: fg_candidates:stall re-run on the trace's workload, config and seed from step 0: 101 steps, "
+            "206 violations; stalled after step 100: step 100: 46 unfinished requests but nothing scheduled and "
+            "no arrival or abort ahead (profile fork)") in lines
+    assert lines[-1] == ("not conformant (profile fork): the candidate's own run has 206 violations of 3 "
+                         "invariants: LIVENESS ×46, PROGRESS-ADMIT ×37, PROGRESS-RUNNING ×123; decisions differ "
+                         "from step 3 (information: not held to a version's design)")
 
 
 def test_a_pool_larger_than_the_config_fails_the_gate(fork_candidates) -> None:
