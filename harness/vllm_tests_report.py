@@ -36,6 +36,7 @@ _PROTOCOL_KINDS = (
     ("prefix cache was reset", "prefix-cache-reset"),
     ("streaming-input", "streaming-input"),
     ("stopped by the driver", "stopped-by-driver"),
+    ("by hand (vLLM derived", "scheduler-flag-set-by-hand"),
 )
 
 
@@ -59,6 +60,18 @@ class FileRow:
     violations: int = 0
     replay_identical: int = 0
     replay_diverged: int = 0
+
+
+def replay_blocked_by(trace) -> list[str]:
+    """The recording's unmodelled features (``vllm_recording.unmodelled``) that
+    keep the reference from re-driving it. A KV connector whose answers the
+    trace recorded (its config's ``kv_connector_matches``: the reference
+    answers as vLLM's connector did, ``reference.kv_connector.RecordedKVConnector``)
+    is replayed, identical or diverged, not skipped."""
+    unmodelled = set((trace.meta.get("vllm_recording") or {}).get("unmodelled") or {})
+    if trace.config.kv_connector_matches is not None:
+        unmodelled.discard("kv_connector")
+    return sorted(unmodelled)
 
 
 def _file_of(nodeid: str | None) -> str:
@@ -95,12 +108,16 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
         "injected_passed": sum(o == "passed" for o in injected.values()),
         "broken_by_recorder": broken, "recordings": 0, "converted": 0, "checkable": 0, "clean": 0,
         "artefacts": {}, "violations": [], "replay_identical": 0, "replay_diverged": 0, "divergences": [],
-        "refused": [], "unrecorded": 0, "recorder_errors": [],
+        "refused": [], "unrecorded": 0, "recorder_errors": [], "not_replayed": [],
     }
     manifest = record_dir / "manifest.jsonl"
     entries = [json.loads(line) for line in manifest.read_text().splitlines()] if manifest.is_file() else []
     trace_dir.mkdir(parents=True, exist_ok=True)
     reference = resolve_candidate("reference")
+
+    def not_replayed(entry: dict, reason: str) -> None:
+        report["not_replayed"].append({"test": entry.get("nodeid"), "recording": entry["file"],
+                                       "reason": reason})
 
     def artefact(row: FileRow, kind: str) -> None:
         row.artefacts[kind] = row.artefacts.get(kind, 0) + 1
@@ -144,6 +161,7 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
             trace = open_trace(out)
         except TraceError:  # no complete step (a test that never completed one)
             artefact(row, "no-complete-step")
+            not_replayed(entry, _no_step_reason(out))
             continue
         row.checkable += 1
         report["checkable"] += 1
@@ -171,14 +189,19 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
                                              "invariant": v.invariant, "request": v.request,
                                              "message": v.message})
         if not all(r.ok for r in results.values()):
+            not_replayed(entry, "violations")
             continue
         row.clean += 1
         report["clean"] += 1
         profile, _ = resolve_profile("auto", trace.meta)
         if version not in profile.versions:
+            not_replayed(entry, f"vLLM {version} is not a release of the {profile.name} profile")
             continue
-        if (trace.meta.get("vllm_recording") or {}).get("unmodelled"):
+        blocked = replay_blocked_by(trace)
+        if blocked:
+            unmodelled = (trace.meta.get("vllm_recording") or {}).get("unmodelled") or {}
             artefact(row, "not-replayed-unmodelled")  # the reference cannot re-drive that feature
+            not_replayed(entry, "unmodelled: " + "; ".join(f"{k}: {unmodelled.get(k, k)}" for k in blocked))
             continue
         try:
             divergence, _ = replay(trace, reference)
@@ -194,6 +217,28 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
                                               "divergence": str(divergence)[:300]})
     report["files"] = {name: vars(row) for name, row in sorted(files.items())}
     return report
+
+
+def _no_step_reason(trace_path: Path) -> str:
+    """Why a converted trace that ``open_trace`` refuses (no complete step) was
+    not replayed: "no complete step", then the kind of the protocol break that
+    ended it (``protocol_kind``) and its ``unmodelled`` features with their
+    reasons, read from its Parquet metadata where it has them."""
+    reason = "no complete step"
+    try:
+        import pyarrow.parquet as pq
+
+        md = pq.read_metadata(trace_path).metadata or {}
+        meta = json.loads(md.get(b"sched_harness", b"{}"))
+        footer = json.loads(md.get(b"sched_harness_summary", b"{}"))
+    except Exception:  # not a trace: nothing more to name
+        return reason
+    if footer.get("protocol"):
+        reason += f" ({protocol_kind(footer['protocol'])})"
+    unmodelled = (meta.get("vllm_recording") or {}).get("unmodelled") or {}
+    if unmodelled:
+        reason += "; unmodelled: " + "; ".join(f"{k}: {v}" for k, v in sorted(unmodelled.items()))
+    return reason
 
 
 def render(report: dict[str, Any]) -> list[str]:
@@ -217,6 +262,11 @@ def render(report: dict[str, Any]) -> list[str]:
     for v in report["violations"]:
         lines.append(f"violation: {v['test']} ({v['recording']}) step {v['step']} {v['invariant']} "
                      f"[{v['semantics']}]: {v['message']}")
+    reasons: dict[str, int] = {}
+    for item in report.get("not_replayed", ()):
+        reasons[item["reason"]] = reasons.get(item["reason"], 0) + 1
+    for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"not replayed ({n}): {reason}")
     for d in report["divergences"]:
         lines.append(f"replay diverged: {d['test']} ({d['recording']}): {d['divergence']}")
     for e in report["recorder_errors"]:

@@ -35,6 +35,7 @@ POLICIES = ("fcfs", "priority")
 #: keep their fingerprints and bytes, and a missing key reads as the default.
 OMITTED_AT_DEFAULT = ("draft_acceptance_pattern", "kv_connector", "kv_store_fraction",
                       "kv_load_steps", "kv_load_failure_rate", "kv_load_failure_policy",
+                      "kv_connector_matches", "kv_connector_outputs",
                       "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input",
                       "sliding_window", "layer_types")
 #: Keys serialised by ``to_dict`` that are derived, not fields: accepted by
@@ -44,6 +45,39 @@ KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 MAX_NUM_GPU_BLOCKS = 4_194_304
 #: The largest int a trace column holds (int32): larger config values are refused.
 INT32_MAX = 2**31 - 1
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` (JSON: lists) as nested tuples (a frozen, hashable config)."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _validate_recorded_connector(config: "EngineConfig") -> None:
+    """ConfigError unless ``kv_connector_matches`` / ``kv_connector_outputs``
+    (both or neither) are well formed and ``kv_connector`` is on."""
+    matches, outputs = config.kv_connector_matches, config.kv_connector_outputs
+    if matches is None and outputs is None:
+        return
+    if matches is None or outputs is None or not config.kv_connector:
+        raise ConfigError("kv_connector_matches and kv_connector_outputs (a recorded KV connector) go "
+                          "together, with kv_connector=true")
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= INT32_MAX
+
+    for item in matches:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], tuple)
+                and all(isinstance(a, tuple) and len(a) == 2 and (a[0] is None or is_int(a[0]))
+                        and isinstance(a[1], bool) for a in item[1])):
+            raise ConfigError(f"kv_connector_matches: each item is [request_id, [[num_external_tokens "
+                              f"or null, load_kv_async], ...]], got {item!r:.200}")
+    for item in outputs:
+        if not (isinstance(item, tuple) and len(item) == 3 and is_int(item[0])
+                and isinstance(item[1], tuple) and all(isinstance(r, str) for r in item[1])
+                and isinstance(item[2], tuple) and all(is_int(b) for b in item[2])):
+            raise ConfigError(f"kv_connector_outputs: each item is [batch step, [finished_recving ids], "
+                              f"[invalid_block_ids]], got {item!r:.200}")
 
 
 class ConfigError(ValueError):
@@ -185,6 +219,19 @@ class EngineConfig:
     kv_load_steps: int = 1
     kv_load_failure_rate: float = 0.0
     kv_load_failure_policy: str = "recompute"
+    # A recorded KV connector (reference.kv_connector.RecordedKVConnector /
+    # RecordedKVWorker), chosen instead of the simulated one when these are
+    # set (a recording of vLLM running its own connector: the connector's
+    # answers are inputs from outside the scheduler, replayed as recorded).
+    # kv_connector_matches: per request, in call order, what vLLM's
+    # KVConnectorBase_V1.get_num_new_matched_tokens answered:
+    # ((request_id, ((num_external_tokens or None, load_kv_async), ...)), ...)
+    # (None: "cannot tell yet", the request is skipped that step).
+    # kv_connector_outputs: the worker's KVConnectorOutput with the model
+    # output of the batch scheduled at a step:
+    # ((batch step, (finished_recving ids...), (invalid_block_ids...)), ...).
+    kv_connector_matches: tuple | None = None
+    kv_connector_outputs: tuple | None = None
     # Encoder inputs (multimodal items; reference.encoder_cache_manager):
     # the encoder compute budget per step and the encoder cache size, both in
     # embeds. vLLM's SchedulerConfig sets both to max_num_batched_tokens (None
@@ -210,6 +257,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if isinstance(self.layer_types, list):  # from JSON / TOML
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        for name in ("kv_connector_matches", "kv_connector_outputs"):
+            if isinstance(getattr(self, name), list):  # from JSON: lists all the way down
+                object.__setattr__(self, name, _frozen(getattr(self, name)))
         self.validate()
 
     @property
@@ -364,6 +414,7 @@ class EngineConfig:
         if self.kv_load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
             raise ConfigError(f"kv_load_failure_policy must be one of "
                               f"{', '.join(KV_LOAD_FAILURE_POLICIES)}, got {self.kv_load_failure_policy!r}")
+        _validate_recorded_connector(self)
         if self.kv_connector and self.max_concurrent_batches > 1 and not self.defer_block_free:
             # vLLM 0.33.0 Scheduler.__init__: a KV consumer with more than one
             # batch in flight always defers block frees.

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 from reference.async_spec import WorkerDrafts
 from reference.config import ConfigError, EngineConfig
-from reference.kv_connector import SimulatedKVWorker
+from reference.kv_connector import make_kv_worker
 from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.runners.base import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
@@ -215,7 +215,7 @@ class _Rank:
 
     index: int
     sched: _Guarded
-    kv_worker: SimulatedKVWorker | None = None
+    kv_worker: "SimulatedKVWorker | RecordedKVWorker | None" = None
     in_flight: deque = field(default_factory=deque)
     # Async scheduling with speculative decoding: the worker's drafts.
     worker_drafts: WorkerDrafts | None = None
@@ -510,7 +510,7 @@ class Engine:
         config = self.config
         check_workload_supported(config, workload)
         ranks = [_Rank(i, _Guarded(s, self, i),
-                       SimulatedKVWorker(config, self.seed) if config.kv_connector else None,
+                       make_kv_worker(config, self.seed),
                        worker_drafts=(WorkerDrafts() if config.async_scheduling
                                       and config.num_speculative_tokens else None))
                  for i, s in enumerate(self.schedulers)]

@@ -32,6 +32,11 @@ from reference.output import SchedulerOutput
 from reference.request import Request
 
 
+#: The ``Skip`` reason of a request whose connector answered None (vLLM's
+#: "the KVConnector couldn't determine the number of matched tokens").
+KV_MATCH_PENDING = "KV connector cannot tell yet"
+
+
 @dataclass(frozen=True)
 class KVConnectorOutput:
     """What the worker-side connector reports with one model output (vLLM
@@ -147,3 +152,102 @@ class SimulatedKVWorker:
         return KVConnectorOutput(
             tuple(load.request_id for load in done),
             frozenset(load.invalid_block_id for load in done if load.invalid_block_id is not None))
+
+
+class RecordedKVConnector:
+    """Scheduler side of a recorded connector: answers as vLLM's did.
+
+    Chosen instead of ``SimulatedKVConnector`` when the config carries
+    ``kv_connector_matches`` (a recording of vLLM running its own connector,
+    ``harness/candidates/vllm/recording_convert.py``). Mirrors
+    ``KVConnectorBase_V1.get_num_new_matched_tokens(request,
+    num_computed_tokens) -> (int | None, bool)``
+    (``vllm/distributed/kv_transfer/kv_connector/v1/base.py``): the k-th call
+    for a request returns the k-th answer recorded for it, ``(external
+    tokens, load_kv_async)``, where external tokens None means "cannot tell
+    yet" (vLLM's scheduler skips the request that step). The connector's
+    answers are inputs from outside the scheduler: a call past the recorded
+    ones repeats the last answer (none recorded: ``(0, False)``); the
+    replay's first divergence is met before that matters for an identical run.
+    ``request_finished`` mirrors the base's scheduler-side hook (nothing held).
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.answers: dict[str, tuple[tuple[int | None, bool], ...]] = {
+            req_id: tuple(answers) for req_id, answers in config.kv_connector_matches or ()}
+        self.calls: dict[str, int] = {}
+
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        answers = self.answers.get(request.request_id, ())
+        k = self.calls.get(request.request_id, 0)
+        self.calls[request.request_id] = k + 1
+        if not answers:
+            return 0, False
+        external, load_kv_async = answers[min(k, len(answers) - 1)]
+        return external, bool(load_kv_async)
+
+    def request_finished(self, request_id: str) -> None:
+        """Nothing to forget: the answers are the recording's."""
+
+
+#: Steps a recorded load never reported done keeps the engine stepping (vLLM
+#: would wait on it for ever; the recording ended before it reported).
+PENDING_LOAD_STEPS = 1000
+
+
+@dataclass
+class RecordedKVWorker:
+    """Worker side of a recorded connector: the ``KVConnectorOutput`` vLLM's
+    worker reported with each batch's model output (``finished_recving``,
+    ``invalid_block_ids``), from the config's ``kv_connector_outputs``, keyed
+    by the step that scheduled the batch. Same interface as
+    ``SimulatedKVWorker``: ``start_loads`` (nothing to start), ``poll(step)``
+    (the output the batch scheduled at ``step`` carries), ``busy`` (an output
+    is still to come: the engine keeps stepping for it)."""
+
+    config: EngineConfig
+    seed: int = 0
+    last_step: int = -1
+    # Loads started and not yet reported done (request ids): a load in flight
+    # keeps the engine stepping, as vLLM's does (regression: a recording that
+    # ends with a load in flight, vLLM's test_pause_new_drains_async_kv_loads,
+    # replayed as "engine stalled" at its first step).
+    # (Request id -> the step that started it; one never reported stops
+    # counting after PENDING_LOAD_STEPS steps, so a run outside a replay ends.)
+    pending: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.outputs = {step: KVConnectorOutput(tuple(recving), frozenset(invalid))
+                        for step, recving, invalid in self.config.kv_connector_outputs or ()}
+
+    @property
+    def busy(self) -> bool:
+        return (any(self.last_step - start < PENDING_LOAD_STEPS for start in self.pending.values())
+                or any(step > self.last_step for step in self.outputs))
+
+    def start_loads(self, step: int, output: SchedulerOutput) -> None:
+        for event in output.remote_loads:
+            self.pending[event.request_id] = step
+
+    def poll(self, step: int) -> KVConnectorOutput:
+        self.last_step = max(self.last_step, step)
+        output = self.outputs.get(step, KVConnectorOutput())
+        for req_id in output.finished_recving:
+            self.pending.pop(req_id, None)
+        return output
+
+
+def make_kv_connector(config: EngineConfig) -> SimulatedKVConnector | RecordedKVConnector | None:
+    """The scheduler-side connector ``config`` names (None without one)."""
+    if not config.kv_connector:
+        return None
+    return RecordedKVConnector(config) if config.kv_connector_matches is not None else SimulatedKVConnector(config)
+
+
+def make_kv_worker(config: EngineConfig, seed: int) -> SimulatedKVWorker | RecordedKVWorker | None:
+    """The worker-side connector ``config`` names (None without one)."""
+    if not config.kv_connector:
+        return None
+    return RecordedKVWorker(config, seed) if config.kv_connector_outputs is not None \
+        else SimulatedKVWorker(config, seed)

@@ -32,7 +32,7 @@ from operator import attrgetter
 from reference.encoder_cache_manager import (EncoderCacheManager, mm_items_in_window,
                                              try_schedule_encoder_inputs)
 from reference.kv_cache_utils import KVCacheBlock
-from reference.kv_connector import KVConnectorOutput, SimulatedKVConnector
+from reference.kv_connector import KV_MATCH_PENDING, KVConnectorOutput, make_kv_connector
 from reference.output import (EncoderPlan, FinishedRequest, KVTransferFree, Preemption, PrefixCacheReset, Promotion,
                               RemoteLoad, RequestState, ScheduledRequest, SchedulerOutput, SchedulerSnapshot,
                               Skip, SkippedFree, UpdateResult, Withdrawal)
@@ -116,7 +116,7 @@ class Scheduler:
         # queue, examined first; loads reported done / failed by the worker;
         # requests that finished while loading keep their blocks until the
         # transfer is done (a load may still be writing them).
-        self.connector = SimulatedKVConnector(config) if config.kv_connector else None
+        self.connector = make_kv_connector(config)
         self.kv_holding_waiting = create_request_queue(config.policy)
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
@@ -464,6 +464,12 @@ class Scheduler:
                     if self.connector is not None:
                         external, load_kv_async = self.connector.get_num_new_matched_tokens(
                             request, num_hit_tokens)
+                        if external is None:
+                            # The connector cannot tell yet (vLLM: the request
+                            # cannot be scheduled this step): skipped.
+                            skip_request(queue, request)
+                            events.append(Skip(request.request_id, KV_MATCH_PENDING))
+                            continue
                     num_computed = num_hit_tokens + external
                 else:
                     # A finished async load: no new lookup.

@@ -39,6 +39,7 @@ ONE_WORKER_MODULES = {
     "tests/test_vllm_versions.py": "vllm-pool",
     "tests/test_vllm_scheduler_cls.py": "vllm-pool",
     "tests/test_vllm_path.py": "vllm-pool",
+    "tests/test_vllm_kv_connector_recorded.py": "vllm-pool",
     "tests/test_vllm_releases.py": "vllm-releases",
     "tests/test_vllm_recording.py": "vllm-recording",
     # Real vLLM serving a tiny model: one serving env, one model, CPU-heavy runs in sequence.

@@ -68,10 +68,62 @@ def test_what_may_be_there_passes_to_the_full_check(fork: Path) -> None:
     assert precheck_scheduler_class(_target(fork, "myfork.lazy:Anything")) is None
     (fork / "broken").mkdir()
     (fork / "broken" / "__init__.py").write_text("raise RuntimeError('boom')\n")
-    assert precheck_scheduler_class(_target(fork, "broken.sched:X")) is None  # the driver reports it
+    # no package is imported to look: a broken __init__ does not hide what is (not) there
+    assert precheck_scheduler_class(_target(fork, "broken.sched:X")) == (
+        "scheduler_cls broken.sched:X: module 'broken.sched' is not found on this interpreter's path")
+    (fork / "broken" / "sched.py").write_text("class X:\n    pass\n")
+    assert precheck_scheduler_class(_target(fork, "broken.sched:X")) is None  # the driver reports the raise
     gone = VLLMTarget(spec="x", python=fork / "no-python", version="0.33.0", release=False,
                       scheduler_cls="myfork.sched:X", pythonpath=(str(fork),))
     assert precheck_scheduler_class(gone) is None
+
+
+@pytest.mark.parametrize("source", [
+    "import sys\nsys.modules[__name__] = object()\n",  # transformers' lazy-module pattern
+    "globals()['MyScheduler'] = type('MyScheduler', (), {})\n",
+    "import sys\nsetattr(sys.modules[__name__], 'MyScheduler', int)\n",
+    "if (MyScheduler := int):\n    pass\n",
+    "def make():\n    global MyScheduler\n    MyScheduler = int\nmake()\n",
+    "exec('class MyScheduler: pass')\n",
+    "vars()['MyScheduler'] = int\n",
+])
+def test_names_bound_at_run_time_pass(fork: Path, source: str) -> None:
+    """Regression (adversarial trial): classes bound dynamically were refused in under 2 s."""
+    (fork / "dyn.py").write_text("class Scheduler:\n    pass\n" + source)
+    assert precheck_scheduler_class(_target(fork, "dyn:MyScheduler")) is None
+
+
+def test_a_submodule_bound_by_its_package_passes(fork: Path) -> None:
+    (fork / "myfork" / "__init__.py").write_text("from .sched import FairScheduler\n")
+    assert precheck_scheduler_class(_target(fork, "myfork:sched.FairScheduler")) is None
+
+
+def test_suggestions_come_from_the_module_s_own_classes(fork: Path) -> None:
+    """Regression (adversarial trial): "did you mean 'Scheduler'" pointed at vLLM's base class,
+    imported by the module: following it would run stock vLLM and pass trivially."""
+    message = precheck_scheduler_class(_target(fork, "myfork.sched:Schedulerr"))
+    assert message.endswith("defines no 'Schedulerr' (did you mean 'FairScheduler'?)"), message
+
+
+def test_the_caller_s_folder_is_not_looked_in(fork: Path, tmp_path_factory, monkeypatch) -> None:
+    """Regression (both trials): ``python -c`` put the caller's folder first on sys.path, so a
+    stale ``mysched.py`` there was read (a false refusal); the driver runs elsewhere."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    (cwd / "myfork.py").write_text("class OldScheduler:\n    pass\n")
+    monkeypatch.chdir(cwd)
+    assert precheck_scheduler_class(_target(fork, "myfork.sched:FairScheduler")) is None
+    assert precheck_scheduler_class(_target(fork, "myfork.sched:FairSchedulr")).endswith(
+        "(did you mean 'FairScheduler'?)")
+
+
+def test_no_parent_package_is_imported(fork: Path) -> None:
+    """Regression (adversarial trial): ``find_spec`` imported each parent package (a vLLM fork's
+    ``vllm.…``: 30 s, then a timeout that hid the typo)."""
+    (fork / "slow").mkdir()
+    (fork / "slow" / "__init__.py").write_text("import time\ntime.sleep(60)\n")
+    (fork / "slow" / "sched.py").write_text("class MyScheduler:\n    pass\n")
+    assert precheck_scheduler_class(_target(fork, "slow.sched:MySchedulr")).endswith(
+        "(did you mean 'MyScheduler'?)")
 
 
 def test_the_candidate_spec_is_refused_before_any_driver_starts(fork: Path, monkeypatch) -> None:

@@ -79,15 +79,16 @@ def test_a_hybrid_admission_lists_every_groups_hit_first_then_the_new_blocks():
 def test_recorded_groups_map_onto_the_config_only_where_vllms_grouping_gives_them_back():
     sw, fa = ["SlidingWindowSpec", 8, 4, 1], ["FullAttentionSpec", None, 4, 1]
     assert hybrid_config([sw, fa], 4) == ({"sliding_window": 8,
-                                           "layer_types": ["sliding_attention", "full_attention"]}, None)
-    assert hybrid_config([["SlidingWindowSpec", 16, 16, 1]], 16) == ({"sliding_window": 16}, None)
-    assert hybrid_config(None, 4) == ({}, None)
+                                           "layer_types": ["sliding_attention", "full_attention"]}, {})
+    assert hybrid_config([["SlidingWindowSpec", 16, 16, 1]], 16) == ({"sliding_window": 16}, {})
+    assert hybrid_config(None, 4) == ({}, {})
     # [SW, FA, SW]: vLLM puts the two sliding groups first; not a config's shape.
-    assert hybrid_config([sw, fa, sw], 4)[1] == (
+    assert hybrid_config([sw, fa, sw], 4)[1] == {"kv_cache_groups": (
         "groups ['SlidingWindowSpec', 'FullAttentionSpec', 'SlidingWindowSpec'] in an order vLLM's "
-        "grouping does not give")
-    assert hybrid_config([["MambaSpec", None, 4, 1], fa], 4) == ({}, "KV-cache spec MambaSpec is not modelled")
+        "grouping does not give")}
+    assert hybrid_config([["ChunkedLocalAttentionSpec", None, 4, 1], fa], 4) == (
+        {}, {"kv_cache_spec": "KV-cache spec ChunkedLocalAttentionSpec is not modelled"})
     assert hybrid_config([sw, ["SlidingWindowSpec", 4, 4, 1]], 4) == (
-        {}, "sliding windows [4, 8] (the model has one)")
+        {}, {"kv_cache_groups": "sliding windows [4, 8] (the model has one)"})
     assert hybrid_config([["FullAttentionSpec", None, 8, 1], sw], 4) == (
-        {}, "block sizes [8, 4] per group (the model has one, 4)")
+        {}, {"kv_cache_groups": "block sizes [8, 4] per group (the model has one, 4)"})

@@ -182,12 +182,20 @@ def test_vllm_tests_on_a_selection_of_0_33_0s_own_tests(tmp_path: Path) -> None:
     assert report["broken_by_recorder"] == [] and report["violations"] == []
     assert report["plain_passed"] == report["injected_passed"] >= 10
     assert report["recordings"] >= 10 and report["converted"] == report["recordings"]
-    # Every clean recording replays identically, except those driving a feature the reference
-    # does not re-drive (the KV connector tests): those are counted, never replayed.
-    unmodelled = report["artefacts"].get("not-replayed-unmodelled", 0)
-    assert report["replay_diverged"] == 0 and report["replay_identical"] >= 1
-    assert report["replay_identical"] + unmodelled == report["clean"]
-    assert unmodelled == report["artefacts"].get("unmodelled-kv_connector", 0)
+    # Every clean recording replays identically, the KV connector tests' too: the recorder keeps
+    # what vLLM's MockKVConnector answered (get_num_new_matched_tokens, KVConnectorOutput) and the
+    # reference answers as recorded (RecordedKVConnector). (Before: "not-replayed-unmodelled".)
+    assert report["replay_diverged"] == 0 and report["replay_identical"] == report["clean"]
+    assert report["artefacts"].get("not-replayed-unmodelled", 0) == 0
+    assert report["artefacts"].get("unmodelled-kv_connector", 0) >= 3
+    # test_kv_connector_basic[True]: MockKVConnector(matched_tokens=32, is_async=True) answered
+    # (32, async) once per request; both loads reported done with the first batch's output.
+    from harness.trace import open_trace
+    manifest = [json.loads(x) for x in (tmp_path / "recordings" / "manifest.jsonl").read_text().splitlines()]
+    entry = next(e for e in manifest if e.get("nodeid", "").endswith("test_kv_connector_basic[True]"))
+    trace = open_trace(tmp_path / "traces" / (Path(entry["file"]).stem + ".parquet"))
+    assert trace.config.kv_connector_matches == (("r000000", ((32, True),)), ("r000001", ((32, True),)))
+    assert trace.config.kv_connector_outputs == ((1, ("r000000", "r000001"), ()),)
 
 
 K29 = "test_throttle_prefills_excludes_fully_transferred_remote_kv or test_scheduler_stats_waiting_queues"
@@ -239,10 +247,11 @@ def test_vllm_0_29_0_kv_load_promotions_are_recorded_and_hand_queued_requests_ar
         ("0.29.0", 0, None, str(out / "0.29.0")), ("0.33.0", 0, None, str(out / "0.33.0"))]
     # 0.29.0's test_scheduler_stats_waiting_queues queues requests by hand before its first
     # schedule() (the break: no complete step); 0.33.0's adds them all and completes a step.
-    expected = {"0.29.0": ((2, 2, 2, 2, 1, 1, 0), {"no-complete-step": 1, "not-replayed-unmodelled": 1,
-                                                  "stopped-by-driver": 1, "unmodelled-kv_connector": 1}),
-                "0.33.0": ((2, 2, 2, 2, 2, 2, 1), {"not-replayed-unmodelled": 1, "stopped-by-driver": 2,
-                                                  "unmodelled-kv_connector": 1})}
+    # The KV connector test (throttle_prefills ... remote_kv) replays identical on both: the
+    # recorder keeps its connector's answers (before: "not-replayed-unmodelled").
+    expected = {"0.29.0": ((2, 2, 2, 2, 1, 1, 1), {"no-complete-step": 1, "stopped-by-driver": 1,
+                                                  "unmodelled-kv_connector": 1}),
+                "0.33.0": ((2, 2, 2, 2, 2, 2, 2), {"stopped-by-driver": 2, "unmodelled-kv_connector": 1})}
     for report in both["releases"]:
         assert ((report["plain_passed"], report["injected_passed"], report["recordings"], report["converted"],
                  report["checkable"], report["clean"], report["replay_identical"]), report["artefacts"]) == \
@@ -370,10 +379,11 @@ def test_protocol_kinds_name_every_line_the_converter_writes() -> None:
         "... the prefix cache was reset ...",
         "... a streaming-input update of request 'a' ...",
         "stopped by the driver after step 3 with 1 request(s) live ...",
+        "... Scheduler.need_mamba_block_aligned_split set to True by hand (vLLM derived False from the config)",
         "something else")] == [
         "schedule-twice", "update-without-schedule", "hand-built-output", "queue-edited",
         "preempted-by-hand", "mid-step-abort", "prefix-cache-reset", "streaming-input",
-        "stopped-by-driver", "other"]
+        "stopped-by-driver", "scheduler-flag-set-by-hand", "other"]
 
 
 def test_layered_env_without_pip_gets_test_packages_through_the_harness_pip(tmp_path: Path) -> None:

@@ -224,14 +224,17 @@ def _cases() -> dict[str, tuple[EngineConfig, Workload]]:
     cases["abort-burst"] = _abort_burst()
     cases["crash"] = _crash_case()
     # A hybrid model (sliding window + full attention: two KV-cache groups, issue 28).
-    hybrid = HYBRID_SCENARIOS[HYBRID]
-    assert hybrid.seed == 0
-    cases[HYBRID] = (hybrid.engine_config(), hybrid.make_workload())
+    # Three Mamba layers to one full-attention layer (mamba_cache_mode "none"): four groups.
+    for name in (HYBRID, HYBRID_MAMBA):
+        hybrid = HYBRID_SCENARIOS[name]
+        assert hybrid.seed == 0
+        cases[name] = (hybrid.engine_config(), hybrid.make_workload())
     return cases
 
 
 CASES = [*SCENARIO_NAMES, "abort-burst"]
 HYBRID = "hybrid-alternating"
+HYBRID_MAMBA = "hybrid-mamba"
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +293,7 @@ def _harness_json(*args: str) -> dict:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("name", [*CASES, HYBRID])
+@pytest.mark.parametrize("name", [*CASES, HYBRID, HYBRID_MAMBA])
 def test_recorded_run_converts_checks_and_replays_identically(recorded, tmp_path, name):
     from harness.candidates.vllm.recording_convert import convert
 
@@ -594,3 +597,35 @@ def test_a_hybrid_recording_carries_every_group_and_checks_with_no_rule_skipped(
     assert unjudged_rules(tr.meta) == {}  # every block rule judged
     result = check_steps(tr.meta["config"], tr.iter_steps())
     assert result.ok and result.by_invariant == {}, result.by_invariant
+
+
+@pytest.mark.vllm
+def test_a_mamba_recording_names_its_groups_as_linear_attention_layers(recorded, tmp_path):
+    """Issue 28: vLLM's MambaSpec groups (mamba_cache_mode "none", one state block of
+    max_model_len tokens) are recorded with their mode and converted to the config's
+    ``linear_attention`` layers, on the attention groups' block size (vLLM scheduled on
+    lcm(96, 4) = 96); no rule is skipped (regression: "unmodelled-kv_cache_spec")."""
+    from harness.candidates.vllm.recording_convert import convert
+    from harness.check.checker import check_trace, unjudged_rules
+    from harness.trace import open_trace
+
+    jsonl, _, _, _ = recorded["runs"][HYBRID_MAMBA]
+    meta_rec = json.loads(jsonl.read_text().splitlines()[0])
+    mamba = ["MambaSpec", None, 96, 1, {"mamba_cache_mode": "none", "num_speculative_blocks": 0,
+                                        "num_prefill_checkpoint_blocks": 0}]
+    assert meta_rec["kv_cache_groups"] == [mamba] * 3 + [["FullAttentionSpec", None, 4, 1]]
+    assert meta_rec["config"]["block_size"] == 96
+    assert meta_rec["unmodelled"] == {} and meta_rec["warnings"] == []
+    trace = tmp_path / "mamba.parquet"
+    convert(jsonl, trace)
+    tr = open_trace(trace)
+    assert tr.meta["schema_version"] == 9 and tr.meta["vllm_recording"]["unmodelled"] == {}
+    assert (tr.meta["config"]["block_size"], tr.meta["config"]["layer_types"]) == (
+        4, ["linear_attention"] * 3 + ["full_attention"])
+    assert unjudged_rules(tr.meta) == {}
+    first = next(r for _, rs in tr.iter_steps() for r in rs if r["kind"] == "schedule")
+    # A state block in each Mamba group, then the full-attention blocks (the golden's first row).
+    assert first["group_block_ids"] == [[1], [2], [3], list(range(4, 20))]
+    for semantics in ("auto", "safety"):
+        result = check_trace(tr, semantics)
+        assert result.ok and result.by_invariant == {}, (semantics, result.by_invariant)

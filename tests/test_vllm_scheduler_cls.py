@@ -83,6 +83,18 @@ def test_unchanged_subclass_replays_the_golden_identically(classes_env):
 
 @vllm
 @needs_vllm
+def test_regression_a_module_named_like_a_driver_file_is_the_user_s(classes_env):
+    """Regression (adversarial trial): the driver, run as a script, had its own folder first on
+    sys.path, so ``scheduler_cls=events:X`` imported the harness's events.py ("has no attribute")."""
+    result = _invoke("replay", str(GOLDEN / "fcfs-roomy.parquet"),
+                     "--candidate", spec("NamedLikeADriverFile", "events"))
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == \
+        "conformant (profile 0.33.0): 372 steps replayed, identical decisions"
+
+
+@vllm
+@needs_vllm
 def test_higher_seq_cap_subclass_records_max_num_seqs_violations(classes_env, tmp_path):
     """record --engine with the class; check (profile 0.33.0 from the trace's
     engine_version) reports MAX-NUM-SEQS, first where a 5th request is admitted."""

@@ -49,6 +49,12 @@ from harness.trace.schema import OBSERVED_SINCE
 __all__ = ["MAX_PER_INVARIANT", "CheckResult", "TraceChecker", "Violation", "check_steps", "check_trace"]
 
 
+def _as_list(value: Any) -> list[str]:
+    """A row's queue as a list: the row's own list (no copy), or ``list(value)``
+    (which raises TypeError for a null, as the copy it replaces did)."""
+    return value if type(value) is list else list(value)
+
+
 class TraceChecker(TraceModel):
     """Feed steps in order with ``check_step``; call ``finish`` at the end."""
 
@@ -231,7 +237,10 @@ class TraceChecker(TraceModel):
 
     def _on_schedule_begin(self, ev: dict, st: StepState) -> None:
         self._resolve_reset(st)  # a forced reset whose victims did not all come
-        running, waiting = list(ev["running"]), list(ev["waiting"])
+        # The row's waiting queue is used as it is: nothing in the checker edits a
+        # waiting list in place, so no copy of the backlog (issue 24). Running
+        # (at most max_num_seqs ids) is copied: st.sim_running is edited.
+        running, waiting = list(ev["running"]), _as_list(ev["waiting"])
         st.running_before, st.waiting_before = running, waiting
         st.sim_running = list(running)
         st.enc.budget_left = self.enc_budget
@@ -409,7 +418,7 @@ class TraceChecker(TraceModel):
         running = list(ev["running"])
         queues.check_running_after(self, st, running)
         budget.check_running_size(self, running)
-        waiting = list(ev["waiting"])
+        waiting = _as_list(ev["waiting"])
         # Two queues, examined kv-holding first (spec 10.2): a skipped request
         # returns to the head of the queue it now belongs to, in the order met.
         rest = queues.remaining(st.waiting_before, st.admitted, st.skipped)
@@ -430,7 +439,8 @@ class TraceChecker(TraceModel):
                 wait_after = [r for r in wait_after if r not in held]
             if preemption.check_fcfs_victims_at_head(self, st, waiting, num_kv + len(held)):
                 queues.check_waiting_after_fcfs(self, waiting,
-                                                kv_after + held + st.preempted[::-1] + wait_after)
+                                                kv_after + held + st.preempted[::-1] + wait_after
+                                                if kv_after or held or st.preempted else wait_after)
         else:
             preemption.check_priority_waiting_order(self, waiting, num_kv)
             queues.check_waiting_after_priority(self, st, waiting, kv_after, wait_after)

@@ -75,7 +75,7 @@ def check_queues_at_start(m: TraceModel, st: StepState, running: list[str], wait
     if running != expected_running:
         m.violate("STATE-CONTINUITY", None, f"running at step start {running} != previous end {expected_running}")
     # A request may arrive and be aborted before the same step starts.
-    expected_waiting = m.prev_waiting + st.arrived
+    expected_waiting = m.prev_waiting + st.arrived if st.arrived else m.prev_waiting  # never edited in place
     if st.aborted:
         expected_waiting = [r for r in expected_waiting if r not in st.aborted]
     # Equal lists need no sort (the common case: C-speed, whatever the backlog).
@@ -100,7 +100,7 @@ def remaining(queue: list[str], admitted: list[str], skipped: list[str]) -> list
     head), a C-speed slice instead of a walk over the whole backlog."""
     gone = set(admitted) | set(skipped)
     if not gone:
-        return list(queue)
+        return queue  # no copy of the backlog: the caller never edits it in place
     k = 0
     while k < len(queue) and k < len(gone) and queue[k] in gone:
         k += 1

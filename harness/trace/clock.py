@@ -24,6 +24,9 @@ from typing import Any
 from harness.trace.validate import RowError
 
 Row = dict[str, Any]
+# The kinds ``check_step`` reads.
+_CLOCK_KINDS = frozenset({"schedule_begin", "update_begin", "schedule_end", "arrival", "reject", "abort",
+                          "finish"})
 
 
 def _close(a: float, b: float) -> bool:
@@ -50,19 +53,30 @@ class VirtualClock:
         per skipped step, or a timed arrival or abort taken in this step)."""
         base = self._end + self.fixed * (step - self._step - 1)
         targets = []
-        for row in rows:
+        clocks = []
+        total = None  # the busiest schedule_end's total_num_scheduled_tokens
+        abort_times = self._abort_times
+        for row in rows:  # one pass; most rows (schedule, output, ...) take one set lookup
             kind = row["kind"]
-            if kind in ("arrival", "reject"):
+            if kind not in _CLOCK_KINDS:
+                continue
+            if kind == "schedule_end":
+                tokens = row.get("total_num_scheduled_tokens") or 0
+                if total is None or tokens > total:
+                    total = tokens
+            elif kind == "schedule_begin" or kind == "update_begin":
+                if row.get("clock_s") is not None:
+                    clocks.append((row["event_index"], row["clock_s"]))
+            elif kind == "arrival" or kind == "reject":
                 if row.get("arrival_time_s") is not None:
                     targets.append(row["arrival_time_s"])
                 if kind == "arrival" and row.get("abort_time_s") is not None:
-                    self._abort_times[row["request_id"]] = row["abort_time_s"]
-            elif kind == "abort" and row.get("request_id") in self._abort_times:
-                targets.append(self._abort_times.pop(row["request_id"]))
-            elif kind == "finish":
-                self._abort_times.pop(row.get("request_id"), None)
-        clocks = [(row["event_index"], row["clock_s"]) for row in rows
-                  if row["kind"] in ("schedule_begin", "update_begin") and row.get("clock_s") is not None]
+                    abort_times[row["request_id"]] = row["abort_time_s"]
+            elif kind == "abort":
+                if row.get("request_id") in abort_times:
+                    targets.append(abort_times.pop(row["request_id"]))
+            else:  # finish
+                abort_times.pop(row.get("request_id"), None)
         jumped = max([t for t in targets if t > base], default=None)
         if not clocks:
             start = base if jumped is None else jumped
@@ -80,7 +94,7 @@ class VirtualClock:
                                f"timing model: expected {base!r} ({why}; step_fixed_s {self.fixed} + "
                                f"step_per_token_s {self.per_token} x tokens scheduled), or a timed "
                                f"arrival or abort taken in this step")
-        total = max((row.get("total_num_scheduled_tokens") or 0 for row in rows
-                     if row["kind"] == "schedule_end"), default=0)
+        if total is None:
+            total = 0
         self._step = step
         self._end = start + (self.fixed + self.per_token * total)

@@ -99,7 +99,8 @@ class QueueEncoder:
 class QueueDecoder:
     """Rebuilds the full queues of snapshot rows (``decode_row``), in file
     order. Raises ValueError for a kept slice outside the previous list or a
-    change with no previous list to apply to."""
+    change with no previous list to apply to. A row's rebuilt list is also
+    the decoder's previous list: read it, never edit it in place."""
 
     def __init__(self) -> None:
         self._previous: dict[tuple[int, str], list[str]] = {}
@@ -140,4 +141,7 @@ class QueueDecoder:
             elif head is not None:
                 raise ValueError(f"{name}_head without {name}_kept")
             row[name] = tail
-            self._previous[(rank, name)] = list(tail)  # a copy: a consumer may edit the row's list
+            # Shared with the row, not copied (issue 24: a copy of the backlog per
+            # snapshot row grew with the trace): a consumer never edits a row's
+            # queue in place (the checker copies what it edits).
+            self._previous[(rank, name)] = tail

@@ -112,43 +112,100 @@ class StepValidator:
         ``suspects`` (parallel to ``rows``, from ``suspect_rows`` over the
         stored columns): the rows whose own values need the per-row check; the
         others only have their order checked (and an ``arrival``/``reject``
-        row its request spec). None checks every row's values."""
+        row its request spec). None checks every row's values.
+
+        The row order is checked through ``_TRANSITIONS`` (the phase machine
+        of ``_advance``, one dict lookup a row); a row's place (``step S
+        event E``) is formatted only for a message (issue 24)."""
         if self._crashed_at is not None:
             raise RowError(f"step {step} follows the crash at step {self._crashed_at} (a crash ends the run)")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise RowError(f"step {step!r} is not an integer >= 0")
-        # A crash on one rank ends every rank's step where it stood.
-        crashed = any(row.get("kind") == "crash" for row in rows)
-        rank = -1
-        phase = _END
-        sub = 0
-        open_rows: list[str] = []
+        num_ranks = self.num_ranks
+        transitions = _TRANSITIONS
+        rank: Any = _NO_RANK
+        state = _DONE_STATE  # before a rank's first row: nothing open (never closed)
         for index, row in enumerate(rows):
-            where = f"step {step} event {row.get('event_index')!r}"
             if row.get("event_index") != index:
-                raise RowError(f"{where}: event_index must count 0, 1, ... within the step (expected {index})")
+                raise RowError(f"{_where(step, row)}: event_index must count 0, 1, ... within the step "
+                               f"(expected {index})")
             kind = row.get("kind")
-            if kind not in EVENT_KINDS:
-                raise RowError(f"{where}: unknown event kind {kind!r}")
             r = row.get("rank")
-            if not isinstance(r, int) or not 0 <= r < self.num_ranks:
-                raise RowError(f"{where}: rank {r!r} is not in 0..{self.num_ranks - 1} "
-                               f"(data_parallel_size {self.num_ranks})")
-            if r != rank:
-                if r < rank:
-                    raise RowError(f"{where}: rank {r} after rank {rank} (each rank's rows in rank order)")
-                _close(where, open_rows, crashed)
-                rank, phase, sub, open_rows = r, _INPUT, 0, []
-            phase, sub = _advance(where, kind, phase, sub, open_rows)
+            if kind not in EVENT_KINDS:
+                raise RowError(f"{_where(step, row)}: unknown event kind {kind!r}")
+            if r != rank or rank is _NO_RANK:
+                if not isinstance(r, int) or not 0 <= r < num_ranks:
+                    raise RowError(f"{_where(step, row)}: rank {r!r} is not in 0..{num_ranks - 1} "
+                                   f"(data_parallel_size {num_ranks})")
+                if rank is not _NO_RANK:
+                    if r < rank:
+                        raise RowError(f"{_where(step, row)}: rank {r} after rank {rank} (each rank's rows "
+                                       f"in rank order)")
+                    if _STATES[state][3]:
+                        _close_state(_where(step, row), state, rows)
+                rank, state = r, _INPUT_STATE
+            following = transitions[state].get(kind)
+            if following is None:
+                following = _transition(_where(step, row), state, kind)
+            state = following
             if suspects is None or suspects[index]:
-                _check_values(where, kind, row)
+                _check_values(_where(step, row), kind, row)
             if row.get("group_block_ids") is not None:
-                _check_group_blocks(where, kind, row)
+                _check_group_blocks(step, kind, row)
             elif kind in _SPEC_KINDS:
-                _check_spec(where, kind, row)
+                _check_spec(_where(step, row), kind, row)
             if kind == "crash":
                 self._crashed_at = step
-        _close(f"step {step}", open_rows, crashed)
+        if rank is not _NO_RANK and _STATES[state][3]:
+            _close_state(f"step {step}", state, rows)
+
+
+def _where(step: int, row: Row) -> str:
+    """A row's place in a message: ``step S event E``."""
+    return f"step {step} event {row.get('event_index')!r}"
+
+
+# The phase machine of ``_advance`` as a table: a state is (phase, sub,
+# open rows, the open rows a step cannot end with), numbered in _STATES;
+# _TRANSITIONS[state][kind] is the state after a ``kind`` row, filled on
+# first use (a kind that cannot come in a state is never cached: it raises).
+_STATES: list[tuple[int, int, tuple[str, ...], tuple[str, ...]]] = []
+_STATE_IDS: dict[tuple[int, int, tuple[str, ...]], int] = {}
+_TRANSITIONS: list[dict[str, int]] = []
+_NO_RANK = object()
+
+
+def _state_id(phase: int, sub: int, open_rows: tuple[str, ...]) -> int:
+    key = (phase, sub, open_rows)
+    found = _STATE_IDS.get(key)
+    if found is None:
+        missing = tuple(name for name in open_rows if name in ("schedule_end", "update_end"))
+        found = _STATE_IDS[key] = len(_STATES)
+        _STATES.append((phase, sub, open_rows, missing))
+        _TRANSITIONS.append({})
+    return found
+
+
+_INPUT_STATE = _state_id(_INPUT, 0, ())  # a rank's rows begin in the input phase
+_DONE_STATE = _state_id(_END, 0, ())
+
+
+def _transition(where: str, state: int, kind: str) -> int:
+    """The state after a ``kind`` row in ``state`` (``_advance``), cached;
+    RowError (``where``: the row's place) if it cannot come there."""
+    phase, sub, open_rows, _ = _STATES[state]
+    opened = list(open_rows)
+    phase, sub = _advance(where, kind, phase, sub, opened)
+    following = _state_id(phase, sub, tuple(opened))
+    _TRANSITIONS[state][kind] = following
+    return following
+
+
+def _close_state(where: str, state: int, rows: list[Row]) -> None:
+    """``_close`` of a rank's rows in ``state``: RowError for a schedule or
+    update left open, unless the step has a crash row."""
+    crashed = any(row.get("kind") == "crash" for row in rows)
+    _close(where, list(_STATES[state][2]), crashed)
 
 
 def suspect_rows(batch: pa.RecordBatch) -> list[bool]:
@@ -368,7 +425,7 @@ def _check_values(where: str, kind: str, row: Row) -> None:
         _check_spec(where, kind, row)
 
 
-def _check_group_blocks(where: str, kind: str, row: Row) -> None:
+def _check_group_blocks(step: int, kind: str, row: Row) -> None:
     """A hybrid row's ``group_block_ids`` hold its ``block_ids``: the same
     ids, each as often, once the null blocks (0, an admission's slots before
     the window) are left out (docs/trace-format.md "Hybrid models"). Every
@@ -386,7 +443,7 @@ def _check_group_blocks(where: str, kind: str, row: Row) -> None:
     if None in held or None in pool:
         return  # "null inside ..." (_check_values)
     if sorted(held) != sorted(pool):
-        raise RowError(f"{where}: {kind} block_ids {_short(row.get('block_ids'))} are not the blocks of its "
+        raise RowError(f"{_where(step, row)}: {kind} block_ids {_short(row.get('block_ids'))} are not the blocks of its "
                        f"group_block_ids {_short(groups)} (null blocks left out)")
 
 

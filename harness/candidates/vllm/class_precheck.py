@@ -5,15 +5,17 @@ the class in a driver (``probe_scheduler_class``), which imports vLLM first:
 about a minute on a cold machine. A typo in the module or class name, the
 commonest mistake, was reported only then, and with no suggestion
 (new-user trial). This look takes a fraction of a second: in the target's
-interpreter, with the driver's ``PYTHONPATH``, it finds the module's file
-(``importlib.util.find_spec``: the module itself is not run) and reads the
-class names defined at its top level (``ast``), then says what is missing
-with a "did you mean".
+interpreter, with the driver's ``PYTHONPATH`` and folder, it finds the
+module's file level by level (``PathFinder``: no package is imported, no
+module run) and reads the names its top level may bind (``ast``), then says
+what is missing, with a "did you mean" among the classes it defines.
 
-It only ever reports a name that is certainly absent: a module that cannot be
-looked at this way (a parent package that fails to import, a C extension, a
-module with ``from x import *`` or a module-level ``__getattr__``) passes, and
-the driver's full check decides.
+It only ever reports a name that is certainly absent. Whatever could bind
+names at run time makes it pass, and the driver's full check decides: a
+package ``__init__`` touching ``__path__`` or ``sys.modules``; a module using
+``globals()``, ``vars()``, ``setattr``, ``exec``, ``sys.modules``, a
+``global`` statement, an assignment expression, ``from x import *`` or a
+module ``__getattr__``; a C extension; a name that is a submodule.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 
 from harness.candidates.vllm.spec import VLLMTarget
 
@@ -28,80 +31,112 @@ from harness.candidates.vllm.spec import VLLMTarget
 PRECHECK_TIMEOUT_S = 30.0
 
 # Run in the target's interpreter: argv[1] is module:attr. Prints one JSON
-# object: {"error": "..."} or {}. Standard library only.
+# object: {"error": "..."} or {}. Standard library only. It sees the driver's
+# path, not the caller's folder (``-c`` puts "" first on sys.path: a stale
+# module there was read instead of the user's, a false refusal), and it locates
+# modules with PathFinder, which imports nothing (find_spec imported every
+# parent package: a vLLM fork's ``vllm.…`` took 30 s).
 _SCRIPT = r"""
-import ast, difflib, importlib.util, json, os, pkgutil, sys
+import ast, difflib, json, os, sys
+from importlib.machinery import PathFinder
+sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
 name = sys.argv[1]
 module, sep, attr = name.partition(":")
 if not sep:
     module, _, attr = name.rpartition(".")
-def near(word, words):
+def near(word, words, prefix=""):
     found = difflib.get_close_matches(word, sorted(set(words)), n=1, cutoff=0.6)
-    return f" (did you mean {found[0]!r}?)" if found else ""
+    return f" (did you mean {prefix + found[0]!r}?)" if found else ""
 def out(obj):
     print(json.dumps(obj)); sys.exit(0)
+def names_on(paths):
+    found = set()
+    for folder in paths:
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        for e in entries:
+            stem = e.split(".")[0]
+            if stem.isidentifier() and (e.endswith(".py") or os.path.isdir(os.path.join(folder, e))):
+                found.add(stem)
+    return found
+def dynamic(source):
+    # A package __init__ that may add modules or names at run time.
+    return any(w in source for w in ("__path__", "sys.modules", "extend_path", "__getattr__"))
 parts = module.split(".")
-spec = None
-for depth in range(1, len(parts) + 1):  # the first level of the dotted name that is missing
-    prefix = ".".join(parts[:depth])
+paths, spec, prefix = None, None, ""
+for depth, part in enumerate(parts):
+    prefix = ".".join(parts[:depth + 1])
     try:
-        spec = importlib.util.find_spec(prefix)
+        spec = PathFinder.find_spec(prefix, paths)
     except Exception:
-        out({})  # a package that fails to import: the driver reports it in full
+        out({})
+    if spec is None and depth == 0:
+        # another finder (an editable install's, a zip) may provide the top level
+        for finder in sys.meta_path:
+            if finder is PathFinder or not hasattr(finder, "find_spec"):
+                continue
+            try:
+                if finder.find_spec(prefix, None) is not None:
+                    out({})
+            except Exception:
+                out({})
     if spec is None:
-        parent = ".".join(parts[:depth - 1])
-        if parent:
-            paths = list(importlib.util.find_spec(parent).submodule_search_locations or [])
-            names = [parent + "." + m.name for m in pkgutil.iter_modules(paths)]
+        if depth == 0:
+            hint = near(prefix, names_on([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])) \
+                or " (is its folder on PYTHONPATH?)"
         else:
-            extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-            names = [m.name for m in pkgutil.iter_modules(extra or None)]
+            hint = near(part, names_on(paths or []), ".".join(parts[:depth]) + ".")
         missing = "" if prefix == module else f": no module {prefix!r}"
-        hint = near(prefix, names) or ("" if parent else " (is its folder on PYTHONPATH?)")
         out({"error": f"module {module!r} is not found on this interpreter's path{missing}{hint}"})
+    if depth < len(parts) - 1:
+        init = spec.origin or ""
+        if spec.submodule_search_locations is None:
+            out({})  # a module used as a package: let the import decide
+        if init.endswith(".py"):
+            try:
+                if dynamic(open(init, encoding="utf-8", errors="replace").read()):
+                    out({})
+            except OSError:
+                out({})
+        paths = list(spec.submodule_search_locations)
 origin = spec.origin or ""
 if not origin.endswith(".py"):
     out({})
 try:
-    tree = ast.parse(open(origin, encoding="utf-8").read())
+    source = open(origin, encoding="utf-8").read()
+    tree = ast.parse(source)
 except Exception:
     out({})
-defined, classes = set(), []
+# Anything that can bind a module attribute at run time makes absence uncertain.
+for n in ast.walk(tree):
+    if isinstance(n, (ast.Global, ast.NamedExpr)):
+        out({})
+    if isinstance(n, ast.Name) and n.id in ("globals", "vars", "setattr", "exec", "eval", "__import__",
+                                            "__getattr__", "__dict__"):
+        out({})
+    if isinstance(n, ast.Attribute) and n.attr in ("modules", "__dict__", "__setattr__"):
+        out({})
+    if isinstance(n, ast.alias) and n.name == "*":
+        out({})
+defined = set()
 for node in tree.body:
-    if isinstance(node, ast.ClassDef):
-        defined.add(node.name); classes.append(node.name)
-    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        defined.add(node.name)
-    elif isinstance(node, (ast.Import, ast.ImportFrom)):
-        for a in node.names:
-            if a.name == "*":
-                out({})
-            defined.add((a.asname or a.name).split(".")[0])
-    elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        for t in targets:
-            for n in ast.walk(t):
-                if isinstance(n, ast.Name):
-                    defined.add(n.id)
-    elif not isinstance(node, ast.Expr):
-        # if/try/with/for at top level: whatever any branch may bind counts as defined
-        for n in ast.walk(node):
-            if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                defined.add(n.name)
-                if isinstance(n, ast.ClassDef):
-                    classes.append(n.name)
-            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                defined.add(n.id)
-            elif isinstance(n, ast.alias):
-                if n.name == "*":
-                    out({})
-                defined.add((n.asname or n.name).split(".")[0])
-if "__getattr__" in defined:
-    out({})
+    # what the module's top level (any branch of an if/try/with/for) may bind
+    for n in ast.walk(node):
+        if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            defined.add(n.id)
+        elif isinstance(n, ast.alias):
+            defined.add((n.asname or n.name).split(".")[0])
 head = attr.split(".")[0]
-if head not in defined:
-    out({"error": f"module {module!r} ({origin}) defines no {head!r}{near(head, classes or defined)}"})
-out({})
+if head in defined or "__getattr__" in defined:
+    out({})
+if os.path.basename(origin) == "__init__.py" and head in names_on([os.path.dirname(origin)]):
+    out({})  # a submodule, bound once imported
+top_classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
+out({"error": f"module {module!r} ({origin}) defines no {head!r}{near(head, top_classes)}"})
 """
 
 
@@ -118,8 +153,9 @@ def precheck_scheduler_class(target: VLLMTarget) -> str | None:
     env.pop("PYTHONPATH", None)
     if target.pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(target.pythonpath)
-    try:
+    try:  # in the driver's folder (tempdir), with the driver's PYTHONPATH
         done = subprocess.run([str(target.python), "-c", _SCRIPT, target.scheduler_cls], env=env,
+                              cwd=tempfile.gettempdir(),
                               capture_output=True, text=True, timeout=PRECHECK_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)
         answer = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}

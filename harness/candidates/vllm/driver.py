@@ -152,6 +152,14 @@ import time
 import traceback
 from pathlib import Path
 
+# Run as a script, the driver has its own folder first on sys.path, where our
+# events.py, spec.py, env.py, ... would shadow a scheduler_cls module of the
+# same name that `vllm serve --scheduler-cls` finds (adversarial trial:
+# `scheduler_cls=events:MyScheduler` loaded our events.py). Nothing here is
+# imported from that folder, so it goes.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
 # The driver runs as a script with the vLLM env's python (no access to our
 # package), so its sibling module is loaded by file path, under a private name
 # (a top-level "events" could shadow or be shadowed by another package).
@@ -257,7 +265,10 @@ HARNESS_ONLY_KEYS = {"step_fixed_s", "step_per_token_s", "draft_acceptance_rate"
 #: ``kv_load_failure_rate`` only drive the harness's simulated worker, whose
 #: output each ``update`` forwards.
 KV_CONNECTOR_KEYS = {"kv_connector", "kv_store_fraction", "kv_load_steps",
-                     "kv_load_failure_rate", "kv_load_failure_policy"}
+                     "kv_load_failure_rate", "kv_load_failure_policy",
+                     # A recorded connector (reference.kv_connector.RecordedKVConnector):
+                     # the stand-in answers as recorded; the worker side is the harness's.
+                     "kv_connector_matches", "kv_connector_outputs"}
 #: The name the stand-in is registered under (KVConnectorFactory).
 KV_CONNECTOR_NAME = "HarnessKVStoreConnector"
 
@@ -335,9 +346,23 @@ def _register_connector():
             self.block_size = int(extra["block_size"])
             self.fraction = float(extra["kv_store_fraction"])
             self._held: dict[str, int] = {}
+            # A recorded connector's answers (config kv_connector_matches): per request,
+            # in call order; None: the simulated store answers.
+            matches = extra.get("matches")
+            self._answers = None if matches is None else {r: [tuple(a) for a in answers]
+                                                          for r, answers in matches}
+            self._calls: dict[str, int] = {}
 
         # Scheduler side.
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            if self._answers is not None:
+                # As reference.kv_connector.RecordedKVConnector: the k-th call for a
+                # request gets its k-th recorded answer (past them the last; none: 0).
+                answers = self._answers.get(request.request_id) or [(0, False)]
+                k = self._calls.get(request.request_id, 0)
+                self._calls[request.request_id] = k + 1
+                external, load_kv_async = answers[min(k, len(answers) - 1)]
+                return external, bool(load_kv_async)
             held = self._held.get(request.request_id)
             if held is None:
                 held = self._held[request.request_id] = ev.held_prefix_tokens(
@@ -807,7 +832,8 @@ class Driver:
             kv_load_failure_policy=config.get("kv_load_failure_policy", "recompute"),
             kv_connector_extra_config={
                 "block_size": config["block_size"],
-                "kv_store_fraction": float(config.get("kv_store_fraction", 1.0))})
+                "kv_store_fraction": float(config.get("kv_store_fraction", 1.0)),
+                "matches": config.get("kv_connector_matches")})
 
     def _check_connector(self, sched) -> None:
         connector = getattr(sched, "connector", None)

@@ -45,6 +45,11 @@ import inspect
 from array import array
 
 
+#: The skip reason of a request whose connector answered None (a verbatim copy
+#: of ``reference.kv_connector.KV_MATCH_PENDING``: this module imports nothing of ours).
+KV_MATCH_PENDING = "KV connector cannot tell yet"
+
+
 class NormalisationError(Exception):
     """Malformed input: a SchedulerOutput field that cannot be read (the
     message names it), or a decision the hooks could not observe. An
@@ -95,17 +100,30 @@ def is_hybrid(kv_cache_config) -> bool:
     return len(groups) > 1 or any(type(g.kv_cache_spec).__name__ != "FullAttentionSpec" for g in groups)
 
 
+#: What a ``MambaSpec`` group's description adds (vLLM 0.33.0
+#: ``kv_cache_interface.MambaSpec`` fields the converter needs to tell mode
+#: "none", which the reference models, from "align" and its checkpoints).
+MAMBA_SPEC_FIELDS = ("mamba_cache_mode", "num_speculative_blocks", "num_prefill_checkpoint_blocks")
+
+
 def describe_groups(kv_cache_config) -> list[list]:
     """Each KV-cache group as ``[spec class name, sliding_window or None,
     block_size, number of layers]``, in group order (a recording's meta
     ``kv_cache_groups``: the converter maps them onto the harness's
-    ``sliding_window`` and ``layer_types``)."""
+    ``sliding_window`` and ``layer_types``). A ``MambaSpec`` group has a
+    fifth entry, ``{field: value}`` of ``MAMBA_SPEC_FIELDS`` the spec has
+    (block_size is then vLLM's ``mamba_block_size``: ``max_model_len`` in
+    mode "none")."""
     out = []
     for g in getattr(kv_cache_config, "kv_cache_groups", ()) or ():
         spec = g.kv_cache_spec
         window = getattr(spec, "sliding_window", None)
-        out.append([type(spec).__name__, None if window is None else int(window),
-                    int(getattr(spec, "block_size", 0) or 0), len(getattr(g, "layer_names", ()) or ())])
+        entry = [type(spec).__name__, None if window is None else int(window),
+                 int(getattr(spec, "block_size", 0) or 0), len(getattr(g, "layer_names", ()) or ())]
+        if entry[0] == "MambaSpec":
+            entry.append({name: (getattr(spec, name) if name == "mamba_cache_mode" else int(getattr(spec, name)))
+                          for name in MAMBA_SPEC_FIELDS if hasattr(spec, name)})
+        out.append(entry)
     return out
 
 
@@ -220,6 +238,10 @@ class DecisionHooks:
         # had finished while loading: (request id, blocks tail first, fence).
         self.recving: list[str] = []
         self.kv_freed: list[tuple[str, list[int], int | None]] = []
+        # The connector's answers in the current schedule() (``begin()`` resets
+        # them): [request id, num_computed_tokens it was given, num_external_tokens
+        # (None: cannot tell yet), load_kv_async] per get_num_new_matched_tokens call.
+        self.matches: list[list] = []
         self.in_schedule = False
         self.active = True
         kv_cache_config = getattr(sched, "kv_cache_config", None) or getattr(
@@ -387,6 +409,24 @@ class DecisionHooks:
                                          f"through kv_cache_manager.free or pop_blocks_for_free")
             hooks.seq.append(("preempt", request.request_id, computed_before, freed, fence, groups))
 
+        connector = getattr(sched, "connector", None)
+        orig_match = getattr(connector, "get_num_new_matched_tokens", None)
+        #: Whether the connector's answers are observed (``matches``).
+        self.kv_answers = orig_match is not None
+
+        def get_num_new_matched_tokens(request, num_computed_tokens, *args, **kwargs):
+            # KVConnectorBase_V1.get_num_new_matched_tokens: an input from outside
+            # the scheduler, recorded as answered.
+            result = orig_match(request, num_computed_tokens, *args, **kwargs)
+            if hooks.in_schedule and hooks.active:
+                external, load_kv_async = result
+                hooks.matches.append([request.request_id, int(num_computed_tokens),
+                                      None if external is None else int(external), bool(load_kv_async)])
+            return result
+
+        if orig_match is not None:
+            connector.get_num_new_matched_tokens = get_num_new_matched_tokens
+
         class _SkipRecordingSet(set):
             """``deferred_waiting``: an add inside schedule() is a waiting-loop skip."""
 
@@ -396,7 +436,10 @@ class DecisionHooks:
                         and hooks.seq[-1][1] == request.request_id):
                     # (An async-load admission leaves through skip_request
                     # too: it is reported as its kv_load, not as a skip.)
-                    hooks.seq.append(("skip", request.request_id, skip_reason(request)))
+                    last = hooks.matches[-1] if hooks.matches else None
+                    reason = (KV_MATCH_PENDING if last is not None and last[0] == request.request_id
+                              and last[2] is None else skip_reason(request))
+                    hooks.seq.append(("skip", request.request_id, reason))
                 super().add(request)
 
         # 0.31.0 on: _handle_blocked_waiting_request; 0.20.2 through 0.29.0 name it
@@ -531,6 +574,7 @@ class DecisionHooks:
 
     def begin(self) -> None:
         self.seq = []
+        self.matches = []
         self.in_schedule = True
 
     def end(self) -> None:

@@ -478,42 +478,121 @@ def _ulps_below(x: float, n: int) -> float:
 
 
 #: The recorded KV-cache specs the harness models (``reference.kv``), by the
-#: layer type a model config names for them.
-_LAYER_TYPE_OF_SPEC = {"FullAttentionSpec": "full_attention", "SlidingWindowSpec": "sliding_attention"}
+#: layer type a model config names for them (``MambaSpec``: mode "none" only,
+#: see ``hybrid_config``).
+_LAYER_TYPE_OF_SPEC = {"FullAttentionSpec": "full_attention", "SlidingWindowSpec": "sliding_attention",
+                       "MambaSpec": "linear_attention"}
 
 
-def hybrid_config(groups: list[list] | None, block_size: int) -> tuple[dict, str | None]:
+def _mamba_unmodelled(groups: list[list], max_model_len: int | None, num_speculative_tokens: int,
+                      enable_prefix_caching: bool, cache_mamba_mode: str | None) -> str | None:
+    """Why the recording's ``MambaSpec`` groups are not the reference's
+    (``reference.kv.kv_cache_spec.MambaSpec``: vLLM 0.33.0's
+    ``mamba_cache_mode`` "none", one state block of ``max_model_len`` tokens
+    plus ``num_speculative_tokens`` blocks), or None when they are.
+
+    vLLM 0.33.0 caches Mamba states in mode "align" when prefix caching is on
+    (its default for a hybrid model, ``MambaModelConfig``): the
+    ``MambaManager``'s blocks are ``block_size`` tokens, one state cached per
+    block boundary, the previous state freed at the next allocation, prefill
+    checkpoints (``single_type_kv_cache_manager.py::MambaManager``), and the
+    ``Scheduler`` cuts prefill chunks at block boundaries
+    (``_mamba_block_aligned_split``, on when ``cache_config.mamba_cache_mode``
+    is "align"). None of that is modelled. ``cache_mamba_mode`` is the
+    recorded ``cache_config.mamba_cache_mode`` (None: not recorded)."""
+    for i, g in enumerate(groups):
+        if g[0] != "MambaSpec":
+            continue
+        fields = g[4] if len(g) > 4 and isinstance(g[4], dict) else None
+        if fields is None or "mamba_cache_mode" not in fields:
+            return f"group {i}: MambaSpec recorded without its mamba_cache_mode (a recorder before issue 28's Mamba groups)"
+        mode = fields["mamba_cache_mode"]
+        if mode != "none":
+            return (f"group {i}: MambaSpec mamba_cache_mode {mode!r} (vLLM's Mamba prefix caching: a state "
+                    f"block per {g[2]} tokens, block-aligned prefill chunks, checkpoints; the model has 'none')")
+        if g[2] != max_model_len:
+            return (f"group {i}: MambaSpec block_size {g[2]} (mode 'none' keeps the whole state in one "
+                    f"block of max_model_len {max_model_len} tokens; the model has only that)")
+        blocks = fields.get("num_speculative_blocks", 0)
+        if blocks != num_speculative_tokens:
+            return (f"group {i}: MambaSpec num_speculative_blocks {blocks} (the model has "
+                    f"num_speculative_tokens {num_speculative_tokens})")
+    if cache_mamba_mode not in (None, "none"):
+        return (f"cache_config.mamba_cache_mode {cache_mamba_mode!r}: vLLM's Scheduler cuts prefill chunks "
+                f"at Mamba block boundaries (_mamba_block_aligned_split; the model has 'none')")
+    if enable_prefix_caching:
+        # vLLM's MambaManager asserts "align" with caching: a recording cannot hold this.
+        return "MambaSpec mamba_cache_mode 'none' with prefix caching (vLLM requires 'align' for it)"
+    return None
+
+
+def hybrid_config(groups: list[list] | None, block_size: int, *, max_model_len: int | None = None,
+                  num_speculative_tokens: int = 0, enable_prefix_caching: bool = False,
+                  cache_mamba_mode: str | None = None) -> tuple[dict, dict[str, str]]:
     """A hybrid recording's KV-cache groups (meta ``kv_cache_groups``:
-    ``[spec name, sliding_window, block_size, layers]`` each, group order) as
-    the harness's config keys: ``({"sliding_window": w, "layer_types": [...]},
-    None)`` when one layer per group, grouped as vLLM 0.33.0 groups them
-    (``reference.kv.kv_cache_spec.kv_cache_groups_for``), gives back the same
-    groups in the same order; else ``({}, why)``: the block rules cannot
-    follow those groups. ``({}, None)`` for no groups recorded."""
+    ``[spec name, sliding_window, block_size, layers]`` each, group order, a
+    ``MambaSpec`` group with its fields fifth: ``events.describe_groups``) as
+    the harness's config keys.
+
+    Returns ``({"sliding_window": w, "layer_types": [...], ...}, {})`` when
+    one layer per group, grouped as vLLM 0.33.0 groups them
+    (``reference.kv.kv_cache_spec.kv_cache_groups_for`` with
+    ``max_model_len`` and ``num_speculative_tokens``), gives back the same
+    groups in the same order; else ``({}, {feature: why})``: ``kv_cache_spec``
+    for a spec the reference does not model (Mamba in any mode but "none",
+    ``_mamba_unmodelled``; chunked local attention, MLA, ...), ``kv_cache_groups``
+    for groups it models in a shape a config cannot name (block sizes or
+    windows that differ, an order the grouping does not give, several
+    full-attention groups). ``({}, {})`` for no groups recorded.
+
+    With Mamba groups the keys also set ``block_size``: the attention
+    groups' (vLLM's ``Scheduler`` runs on the least common multiple of every
+    group's block size, ``kv_cache_utils.resolve_kv_cache_block_sizes``,
+    which the recorder writes as ``block_size``; in mode "none" without a KV
+    connector it reads it nowhere, as the vLLM driver does,
+    ``driver.Driver.init``). ``block_size`` is the recorded one."""
     from reference.kv.kv_cache_spec import kv_cache_groups_for
 
     if not groups:
-        return {}, None
+        return {}, {}
     names = [g[0] for g in groups]
     other = sorted(set(names) - set(_LAYER_TYPE_OF_SPEC))
     if other:
-        return {}, f"KV-cache spec {', '.join(other)} is not modelled"
-    if any(g[2] != block_size for g in groups):
-        return {}, f"block sizes {[g[2] for g in groups]} per group (the model has one, {block_size})"
+        return {}, {"kv_cache_spec": f"KV-cache spec {', '.join(other)} is not modelled"}
+    mamba = "MambaSpec" in names
+    if mamba:
+        why = _mamba_unmodelled(groups, max_model_len, num_speculative_tokens, enable_prefix_caching,
+                                cache_mamba_mode)
+        if why is not None:
+            return {}, {"kv_cache_spec": why}
+        attention = sorted({g[2] for g in groups if g[0] != "MambaSpec"})
+        if len(attention) > 1:
+            return {}, {"kv_cache_groups": f"attention block sizes {attention} per group (the model has one)"}
+        if attention:
+            block_size = attention[0]
+    elif any(g[2] != block_size for g in groups):
+        return {}, {"kv_cache_groups": f"block sizes {[g[2] for g in groups]} per group "
+                                       f"(the model has one, {block_size})"}
     windows = sorted({g[1] for g in groups if g[0] == "SlidingWindowSpec"})
     if len(windows) > 1:
-        return {}, f"sliding windows {windows} (the model has one)"
+        return {}, {"kv_cache_groups": f"sliding windows {windows} (the model has one)"}
     window = windows[0] if windows else None
     layer_types = tuple(_LAYER_TYPE_OF_SPEC[n] for n in names)
     rebuilt = [[type(g.kv_cache_spec).__name__, getattr(g.kv_cache_spec, "sliding_window", None)]
-               for g in kv_cache_groups_for(layer_types, block_size, window)]
+               for g in kv_cache_groups_for(layer_types, block_size, window, max_model_len=max_model_len,
+                                            num_speculative_tokens=num_speculative_tokens)]
     if rebuilt != [[g[0], g[1] if g[0] == "SlidingWindowSpec" else None] for g in groups]:
-        return {}, f"groups {names} in an order vLLM's grouping does not give"
+        return {}, {"kv_cache_groups": f"groups {names} in an order vLLM's grouping does not give"}
     if window is not None and set(layer_types) == {"sliding_attention"}:
-        return {"sliding_window": window}, None  # every layer a sliding-window layer
-    if window is None:
-        return {}, f"{len(groups)} full-attention groups"
-    return {"sliding_window": window, "layer_types": list(layer_types)}, None
+        return {"sliding_window": window}, {}  # every layer a sliding-window layer
+    if window is None and not mamba:
+        return {}, {"kv_cache_groups": f"{len(groups)} full-attention groups"}
+    keys: dict = {"layer_types": list(layer_types)}
+    if window is not None:
+        keys["sliding_window"] = window
+    if mamba:
+        keys["block_size"] = block_size
+    return keys, {}
 
 
 def _map_config(meta_rec: dict, engine_config_cls,
@@ -568,6 +647,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     from reference.engine import Crash, StepRecord, holds_drafts
     from reference.output import (
         FinishedRequest,
+        KVTransferFree,
         Preemption,
         Promotion,
         RemoteLoad,
@@ -599,8 +679,12 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                         f"engine (data_parallel_size {raw['parallel_config.data_parallel_size']}): "
                         f"converted as one scheduler")
         values["data_parallel_size"] = 1
-    hybrid_keys, groups_unmodelled = hybrid_config(meta_rec.get("kv_cache_groups"),
-                                                   values.get("block_size", 16))
+    hybrid_keys, groups_unmodelled = hybrid_config(
+        meta_rec.get("kv_cache_groups"), values.get("block_size", 16),
+        max_model_len=values.get("max_model_len"),
+        num_speculative_tokens=values.get("num_speculative_tokens") or 0,
+        enable_prefix_caching=bool(values.get("enable_prefix_caching")),
+        cache_mamba_mode=raw.get("cache_config.mamba_cache_mode"))
     values.update(hybrid_keys)
     values.update(overrides or {})
     try:
@@ -632,6 +716,14 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     clock = 0.0
     dropped_idle = 0
     reordered_aborts = 0
+    # A recorded KV connector (meta ``kv_answers``): what its scheduler side
+    # answered, per request in call order, and the worker's output per batch
+    # (keyed by the trace step that scheduled it): the config's
+    # kv_connector_matches / kv_connector_outputs.
+    kv_matches: dict[str, list[tuple]] = {}
+    kv_outputs: list[tuple] = []
+    kv_sending = 0
+    kept_of_batch: dict[int, int] = {}
 
     def rid(vllm_id: str, where: int) -> str:
         try:
@@ -666,6 +758,17 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         for a in aborts:
             abort_time[a] = t
             t = math.nextafter(t, math.inf) if spread else t
+        if step["schedule"] is not None and idle is False:
+            kept_of_batch[step["batch"]] = len(plan)
+            for req_id, _, external, load_kv_async in step["schedule"].get("kv_matches") or ():
+                kv_matches.setdefault(rid(req_id, step["line"]), []).append((external, bool(load_kv_async)))
+        if step["update_kept"]:
+            batch_index = kept_of_batch.pop(step["update_batch"], None)
+            kv = (step["update"] or {}).get("kv")
+            if kv is not None and batch_index is not None:
+                kv_sending += len(kv.get("finished_sending") or ())
+                kv_outputs.append((batch_index, tuple(rid(r, step["line"]) for r in kv["finished_recving"]),
+                                   tuple(kv["invalid_block_ids"])))
         plan.append((clock, base))
         for f in step["update"]["finished"] if step["update"] is not None else ():
             if f["status"] == "FINISHED_STOPPED" and f["stop_reason"] is None:
@@ -701,6 +804,22 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         index += 1
 
     warnings = list(meta_rec.get("warnings", ()))
+    recorded_kv = None  # why the connector is not replayed as recorded (None: it is)
+    if meta_rec.get("kv_answers"):
+        if config.kv_cache_groups:
+            recorded_kv = "a hybrid KV cache (the connector's loads are modelled for one group)"
+        elif kv_sending:
+            recorded_kv = f"{kv_sending} finished_sending report(s) (a KV producer's frees are not modelled)"
+        else:
+            try:
+                config = EngineConfig.from_dict(
+                    {**values, "kv_connector": True,
+                     "kv_connector_matches": tuple((r, tuple(a)) for r, a in sorted(kv_matches.items())),
+                     "kv_connector_outputs": tuple(kv_outputs)}, accept_vllm_crash=True)
+            except ConfigError as exc:
+                recorded_kv = str(exc)
+        if recorded_kv:
+            warnings.append(f"the KV connector's recorded answers are not replayable: {recorded_kv}")
     if meta_rec["format"] == 1:
         warnings.append("format 1 recording: what requests hold after schedule() (request_state rows) "
                         "was not recorded, and the request data's ids are taken from the decisions")
@@ -746,9 +865,10 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         "unmodelled": _unmodelled(meta_rec, unsupported),
     }
     if groups_unmodelled and "kv_cache_spec" not in meta["vllm_recording"]["unmodelled"]:
-        # (A spec the model lacks is marked kv_cache_spec by the recorder already.)
-        meta["vllm_recording"]["unmodelled"].setdefault(
-            "kv_cache_groups", f"{len(meta_rec['kv_cache_groups'])} KV-cache groups ({groups_unmodelled})")
+        # (A spec the recorder knows the model lacks is marked kv_cache_spec already.)
+        for feature, why in groups_unmodelled.items():
+            meta["vllm_recording"]["unmodelled"].setdefault(
+                feature, f"{len(meta_rec['kv_cache_groups'])} KV-cache groups ({why})")
     # Every group's blocks, where the config names the groups (trace schema 9).
     hybrid = bool(config.kv_cache_groups)
 
@@ -900,6 +1020,13 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                     rec.sampled = {rid(r, where): list(t) for r, t in update_rec["sampled"]}
                     rec.update = UpdateResult(
                         finished=[finished_of(f, where) for f in update_rec["finished"]])
+                    kv = update_rec.get("kv")
+                    if kv is not None and config.kv_connector_matches is not None:
+                        # The worker's KVConnectorOutput, and what the update made of it.
+                        rec.update.invalid_block_ids = list(kv["invalid_block_ids"])
+                        rec.update.finished_recving = [rid(r, where) for r in kv["finished_recving"]]
+                        rec.update.kv_freed = [KVTransferFree(rid(r, where), list(b), f)
+                                               for r, b, f in kv["kv_freed"]]
                     rec.num_free_blocks_after_update = update_rec["num_free_blocks"]
                     rec.drafts = {rid(r, where): list(t) for r, t in step["drafts"]}
                     # ... and after the draft update.

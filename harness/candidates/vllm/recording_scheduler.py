@@ -64,6 +64,14 @@ its victims and of requests not running that hold drafts; under async
 scheduling each scheduled request's ``num_output_placeholders``; a queue is
 left out of a snapshot when it holds the same requests in the same order as
 the snapshot written before it, and ``request_states`` out when empty),
+With a KV connector (meta ``kv_answers``: its answers are inputs from outside
+the scheduler, recorded as given) a ``schedule`` record carries ``kv_matches``
+(one ``[request_id, num_computed_tokens given, num_external_tokens or None,
+load_kv_async]`` per ``get_num_new_matched_tokens`` call, in call order) and an
+``update`` record ``kv`` when its ``KVConnectorOutput`` reported anything
+(``finished_recving`` in processing order, ``invalid_block_ids``,
+``finished_sending``, ``kv_freed``: ``[request_id, blocks, fence]`` of requests
+that had finished while loading); both keys are optional, so format 3 is unchanged.
 ``update`` (the ``batch`` it completes; tokens sampled per scheduled request
 -- under async scheduling also for a request that ended while the batch ran,
 whose token vLLM ignores --, requests finished, free blocks after), ``drafts`` (``update_draft_token_ids``: drafts
@@ -268,6 +276,11 @@ class _LineWriter:
             os.close(self._fd)
 
 
+#: Flags vLLM's ``Scheduler.__init__`` derives from the config that change how it
+#: schedules (0.33.0: chunks cut at Mamba block boundaries, mode "align").
+_DERIVED_FLAGS = ("need_mamba_block_aligned_split",)
+
+
 class _Recorder:
     """The recording state of one RecordingScheduler (kept off vLLM's namespace)."""
 
@@ -287,6 +300,9 @@ class _Recorder:
         self.in_flight: dict[int, tuple[int, Any]] = {}  # id(SchedulerOutput) -> (batch, it)
         self.hooks = _ev.DecisionHooks(sched)
         self.hooks.outside = self.on_outside
+        # What vLLM's Scheduler.__init__ derived from the config and a unit test may
+        # set by hand before schedule() (_check_derived).
+        self.derived = {name: getattr(sched, name) for name in _DERIVED_FLAGS if hasattr(sched, name)}
         self.use_v2 = bool(getattr(sched, "use_v2_model_runner",
                                    os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"))
         self.path = _output_path(vc)
@@ -308,6 +324,10 @@ class _Recorder:
                 "warnings": self._warnings(vc), "unmodelled": self._unmodelled()}
         if self.hooks.hybrid:
             meta["kv_cache_groups"] = _ev.describe_groups(sched.kv_cache_config)
+        if self.hooks.kv_answers:
+            # The connector's answers are recorded (schedule ``kv_matches``,
+            # update ``kv``): a replay can answer as it did.
+            meta["kv_answers"] = True
         if getattr(sched, "_sched_harness_base", None):  # the user's class under the recorder
             meta["scheduler_cls"] = sched._sched_harness_base
         self._write(meta)
@@ -417,7 +437,7 @@ class _Recorder:
         """``{feature: description}`` for what the trace's model cannot follow
         (``harness.check.invariants.UNMODELLED_RULES`` names the rules it then
         skips): a KV connector (its external tokens and remote loads), a
-        KV-cache spec other than full attention and sliding window. Every
+        KV-cache spec other than full attention, sliding window and Mamba. Every
         group's blocks are recorded (``meta["kv_cache_groups"]``): the
         converter maps groups the model follows onto ``sliding_window`` and
         ``layer_types`` and marks the others ``kv_cache_groups``."""
@@ -427,9 +447,12 @@ class _Recorder:
         groups = list(getattr(sched.kv_cache_config, "kv_cache_groups", ()) or ())
         if len(groups) > 1 and not self.hooks.hybrid:
             out["kv_cache_groups"] = f"{len(groups)} KV-cache groups (group 0's blocks recorded)"
+        # MambaSpec groups are described (mode, speculative and checkpoint
+        # blocks): the converter tells mode "none" from "align" (regression:
+        # every Mamba recording was "unmodelled-kv_cache_spec", mode "none" too).
         kinds = sorted({type(getattr(g, "kv_cache_spec", None)).__name__ for g in groups}
-                       - {"FullAttentionSpec", "SlidingWindowSpec", "NoneType"})
-        if kinds:  # Mamba, MLA, chunked local, ...: allocation the model does not follow
+                       - {"FullAttentionSpec", "SlidingWindowSpec", "MambaSpec", "NoneType"})
+        if kinds:  # MLA, chunked local, ...: allocation the model does not follow
             out["kv_cache_spec"] = f"KV-cache spec {', '.join(kinds)}"
         return out
 
@@ -590,7 +613,26 @@ class _Recorder:
         return out
 
     def before_schedule(self, throttle: bool) -> tuple:
+        if self.derived:
+            self._check_derived()
         return (self.queues(), _ev.prefill_gate(self.sched, throttle))
+
+    def _check_derived(self) -> None:
+        """A ``protocol`` record (the converter ends the trace there) when a flag
+        ``Scheduler.__init__`` derived from the config has changed since: set by
+        hand (vLLM 0.33.0's ``test_mamba_align_encoder_cache_cap_makes_progress``
+        sets ``need_mamba_block_aligned_split`` on a scheduler without Mamba
+        layers, so its chunks end on block boundaries as in Mamba "align" mode,
+        which the recording's config does not say). Once: the flags recorded are
+        then the current ones."""
+        for name, value in self.derived.items():
+            now = getattr(self.sched, name, value)
+            if now != value:
+                self.derived = {}
+                self._write({"t": "protocol", "step": self.steps,
+                             "what": f"Scheduler.{name} set to {now!r} by hand (vLLM derived {value!r} "
+                                     f"from the config)"})
+                return
 
     def after_schedule(self, so, pre: tuple, throttle: bool) -> None:
         before, defer = pre
@@ -604,6 +646,8 @@ class _Recorder:
         record = {"t": "schedule", "step": self.steps, "batch": self.batches, "before": self.snap(before),
                   "output": output,
                   "after": self.snap(self.queues(), _ev.request_states(sched, output["preempted_req_ids"]))}
+        if self.hooks.matches:
+            record["kv_matches"] = self.hooks.matches
         # Invariant: EngineCore pops batches oldest first, so an update completes
         # the oldest schedule() still in flight; the SchedulerOutput object names
         # it (kept referenced here, so its id is not reused while in flight).
@@ -657,6 +701,15 @@ class _Recorder:
                 if ids is not None and len(ids):
                     sampled.append([r, list(ids)])
         batch = self.in_flight.pop(id(so), (None, None))[0]
+        # The worker's KVConnectorOutput with this model output (an input from
+        # outside the scheduler); what the update made of it is in the hooks.
+        self.hooks.recving, self.hooks.kv_freed = [], []
+        kv_out = getattr(mro, "kv_connector_output", None)
+        if kv_out is not None:
+            self.kv_output = {"invalid_block_ids": sorted(int(b) for b in kv_out.invalid_block_ids or ()),
+                              "finished_sending": sorted(getattr(kv_out, "finished_sending", None) or ())}
+        else:
+            self.kv_output = None
         if live and getattr(so, "total_num_scheduled_tokens", 0):
             # EngineCore's model runner lists every request of the batch (an empty
             # list for a chunk that samples nothing); a unit test's hand-made
@@ -678,8 +731,16 @@ class _Recorder:
                 ended = done[q.status] = q.is_finished()
             if ended:
                 finished.append(self._finished_info(q))
-        self._write({"t": "update", "step": self.steps, "batch": batch, "sampled": sampled,
-                     "finished": finished, "num_free_blocks": _ev.num_free_blocks(self.sched)})
+        record = {"t": "update", "step": self.steps, "batch": batch, "sampled": sampled,
+                  "finished": finished, "num_free_blocks": _ev.num_free_blocks(self.sched)}
+        kv = getattr(self, "kv_output", None)
+        if kv is not None and (kv["invalid_block_ids"] or kv["finished_sending"] or self.hooks.recving):
+            # finished_recving in the order the update processed it; kv_freed: the
+            # requests that had finished while loading, freed now.
+            record["kv"] = {**kv, "finished_recving": list(self.hooks.recving),
+                            "kv_freed": [[r, b, f] for r, b, f in self.hooks.kv_freed]}
+        self.hooks.recving, self.hooks.kv_freed = [], []
+        self._write(record)
         self.steps += 1
         self.mid_step = False
         self.fh.flush()
