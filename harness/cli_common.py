@@ -154,6 +154,15 @@ _SEMANTICS = click.option(
          "or a profile: " + ", ".join(p for p in PROFILES if p != "safety") + ".")
 
 
+_SEMANTICS_GOLDEN = click.option(
+    "--semantics", default="auto", show_default=True, metavar="auto|safety|fork|VERSION",
+    help="What the candidate is held to: 'auto' (every rule of the version the reference mirrors, "
+         "and the goldens' decisions), 'safety', 'fork' (the fork gate: safety + progress) or a "
+         "profile: " + ", ".join(p for p in PROFILES if p not in ("safety", "fork")) + ". Under "
+         "safety or fork a decision that differs from a golden's is information, and the candidate's "
+         "own run of that golden's inputs is checked instead: a violation, crash or stall fails.")
+
+
 def _refuse_unknown_semantics(semantics: str) -> None:
     """Exit 2, one line (with "did you mean"), for a ``--semantics`` that names
     no profile: before any trace is read. Regression (trial finding): a

@@ -3,9 +3,12 @@ plugin (harness/pytest_plugin.py)::
 
     pytest --pyargs harness.conformance --harness-candidate mymod:make_scheduler
 
-For every canonical scenario (harness/scenarios/*.toml): the candidate must
-violate no invariant and must not stall or raise; and it must make exactly
-the decisions recorded in the golden trace of that scenario. The same holds
+For every canonical scenario (harness/scenarios/*.toml) and every hybrid
+model's (harness/scenarios/hybrid/*.toml: sliding-window and Mamba groups
+beside full attention): the candidate must violate no invariant and must not
+stall or raise; and it must make exactly the decisions recorded in the golden
+trace of that scenario (golden/, golden/hybrid/: the ``hybrid`` subfolder of
+``--harness-golden-dir``). The same holds
 (invariants only) for every scenario of the library (traces/scenarios/: the
 bug shapes and the progress scenarios) and of ``--harness-scenarios DIR``,
 and for a short fuzz (``--harness-fuzz-examples``). A scenario whose config
@@ -24,7 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.scenarios import SCENARIOS
+from harness.scenarios import HYBRID_SCENARIOS, SCENARIOS
+
+#: Every scenario the suite runs and replays the golden of: the canonical ones, then the hybrid ones.
+ALL_SCENARIOS = {**SCENARIOS, **HYBRID_SCENARIOS}
 
 #: The scenario library: the checkout's traces/scenarios/, else the installed copy.
 _CHECKOUT_LIBRARY = Path(__file__).resolve().parents[1] / "traces" / "scenarios"
@@ -57,12 +63,12 @@ def _witness(result) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize("scenario", sorted(ALL_SCENARIOS))
 def test_invariants(scenario: str, harness_candidate, harness_profile) -> None:
     """The candidate violates no invariant on the scenario."""
     from harness.mutation import run_candidate
 
-    cell = run_candidate(harness_candidate, SCENARIOS[scenario], harness_profile)
+    cell = run_candidate(harness_candidate, ALL_SCENARIOS[scenario], harness_profile)
     if cell.refused:  # e.g. a vLLM release without an option the scenario sets: not compared, not failed
         pytest.skip(f"{scenario}: the candidate cannot run this scenario's config: {cell.refused}")
     if cell.ended:
@@ -76,19 +82,26 @@ def golden_results(harness_candidate, harness_golden_dir, harness_update_golden,
     """Check (or, with --harness-update-golden, re-record) all goldens once."""
     from harness.golden import check_goldens, update_goldens
 
+    hybrid = harness_golden_dir / "hybrid"
     if harness_update_golden:
-        for change in update_goldens(harness_golden_dir):
-            print(f"golden {change.scenario}: {change.status} {'; '.join(change.details)}")
+        for folder, scenarios in ((harness_golden_dir, SCENARIOS), (hybrid, HYBRID_SCENARIOS)):
+            for change in update_goldens(folder, scenarios=scenarios):
+                print(f"golden {change.scenario}: {change.status} {'; '.join(change.details)}")
         return {}
     if not harness_golden_dir.exists():
         # A missing folder fails: skipping would pass a candidate that was never compared.
         pytest.fail(f"no golden folder at {harness_golden_dir} (pass --harness-golden-dir)", pytrace=False)
-    return {r.scenario: r for r in check_goldens(harness_golden_dir, harness_candidate,
-                                                   require_sealed=harness_require_sealed)}
+    results = {r.scenario: r for r in check_goldens(harness_golden_dir, harness_candidate,
+                                                      require_sealed=harness_require_sealed)}
+    if hybrid.is_dir():  # (a folder of one's own without hybrid/: those goldens are skipped, named)
+        results.update({r.scenario: r for r in check_goldens(hybrid, harness_candidate,
+                                                             require_sealed=harness_require_sealed,
+                                                             scenarios=HYBRID_SCENARIOS)})
+    return results
 
 
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_golden(scenario: str, golden_results: dict, harness_profile) -> None:
+@pytest.mark.parametrize("scenario", sorted(ALL_SCENARIOS))
+def test_golden(scenario: str, golden_results: dict, harness_profile, harness_golden_dir) -> None:
     """The candidate makes the golden trace's decisions, step by step (under
     a --harness-semantics other than auto, a difference is information)."""
     from harness.fuzz.run import compares_decisions
@@ -96,6 +109,8 @@ def test_golden(scenario: str, golden_results: dict, harness_profile) -> None:
 
     if not golden_results:
         return  # goldens were just re-recorded
+    if scenario not in golden_results:
+        pytest.skip(f"{scenario}: no hybrid goldens at {harness_golden_dir / 'hybrid'}")
     result = golden_results[scenario]
     if result.skipped:
         pytest.skip(f"{scenario}: the candidate cannot replay this golden: {result.skipped}")

@@ -39,8 +39,9 @@ from reference.scheduler import Scheduler
 from reference.words import did_you_mean, plural
 
 from harness.check import CheckResult, check_steps
+from harness.check.profiles import Profile
 from harness.trace.recorder import record
-from harness.replay import Divergence, first_difference, replay
+from harness.replay import Divergence, OwnRun, first_difference, own_run, replay
 from harness.scenarios import SCENARIOS, Scenario
 from harness.trace import SCHEMA_VERSION, Trace, TraceError, open_trace
 from harness.trace.schema import rows_as_of
@@ -76,6 +77,11 @@ class GoldenResult:
     for no known scenario; ``divergence`` is the candidate's first divergence;
     ``skipped`` says why the candidate could not replay it (it refused the
     config, e.g. a vLLM release without an option): not a failure.
+    Under a profile that does not compare decisions (``check_goldens``'
+    ``profile``: the fork gate, safety) a divergence is information, not a
+    reason, and ``own_run`` is the candidate's own run of the golden's
+    inputs, checked under that profile: its violations, crash or stall are
+    the reasons then.
     """
 
     scenario: str
@@ -85,6 +91,12 @@ class GoldenResult:
     divergence: Divergence | None = None
     unused: bool = False
     skipped: str = ""
+    own_run: OwnRun | None = None
+
+    @property
+    def information(self) -> bool:
+        """The candidate decides differently, which its profile does not hold against it."""
+        return self.divergence is not None and self.own_run is not None
 
     @property
     def ok(self) -> bool:
@@ -245,14 +257,22 @@ def check_goldens(directory: str | os.PathLike[str],
                   candidate_factory: CandidateFactory = Scheduler,
                   on_result: Callable[[GoldenResult], object] | None = None,
                   require_sealed: bool = True,
-                  scenarios: Mapping[str, Scenario] | None = None) -> list[GoldenResult]:
+                  scenarios: Mapping[str, Scenario] | None = None,
+                  profile: Profile | None = None) -> list[GoldenResult]:
     """Check every scenario's golden in ``directory`` (see the module docstring;
     ``on_result`` sees each scenario's result as it comes: progress).
     ``require_sealed`` (the default, as in the pytest plugin): a golden
     without tamper evidence (``Trace.sealed``) fails; a golden of a run that
     did not end (``Trace.incomplete``) always fails. ``scenarios``: the set
     the folder's goldens record (default ``SCENARIOS``; ``HYBRID_SCENARIOS``
-    for ``golden/hybrid/``).
+    for ``golden/hybrid/``). ``profile`` (``harness golden check
+    --semantics``; None: ``auto``, the goldens' decisions compared): under
+    one that does not compare decisions (``harness.fuzz.run.compares_decisions``:
+    the fork gate, safety) a decision that differs from the golden's is
+    information, and the candidate's own run of that golden's inputs
+    (``harness.replay.own_run``) is checked under ``profile`` instead: a
+    violation, crash or stall there fails (the pytest plugin's
+    ``--harness-semantics``).
 
     One result per scenario in ``SCENARIOS`` order, then one per unused
     golden file or manifest entry (sorted). Raises GoldenError when the
@@ -263,7 +283,8 @@ def check_goldens(directory: str | os.PathLike[str],
     entries = read_manifest(directory)
     results = []
     for name, scenario in scenarios.items():
-        results.append(_check_one(directory, scenario, entries.get(name), candidate_factory, require_sealed))
+        results.append(_check_one(directory, scenario, entries.get(name), candidate_factory, require_sealed,
+                                  profile))
         if on_result is not None:
             on_result(results[-1])
     files = {p.name[:-len(SUFFIX)] for p in directory.glob(f"*{SUFFIX}") if not p.name.startswith(".")}
@@ -277,7 +298,8 @@ def check_goldens(directory: str | os.PathLike[str],
 
 
 def _check_one(directory: Path, scenario: Scenario, entry: dict[str, Any] | None,
-               factory: CandidateFactory, require_sealed: bool = True) -> GoldenResult:
+               factory: CandidateFactory, require_sealed: bool = True,
+               profile: Profile | None = None) -> GoldenResult:
     name = scenario.name
     path = golden_path(directory, name)
     result = GoldenResult(name)
@@ -333,9 +355,27 @@ def _check_one(directory: Path, scenario: Scenario, entry: dict[str, Any] | None
         result.skipped = str(exc)
         return result
     result.replayed_steps = compared
-    if divergence is not None:
-        result.divergence = divergence
+    if divergence is None:
+        return result
+    result.divergence = divergence
+    from harness.fuzz.run import compares_decisions
+
+    if profile is None or compares_decisions(profile) or divergence.field == "exception":
         result.reasons.append("candidate diverges at " + _describe_divergence(divergence))
+        return result
+    try:
+        result.own_run = own = own_run(trace, factory, profile)
+    except CandidateRefused as exc:
+        result.skipped = str(exc)
+        return result
+    if own.result.num_violations:
+        counts = ", ".join(f"{k} ×{n}" for k, n in sorted(own.result.by_invariant.items()))
+        first = own.result.violations[0]
+        result.reasons.append(f"the candidate's own run (profile {profile.name}): "
+                              f"{plural(own.result.num_violations, 'violation')} ({counts}), first {first.invariant} at step {first.step}"
+                              + (f" ({first.request})" if first.request else "") + f": {first.message}")
+    if own.ended:
+        result.reasons.append(f"the candidate's own run {own.ended}")
     return result
 
 

@@ -16,8 +16,8 @@ from reference.words import did_you_mean, plural
 
 from harness.progress import progress
 from harness.trace import TraceError
-from harness.cli_common import (EXIT_FOUND, EXIT_OK, _candidate, _fail, _open, _refuse_overwriting_input,
-                                _step_timeout, console, err)
+from harness.cli_common import (EXIT_FOUND, EXIT_OK, _SEMANTICS_GOLDEN, _candidate, _fail, _open,
+                                _refuse_overwriting_input, _refuse_unknown_semantics, _step_timeout, console, err)
 
 
 @click.group()
@@ -83,23 +83,30 @@ def golden() -> None:
 @click.option("--hybrid", is_flag=True,
               help="The hybrid models' goldens (golden/hybrid/, harness/scenarios/hybrid/*.toml: several KV-cache "
                    "groups) instead of the canonical ones.")
-def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_sealed: bool, hybrid: bool) -> None:
+@_SEMANTICS_GOLDEN
+def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_sealed: bool, hybrid: bool,
+                 semantics: str) -> None:
     """Check every scenario's golden: present, sha256 and config fingerprint as in the manifest,
-    sealed and complete, invariants hold, and CANDIDATE makes identical decisions. Exit 0 all ok,
+    sealed and complete, invariants hold, and CANDIDATE makes identical decisions (under
+    --semantics fork or safety: a differing decision is information, and CANDIDATE's own run of
+    that golden's inputs must break no rule of the profile, crash or stall). Exit 0 all ok,
     1 any failure or nothing compared (the candidate refused every golden, e.g. --hybrid on a
-    vllm@ candidate), 2 unusable folder or manifest."""
+    vllm@ candidate), 2 unusable folder or manifest, or an unknown --semantics."""
     from rich.markup import escape
 
+    from harness.fuzz.run import fuzz_profile
     from harness.golden import DEFAULT_DIR, GoldenError, check_goldens
     from harness.scenarios import HYBRID_SCENARIOS, SCENARIOS
 
+    _refuse_unknown_semantics(semantics)
+    profile = fuzz_profile(semantics)
     scenarios = HYBRID_SCENARIOS if hybrid else SCENARIOS
     golden_dir = golden_dir or str(DEFAULT_DIR / "hybrid" if hybrid else DEFAULT_DIR)
     factory = _candidate(candidate, step_timeout)
     try:
         with progress(f"checking goldens on {candidate}", len(scenarios)) as update:
             results = check_goldens(golden_dir, factory, on_result=lambda r: update(advance=1),
-                                    require_sealed=require_sealed, scenarios=scenarios)
+                                    require_sealed=require_sealed, scenarios=scenarios, profile=profile)
     except GoldenError as exc:
         _fail(str(exc))
     width = max(len(r.scenario) for r in results)
@@ -109,6 +116,10 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
         elif r.skipped:
             console.print(f"[yellow]skip[/] {r.scenario:<{width}}  {plural(r.steps, 'step')} checked; not replayed: "
                           f"{escape(r.skipped)}")
+        elif r.information:
+            console.print(f"[bold green]ok  [/] {r.scenario:<{width}}  {plural(r.steps, 'step')}, decisions "
+                          f"differ from step {r.divergence.step} (information); own run: "
+                          f"{plural(r.own_run.steps, 'step')}, no violation")
         else:
             console.print(f"[bold green]ok  [/] {r.scenario:<{width}}  {plural(r.steps, 'step')}, "
                           f"{r.replayed_steps} replayed identically")
@@ -122,7 +133,8 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
     colour = "red" if failed else "green"
     console.print(f"[bold {colour}]{len(results) - failed - skipped} ok, "
                   + (f"{skipped} skipped, " if skipped else "")
-                  + f"{failed} failed[/] ({golden_dir}, candidate {candidate})")
+                  + f"{failed} failed[/] ({golden_dir}, candidate {candidate}"
+                  + (f", profile {semantics}" if profile is not None else "") + ")")
     sys.exit(EXIT_FOUND if failed else EXIT_OK)
 
 

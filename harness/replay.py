@@ -285,3 +285,79 @@ def replay(trace: Trace, candidate_factory: CandidateFactory,
         step, rows = leftover
         return Divergence(step, None, "event", f"step {step}", "end of run", 0, None, "", rows, []), compared
     return None, compared
+
+
+@dataclass
+class OwnRun:
+    """The candidate's own run of a trace's inputs (``own_run``): its rows
+    checked under the profile the trace was checked under.
+
+    ``result``: that check (a crash inside a step is its ENGINE-CRASH
+    witness); ``ended``: "" when the run ended as runs do (or in the stall
+    the trace ended in too), else why it ended early ("stalled: ...", or
+    "raised: ..." for a candidate error outside a step)."""
+
+    result: Any  # harness.check.CheckResult
+    ended: str
+    steps: int
+
+    @property
+    def ok(self) -> bool:
+        """No violation of the profile's rules and no early end."""
+        return self.result.ok and not self.ended
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "steps": self.steps, "ended": self.ended or None,
+                "profile": self.result.profile, "num_violations": self.result.num_violations,
+                "violations_by_invariant": self.result.by_invariant,
+                "violations": [v.to_dict() for v in self.result.violations]}
+
+
+def own_run(trace: Trace, candidate_factory: CandidateFactory, profile: Any,
+            on_step: Callable[[int], object] | None = None) -> OwnRun:
+    """Run ``candidate_factory`` on ``trace``'s workload, config and seed from
+    step 0 (the played-back model outputs for a trace of a real model, as
+    ``replay``) and check its rows under ``profile`` (a
+    ``harness.check.profiles.Profile``): what the fork gate holds a candidate
+    to once its decisions differ from the trace's, as ``harness fuzz
+    --semantics fork`` does (``harness.fuzz.run.evaluate``: a decision is the
+    fork's policy, a violation, a crash or a stall is a failure).
+
+    A stall the trace ended in too is no early end. A candidate that refuses
+    the config raises ``CandidateRefused`` (no verdict), as ``replay``."""
+    from harness.check import check_steps
+    from harness.fuzz.run import close_candidates
+
+    steps: list[tuple[int, list[Row]]] = []
+    built: list[Any] = []
+    ended = ""
+
+    def build(cfg):
+        candidate = candidate_factory(cfg)
+        built.append(candidate)
+        return candidate
+
+    def on_step_rows(step: int, rows: list[Row]) -> None:
+        steps.append((step, rows))
+        if on_step is not None:
+            on_step(step)
+
+    played = trace_model(trace) is not None or trace.meta["workload"].get("source") == "live"
+    try:
+        run_to_rows(workload_from_trace(trace), trace.config, seed=trace.meta["seed"],
+                    candidate_factory=candidate_factory if isinstance(candidate_factory, type) else build,
+                    on_step_rows=on_step_rows, runner_factory=playback_factory(trace) if played else None)
+    except EngineStalled as exc:
+        if trace.summary.get("stalled") is None:
+            ended = f"stalled after step {steps[-1][0] if steps else 0}: {' '.join(str(exc).split())[:300]}"
+    except CandidateCrash as exc:
+        if not any(r.get("kind") == "crash" for r in (steps[-1][1] if steps else ())):
+            ended = f"crashed: {exc}"  # (a crash row is the check's ENGINE-CRASH witness)
+    except CandidateError as exc:
+        if isinstance(exc.__cause__, CandidateRefused):
+            raise exc.__cause__
+        ended = f"raised: {exc}"
+    finally:
+        close_candidates(built)
+    result = check_steps(trace.meta["config"], steps, profile)
+    return OwnRun(result, ended, len(steps))

@@ -16,7 +16,7 @@ from reference.candidate import CandidateRefused
 
 from harness.check import PROFILES
 from harness.progress import every_steps, progress
-from harness.replay import replay as replay_trace
+from harness.replay import own_run, replay as replay_trace
 from harness.trace import TraceError
 from harness.cli_common import (EXIT_FOUND, EXIT_OK, _ALLOW_INCOMPLETE, _HTML_REPORT, _REQUIRE_SEALED,
                                 _SEMANTICS, _candidate, _checked, _exit_code, _fail, _open,
@@ -72,7 +72,20 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_
     extra = {"candidate": candidate, "replayed_steps": compared}
     if information:
         extra["divergence_is_information"] = True
-    ok = divergence is None or (information and divergence.field != "exception")
+        if divergence is not None and divergence.field != "exception":
+            # The replay stopped at the first differing decision: the candidate's
+            # rows after it were never checked. Its own run of the trace's inputs
+            # is, under the same profile (as `fuzz --semantics fork`): a violation,
+            # a crash or a stall there fails the gate.
+            try:
+                with progress(f"re-running {candidate} on {trace.path.name}'s inputs from step 0",
+                              trace.summary.get("steps"), enabled=not as_json) as update:
+                    extra["own_run"] = own_run(trace, factory, PROFILES[result.profile],
+                                               on_step=every_steps(update))
+            except CandidateRefused as exc:
+                _fail(f"{candidate} cannot replay {trace.path}: {exc}")
+    ok = divergence is None or (information and divergence.field != "exception"
+                                and ("own_run" not in extra or extra["own_run"].ok))
     code = _exit_code(result.ok and ok, trace, allow_incomplete)
     _report(result, divergence, as_json, trace, extra, exit_code=code, allow_incomplete=allow_incomplete)
     sys.exit(code)

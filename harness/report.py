@@ -18,9 +18,10 @@ from rich.table import Table
 from harness.brief import short, short_repr, short_text
 from harness.check import MAX_PER_INVARIANT, CheckResult
 from harness.check.invariants import INVARIANTS
-from harness.replay import Divergence
+from harness.replay import Divergence, OwnRun
 from harness.trace import Trace
 from harness.richtext import keep_words_whole
+from reference.words import plural
 
 
 def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace,
@@ -33,7 +34,9 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
     on schema 5") and the divergence (None if none); ``extra`` adds keys
     (``candidate``, ``replayed_steps``; ``divergence_is_information``: a
     replay under a profile without a version's semantics, the fork gate or
-    safety, where a decision that differs is information, not a failure).
+    safety, where a decision that differs is information, not a failure;
+    ``own_run``: then the candidate's own run of the trace's inputs, an
+    ``OwnRun``, written as its ``to_dict``).
     ``ok`` is what exit 0 means: no violation, no divergence (or one that is
     information) and a complete run; ``incomplete`` says why a run did not end
     (None when it did) and ``sealed`` whether the trace carries tamper evidence
@@ -62,14 +65,36 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
             "divergence": divergence.to_dict() if divergence else None,
             # vllm@PATH / scheduler_cls: the version found, git commit and dirty flag, the class.
             **({"vllm_source": trace.meta["vllm_source"]} if trace.meta.get("vllm_source") else {}),
-            **(extra or {})}
+            **{k: v.to_dict() if isinstance(v, OwnRun) else v for k, v in (extra or {}).items()}}
+
+
+def _own_run(extra: dict[str, Any] | None) -> OwnRun | None:
+    own = (extra or {}).get("own_run")
+    return own if isinstance(own, OwnRun) else None
 
 
 def _divergence_ok(divergence: Divergence | None, extra: dict[str, Any] | None) -> bool:
     """No divergence, or one that is information (a differing decision under
-    the fork gate or safety; a crash never is)."""
+    the fork gate or safety; a crash never is, nor one whose candidate's own
+    run of the trace's inputs breaks a rule, crashes or stalls: ``own_run``)."""
+    own = _own_run(extra)
     return divergence is None or (bool((extra or {}).get("divergence_is_information"))
-                                  and divergence.field != "exception")
+                                  and divergence.field != "exception" and (own is None or own.ok))
+
+
+def _violation_lines(result: CheckResult, console: Console) -> None:
+    """Each violation with its rule and history, then the count of those not shown."""
+    for v in result.violations:
+        console.print(f"[bold red]VIOLATION[/] {v.invariant} at step {v.step}"
+                      + (f", request {v.request}" if v.request else "") + f": {v.message}")
+        inv = INVARIANTS[v.invariant]
+        console.print(f"  rule ({inv.layer}): {inv.statement}", markup=False, highlight=False)
+        for line in v.history:
+            console.print(f"    {line}")
+    if result.num_violations > len(result.violations):
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(result.by_invariant.items()))
+        console.print(f"... {result.num_violations} violations in all ({counts}); "
+                      f"the first {MAX_PER_INVARIANT} of each are shown")
 
 
 def _vllm_source_line(source: dict[str, Any]) -> str:
@@ -113,17 +138,7 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
     console.print(keep_words_whole(table))
     for note in result.notes:
         console.print(f"[yellow]note[/] {escape(note)}")
-    for v in result.violations:
-        console.print(f"[bold red]VIOLATION[/] {v.invariant} at step {v.step}"
-                      + (f", request {v.request}" if v.request else "") + f": {v.message}")
-        inv = INVARIANTS[v.invariant]
-        console.print(f"  rule ({inv.layer}): {inv.statement}", markup=False, highlight=False)
-        for line in v.history:
-            console.print(f"    {line}")
-    if result.num_violations > len(result.violations):
-        counts = ", ".join(f"{k}: {v}" for k, v in sorted(result.by_invariant.items()))
-        console.print(f"... {result.num_violations} violations in all ({counts}); "
-                      f"the first {MAX_PER_INVARIANT} of each are shown")
+    _violation_lines(result, console)
     if divergence is not None and divergence.field == "exception":
         console.print(f"[bold red]CRASH[/] at step {divergence.step}: {escape(str(divergence.actual))} "
                       f"(the trace has {escape(str(divergence.expected))} at event #{divergence.event_index})",
@@ -140,6 +155,16 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
             console.print(f"  {side} step {divergence.step}:")
             for row in rows[:12]:
                 console.print("    " + brief_row(row))
+    own = _own_run(extra)
+    if own is not None:
+        # Under the fork gate or safety, once decisions differ: the candidate's own run, checked.
+        console.print(f"own run: {extra.get('candidate') or 'the candidate'} re-run on the trace's workload, "
+                      f"config and seed from step 0: {plural(own.steps, 'step')}, "
+                      + ("no violation" if own.result.ok else
+                         f"{plural(own.result.num_violations, 'violation')}")
+                      + (f"; {own.ended}" if own.ended else "") + f" (profile {own.result.profile})",
+                      markup=False, highlight=False)
+        _violation_lines(own.result, console)
     console.print(verdict(result, divergence, extra, trace, allow_incomplete),
                   style="bold green" if ok else "bold yellow" if allow_incomplete and _incomplete_only(
                       result, divergence, extra, trace) else "bold red",
@@ -178,13 +203,22 @@ def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str,
         n, k = result.num_violations, len(result.by_invariant)
         counts = ", ".join(f"{name} ×{count}" for name, count in sorted(result.by_invariant.items()))
         line = f"{n} violation{'s' * (n != 1)} of {k} invariant{'s' * (k != 1)}: {counts} {profile}"
+    elif _own_run(extra) is not None and not _own_run(extra).ok:
+        own = _own_run(extra)
+        if own.result.num_violations:
+            n, k = own.result.num_violations, len(own.result.by_invariant)
+            counts = ", ".join(f"{name} ×{count}" for name, count in sorted(own.result.by_invariant.items()))
+            line = (f"not conformant {profile}: the candidate's own run has {n} violation{'s' * (n != 1)} "
+                    f"of {k} invariant{'s' * (k != 1)}: {counts}")
+        else:
+            line = f"not conformant {profile}: the candidate's own run {own.ended.split(':')[0]}"
     elif not _divergence_ok(divergence, extra):
         line = f"not conformant {profile}"
     else:
         line = f"conformant {profile}"
     if divergence is not None and divergence.field == "exception":
         line += f"; the candidate crashed at step {divergence.step}"
-    elif divergence is not None and _divergence_ok(divergence, extra):
+    elif divergence is not None and (_divergence_ok(divergence, extra) or _own_run(extra) is not None):
         line += f"; decisions differ from step {divergence.step} (information: not held to a version's design)"
     elif divergence is not None:
         line += f"; first divergence at step {divergence.step}"

@@ -79,18 +79,30 @@ class Cell:
 
 def scenario_names(names: Sequence[str]) -> list[str]:
     """The canonical scenarios named (all of them, in ``ORDER``, when none),
-    each once. Raises SweepError for an unknown name (did you mean)."""
-    from harness.scenarios import ORDER, SCENARIOS
+    each once; a hybrid model's scenario (``HYBRID_SCENARIOS``,
+    harness/scenarios/hybrid/, its golden in golden/hybrid/) only when
+    named. Raises SweepError for an unknown name (did you mean)."""
+    from harness.scenarios import HYBRID_SCENARIOS, ORDER, SCENARIOS
 
     if not names:
         return [n for n in ORDER if n in SCENARIOS]
     chosen: list[str] = []
     for name in names:
-        if name not in SCENARIOS:
-            raise SweepError(_unknown_scenario(name, sorted(SCENARIOS)))
+        if name not in SCENARIOS and name not in HYBRID_SCENARIOS:
+            raise SweepError(_unknown_scenario(name, sorted(SCENARIOS), sorted(HYBRID_SCENARIOS)))
         if name not in chosen:
             chosen.append(name)
     return chosen
+
+
+def scenario_and_golden(name: str):
+    """``(Scenario, its golden's path)`` for a canonical or a hybrid scenario name."""
+    from harness.golden import DEFAULT_DIR
+    from harness.scenarios import HYBRID_SCENARIOS, SCENARIOS
+
+    if name in SCENARIOS:
+        return SCENARIOS[name], DEFAULT_DIR / f"{name}.parquet"
+    return HYBRID_SCENARIOS[name], DEFAULT_DIR / "hybrid" / f"{name}.parquet"
 
 
 def _known_release(version: str, text: str) -> None:
@@ -111,19 +123,22 @@ def _known_release(version: str, text: str) -> None:
                         if newer else ""))
 
 
-def _unknown_scenario(name: str, known: list[str]) -> str:
-    """The one line for a SCENARIO argument that names no canonical scenario.
-    Regression: a path (``harness/scenarios/fcfs-tight.toml``, a scenario
-    file of one's own, a trace) said only "unknown scenario" with no hint."""
+def _unknown_scenario(name: str, known: list[str], hybrid: list[str] = ()) -> str:
+    """The one line for a SCENARIO argument that names no canonical scenario
+    (``known``) nor a hybrid one (``hybrid``). Regression: a path
+    (``harness/scenarios/fcfs-tight.toml``, a scenario file of one's own, a
+    trace) said only "unknown scenario" with no hint."""
     path = Path(name)
+    every = [*known, *hybrid]
+    names = ", ".join(known) + (f"; hybrid: {', '.join(hybrid)}" if hybrid else "")
     if "/" in name or path.suffix in (".toml", ".parquet") or path.exists():
-        if path.stem in known:
+        if path.stem in every:
             return f"{name}: sweep takes the canonical scenarios by name; did you mean {path.stem!r}?"
         return (f"{name}: not a canonical scenario name (sweep compares each recording with the "
-                f"scenario's golden, which only the canonical ones have: {', '.join(known)}); "
+                f"scenario's golden, which only the canonical ones have: {names}); "
                 f"a scenario file or trace of your own: harness bisect {name} --versions A..B")
-    return f"unknown scenario {name!r}" + (did_you_mean(name, known, list_whole=False)
-                                           or f" (known: {', '.join(known)})")
+    return f"unknown scenario {name!r}" + (did_you_mean(name, every, list_whole=False)
+                                           or f" (known: {names})")
 
 
 def candidate_specs(candidates: Sequence[str], versions: str | None) -> list[str]:
@@ -217,8 +232,6 @@ def _record_each(spec: str, factory, scenarios: Sequence[str]) -> list[Cell]:
 
     from harness.bisect.core import first_divergence, identical_steps, verdict_of
     from harness.check import check_trace
-    from harness.golden import DEFAULT_DIR
-    from harness.scenarios import SCENARIOS
     from harness.trace import open_trace
     from harness.trace.recorder import record
 
@@ -226,7 +239,7 @@ def _record_each(spec: str, factory, scenarios: Sequence[str]) -> list[Cell]:
     with tempfile.TemporaryDirectory(prefix="sched-harness-sweep-") as tmp:
         for name in scenarios:
             t0 = time.monotonic()
-            scenario, out = SCENARIOS[name], Path(tmp) / f"{name}.parquet"
+            (scenario, golden_path), out = scenario_and_golden(name), Path(tmp) / f"{name}.parquet"
             cell = Cell(spec, name, "ran")
             try:
                 summary = record(scenario.make_workload(), scenario.engine_config(), out, seed=scenario.seed,
@@ -244,7 +257,7 @@ def _record_each(spec: str, factory, scenarios: Sequence[str]) -> list[Cell]:
                 checked = check_trace(trace, "auto")
                 cell.violations = dict(checked.by_invariant)
                 cell.verdict, cell.profile, cell.steps = verdict_of(cell.violations), checked.profile, checked.steps
-                golden = open_trace(DEFAULT_DIR / f"{name}.parquet")
+                golden = open_trace(golden_path)
                 cell.identical, cell.golden_steps = identical_steps(golden, trace)
                 cell.identical_without_capacity_bound = identical_steps(
                     golden, trace, ignore=("prefill_capacity_bound",))[0]

@@ -127,7 +127,8 @@ def step_timeout_option(command):
                    "refused, steps identical, verdicts, every first divergence), then the verdict line.")
 def sweep(scenario_names_given: tuple[str, ...], versions: str | None, candidates: tuple[str, ...],
           ray_address: str | None, step_timeout: float, as_json: bool, as_markdown: bool) -> None:
-    """Record each canonical SCENARIO (all of them when none is named) with every candidate,
+    """Record each canonical SCENARIO (all of them when none is named; a hybrid model's,
+    hybrid-alternating, hybrid-five-to-one or hybrid-mamba, when named) with every candidate,
     check it under --semantics auto and compare it step by step with the scenario's golden
     (the reference's recording); print one row per candidate: scenarios run (and refused),
     steps identical to the reference, verdicts, first divergence. Exit 0 all conformant,

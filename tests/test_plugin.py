@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.conformance import LIBRARY
-from harness.scenarios import SCENARIOS
+from harness.conformance import ALL_SCENARIOS, LIBRARY
+from harness.scenarios import HYBRID_SCENARIOS, SCENARIOS
 
-N = len(SCENARIOS)
+#: The canonical scenarios and the hybrid models' (golden/hybrid/).
+N = len(SCENARIOS) + len(HYBRID_SCENARIOS)
+assert len(HYBRID_SCENARIOS) == 3
 #: The library's scenario files (traces/scenarios/): one test_library each.
 L = len(list(LIBRARY.glob("*.toml")))
 #: Every test of the suite: invariants and golden per canonical scenario, the
@@ -26,8 +28,9 @@ def test_conformance_suite_fails_a_mutant_with_witnesses(pytester: pytest.Pytest
                                            "--harness-candidate", "mutant:preempt-head",
                                            "-k", "not test_library and not test_fuzz")
     outcomes = result.parseoutcomes()
-    # Fourteen scenarios preempt (async-spec-decode too): each fails its invariants and its golden.
-    assert outcomes["failed"] == 28 and outcomes["passed"] == 2 * N + 1 - 28
+    # Fourteen canonical scenarios preempt (async-spec-decode too), and the three hybrid ones:
+    # each fails its invariants and its golden.
+    assert outcomes["failed"] == 34 and outcomes["passed"] == 2 * N + 1 - 34
     result.stdout.fnmatch_lines(["*fcfs-tight: *FCFS-VICTIM-TAIL*",
                                  "FCFS-VICTIM-TAIL at step 148, request r000024: victim is not the tail*",
                                  "*fcfs-tight: candidate diverges at step 148*"])
@@ -53,7 +56,8 @@ def test_update_golden_rerecords_into_a_folder(pytester: pytest.Pytester, tmp_pa
                                            "--harness-golden-dir", str(tmp_path / "g"),
                                            "--harness-update-golden", "-s")
     result.assert_outcomes(passed=N + 1, deselected=T - N - 1)
-    assert len(list((tmp_path / "g").glob("*.parquet"))) == N
+    assert len(list((tmp_path / "g").glob("*.parquet"))) == len(SCENARIOS)
+    assert sorted(p.stem for p in (tmp_path / "g" / "hybrid").glob("*.parquet")) == sorted(HYBRID_SCENARIOS)
     result.stdout.fnmatch_lines(["*golden fcfs-tight: new*"])
 
 
@@ -75,7 +79,7 @@ def test_regression_node_ids_have_a_file_part(pytester: pytest.Pytester) -> None
                                            "-p", "no:cacheprovider")
     ids = [line for line in result.stdout.lines if "::" in line]
     assert len(ids) == T
-    assert ids[0] == f"harness/conformance.py::test_invariants[{sorted(SCENARIOS)[0]}]"
+    assert ids[0] == f"harness/conformance.py::test_invariants[{sorted(ALL_SCENARIOS)[0]}]"
     assert all(i.startswith("harness/conformance.py::") for i in ids)
     result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "--co", "-q", "-p",
                                            "no:cacheprovider", "--deselect",
@@ -146,3 +150,21 @@ def test_bad_harness_semantics_is_one_line(pytester: pytest.Pytester) -> None:
                                            "--harness-semantics", "forkk")
     assert result.ret == 4
     result.stdout.fnmatch_lines(["*--harness-semantics: unknown semantics 'forkk'*"])
+
+
+def test_hybrid_goldens_catch_a_sliding_window_bug_under_the_fork_gate(pytester: pytest.Pytester) -> None:
+    """The plugin runs the hybrid models' scenarios and goldens (golden/hybrid/) too: a fork that
+    frees sliding-window blocks the window still reads fails its CI (it never shows on the
+    canonical scenarios); its differing decisions are information under the fork gate."""
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "-p", "no:cacheprovider",
+                                           "--harness-candidate", "mutant:free-window-ahead",
+                                           "--harness-semantics", "fork", *NO_FUZZ, "-k", "hybrid")
+    result.assert_outcomes(failed=2, passed=4, deselected=T - 6)
+    result.stdout.fnmatch_lines(["*hybrid-alternating: {'SLIDING-WINDOW-HELD': 178}*",
+                                 "SLIDING-WINDOW-HELD at step 1, request r000000: group 0: freed block 16 as out "
+                                 "of the window of token 64, but the window reads slot 15",
+                                 "*sched-harness: decisions that differ from the goldens (information)*",
+                                 "hybrid-alternating: candidate diverges at step 1, *"])
+    assert [line.split(" - ")[0] for line in result.stdout.lines if line.startswith("FAILED")] == [
+        "FAILED harness/conformance.py::test_invariants[hybrid-alternating]",
+        "FAILED harness/conformance.py::test_invariants[hybrid-five-to-one]"]

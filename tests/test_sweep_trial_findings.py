@@ -139,7 +139,7 @@ def test_regression_sweep_unknown_release_is_refused_before_pypi(versions, messa
 KNOWN = ("async-pipeline-3, async-spec-decode, async-tight, chunked-threshold, deferred-frees, dp2-throttle, "
          "encoder-inputs, eos-stop-abort, fcfs-roomy, fcfs-tight, kv-connector, no-chunked-prefill, "
          "no-prefix-caching, pipeline-3, preemption-heavy, prefill-cadence, prefix-sharing, priority-tight, "
-         "spec-decode, spec-decode-priority")
+         "spec-decode, spec-decode-priority; hybrid: hybrid-alternating, hybrid-five-to-one, hybrid-mamba")
 
 
 @pytest.mark.parametrize("name,message", [
@@ -187,3 +187,22 @@ def test_regression_sweep_table_fits_80_columns() -> None:
         "sweep: 3 candidates x 2 scenarios: 3 clean, 1 violating, 1 refused, 1 unavailable (exit 1)",
     ]
     assert max(len(line) for line in text.splitlines()[:6]) <= 80
+
+
+def test_sweep_takes_the_hybrid_scenarios_by_name() -> None:
+    """The three hybrid scenarios (harness/scenarios/hybrid/, golden/hybrid/) are swept when
+    named: a sliding-window bug shows there (it never does on the canonical ones)."""
+    code, out, _ = sweep("hybrid-alternating", "hybrid-mamba", "--candidate", "reference",
+                         "--candidate", "mutant:free-window-ahead", "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["scenarios"] == ["hybrid-alternating", "hybrid-mamba"]
+    cells = {(c["candidate"], c["scenario"]): (c["verdict"], c["violations"], c["identical"], c["golden_steps"])
+             for c in doc["cells"]}
+    assert cells == {
+        ("reference", "hybrid-alternating"): ("clean", {}, 192, 192),
+        ("reference", "hybrid-mamba"): ("clean", {}, 153, 153),
+        ("mutant:free-window-ahead", "hybrid-alternating"): ("SLIDING-WINDOW-HELD ×178",
+                                                             {"SLIDING-WINDOW-HELD": 178}, 6, 192),
+        ("mutant:free-window-ahead", "hybrid-mamba"): ("clean", {}, 153, 153),
+    }
