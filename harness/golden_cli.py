@@ -86,8 +86,8 @@ def golden() -> None:
 def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_sealed: bool, hybrid: bool) -> None:
     """Check every scenario's golden: present, sha256 and config fingerprint as in the manifest,
     sealed and complete, invariants hold, and CANDIDATE makes identical decisions. Exit 0 all ok,
-    1 any failure or nothing compared (the candidate refused every golden, e.g. --hybrid on a
-    vllm@ candidate), 2 unusable folder or manifest."""
+    1 any failure or nothing compared (the candidate refused every golden's config: each one
+    skipped), 2 unusable folder or manifest."""
     from rich.markup import escape
 
     from harness.golden import DEFAULT_DIR, GoldenError, check_goldens
