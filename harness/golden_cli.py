@@ -90,8 +90,8 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
     sealed and complete, invariants hold, and CANDIDATE makes identical decisions (under
     --semantics fork or safety: a differing decision is information, and CANDIDATE's own run of
     that golden's inputs must break no rule of the profile, crash or stall). Exit 0 all ok,
-    1 any failure or nothing compared (the candidate refused every golden, e.g. --hybrid on a
-    vllm@ candidate), 2 unusable folder or manifest, or an unknown --semantics."""
+    1 any failure or nothing compared (the candidate refused every golden's config: each one
+    skipped), 2 unusable folder or manifest, or an unknown --semantics."""
     from rich.markup import escape
 
     from harness.fuzz.run import fuzz_profile
@@ -183,7 +183,8 @@ def golden_update(golden_dir: str, names: tuple[str, ...], prune: bool, hybrid: 
 @click.option("--list", "list_only", is_flag=True, help="Print the mutant names, one per line, and exit.")
 @click.option("--mutant", "mutant_names", multiple=True, metavar="NAME", help="Run only these mutants.")
 @click.option("--scenario", "scenario_names", multiple=True, metavar="NAME",
-              help="Run only these scenarios (default: all of harness/scenarios/).")
+              help="Run only these scenarios: a name of harness/scenarios/ or of the library "
+                   "(traces/scenarios/), or a scenario file (default: all of harness/scenarios/).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the matrix.")
 def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tuple[str, ...],
             as_json: bool) -> None:
@@ -191,10 +192,12 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
 
     Shows, per mutant, the scenarios where its intended invariant fired.
     Exit 1 if any mutant survives (its invariant fired on no scenario), or if
-    the clean reference violates anything. With --scenario, mutants of
-    features those scenarios never exercise are expected to survive.
+    the clean reference violates anything. With --scenario, a mutant whose
+    trace is the reference's on every chosen scenario is n/a (not exercised
+    there), not a survivor.
     """
-    from harness.mutation import MUTATION_SCENARIOS, render_matrix, run_mutation
+    from harness.mutation import UnknownScenario, mutation_scenario, render_matrix, run_mutation
+    from workloads.scenario import ScenarioError
     from harness.candidates.mutants import MUTANTS_AND_TARGETS
 
     if list_only:
@@ -207,10 +210,12 @@ def mutants(list_only: bool, mutant_names: tuple[str, ...], scenario_names: tupl
                                                                    or " (--list lists them)"),
                                      param_hint="--mutant")
     for name in scenario_names:
-        if name not in MUTATION_SCENARIOS:
-            raise click.BadParameter(f"unknown scenario {name!r}" + did_you_mean(name, MUTATION_SCENARIOS),
-                                     param_hint="--scenario")
+        try:
+            mutation_scenario(name)
+        except (UnknownScenario, ScenarioError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--scenario") from None
     chosen = list(mutant_names) or list(MUTANTS_AND_TARGETS)
+    from harness.mutation import MUTATION_SCENARIOS
     scenarios = list(scenario_names) or list(MUTATION_SCENARIOS)
     with progress("running mutants", (len(chosen) + 1) * len(scenarios), enabled=not as_json) as update:
         def on_cell(mutant: str, scenario: str) -> None:

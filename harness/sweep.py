@@ -371,7 +371,7 @@ def markdown_table(cells: Sequence[dict[str, Any]]) -> str:
     by_candidate: dict[str, list[dict[str, Any]]] = {}
     for cell in cells:
         by_candidate.setdefault(cell["candidate"], []).append(cell)
-    lines = ["| release | scenarios run (refused) | steps identical | without the capacity guard | verdicts "
+    lines = ["| candidate | scenarios run (refused) | steps identical | without the capacity guard | verdicts "
              "| first divergences |", "|---|---|---|---|---|---|"]
     for candidate, group in by_candidate.items():
         name = candidate[len("vllm@"):] if _release(candidate) else candidate

@@ -46,6 +46,8 @@ def vllm_env(version: str | None, force: bool, serving: bool) -> None:
     try:
         with progress(f"vLLM {version} env", None) as update:
             def log(line: str) -> None:
+                if line.startswith(f"vLLM {version} env ready"):
+                    return  # the verdict below says it, once (regression: "ready" twice, stdout and stderr)
                 err.print(f"[dim]vllm-env:[/] {escape(line)}")
                 update(description=f"vLLM {version} env: {line}")
             python = ensure_env(version, log=log, force=force)

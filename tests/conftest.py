@@ -18,6 +18,7 @@ marks silently group nothing (pytest-xdist issue 1386). Without xdist, or
 with another ``--dist``, nothing here applies.
 """
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,6 +29,11 @@ from harness.trace import METADATA_KEY, SCHEMA_VERSION, SUMMARY_KEY, open_trace
 from harness.trace.schema import absent_columns, rows_as_of
 
 pytest_plugins = ["pytester"]
+
+# The suite's exact-output checks of vllm@ runs (CliRunner's stderr is no terminal) must not
+# meet the one-line "starting vLLM ... drivers" notice (harness/candidates/vllm/candidate.py);
+# tests/test_regression_piped_vllm_run_said_nothing_for_minutes.py turns it back on.
+os.environ.setdefault("HARNESS_VLLM_START_NOTICE", "0")
 
 #: Test modules kept on one xdist worker, by group (see the module docstring).
 ONE_WORKER_MODULES = {

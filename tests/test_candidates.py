@@ -111,3 +111,52 @@ def test_a_spec_is_printed_as_written_not_as_an_emoji(tmp_path: Path, user_modul
     assert code == 1
     assert out.splitlines()[-1].startswith("engine crashed: usercand:boom: candidate raised "
                                            "ZeroDivisionError in schedule() at step 9: boom")
+
+
+@pytest.fixture
+def module_in_cwd_not_on_path(tmp_path: Path, monkeypatch):
+    """``mysched.py`` and ``mypkg/`` in the current folder, which is not on
+    sys.path (as under the ``harness`` script: its own bin folder is there)."""
+    (tmp_path / "mysched.py").write_text("from reference.scheduler import Scheduler\n\n"
+                                         "def make(config):\n    return Scheduler(config)\n")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    cwd = str(tmp_path.resolve())
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p and str(Path(p).resolve()) != cwd])
+    yield tmp_path
+    for name in ("mysched", "mypkg"):
+        sys.modules.pop(name, None)
+
+
+def test_candidate_module_in_cwd_not_on_path_suggests_pythonpath(module_in_cwd_not_on_path: Path) -> None:
+    """Regression: ``--candidate mysched:make`` with mysched.py in the current
+    folder said only "No module named 'mysched'", with no next step."""
+    code, out = run("golden", "check", "--candidate", "mysched:make")
+    assert code == 2
+    assert out == ("error: Invalid value: cannot import 'mysched' for candidate 'mysched:make': "
+                   "ModuleNotFoundError: No module named 'mysched'; mysched.py is in the current folder, "
+                   "which is not on the import path: run with PYTHONPATH=. (main golden check --help)\n")
+    with pytest.raises(CandidateSpecError) as info:
+        resolve_candidate("mypkg.sched:make", isolate=False)
+    assert str(info.value) == ("cannot import 'mypkg.sched' for candidate 'mypkg.sched:make': ModuleNotFoundError: "
+                               "No module named 'mypkg'; mypkg/ is in the current folder, which is not on the "
+                               "import path: run with PYTHONPATH=.")
+    with pytest.raises(CandidateSpecError) as info:  # nothing of that name here: no hint
+        resolve_candidate("nosuchmodule_xyz:make", isolate=False)
+    assert str(info.value) == ("cannot import 'nosuchmodule_xyz' for candidate 'nosuchmodule_xyz:make': "
+                               "ModuleNotFoundError: No module named 'nosuchmodule_xyz'")
+    sys.path.insert(0, str(module_in_cwd_not_on_path))  # on the path: it imports
+    assert callable(resolve_candidate("mysched:make", isolate=False))
+
+
+def test_candidate_attribute_typo_did_you_mean(user_module: str) -> None:
+    """Regression: ``usercand:mak`` said "has no attribute 'mak'" without the
+    "did you mean 'make'" that docs/reference/exit-codes.md promises."""
+    code, out = run("golden", "check", "--candidate", f"{user_module}:mak")
+    assert code == 2
+    assert out == ("error: Invalid value: module 'usercand' has no attribute 'mak'; did you mean 'make'? "
+                   "(main golden check --help)\n")
+    with pytest.raises(CandidateSpecError) as info:  # nothing close, few callables: listed
+        resolve_candidate(f"{user_module}:zzz", isolate=False)
+    assert str(info.value) == "module 'usercand' has no attribute 'zzz'; known: Exploding, Scheduler, boom, make"

@@ -64,6 +64,20 @@ def test_reference_hits_a_block_its_withdrawn_chunk_never_computed(trace_path: P
     assert any("withdrawn" in line for line in v.history)
 
 
+def test_regression_give_back_wording_names_the_configured_policy(trace_path: Path) -> None:
+    """A trial: the witness said "withdrawn by a PRIORITY give-back" under FCFS
+    too (a fork's give-back); it says what a give-back is and the policy the
+    trace configured."""
+    trace = open_trace(trace_path)
+    (v,) = check_steps(trace.meta["config"], trace.iter_steps()).violations
+    assert v.message == ("prefix hit on block 25, whose KV was never computed: a chunk of r000009 cached it "
+                         "at allocation and was then withdrawn by a give-back (a victim scheduled earlier "
+                         "this step, policy priority)")
+    fcfs = check_steps({**trace.meta["config"], "policy": "fcfs"}, trace.iter_steps())
+    (v,) = [v for v in fcfs.violations if v.invariant == "HIT-UNCOMPUTED-BLOCK"]
+    assert v.message.endswith("withdrawn by a give-back (a victim scheduled earlier this step, policy fcfs)")
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(os.environ.get("HARNESS_SKIP_VLLM") == "1", reason="HARNESS_SKIP_VLLM=1")
 def test_real_vllm_makes_the_same_decisions(trace_path: Path) -> None:

@@ -86,12 +86,13 @@ def test_sweep_exit_order() -> None:
 def test_cli_sweep_markdown_is_the_fidelity_table() -> None:
     """``--markdown``: the table of docs/explanation/releases.md (bench/vllm_fidelity.py prints it from
     the sweep's --json) alone on stdout, so ``--markdown > table.md`` writes a table; the verdict line
-    on stderr (regression: it ended up in the file)."""
+    on stderr (regression: it ended up in the file). The first column is "candidate" (regression: it read
+    "release" above rows for the reference and a mutant)."""
     res = CliRunner().invoke(main, ["sweep", *SCENARIOS, *(a for s in SPECS for a in ("--candidate", s)),
                                     "--markdown"])
     assert res.exit_code == 1, res.output
     assert res.stdout.splitlines() == [
-        "| release | scenarios run (refused) | steps identical | without the capacity guard | verdicts "
+        "| candidate | scenarios run (refused) | steps identical | without the capacity guard | verdicts "
         "| first divergences |",
         "|---|---|---|---|---|---|",
         "| reference | 2 (0) | 613/613 = 100.0% | 100.0% | 2 clean | none |",

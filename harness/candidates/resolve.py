@@ -13,6 +13,8 @@ object satisfying ``reference.candidate.Candidate``.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 from reference.candidate import CandidateFactory
 from harness.candidates.mutants import MUTANTS
@@ -65,15 +67,34 @@ def resolve_candidate(spec: str, *, step_timeout: float | None = None, isolate: 
         module = importlib.import_module(module_name)
     except Exception as exc:  # an import can fail in any way
         raise CandidateSpecError(f"cannot import {module_name!r} for candidate {spec!r}: "
-                                 f"{type(exc).__name__}: {exc}") from None
+                                 f"{type(exc).__name__}: {exc}{_cwd_not_on_path_hint(module_name, exc)}") from None
     factory = module
     for part in attr.split("."):
-        factory = getattr(factory, part, None)
+        owner, factory = factory, getattr(factory, part, None)
         if factory is None:
-            raise CandidateSpecError(f"module {module_name!r} has no attribute {attr!r}")
+            names = [n for n in dir(owner) if not n.startswith("_") and callable(getattr(owner, n, None))]
+            raise CandidateSpecError(f"module {module_name!r} has no attribute {attr!r}" + did_you_mean(part, names))
     if not callable(factory):
         raise CandidateSpecError(f"{spec!r} is not callable")
     return factory
+
+
+def _cwd_not_on_path_hint(module_name: str, exc: BaseException) -> str:
+    """For ``No module named 'mysched'`` where ``mysched.py`` (or a
+    ``mysched/`` package) is in the current folder but the current folder is
+    not on ``sys.path`` (the ``harness`` script puts its own folder there, not
+    the current one): ``"; mysched.py is in the current folder, which is not
+    on the import path: run with PYTHONPATH=."``; else ``""``."""
+    top = module_name.split(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or exc.name != top:
+        return ""
+    cwd = os.path.realpath(os.getcwd())
+    if any(os.path.realpath(p or os.curdir) == cwd for p in sys.path):
+        return ""
+    found = [name for name in (f"{top}.py", f"{top}/") if os.path.exists(name)]
+    if not found:
+        return ""
+    return f"; {found[0]} is in the current folder, which is not on the import path: run with PYTHONPATH=."
 
 
 def _vllm_factory(spec: str, step_timeout: float | None = None) -> CandidateFactory:

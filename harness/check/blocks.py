@@ -128,7 +128,7 @@ def check_hit_blocks_computed(m: TraceModel, rid: str, hit_blocks: list[int]) ->
         m.violate("HIT-UNCOMPUTED-BLOCK", rid,
                   f"prefix hit on block {block}, whose KV was never computed: a chunk of "
                   f"{m.uncomputed[block]} cached it at allocation and was then withdrawn "
-                  f"by a PRIORITY give-back")
+                  f"by a give-back (a victim scheduled earlier this step, policy {m.policy})")
     return not forgotten and not uncomputed
 
 

@@ -24,6 +24,7 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -53,6 +54,31 @@ CALL_TIMEOUT_S = float(os.environ.get("HARNESS_VLLM_TIMEOUT_S", "120"))
 #: Idle drivers kept per version for reuse (0 disables reuse); 2 covers a
 #: data-parallel run with two ranks (one driver per rank).
 POOL_SIZE = int(os.environ.get("HARNESS_VLLM_POOL", "2"))
+#: The targets (``VLLMTarget.label``) whose first driver start this process announced.
+_ANNOUNCED: set[str] = set()
+_ANNOUNCED_LOCK = threading.Lock()
+
+
+def announce_start(target: VLLMTarget) -> None:
+    """One stderr line before this process's first driver start for
+    ``target`` (``starting vLLM 0.33.0 drivers (about a minute cold)``), only
+    when stderr is not a terminal: piped (a CI log), a cold ``replay``,
+    ``golden check``, ``sweep`` or ``bisect`` printed nothing for minutes; on a
+    terminal the progress bar says it. Never on stdout (``--json`` stays
+    clean). ``HARNESS_VLLM_START_NOTICE=0`` silences it (the test suite's
+    conftest does: its exact-output checks)."""
+    if os.environ.get("HARNESS_VLLM_START_NOTICE", "1") == "0":
+        return
+    with _ANNOUNCED_LOCK:
+        if target.label in _ANNOUNCED:
+            return
+        _ANNOUNCED.add(target.label)
+    try:
+        if sys.stderr is None or sys.stderr.isatty():
+            return
+        print(f"starting {target.label} drivers (about a minute cold)", file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # a closed or broken stderr: nothing to tell
+        pass
 
 
 def driver_config(config: EngineConfig) -> dict[str, Any]:
@@ -114,6 +140,7 @@ class _DriverProcess:
         if target.release and not is_ready(version):
             raise VLLMEnvError(f"the vLLM {version} env is not built ({python.parent.parent}): "
                                f"run `harness vllm-env {version}`")
+        announce_start(target)
         self._log = tempfile.NamedTemporaryFile(prefix=f"sched-harness-vllm-{version}-",
                                                 suffix=".log", delete=False)
         env = dict(os.environ)
