@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.check.hybrid import blocks_needed
-from harness.check.model import StepState, TraceModel, cdiv
+from harness.check.model import ReqShadow, StepState, TraceModel, cdiv
 from harness.check.result import PROGRESS, Invariant
 
 INVARIANTS = [
@@ -95,6 +95,22 @@ def watermark_blocks(m: TraceModel) -> int:
     return -(-int(m.watermark * 1000) * m.num_gpu_blocks // 1000) if m.watermark > 0 else 0
 
 
+def async_max_tokens_guard(req: ReqShadow) -> bool:
+    """vLLM 0.33.0 ``Scheduler.schedule()``'s async guard in the running loop
+    (the same in 0.25.0 and 0.29.0): a request with output placeholders in
+    flight is passed over (``continue``) when ``num_computed_tokens + 2 -
+    num_output_placeholders >= num_prompt_tokens + max_tokens`` (tokens): the
+    steps in flight surely reach max_tokens. Exactly vLLM's condition, never
+    wider: a request the guard does not hold goes on to allocate_slots, and a
+    failed allocation whose victim's free is fenced ends the running loop
+    there, so the requests after it are not reached (a wider guard judged
+    them: PROGRESS-RUNNING at step 114 of a shortest-prompt-first fork on
+    ``deferred-frees``, r000030 behind r000025 with 9 of 11 outputs and one in
+    flight)."""
+    return (req.placeholders > 0
+            and req.num_computed_tokens + 2 - req.placeholders >= req.num_prompt_tokens + req.max_tokens)
+
+
 def snapshot(m: TraceModel, st: StepState, running: list[str]) -> None:
     """At ``schedule_begin``: what each running request needs this step."""
     p = st.progress = ProgressStep()
@@ -108,7 +124,7 @@ def snapshot(m: TraceModel, st: StepState, running: list[str]) -> None:
             exempt = "nothing to compute"
         elif req.num_computed_tokens + 1 >= m.max_model_len:
             exempt = "max_model_len"
-        elif req.placeholders > 0 and req.num_output_tokens + req.placeholders + 1 >= req.max_tokens:
+        elif async_max_tokens_guard(req):
             exempt = "the async max_tokens guard"
         elif req.items:
             exempt = "encoder inputs"
@@ -202,7 +218,11 @@ def _check_running(m: TraceModel, st: StepState, p: ProgressStep, budget_left: i
     for index, (rid, before) in enumerate(p.running.items()):
         if index > cut:
             break
-        if rid in scheduled or rid not in running_after or rid in st.aborted or before.exempt:
+        if rid in scheduled or rid not in running_after or rid in st.aborted:
+            continue
+        # Encoder inputs may cut the window to nothing (vLLM passes over it) or
+        # not (it allocates): not judged, but it may have met KV pressure.
+        if before.exempt and before.exempt != "encoder inputs":
             continue
         req = m.reqs.get(rid)
         if req is None:
@@ -217,6 +237,8 @@ def _check_running(m: TraceModel, st: StepState, p: ProgressStep, budget_left: i
             # KV pressure: from here on the running loop may stop (0.33.0 gives up on a
             # fenced victim; a self-preempting tail ends it), so later requests are not judged.
             return
+        if before.exempt:
+            continue
         m.violate(rule, rid,
                   f"running with {before.need} token(s) to compute but not scheduled, although the step "
                   f"left {budget_left} token(s) of budget and {free} free block(s) "
