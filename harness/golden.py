@@ -99,6 +99,17 @@ class GoldenResult:
         return self.divergence is not None and self.own_run is not None
 
     @property
+    def information_text(self) -> str:
+        """The information line of a divergence its profile does not hold
+        against the candidate ("" when there is none): where it first decides
+        differently, and its own run's length (the pytest plugin's end-of-run
+        section)."""
+        if not self.information or self.divergence is None or self.own_run is None:
+            return ""
+        return (f"candidate diverges at {_describe_divergence(self.divergence)} (information); "
+                f"own run: {plural(self.own_run.steps, 'step')}, no violation")
+
+    @property
     def ok(self) -> bool:
         return not self.reasons
 

@@ -18,8 +18,11 @@ Options:
   --harness-semantics NAME   what the candidate is held to: auto (default: every rule of the
                              version the reference mirrors, and the goldens' decisions), safety,
                              fork (the fork gate: safety + progress) or a release's profile; under
-                             any but auto a decision that differs from the golden's is reported as
-                             information (the diff summary at the end), never a failure
+                             one that does not compare decisions (fork, safety) a decision that
+                             differs from the golden's is reported as information (the diff summary
+                             at the end), and the candidate's own run of that golden's inputs is
+                             checked under the profile instead, as `harness golden check
+                             --semantics` does: a violation, crash or stall there fails
   --harness-scenarios DIR    also run every scenario file (*.toml) in DIR, beside the library
                              (traces/scenarios/)
   --harness-fuzz-examples N  generated scenarios of the short fuzz (default 20; 0: no fuzz)

@@ -155,16 +155,39 @@ def test_bad_harness_semantics_is_one_line(pytester: pytest.Pytester) -> None:
 def test_hybrid_goldens_catch_a_sliding_window_bug_under_the_fork_gate(pytester: pytest.Pytester) -> None:
     """The plugin runs the hybrid models' scenarios and goldens (golden/hybrid/) too: a fork that
     frees sliding-window blocks the window still reads fails its CI (it never shows on the
-    canonical scenarios); its differing decisions are information under the fork gate."""
+    canonical scenarios); under the fork gate its differing decisions are not held against it,
+    but its own run of each golden's inputs is (the golden tests fail with the same witness)."""
     result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "-p", "no:cacheprovider",
                                            "--harness-candidate", "mutant:free-window-ahead",
                                            "--harness-semantics", "fork", *NO_FUZZ, "-k", "hybrid")
-    result.assert_outcomes(failed=2, passed=4, deselected=T - 6)
+    result.assert_outcomes(failed=4, passed=2, deselected=T - 6)
     result.stdout.fnmatch_lines(["*hybrid-alternating: {'SLIDING-WINDOW-HELD': 178}*",
                                  "SLIDING-WINDOW-HELD at step 1, request r000000: group 0: freed block 16 as out "
                                  "of the window of token 64, but the window reads slot 15",
-                                 "*sched-harness: decisions that differ from the goldens (information)*",
-                                 "hybrid-alternating: candidate diverges at step 1, *"])
+                                 "hybrid-alternating: the candidate's own run (profile fork): 178 violations "
+                                 "(SLIDING-WINDOW-HELD ×178), first SLIDING-WINDOW-HELD at step 1 (r000000): group 0: "
+                                 "freed block 16 as out of the window of token 64, but the window reads slot 15"])
     assert [line.split(" - ")[0] for line in result.stdout.lines if line.startswith("FAILED")] == [
         "FAILED harness/conformance.py::test_invariants[hybrid-alternating]",
-        "FAILED harness/conformance.py::test_invariants[hybrid-five-to-one]"]
+        "FAILED harness/conformance.py::test_invariants[hybrid-five-to-one]",
+        "FAILED harness/conformance.py::test_golden[hybrid-alternating]",
+        "FAILED harness/conformance.py::test_golden[hybrid-five-to-one]"]
+
+
+def test_regression_golden_test_did_not_pass_the_semantics_profile(pytester: pytest.Pytester) -> None:
+    """The plugin's golden test called check_goldens without --harness-semantics's
+    profile: under fork every differing decision was information, and the
+    candidate's own run of that golden's inputs was never checked (a crash
+    after the first difference passed too). Now it is checked as `harness golden
+    check --semantics fork` checks it: MAX-NUM-SEQS broken on fcfs-roomy fails
+    the golden test with the own run's witness."""
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "-p", "no:cacheprovider",
+                                           "--harness-candidate", "mutant:ignore-max-num-seqs",
+                                           "--harness-semantics", "fork", *NO_FUZZ,
+                                           "-k", "test_golden and (fcfs-roomy or prefix-sharing)")
+    result.assert_outcomes(failed=1, passed=1, deselected=T - 2)
+    assert [line for line in result.stdout.lines if line.startswith(("FAILED", "fcfs-roomy: "))] == [
+        "fcfs-roomy: the candidate's own run (profile fork): 6 violations (MAX-NUM-SEQS ×6), first "
+        "MAX-NUM-SEQS at step 10 (r000004): admitted with 4 running = max_num_seqs 4",
+        "FAILED harness/conformance.py::test_golden[fcfs-roomy] - Failed: fcfs-roomy: ..."]
+    assert "decisions that differ from the goldens" not in result.stdout.str()

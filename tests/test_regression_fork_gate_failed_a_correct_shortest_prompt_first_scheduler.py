@@ -8,42 +8,17 @@ that gains or loses a request stays STATE-CONTINUITY."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from click.testing import CliRunner
 
+from forks import put_on_path
 from harness.cli import main
 
-SPF = '''
-from reference.scheduler import Scheduler
-
-
-class ShortestPromptFirst(Scheduler):
-    """New requests wait shortest prompt first (ties: arrival); preempted ones
-    still go to the head. Correct, not FCFS."""
-
-    def add_request(self, request):
-        super().add_request(request)
-        queue = self.waiting._queue
-        queue.remove(request)
-        at = next((i for i, r in enumerate(queue) if r.num_computed_tokens == 0
-                   and r.status.name == "WAITING" and len(r.prompt_token_ids) > len(request.prompt_token_ids)),
-                  len(queue))
-        queue.insert(at, request)
-
-
-def make(config):
-    return ShortestPromptFirst(config)
-'''
-
-
 def test_regression_fork_gate_failed_a_correct_shortest_prompt_first_scheduler(tmp_path: Path, monkeypatch) -> None:
-    (tmp_path / "spf_sched.py").write_text(SPF)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "spf_sched", raising=False)
+    put_on_path(monkeypatch)
     out = tmp_path / "spf.parquet"
-    r = CliRunner().invoke(main, ["record", str(Path(__file__).resolve().parents[1] / "harness" / "scenarios" / "fcfs-tight.toml"), "--engine", "spf_sched:make", "-o", str(out)])
+    r = CliRunner().invoke(main, ["record", str(Path(__file__).resolve().parents[1] / "harness" / "scenarios" / "fcfs-tight.toml"), "--engine", "forks.shortest_prompt_first:make", "-o", str(out)])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["check", str(out), "--semantics", "fork"])
     assert (r.exit_code, r.output.strip().splitlines()[-1]) == (0, "conformant (profile fork)"), r.output[-2000:]

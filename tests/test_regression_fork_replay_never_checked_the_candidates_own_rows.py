@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from forks import put_on_path
 from harness.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,19 +26,7 @@ GOLDEN = REPO / "golden"
 CANDIDATES = '''
 import dataclasses
 from reference.scheduler import Scheduler
-
-
-class ShortestPromptFirst(Scheduler):
-    """New requests wait shortest prompt first (ties: arrival): a correct policy change."""
-
-    def add_request(self, request):
-        super().add_request(request)
-        queue = self.waiting._queue
-        queue.remove(request)
-        at = next((i for i, r in enumerate(queue) if r.num_computed_tokens == 0
-                   and r.status.name == "WAITING" and len(r.prompt_token_ids) > len(request.prompt_token_ids)),
-                  len(queue))
-        queue.insert(at, request)
+from forks.shortest_prompt_first import ShortestPromptFirst  # the shared correct fork (tests/forks/)
 
 
 class CrashAt50(ShortestPromptFirst):
@@ -92,8 +81,7 @@ def double_pool(config):
 @pytest.fixture
 def fork_candidates(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "fg_candidates.py").write_text(CANDIDATES)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{REPO}")
+    put_on_path(monkeypatch, tmp_path)
     monkeypatch.delitem(sys.modules, "fg_candidates", raising=False)
 
 
