@@ -59,10 +59,6 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_
         _fail(f"{candidate} cannot replay {trace.path}: {exc}")
     except ConfigError as exc:
         _fail(f"{trace.path}: bad config in trace metadata: {exc}")
-    if html_report is not None:
-        from harness.view.cli import divergence_of_replay, write_report
-
-        write_report(html_report, trace, semantics, series=series, divergence=divergence_of_replay(divergence))
     # Under the fork gate (or safety), asked for with --semantics, a decision that
     # differs is information: the fork's own policy, not a failure; a crash still
     # is one. An engine of unknown origin checked under safety by `auto` still
@@ -84,6 +80,11 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_
                                                on_step=every_steps(update))
             except CandidateRefused as exc:
                 _fail(f"{candidate} cannot replay {trace.path}: {exc}")
+    if html_report is not None:
+        from harness.view.cli import divergence_of_replay, own_run_view, write_report
+
+        write_report(html_report, trace, semantics, series=series, divergence=divergence_of_replay(divergence),
+                     own_run=own_run_view(extra["own_run"], candidate) if "own_run" in extra else None)
     ok = divergence is None or (information and divergence.field != "exception"
                                 and ("own_run" not in extra or extra["own_run"].ok))
     code = _exit_code(result.ok and ok, trace, allow_incomplete)

@@ -68,6 +68,16 @@ def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace
             **{k: v.to_dict() if isinstance(v, OwnRun) else v for k, v in (extra or {}).items()}}
 
 
+def own_run_line(own: OwnRun, candidate: str | None) -> str:
+    """The replay's line of the candidate's own run (the text report, and
+    the HTML report of ``replay --report``): its length in steps, its
+    violations or "no violation", why it ended early, and the profile."""
+    return (f"own run: {candidate or 'the candidate'} re-run on the trace's workload, "
+            f"config and seed from step 0: {plural(own.steps, 'step')}, "
+            + ("no violation" if own.result.ok else f"{plural(own.result.num_violations, 'violation')}")
+            + (f"; {own.ended}" if own.ended else "") + f" (profile {own.result.profile})")
+
+
 def _own_run(extra: dict[str, Any] | None) -> OwnRun | None:
     own = (extra or {}).get("own_run")
     return own if isinstance(own, OwnRun) else None
@@ -158,12 +168,7 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
     own = _own_run(extra)
     if own is not None:
         # Under the fork gate or safety, once decisions differ: the candidate's own run, checked.
-        console.print(f"own run: {extra.get('candidate') or 'the candidate'} re-run on the trace's workload, "
-                      f"config and seed from step 0: {plural(own.steps, 'step')}, "
-                      + ("no violation" if own.result.ok else
-                         f"{plural(own.result.num_violations, 'violation')}")
-                      + (f"; {own.ended}" if own.ended else "") + f" (profile {own.result.profile})",
-                      markup=False, highlight=False)
+        console.print(own_run_line(own, extra.get("candidate")), markup=False, highlight=False)
         _violation_lines(own.result, console)
     console.print(verdict(result, divergence, extra, trace, allow_incomplete),
                   style="bold green" if ok else "bold yellow" if allow_incomplete and _incomplete_only(

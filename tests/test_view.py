@@ -253,3 +253,37 @@ def test_report_option_on_check_replay_and_diff(tmp_path) -> None:
     out = tmp_path / "same.html"
     r = CliRunner().invoke(main, ["diff", golden, golden, "--report", str(out)])
     assert r.exit_code == 0 and b"The two runs made identical decisions." in out.read_bytes()
+
+
+def test_replay_report_shows_the_fork_gates_own_run(tmp_path, monkeypatch) -> None:
+    """`replay --semantics fork --report FILE`: the report showed only the first divergence (in red, as
+    a failure) and not the candidate's own run, which is the fork gate's verdict (`--json`'s
+    `own_run`). Now the divergence is marked information and an "Own run" section gives the
+    replay's own-run line and its witnesses."""
+    from forks import put_on_path
+
+    golden = str(GOLDEN / "fcfs-roomy.parquet")
+    out = tmp_path / "fork.html"
+    r = CliRunner().invoke(main, ["replay", golden, "--candidate", "mutant:ignore-max-num-seqs",
+                                  "--semantics", "fork", "--report", str(out)])
+    assert r.exit_code == 1
+    page = out.read_bytes().decode()
+    assert ('<p class="information" id="first-divergence"><b>Decisions differ from step 10</b> (information: '
+            "not held to a version's design): replay: event #7 (schedule_end)") in page
+    assert ('<h2>Own run</h2>\n<p id="own-run" class="divergence"><b>own run: mutant:ignore-max-num-seqs re-run on '
+            "the trace&#x27;s workload, config and seed from step 0: 371 steps, 6 violations (profile fork)</b></p>"
+            ) in page
+    assert page.count('<div class="violation"><b>MAX-NUM-SEQS</b>') == 6
+    assert '<div class="violation"><b>MAX-NUM-SEQS</b> at step 10, request r000004: ' in page
+    put_on_path(monkeypatch)
+    out = tmp_path / "spf.html"
+    r = CliRunner().invoke(main, ["replay", golden, "--candidate", "forks.shortest_prompt_first:make",
+                                  "--semantics", "fork", "--report", str(out)])
+    assert r.exit_code == 0
+    page = out.read_bytes().decode()
+    assert ('<p id="own-run" class="same"><b>own run: forks.shortest_prompt_first:make re-run on the trace&#x27;s '
+            "workload, config and seed from step 0: 372 steps, no violation (profile fork)</b></p>") in page
+    assert "First divergence" not in page and "Decisions differ from step 10</b>" in page
+    out = tmp_path / "auto.html"  # under auto a divergence is a failure, and there is no own run
+    CliRunner().invoke(main, ["replay", golden, "--candidate", "mutant:ignore-max-num-seqs", "--report", str(out)])
+    assert b"First divergence at step 10</b>" in out.read_bytes() and b"Own run" not in out.read_bytes()

@@ -75,12 +75,14 @@ def derive_with_progress(trace: Trace, semantics: str = "auto", what: str = "rea
 
 
 def write_report(path: str, trace: Trace, semantics: str = "auto", *, series: Series | None = None,
-                 against: Trace | None = None, divergence: Any = "find") -> tuple[Series, Series | None, Any]:
+                 against: Trace | None = None, divergence: Any = "find",
+                 own_run: Any = None) -> tuple[Series, Series | None, Any]:
     """Draw the HTML report of ``trace`` (``series`` if already derived)
     into ``path`` atomically; ``against``: a second run to overlay, whose
     first divergence from ``trace`` (``harness.diff``) is highlighted unless
     ``divergence`` is given (a ``harness.view.html.Divergence``, or None:
-    none). Returns
+    none); ``own_run``: a fork-gate replay's ``harness.view.html.OwnRunView``
+    (the divergence is then information, the own run the verdict). Returns
     the series of ``trace`` and of ``against`` (None without) and the
     divergence shown. Exits 2 if the file cannot be
     written or the traces are not the same workload."""
@@ -97,7 +99,7 @@ def write_report(path: str, trace: Trace, semantics: str = "auto", *, series: Se
     if divergence == "find":
         divergence = None
     page = render(series, report_dict(series.result, None, trace), against=b_series,
-                  against_summary=b_summary, divergence=divergence)
+                  against_summary=b_summary, divergence=divergence, own_run=own_run)
     try:
         write_atomic(path, page)
     except OSError as exc:
@@ -127,6 +129,15 @@ def divergence_of_diff(result: Any) -> Any:
         return None
     return Divergence(d.step, f"event #{d.event_index} ({d.kind or '-'}), request {d.request or '-'}, "
                               f"field {d.field}: A {d.a!r}, B {d.b!r}")
+
+
+def own_run_view(own: Any, candidate: str) -> Any:
+    """A replay's ``harness.replay.OwnRun`` as the report shows it (``OwnRunView``)."""
+    from harness.report import own_run_line
+    from harness.view.html import OwnRunView
+
+    return OwnRunView(own_run_line(own, candidate), own.ok,
+                      tuple(v.to_dict() for v in own.result.violations), own.result.num_violations)
 
 
 def divergence_of_replay(d: Any) -> Any:

@@ -50,20 +50,57 @@ class Divergence:
     text: str
 
 
+@dataclass(frozen=True)
+class OwnRunView:
+    """The candidate's own run of a replayed trace's inputs
+    (``harness.replay.OwnRun``) as the report shows it: the replay's
+    ``own run: ...`` line (``harness.report.own_run_line``), whether it
+    passed, and its violations (``Violation.to_dict``: the first few of
+    each invariant)."""
+
+    line: str
+    ok: bool
+    violations: tuple[dict[str, Any], ...] = ()
+    num_violations: int = 0
+
+
+def _own_run(own: OwnRunView) -> str:
+    parts = ["<h2>Own run</h2>",
+             f'<p id="own-run" class="{"same" if own.ok else "divergence"}"><b>{_e(own.line)}</b></p>']
+    if own.num_violations > len(own.violations):
+        parts.append(f"<p>{own.num_violations} in all; the first few of each invariant are shown.</p>")
+    for v in own.violations:
+        inv = INVARIANTS.get(v["invariant"])
+        parts.append(f'<div class="violation"><b>{_e(v["invariant"])}</b> at step {v["step"]}'
+                     + (f', request {_e(v["request"])}' if v.get("request") else "") + f': {_e(v["message"])}'
+                     + (f"<br>rule ({_e(inv.layer)}): {_e(inv.statement)}" if inv else "")
+                     + (f'<pre>{_e(chr(10).join(v["history"]))}</pre>' if v.get("history") else "") + "</div>")
+    return "\n".join(parts)
+
+
 def render(series: Series, summary: dict[str, Any], *, against: Series | None = None,
            against_summary: dict[str, Any] | None = None, divergence: Divergence | None = None,
-           title: str | None = None) -> bytes:
+           title: str | None = None, own_run: OwnRunView | None = None) -> bytes:
     """The report as UTF-8 HTML bytes. ``summary``: the ``--json`` figures of
     ``series``'s trace (``harness.report.report_dict``); ``against`` /
     ``against_summary``: a second run to overlay (dashed, "B"); ``divergence``:
-    the first difference to highlight."""
+    the first difference to highlight; ``own_run``: a replay under the fork
+    gate (or safety) whose decisions differ, where the divergence is
+    information and the candidate's own run of the trace's inputs is the
+    verdict (``replay --report``)."""
     name = title or f"sched-harness report: {series.path}"
     parts = [f"<h1>{_e(name)}</h1>", _summary_table(summary, against_summary)]
-    if divergence is not None:
+    if divergence is not None and own_run is not None:
+        parts.append(f'<p class="information" id="first-divergence"><b>Decisions differ from step '
+                     f'{divergence.step}</b> (information: not held to a version\'s design): '
+                     f'{_e(divergence.text)}</p>')
+    elif divergence is not None:
         parts.append(f'<p class="divergence" id="first-divergence"><b>First divergence at step '
                      f'{divergence.step}</b>: {_e(divergence.text)}</p>')
     elif against is not None:
         parts.append('<p class="same">The two runs made identical decisions.</p>')
+    if own_run is not None:
+        parts.append(_own_run(own_run))
     figures = [("timeline", _timeline(series, against, divergence)), ("gantt", _gantt(series))]
     for div_id, fig in figures:
         parts.append(f'<h2>{"Timeline" if div_id == "timeline" else "Requests (Gantt)"}</h2>')
@@ -85,7 +122,7 @@ def render(series: Series, summary: dict[str, Any], *, against: Series | None = 
 
 _CSS = ("body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}th{background:#f4f4f4}"
-        "td.k{text-align:left}.divergence{color:#b00020}pre{background:#f8f8f8;padding:4px;"
+        "td.k{text-align:left}.divergence{color:#b00020}.information{color:#8a5a00}pre{background:#f8f8f8;padding:4px;"
         "white-space:pre-wrap}")
 
 
