@@ -25,10 +25,13 @@ and judged r000030. It now uses vLLM's exact condition
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 
 from forks import put_on_path
@@ -98,3 +101,24 @@ def test_golden_check_fork_passes_the_fork_on_every_golden(monkeypatch) -> None:
     assert lines[-1] == f"20 ok, 0 failed ({REPO / 'golden'}, candidate {SPF}, profile fork)"
     assert ("ok   deferred-frees        213 steps, decisions differ from step 3 (information); own run: 205 "
             "steps, no violation") in lines
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(os.environ.get("HARNESS_SKIP_VLLM") == "1", reason="HARNESS_SKIP_VLLM=1")
+def test_vllm_with_the_same_policy_makes_the_forks_decisions(tmp_path: Path, monkeypatch) -> None:
+    """vLLM 0.33.0's own AsyncScheduler with the same add_request change
+    (tests/vllm_classes/fork_schedulers.py) replays the fork's own run of deferred-frees with
+    identical decisions, step 114 (nothing scheduled, nothing preempted) included: the rows
+    the rule fired on are vLLM's."""
+    from harness.candidates.vllm.env import ensure_env
+
+    ensure_env("0.33.0", log=lambda line: print(f"vllm-env: {line}", file=sys.stderr))
+    put_on_path(monkeypatch, REPO / "tests" / "vllm_classes")
+    out = tmp_path / "spf.parquet"
+    r = CliRunner().invoke(main, ["record", str(REPO / "harness" / "scenarios" / "deferred-frees.toml"),
+                                  "--engine", SPF, "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["replay", str(out), "--candidate",
+                                  "vllm@0.33.0,scheduler_cls=fork_schedulers:ShortestPromptFirst"])
+    assert (r.exit_code, r.output.splitlines()[-1]) == (
+        0, "conformant (profile safety): 205 steps replayed, identical decisions"), r.output[-3000:]
