@@ -71,3 +71,40 @@ def test_regression_fuzz_output_through_a_dangling_link_refused_up_front(tmp_pat
         with pytest.raises(OutputPathError, match="dangle is a dangling symbolic link"):
             check_output_folder(str(output))
     check_output_folder(str(tmp_path / "fresh" / "sub"))  # a folder still to create is fine
+
+
+FORK_SOURCE = '''
+from collections import deque
+from reference.scheduler import Scheduler
+
+
+class ShortestPromptFirst(Scheduler):
+    def add_request(self, request):
+        super().add_request(request)
+        if hasattr(self.waiting, "_queue"):  # FCFS; a priority queue keeps its own order
+            self.waiting._queue = deque(sorted(self.waiting._queue, key=lambda r: r.num_prompt_tokens))
+
+
+def make(config):
+    return ShortestPromptFirst(config)
+'''
+
+
+def test_regression_fuzz_auto_replay_command_names_the_reference_profile(tmp_path: Path, monkeypatch) -> None:
+    """Regression (new-user trial): under ``auto`` fuzz holds a ``module:factory``
+    candidate to the reference's profile, but ``replay``'s ``auto`` gives an engine
+    of unknown origin safety only: the printed command replayed "conformant
+    (profile safety)", exit 0, for a fuzz finding (ADMISSION-ORDER). The
+    command now names the profile the run used."""
+    (tmp_path / "spf_fork.py").write_text(FORK_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["fuzz", "--candidate", "spf_fork:make", "--max-examples", "30", "--seed", "0",
+                                  "-o", str(out)])
+    assert r.exit_code == 1, r.output
+    assert "FOUND violation: ADMISSION-ORDER" in r.output
+    info = json.loads((out / "fuzz-spf_fork-make-seed0.json").read_text())
+    assert info["replay_command"].endswith("--candidate spf_fork:make --semantics 0.33.0")
+    replay = CliRunner().invoke(main, [*shlex.split(info["replay_command"].split("harness ", 1)[1]), "--json"])
+    assert replay.exit_code == 1, replay.output
+    assert json.loads(replay.output)["profile"] == "0.33.0"
