@@ -168,3 +168,28 @@ def test_hybrid_goldens_catch_a_sliding_window_bug_under_the_fork_gate(pytester:
     assert [line.split(" - ")[0] for line in result.stdout.lines if line.startswith("FAILED")] == [
         "FAILED harness/conformance.py::test_invariants[hybrid-alternating]",
         "FAILED harness/conformance.py::test_invariants[hybrid-five-to-one]"]
+
+
+def test_regression_a_forks_semantics_finding_names_the_fork_gate(pytester: pytest.Pytester) -> None:
+    """New-user trial: under auto a correct fork failed on a bare
+    ``{'ADMISSION-ORDER': 29}``; a failure where only version-semantics rules
+    fired now ends with the fork gate's option."""
+    pytester.makepyfile(spf="""
+        from collections import deque
+        from reference.scheduler import Scheduler
+        class ShortestPromptFirst(Scheduler):
+            def add_request(self, request):
+                super().add_request(request)
+                if hasattr(self.waiting, "_queue"):
+                    self.waiting._queue = deque(sorted(self.waiting._queue, key=lambda r: r.num_prompt_tokens))
+        def make(config):
+            return ShortestPromptFirst(config)
+    """)
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "-p", "no:cacheprovider",
+                                           "--harness-candidate", "spf:make", *NO_FUZZ,
+                                           "-k", "test_invariants and fcfs-tight")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*fcfs-tight: {'ADMISSION-ORDER': *}*",
+                                 "*hint: ADMISSION-ORDER is a version-semantics rule (a release's design, not a "
+                                 "safety or progress bug): for a fork whose policy differs on purpose, "
+                                 "--harness-semantics fork checks its own run under safety and progress*"])
