@@ -232,3 +232,12 @@ def test_regression_allow_incomplete_said_exit_3_and_json_exit_was_missing(tmp_p
                                                 else "incomplete run (exit 3)"), out
     code, out = run("check", SOURCE, "--json")
     assert (code, json.loads(out)["exit"], json.loads(out)["ok"]) == (0, 0, True)
+
+
+def test_regression_check_of_a_scenario_file_says_how_to_record_it() -> None:
+    """New-user trial: ``harness check scenario.toml`` said only "not a Parquet file"."""
+    scenario = ROOT / "traces" / "scenarios" / "abort-running-at-step.toml"
+    code, out = run("check", scenario)
+    assert code == 2
+    assert out.strip().endswith(f"; to run it and check the run: harness record {scenario} -o TRACE.parquet, "
+                                "then harness check TRACE.parquet")
