@@ -22,9 +22,10 @@ from harness.check.invariants import INVARIANTS
 from harness.progress import progress
 from harness.richtext import keep_words_whole
 from harness.cli_common import (EXIT_OK, EXIT_UNUSABLE, _ALLOW_INCOMPLETE, _HTML_REPORT, _REQUIRE_SEALED,
-                                _SEMANTICS, _Workers, _checked, _exit_code, _fail, _open,
-                                _refuse_report_path, _refuse_unknown_semantics, _refuse_unsealed, _report,
-                                console)
+                                _SEMANTICS, _Workers, _checked, _exit_code, _fail,
+                                _refuse_report_path, _refuse_unknown_semantics, _report, _unsealed_refusal,
+                                _unusable, console)
+from harness.trace import TraceError, open_trace
 
 
 @click.command()
@@ -66,12 +67,17 @@ def check(trace_paths: tuple[str, ...], as_json: bool, semantics: str, html_repo
             options = {k: v for k, v in click.get_current_context().params.items() if k not in _CORPUS_OWN}
             _check_corpus(entries, as_json, html_report, workers, ray_address, options)
         if entries[0].error is not None:
-            _fail(entries[0].error)
+            _unusable(entries[0].error, as_json)
         trace_paths = (entries[0].path,)
     trace_path = trace_paths[0]
     _refuse_report_path(html_report, trace_path)
-    trace = _open(trace_path)
-    _refuse_unsealed(trace, require_sealed)
+    try:
+        trace = open_trace(trace_path)
+    except TraceError as exc:
+        _unusable(str(exc), as_json)
+    refusal = _unsealed_refusal(trace, require_sealed)
+    if refusal is not None:
+        _unusable(refusal, as_json)
     result, series = _checked(trace, semantics, html_report, as_json)
     if html_report is not None:
         from harness.view.cli import write_report

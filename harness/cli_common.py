@@ -188,11 +188,28 @@ _ALLOW_INCOMPLETE = click.option(
          "stopped with requests live) with no violation in the steps it has.")
 
 
+def _unsealed_refusal(trace: Trace, require_sealed: bool) -> str | None:
+    """The one line ``--require-sealed`` refuses an unsealed trace with, else None."""
+    if require_sealed and not trace.sealed:
+        return (f"{trace.path}: unsealed: no tamper evidence (schema {trace.meta.get('schema_version')} "
+                f"trace without a trace_sha256 digest); --require-sealed refuses it")
+    return None
+
+
 def _refuse_unsealed(trace: Trace, require_sealed: bool) -> None:
     """Exit 2, one line, for an unsealed trace under ``--require-sealed``."""
-    if require_sealed and not trace.sealed:
-        _fail(f"{trace.path}: unsealed: no tamper evidence (schema {trace.meta.get('schema_version')} "
-              f"trace without a trace_sha256 digest); --require-sealed refuses it")
+    message = _unsealed_refusal(trace, require_sealed)
+    if message is not None:
+        _fail(message)
+
+
+def _unusable(message: str, as_json: bool) -> None:
+    """Exit 2 with ``message`` on stderr; under ``--json`` also one object on
+    stdout, ``{"ok": false, "exit": 2, "error": message}``, so a script that
+    parses stdout gets a verdict (adversarial trial: stdout was empty)."""
+    if as_json:
+        click.echo(json.dumps({"ok": False, "exit": EXIT_UNUSABLE, "error": message}))
+    _fail(message)
 
 
 def _exit_code(ok: bool, trace: Trace, allow_incomplete: bool) -> int:

@@ -63,6 +63,15 @@ def _witness(result) -> str:
     return "\n".join(lines)
 
 
+def _hint(invariant_ids, diverged: bool = False) -> str:
+    """A line saying how a fork that differs on purpose is checked, when every
+    fired rule is version semantics (``fork_hint``), else ""."""
+    from harness.check.invariants import fork_hint
+
+    hint = fork_hint(invariant_ids, diverged=diverged, option="--harness-semantics fork")
+    return f"\nhint: {hint}" if hint else ""
+
+
 @pytest.mark.parametrize("scenario", sorted(ALL_SCENARIOS))
 def test_invariants(scenario: str, harness_candidate, harness_profile) -> None:
     """The candidate violates no invariant on the scenario."""
@@ -74,7 +83,8 @@ def test_invariants(scenario: str, harness_candidate, harness_profile) -> None:
     if cell.ended:
         pytest.fail(f"{scenario}: run ended early: {cell.ended}", pytrace=False)
     if not cell.result.ok:
-        pytest.fail(f"{scenario}: {cell.result.by_invariant}\n{_witness(cell.result)}", pytrace=False)
+        pytest.fail(f"{scenario}: {cell.result.by_invariant}\n{_witness(cell.result)}"
+                    f"{_hint(cell.result.by_invariant)}", pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +175,8 @@ def test_library(library_scenario: Path, harness_candidate, harness_profile) -> 
     if cell.ended:
         pytest.fail(f"{name}: run ended early: {cell.ended}", pytrace=False)
     if not cell.result.ok:
-        pytest.fail(f"{name}: {cell.result.by_invariant}\n{_witness(cell.result)}", pytrace=False)
+        pytest.fail(f"{name}: {cell.result.by_invariant}\n{_witness(cell.result)}"
+                    f"{_hint(cell.result.by_invariant)}", pytrace=False)
 
 
 def test_fuzz(harness_candidate, harness_candidate_spec, harness_profile, harness_fuzz_examples) -> None:
@@ -184,5 +195,7 @@ def test_fuzz(harness_candidate, harness_candidate_spec, harness_profile, harnes
     if result.found:
         pytest.fail(f"fuzz: {result.failure.kind}: {result.failure.message}\n"
                     f"  shrunk to {result.case.describe()}; reproduce with: harness fuzz --candidate "
-                    f"{harness_candidate_spec} --max-examples {harness_fuzz_examples} --seed 0 -o DIR",
+                    f"{harness_candidate_spec} --max-examples {harness_fuzz_examples} --seed 0 -o DIR"
+                    + (_hint(result.failure.invariants or (), result.failure.kind == "divergence")
+                       if result.failure.kind in ("violation", "divergence") else ""),
                     pytrace=False)

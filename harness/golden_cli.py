@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from reference.words import did_you_mean, plural
 
+from harness.check.invariants import fork_hint
 from harness.progress import progress
 from harness.trace import TraceError
 from harness.cli_common import (EXIT_FOUND, EXIT_OK, _SEMANTICS_GOLDEN, _candidate, _fail, _open,
@@ -130,6 +131,10 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
         console.print(f"[bold red]0 ok, {skipped} skipped, 0 failed[/] ({golden_dir}, candidate {candidate}): "
                       f"the candidate refused every golden, nothing was compared")
         sys.exit(EXIT_FOUND)
+    hint = fork_hint((), diverged=True) if failed and profile is None and all(
+        r.divergence is not None for r in results if not r.ok) else None
+    if hint:  # every failure is a divergence: say how a fork that decides differently is checked
+        console.print(f"hint: {escape(hint)}")
     colour = "red" if failed else "green"
     console.print(f"[bold {colour}]{len(results) - failed - skipped} ok, "
                   + (f"{skipped} skipped, " if skipped else "")

@@ -15,13 +15,14 @@ from reference.config import ConfigError
 from reference.candidate import CandidateRefused
 
 from harness.check import PROFILES
+from harness.check.invariants import fork_hint
 from harness.progress import every_steps, progress
 from harness.replay import own_run, replay as replay_trace
 from harness.trace import TraceError
 from harness.cli_common import (EXIT_FOUND, EXIT_OK, _ALLOW_INCOMPLETE, _HTML_REPORT, _REQUIRE_SEALED,
                                 _SEMANTICS, _candidate, _checked, _exit_code, _fail, _open,
                                 _refuse_report_path, _refuse_unknown_semantics, _refuse_unsealed, _report,
-                                _step_timeout, console)
+                                _step_timeout, console, err)
 
 
 @click.command()
@@ -88,6 +89,13 @@ def replay(trace_path: str, candidate: str, as_json: bool, semantics: str, step_
     ok = divergence is None or (information and divergence.field != "exception"
                                 and ("own_run" not in extra or extra["own_run"].ok))
     code = _exit_code(result.ok and ok, trace, allow_incomplete)
+    if not ok and not as_json and result.ok and divergence.field != "exception":
+        # Only the decisions differ: a fork or another release may differ by design
+        # (new-user trial: vllm@0.29.0 on a 0.33.0-semantics golden read as a bare failure).
+        release = (f"{candidate} is another release than the trace's engine ({trace.meta.get('engine')}); "
+                   "`harness bisect` names the release whose design changed it. "
+                   if candidate.startswith("vllm@") else "")
+        err.print(f"hint: {release}{fork_hint((), diverged=True)}", markup=False, soft_wrap=True)
     _report(result, divergence, as_json, trace, extra, exit_code=code, allow_incomplete=allow_incomplete)
     sys.exit(code)
 

@@ -34,8 +34,11 @@ def release_verdict(run: ReleaseRun) -> str:
     if run.report is None:
         return f"vllm-tests {run.version}: error: {run.error}"
     r = run.report
+    # A run that checked nothing says so (new-user trial: "0 checkable" then a clean-looking verdict).
+    nothing = ("; nothing was checked: no recording had a complete step" if not r.get("checkable") else "")
     return (f"vllm-tests {run.version}: {len(r['broken_by_recorder'])} test(s) broken by the recorder, "
-            f"{len(r['violations'])} unexplained violation(s); report in {Path(run.out_dir) / 'report.json'}")
+            f"{len(r['violations'])} unexplained violation(s){nothing}; "
+            f"report in {Path(run.out_dir) / 'report.json'}")
 
 
 def runs_verdict(runs: list[ReleaseRun]) -> str:

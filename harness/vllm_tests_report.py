@@ -79,7 +79,8 @@ def _file_of(nodeid: str | None) -> str:
 
 
 def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, trace_dir: Path,
-            version: str, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+            version: str, log: Callable[[str], None] = lambda _: None,
+            plain_messages: dict[str, str] | None = None) -> dict[str, Any]:
     """The report as a dict: ``plain_passed``, ``injected_passed``,
     ``broken_by_recorder`` (node ids passing plain and failing injected),
     ``recordings``, ``converted``, ``checkable``, ``clean``, ``artefacts``
@@ -87,7 +88,10 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
     test, recording, step, rule, message), ``replay_identical``,
     ``replay_diverged`` (counts; ``divergences``: each one), ``recorder_errors``
     (the recorder failed to start or stopped: defects of ours), ``refused`` (recordings that did not convert, with the
-    reason), ``files`` (``{file: FileRow as a dict}``)."""
+    reason), ``failed_plain`` (tests failing without the recorder, each with
+    pytest's first message line from ``plain_messages``: not findings, but
+    named, e.g. a test that needs a model the offline cache lacks),
+    ``files`` (``{file: FileRow as a dict}``)."""
     from harness.candidates.resolve import resolve_candidate
     from harness.candidates.vllm.recording_convert import ConvertError, convert, recording_path
     from harness.check.checker import check_trace, unjudged_rules
@@ -109,6 +113,8 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
         "broken_by_recorder": broken, "recordings": 0, "converted": 0, "checkable": 0, "clean": 0,
         "artefacts": {}, "violations": [], "replay_identical": 0, "replay_diverged": 0, "divergences": [],
         "refused": [], "unrecorded": 0, "recorder_errors": [], "not_replayed": [],
+        "failed_plain": [{"test": n, "reason": (plain_messages or {}).get(n, "")}
+                         for n, o in sorted(plain.items()) if o == "failed"],
     }
     manifest = record_dir / "manifest.jsonl"
     entries = [json.loads(line) for line in manifest.read_text().splitlines()] if manifest.is_file() else []
@@ -271,6 +277,9 @@ def render(report: dict[str, Any]) -> list[str]:
         lines.append(f"replay diverged: {d['test']} ({d['recording']}): {d['divergence']}")
     for e in report["recorder_errors"]:
         lines.append(f"recorder error: {e['test']} ({e['recording']}): {e['error']}")
+    for item in report.get("failed_plain", ()):
+        lines.append(f"failed without the recorder (not a finding): {item['test']}"
+                     + (f": {item['reason']}" if item["reason"] else ""))
     for nodeid in report["broken_by_recorder"]:
         lines.append(f"broken by the recorder: {nodeid}")
     return lines

@@ -123,7 +123,8 @@ def run_release(version: str, files: list[str], k: str | None, out: Path, log: L
                                         log, "injected")
     except own_tests.OwnTestsError as exc:
         return unusable(str(exc))
-    report = analyse(plain.outcomes, injected.outcomes, record_dir, out / "traces", version, log)
+    report = analyse(plain.outcomes, injected.outcomes, record_dir, out / "traces", version, log,
+                     plain_messages=plain.messages)
     report.update(plain_cpu_s=round(plain.cpu_s, 1), injected_cpu_s=round(injected.cpu_s, 1),
                   out_dir=str(out))
     write_report(out, report)

@@ -71,3 +71,41 @@ def test_regression_fuzz_output_through_a_dangling_link_refused_up_front(tmp_pat
         with pytest.raises(OutputPathError, match="dangle is a dangling symbolic link"):
             check_output_folder(str(output))
     check_output_folder(str(tmp_path / "fresh" / "sub"))  # a folder still to create is fine
+
+
+def test_regression_fuzz_auto_replay_command_names_the_reference_profile(tmp_path: Path, monkeypatch) -> None:
+    """Regression (new-user trial): under ``auto`` fuzz holds a ``module:factory``
+    candidate to the reference's profile, but ``replay``'s ``auto`` gives an engine
+    of unknown origin safety only: the printed command replayed "conformant
+    (profile safety)", exit 0, for a fuzz finding (ADMISSION-ORDER). The
+    command now names the profile the run used."""
+    from forks import put_on_path
+
+    put_on_path(monkeypatch)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["fuzz", "--candidate", "forks.shortest_prompt_first:make", "--max-examples", "30", "--seed", "0",
+                                  "-o", str(out)])
+    assert r.exit_code == 1, r.output
+    assert "FOUND violation: ADMISSION-ORDER" in r.output
+    # ... and says the rule is a release's design, with the fork gate to use.
+    assert ("  hint: ADMISSION-ORDER is a version-semantics rule (a release's design, not a safety or "
+            "progress bug): for a fork whose policy differs on purpose, --semantics fork checks its own run "
+            "under safety and progress") in r.output
+    info = json.loads((out / "fuzz-forks.shortest_prompt_first-make-seed0.json").read_text())
+    assert info["replay_command"].endswith("--candidate forks.shortest_prompt_first:make --semantics 0.33.0")
+    replay = CliRunner().invoke(main, [*shlex.split(info["replay_command"].split("harness ", 1)[1]), "--json"])
+    assert replay.exit_code == 1, replay.output
+    assert json.loads(replay.output)["profile"] == "0.33.0"
+
+
+def test_fork_hint_only_when_every_fired_rule_is_semantics() -> None:
+    from harness.check.invariants import fork_hint
+
+    assert fork_hint(["ADMISSION-ORDER"]).startswith("ADMISSION-ORDER is a version-semantics rule")
+    assert fork_hint(["MAX-NUM-SEQS"]) is None  # safety: a bug in any engine
+    assert fork_hint(["ADMISSION-ORDER", "LIVENESS"]) is None  # progress fired too
+    assert fork_hint(["NO-SUCH-RULE"]) is None
+    assert fork_hint([]) is None
+    assert fork_hint([], diverged=True, option="--harness-semantics fork") == (
+        "the candidate decides differently from the reference: for a fork whose policy differs on purpose, "
+        "--harness-semantics fork checks its own run under safety and progress")

@@ -37,7 +37,11 @@ def test_a_different_victim_passes_the_fork_gate_with_the_differences_as_informa
     # auto (the default): the same differences fail.
     code, out = run("golden", "check", "--dir", GOLDEN, "--candidate", "mutant:lifo-priority-victim")
     assert code == 1
-    assert out.splitlines()[-1] == f"17 ok, 3 failed ({GOLDEN}, candidate mutant:lifo-priority-victim)"
+    assert out.splitlines()[-2:] == [
+        # Regression (new-user trial): a correct fork's differences failed with no word of the fork gate.
+        "hint: the candidate decides differently from the reference: for a fork whose policy differs on "
+        "purpose, --semantics fork checks its own run under safety and progress",
+        f"17 ok, 3 failed ({GOLDEN}, candidate mutant:lifo-priority-victim)"]
 
 
 def test_a_safety_bug_fails_the_fork_gate_on_its_own_runs() -> None:

@@ -191,3 +191,21 @@ def test_regression_golden_test_did_not_pass_the_semantics_profile(pytester: pyt
         "MAX-NUM-SEQS at step 10 (r000004): admitted with 4 running = max_num_seqs 4",
         "FAILED harness/conformance.py::test_golden[fcfs-roomy] - Failed: fcfs-roomy: ..."]
     assert "decisions that differ from the goldens" not in result.stdout.str()
+
+
+def test_regression_a_forks_semantics_finding_names_the_fork_gate(pytester: pytest.Pytester,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """New-user trial: under auto a correct fork failed on a bare
+    ``{'ADMISSION-ORDER': 29}``; a failure where only version-semantics rules
+    fired now ends with the fork gate's option."""
+    from forks import put_on_path
+
+    put_on_path(monkeypatch)
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "-p", "no:cacheprovider",
+                                           "--harness-candidate", "forks.shortest_prompt_first:make", *NO_FUZZ,
+                                           "-k", "test_invariants and fcfs-tight")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*fcfs-tight: {'ADMISSION-ORDER': *}*",
+                                 "*hint: ADMISSION-ORDER is a version-semantics rule (a release's design, not a "
+                                 "safety or progress bug): for a fork whose policy differs on purpose, "
+                                 "--harness-semantics fork checks its own run under safety and progress*"])

@@ -89,6 +89,17 @@ def test_regression_downgrade_to_schema_6_without_digest_is_named_unsealed(tmp_p
         code, out = run(command, path, "--require-sealed")
         assert code == 2 and len(out.strip().splitlines()) == 1, out
         assert "unsealed: no tamper evidence (schema 6 trace without a trace_sha256 digest)" in out
+    # The HTML report's line and page say it too (adversarial trial: report dropped it).
+    code, out = run("report", path, "-o", tmp_path / "r.html")
+    assert code == 0 and last_line(out).endswith("conformant (profile 0.33.0); unsealed: no tamper evidence"), out
+    assert ('<td class="k">verdict</td><td>conformant (profile 0.33.0); unsealed: no tamper evidence</td>'
+            in (tmp_path / "r.html").read_text())
+    # --json of an unusable trace still prints one object (adversarial trial: stdout was empty).
+    code, out = run("check", path, "--require-sealed", "--json")
+    assert code == 2
+    assert json.loads(out.splitlines()[0]) == {
+        "ok": False, "exit": 2, "error": f"{path}: unsealed: no tamper evidence (schema 6 trace without a "
+        "trace_sha256 digest); --require-sealed refuses it"}
 
 
 def test_a_digest_is_verified_whatever_version_is_claimed(tmp_path: Path) -> None:
@@ -221,3 +232,12 @@ def test_regression_allow_incomplete_said_exit_3_and_json_exit_was_missing(tmp_p
                                                 else "incomplete run (exit 3)"), out
     code, out = run("check", SOURCE, "--json")
     assert (code, json.loads(out)["exit"], json.loads(out)["ok"]) == (0, 0, True)
+
+
+def test_regression_check_of_a_scenario_file_says_how_to_record_it() -> None:
+    """New-user trial: ``harness check scenario.toml`` said only "not a Parquet file"."""
+    scenario = ROOT / "traces" / "scenarios" / "abort-running-at-step.toml"
+    code, out = run("check", scenario)
+    assert code == 2
+    assert out.strip().endswith(f"; to run it and check the run: harness record {scenario} -o TRACE.parquet, "
+                                "then harness check TRACE.parquet")

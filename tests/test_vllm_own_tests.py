@@ -352,14 +352,19 @@ def test_junit_outcomes_rebuild_node_ids_and_pins_come_from_the_release(tmp_path
     (tmp_path / "junit.xml").write_text(
         '<testsuites><testsuite>'
         '<testcase classname="tests.v1.test_a" name="test_x[1]"/>'
-        '<testcase classname="tests.v1.test_a.TestK" name="test_y"><failure/></testcase>'
+        '<testcase classname="tests.v1.test_a.TestK" name="test_y"><failure message="OSError: Invalid '
+        'repository ID&#10;second line"/></testcase>'
         '<testcase classname="tests.v1.test_a" name="test_z"><skipped/></testcase>'
         '<testcase classname="tests.v1.test_a" name="test_x[1]"><error/></testcase>'
         '</testsuite></testsuites>')
-    assert _junit_outcomes(tmp_path / "junit.xml", tmp_path) == {
+    messages: dict[str, str] = {}
+    assert _junit_outcomes(tmp_path / "junit.xml", tmp_path, messages) == {
         "tests/v1/test_a.py::test_x[1]": "failed",  # an error at teardown after its pass
         "tests/v1/test_a.py::TestK::test_y": "failed",
         "tests/v1/test_a.py::test_z": "skipped"}
+    # Each failure's first message line (new-user trial: a plain failure was a bare count).
+    assert messages == {"tests/v1/test_a.py::TestK::test_y": "OSError: Invalid repository ID",
+                        "tests/v1/test_a.py::test_x[1]": ""}
     req = tmp_path / "requirements" / "test"
     req.mkdir(parents=True)
     req.joinpath("cpu.txt").write_text("pytest==9.1.0\n    # via -r x\ntblib==3.1.0\ntorch==2.13.0\n")
@@ -399,3 +404,26 @@ def test_layered_env_without_pip_gets_test_packages_through_the_harness_pip(tmp_
     assert _pip_for(sys.executable) == [sys.executable, "-m", "pip"]
     listed = subprocess.run([*_pip_for(python), "list", "--format=json"], capture_output=True, text=True)
     assert listed.returncode == 0 and json.loads(listed.stdout) == []  # it sees that env, not ours
+
+
+def test_regression_a_plain_failure_is_named_and_an_empty_run_says_nothing_was_checked(tmp_path: Path) -> None:
+    """New-user trial: ``vllm-tests -k ...`` printed "plain: 4 tests, 3 passed"
+    without naming the failing test, and a run with 0 checkable recordings ended
+    on a verdict that read as clean."""
+    from harness.vllm_tests_cli import release_verdict
+    from harness.vllm_tests_report import analyse, render
+    from harness.vllm_tests_run import ReleaseRun
+
+    node = "tests/v1/core/test_scheduler.py::test_schedule_partial_requests"
+    report = analyse({node: "failed", "tests/v1/core/test_scheduler.py::test_a": "passed"},
+                     {node: "failed", "tests/v1/core/test_scheduler.py::test_a": "passed"},
+                     tmp_path / "rec", tmp_path / "traces", "0.33.0",
+                     plain_messages={node: "OSError: Invalid repository ID"})
+    assert report["failed_plain"] == [{"test": node, "reason": "OSError: Invalid repository ID"}]
+    assert report["broken_by_recorder"] == []
+    assert render(report)[-1] == (f"failed without the recorder (not a finding): {node}: "
+                                  "OSError: Invalid repository ID")
+    run = ReleaseRun(version="0.33.0", out_dir=str(tmp_path), report=report, exit=0)
+    assert release_verdict(run) == (
+        "vllm-tests 0.33.0: 0 test(s) broken by the recorder, 0 unexplained violation(s); nothing was checked: "
+        f"no recording had a complete step; report in {tmp_path / 'report.json'}")

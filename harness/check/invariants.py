@@ -34,7 +34,7 @@ from harness.check import (
 from harness.check.result import LAYERS, PROGRESS, SAFETY, SEMANTICS, Invariant
 
 __all__ = ["FAMILIES", "INVARIANTS", "PROGRESS_IDS", "SAFETY_IDS", "SEMANTICS_IDS", "Invariant", "describe",
-           "family_of", "root_cause_first"]
+           "family_of", "fork_hint", "root_cause_first"]
 
 # Family modules, in the order of the spec's sections.
 FAMILIES = (queues, preemption, budget, blocks, hybrid, spec_decode, fences, kv_connector, encoder, data_parallel,
@@ -92,6 +92,28 @@ def family_of(invariant_id: str) -> str:
     KeyError for an unknown id (its message names the close ids)."""
     _known(invariant_id)
     return _FAMILY[invariant_id]
+
+
+def fork_hint(invariant_ids, *, diverged: bool = False, option: str = "--semantics fork") -> str | None:
+    """One line for a finding that a correct fork can give: every id in
+    ``invariant_ids`` (an iterable of ids) is a version-semantics rule (a
+    release's design: a fork whose policy differs on purpose breaks it), or the
+    run only decided differently from the reference (``diverged``). None when a
+    safety or progress rule fired (a bug in any engine) or an id is unknown.
+    ``option``: how the command names the fork profile (the pytest plugin's is
+    ``--harness-semantics fork``). Regression (new-user trial): fuzz, golden
+    check and the plugin printed a bare "violation: ADMISSION-ORDER" for a
+    correct shortest-prompt-first fork, with no word of the layer."""
+    ids = sorted(set(invariant_ids))
+    if ids and all(i in INVARIANTS and INVARIANTS[i].layer == SEMANTICS for i in ids):
+        what = ", ".join(ids)
+        return (f"{what} {'is a' if len(ids) == 1 else 'are'} version-semantics rule{'s' * (len(ids) > 1)} "
+                f"(a release's design, not a safety or progress bug): for a fork whose policy differs "
+                f"on purpose, {option} checks its own run under safety and progress")
+    if not ids and diverged:
+        return (f"the candidate decides differently from the reference: for a fork whose policy differs "
+                f"on purpose, {option} checks its own run under safety and progress")
+    return None
 
 
 #: Ids that notice the effects of a decision made earlier (bookkeeping that no

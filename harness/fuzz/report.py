@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
+from harness.check.invariants import fork_hint
 from harness.fuzz.parallel import ParallelFuzzResult
 from harness.fuzz.witness import Witness
 from reference.words import plural
@@ -52,6 +53,10 @@ def render_witnesses(result: ParallelFuzzResult, witnesses: list[Witness], conso
         console.print(f"[bold red]FOUND[/] {who}{failure.kind}: {escape(failure.message)}")
         if failure.invariants:
             console.print("  invariants: " + ", ".join(f"{k}: {v}" for k, v in sorted(failure.invariants.items())))
+        hint = fork_hint(failure.invariants or (), diverged=failure.kind == "divergence") \
+            if failure.kind in ("violation", "divergence") else None
+        if hint:
+            console.print(f"  hint: {escape(hint)}")
         console.print(f"  shrunk to {escape(case.describe())} ({res.shrink_calls} shrink runs)")
         console.print(f"  trace {wit.trace}, scenario {wit.scenario}, description {wit.json}")
         console.print(f"  replay: {wit.command}")

@@ -49,8 +49,18 @@ def witness_names(spec: str, seed: int, workers: int) -> list[str]:
 
 
 def _semantics_flag(semantics: str) -> str:
-    """`` --semantics X`` for a run held to X, "" for ``auto`` (the default)."""
-    return "" if semantics == "auto" else f" --semantics {shlex.quote(semantics)}"
+    """`` --semantics X`` for the profile the fuzz run held the candidate to.
+
+    ``auto`` in ``harness fuzz`` means the reference's profile (every rule of the
+    release it mirrors), while ``auto`` in ``replay``/``check`` gives an engine
+    of unknown origin (``module:factory``) safety only: the command names the
+    reference's profile so it gives the run's verdict (regression: a fork's
+    ADMISSION-ORDER witness replayed "conformant (profile safety)")."""
+    if semantics == "auto":
+        from harness.check.profiles import reference_profile
+
+        semantics = reference_profile().name
+    return f" --semantics {shlex.quote(semantics)}"
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -373,7 +373,10 @@ def _open(p: Path) -> Trace:
     try:
         pf = pq.ParquetFile(p, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
-        raise TraceError(f"{p}: not a Parquet file or truncated ({_one_line(exc)})") from None
+        hint = ""
+        if p.suffix.lower() in (".toml", ".json", ".csv", ".jsonl"):  # a scenario or workload (new-user trial)
+            hint = f"; to run it and check the run: harness record {p} -o TRACE.parquet, then harness check TRACE.parquet"
+        raise TraceError(f"{p}: not a Parquet file or truncated ({_one_line(exc)}){hint}") from None
     raw = (pf.metadata.metadata or {}).get(METADATA_KEY)
     if raw is None:
         raise TraceError(f"{p}: Parquet file without sched-harness metadata (not a trace)")

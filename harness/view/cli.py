@@ -153,10 +153,12 @@ def divergence_of_replay(d: Any) -> Any:
                               f"candidate {d.actual!r}")
 
 
-def _verdict(series: Series) -> str:
+def _verdict(series: Series, trace: Trace) -> str:
+    """``check``'s verdict of ``trace``, with its incomplete and unsealed notes
+    (adversarial trial: report's line dropped "unsealed: no tamper evidence")."""
     from harness.report import verdict
 
-    return verdict(series.result, None)
+    return verdict(series.result, None, trace=trace)
 
 
 def register(main: click.Group) -> None:
@@ -192,9 +194,9 @@ def report(trace_path: str, against_path: str | None, output: str, semantics: st
     line = (f"report written to {output}: {plural(len(series.steps), 'step')}, "
             f"{plural(len(series.requests), 'request')}; ")
     if b_series is None:
-        line += _verdict(series)
+        line += _verdict(series, trace)
     else:
-        line += f"A: {_verdict(series)}; B: {_verdict(b_series)}; "
+        line += f"A: {_verdict(series, trace)}; B: {_verdict(b_series, against)}; "
         line += f"first divergence at step {divergence.step}" if divergence else "identical decisions"
     console.print(line, markup=False)
 
@@ -244,5 +246,5 @@ def export(trace_path: str, perfetto: bool, output: str | None, tables_dir: str 
     for path in written:
         console.print(f"wrote {path}", markup=False)
     console.print(f"exported {plural(len(series.steps), 'step')}, {plural(len(series.requests), 'request')}; "
-                  + _verdict(series), markup=False)
+                  + _verdict(series, trace), markup=False)
 

@@ -131,7 +131,7 @@ def _e(text: Any) -> str:
 
 
 #: The summary's rows: (key of ``report_dict``, label).
-SUMMARY_ROWS = (("engine", "engine"), ("profile", "profile"), ("steps", "steps"), ("requests", "requests"),
+SUMMARY_ROWS = (("verdict", "verdict"), ("engine", "engine"), ("profile", "profile"), ("steps", "steps"), ("requests", "requests"),
                 ("finished", "finished"), ("rejected", "rejected"), ("aborted", "aborted"),
                 ("preemptions", "preemptions"), ("prefix_hit_tokens", "prefix-hit tokens"),
                 ("draft_tokens", "draft tokens"), ("rejected_draft_tokens", "rejected draft tokens"),

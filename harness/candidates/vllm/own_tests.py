@@ -233,11 +233,14 @@ class RunResult:
     outcomes: dict[str, str] = field(default_factory=dict)
     cpu_s: float = 0.0
     returncode: int = 0
+    #: ``{node id: the first line of pytest's message}`` for each failed test.
+    messages: dict[str, str] = field(default_factory=dict)
 
 
-def _junit_outcomes(path: Path, root: Path) -> dict[str, str]:
+def _junit_outcomes(path: Path, root: Path, messages: dict[str, str] | None = None) -> dict[str, str]:
     """``{node id: passed|failed|skipped}`` from pytest's JUnit XML (``root``: the
-    tests' root, where a classname's module file is looked up)."""
+    tests' root, where a classname's module file is looked up); ``messages``,
+    when given, gets each failed test's first message line."""
     out: dict[str, str] = {}
     if not path.is_file():
         return out
@@ -252,8 +255,12 @@ def _junit_outcomes(path: Path, root: Path) -> dict[str, str]:
                 module = candidate + "".join(f"::{p}" for p in parts[i:])
                 break
         outcome = "passed"
-        if case.find("failure") is not None or case.find("error") is not None:
+        failure = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if failure is not None:
             outcome = "failed"
+            if messages is not None:
+                text = (failure.get("message") or failure.text or "").strip()
+                messages[f"{module}::{name}"] = (text.splitlines() or [""])[0][:200]
         elif case.find("skipped") is not None:
             outcome = "skipped"
         nodeid = f"{module}::{name}"
@@ -294,15 +301,18 @@ def run_pytest(version: str, root: Path, files: list[str], k: str | None, record
             last = time.monotonic()
     proc.wait()
     end = os.times()
-    result = RunResult(outcomes=_junit_outcomes(junit, root),
+    messages: dict[str, str] = {}
+    result = RunResult(outcomes=_junit_outcomes(junit, root, messages),
                        cpu_s=(end.children_user - start.children_user)
                        + (end.children_system - start.children_system),
-                       returncode=proc.returncode)
+                       returncode=proc.returncode, messages=messages)
     if proc.returncode not in (0, 1) or not result.outcomes:
         raise OwnTestsError(f"pytest in the {version} env exited {proc.returncode} with no results: "
                             + " | ".join(t for t in tail[-3:] if t))
+    failed = sum(o == "failed" for o in result.outcomes.values())
     log(f"{label}: {len(result.outcomes)} tests, "
-        f"{sum(o == 'passed' for o in result.outcomes.values())} passed")
+        f"{sum(o == 'passed' for o in result.outcomes.values())} passed"
+        + (f", {failed} failed" if failed else ""))
     return result
 
 
