@@ -156,3 +156,12 @@ UNMODELLED_RULES: dict[str, tuple[str, ...]] = {
     "kv_cache_groups": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
                         "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK"),
 }
+
+#: The rules a KV connector still keeps the model from judging when the trace
+#: recorded the connector's answers (its config's ``kv_connector_matches`` and
+#: ``kv_connector_outputs``, ``reference.kv_connector.RecordedKVConnector``):
+#: the model then counts the external tokens of every admission (synchronous,
+#: or an async load into WAITING_FOR_REMOTE_KVS), the loads' reports, their
+#: failures and the frees they delay, so every other rule of
+#: ``UNMODELLED_RULES["kv_connector"]`` is judged.
+RECORDED_CONNECTOR_UNJUDGED: tuple[str, ...] = ()
