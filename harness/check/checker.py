@@ -494,7 +494,8 @@ class TraceChecker(TraceModel):
         queues.check_next_in_waiting(self, st, rid, "skip")
         if req is not None and req.status == "WAITING_FOR_REMOTE_KVS":
             kv_connector.check_skip_loading(self, req)
-        elif rid not in st.enc.zero:  # (an encoder plan may cut the window to 0 tokens)
+        elif rid not in st.enc.zero and not kv_connector.match_pending(self, ev):
+            # (an encoder plan may cut the window to 0 tokens; a connector may not tell yet)
             fences.check_skip_reason(self, ev, req)
         st.skipped.append(rid)
         self.deferred_waiting.add(rid)

@@ -230,6 +230,11 @@ class TraceModel:
         self.kv_sync_answers: dict[str, frozenset[int]] = {
             req_id: frozenset(ext for ext, load_async in answers if ext and not load_async)
             for req_id, answers in config.get("kv_connector_matches") or ()}
+        # ... and the requests it once answered None for ("cannot tell yet":
+        # vLLM skips the request that step, harness.check.kv_connector.match_pending).
+        self.kv_pending_answers: frozenset[str] = frozenset(
+            req_id for req_id, answers in config.get("kv_connector_matches") or ()
+            if any(ext is None for ext, _ in answers))
         self.kv_queue: set[str] = set()
         self.inflight: dict[str, None] = {}
         self.kv_abandoned: dict[str, ReqShadow] = {}
