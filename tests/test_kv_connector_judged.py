@@ -18,7 +18,10 @@ vllm-tests 0.33.0 --files tests/v1/core/test_scheduler.py -k connector``):
 ``vllm-0.33.0-kv-connector-sync-preempt.jsonl.gz`` is
 test_kv_connector_handles_preemption[False-None-False-False] (block size 2,
 6 usable blocks, MockKVConnector answering 2 tokens, synchronous; request 1 is
-preempted and resumes with a 4-token local hit plus 2 external tokens). Each
+preempted and resumes with a 4-token local hit plus 2 external tokens);
+``vllm-0.33.0-kv-producer-sending.jsonl.gz`` is
+tests/v1/kv_connector/unit/test_remote_decode_lifecycle.py::test_basic_lifecycle
+(a producer: its free delayed until finished_sending, which stays unjudged). Each
 is checked clean as recorded, then broken one field at a time (a deliberately
 wrong engine): the rule that catches it fires with an exact witness. The
 last test runs the selection in vLLM 0.33.0's env (``HARNESS_SKIP_VLLM=1``
@@ -135,6 +138,42 @@ def test_a_reference_recorded_connector_trace_is_clean(tmp_path: Path) -> None:
         (0, "STALE-OUTPUT", "r0", "skipped (KV connector cannot tell yet) without stale output in flight")]
 
 
+def test_a_decision_without_a_recorded_answer_leaves_the_connector_unfollowed(tmp_path: Path) -> None:
+    """The resumed admission at step 4 computes 2 tokens past its hit, but its
+    step recorded no answer (vLLM's tests that swap in a mocked connector after
+    the scheduler was built: the recorder never sees the calls). Regression:
+    COMPUTED-CONTINUITY fired on correct vLLM (test_sync_load_failure)."""
+    records = _records(SYNC)
+    next(r for r in records if r.get("t") == "schedule" and r["step"] == 4).pop("kv_matches")
+    trace = _trace(tmp_path, records)
+    assert trace.config.kv_connector_matches is None
+    assert trace.meta["vllm_recording"]["warnings"][-1] == (
+        "the KV connector's recorded answers are not replayable: 1 connector decision(s) without a recorded "
+        "answer (first: request '1' at line 12)")
+    assert list(unjudged_rules(trace.meta)) == list(UNMODELLED_RULES["kv_connector"])
+    result = check_trace(trace)
+    assert result.ok and result.notes == [
+        f"{CONNECTOR_RULES}: not judged (a KV connector (MockKVConnector): the model cannot follow it)"]
+
+
+def test_a_producers_delayed_free_is_not_judged(tmp_path: Path) -> None:
+    """vLLM 0.33.0's test_remote_decode_lifecycle.py::test_basic_lifecycle (NixlPullConnector,
+    a producer): the finished request frees nothing (request_finished delays it) until
+    finished_sending, reported in the update of an idle step the trace drops. Regression:
+    FREE-WHOLE-TABLE ("freed [], but its table is [1, 2, 3]") on correct vLLM."""
+    trace = _trace(tmp_path, _records(DATA / "vllm-0.33.0-kv-producer-sending.jsonl.gz"))
+    assert trace.meta["vllm_recording"]["unmodelled"] == {
+        "kv_connector": "a KV connector (NixlPullConnector)",
+        "kv_connector_sending": "1 finished_sending report(s): a KV producer's blocks held while sending"}
+    assert trace.config.kv_connector_matches is None
+    result = check_trace(trace)
+    assert result.ok and (result.steps, result.finished) == (1, 1)
+    assert result.notes == [
+        f"{CONNECTOR_RULES}: not judged (a KV connector (NixlPullConnector): the model cannot follow it)",
+        "FREE-WHOLE-TABLE: not judged (1 finished_sending report(s): a KV producer's blocks held while "
+        "sending: the model cannot follow it)"]
+
+
 # -- deliberately broken connector traces: each rule fires with an exact witness -------------------
 def _reserve_none(rs):  # r000001's async load leaves nothing for r000000's in-flight prefill
     _event(rs, 0, "kv_load", "1")["reserved_blocks"] = 0
@@ -183,6 +222,13 @@ def _external_block_missing(rs):  # the 2 synchronous external tokens get no blo
     _event(rs, 4, "schedule", "1")["new_block_ids"] = [4, 5, 3]
 
 
+def _abort_frees_while_loading(rs):  # request 1 aborted after step 0, its loading blocks freed at once
+    i = next(i for i, r in enumerate(rs) if r.get("t") == "update" and r["step"] == 0)
+    rs.insert(i + 1, {"t": "abort", "mid_step": False, "status": "FINISHED_ABORTED", "finished": [
+        {"request_id": "1", "status": "FINISHED_ABORTED", "finish_reason": "abort", "stop_reason": None,
+         "num_output_tokens": 0, "freed_block_ids": [4, 3], "fence": None}]})
+
+
 BROKEN = {
     "REMOTE-KV-RESERVATION": (ASYNC, _reserve_none, [
         (0, "REMOTE-KV-RESERVATION", "r000001", "reserved 0 blocks, but in-flight prefills ['r000000'] still need 2")]),
@@ -205,6 +251,9 @@ BROKEN = {
                                             "was reported finished")]),
     "REMOTE-KV-LOADING:count": (ASYNC, _promote_short, [
         (2, "REMOTE-KV-LOADING", "r000000", "promoted to WAITING with 16 computed tokens; expected WAITING with 32")]),
+    # (Only its first witness: the rest of the recording still drives request 1.)
+    "REMOTE-KV-ABORT-HOLDS": (ASYNC, _abort_frees_while_loading, [
+        (1, "REMOTE-KV-ABORT-HOLDS", "r000001", "abort freed [4, 3] while its KV load was still in flight")]),
     "FREE-ORDER": (ASYNC, _free_head_first, [
         (4, "FREE-ORDER", "r000000", "freed [1, 2, 5, 6, 9], expected its table tail first [9, 6, 5, 2, 1]")]),
     "COMPUTED-CONTINUITY": (SYNC, _no_sync_answer, [
