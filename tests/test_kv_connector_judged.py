@@ -97,7 +97,7 @@ def test_synchronous_external_tokens_are_counted_at_admission(tmp_path: Path) ->
     trace = _trace(tmp_path, _records(SYNC))
     assert trace.config.kv_connector_matches == (("r000000", ((2, False),)),
                                                  ("r000001", ((2, False), (2, False), (2, False))))
-    assert unjudged_rules(trace.meta) == {}
+    assert unjudged_rules(trace.meta) == {} and trace.incomplete is None  # a whole pass: exit 0
     result = check_trace(trace)
     assert result.ok and result.notes == []
     assert (result.steps, result.finished, result.preemptions, result.prefix_hit_tokens, result.events) == (
@@ -151,6 +151,7 @@ def test_a_decision_without_a_recorded_answer_leaves_the_connector_unfollowed(tm
         "the KV connector's recorded answers are not replayable: 1 connector decision(s) without a recorded "
         "answer (first: request '1' at line 12)")
     assert list(unjudged_rules(trace.meta)) == list(UNMODELLED_RULES["kv_connector"])
+    assert trace.incomplete == "not every rule judged: the model cannot follow kv_connector"
     result = check_trace(trace)
     assert result.ok and result.notes == [
         f"{CONNECTOR_RULES}: not judged (a KV connector (MockKVConnector): the model cannot follow it)"]

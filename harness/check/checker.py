@@ -785,10 +785,9 @@ def unjudged_rules(meta: dict[str, Any]) -> dict[str, str]:
     features = recording.get("unmodelled") if isinstance(recording, dict) else None
     if not isinstance(features, dict):
         return {}
-    config = meta.get("config")
     # A connector whose answers the trace recorded is followed by the model
     # (harness.check.kv_connector): only what it cannot count yet is skipped.
-    recorded = isinstance(config, dict) and config.get("kv_connector_matches") is not None
+    recorded = connector_followed(meta)
     out: dict[str, str] = {}
     for feature, description in sorted(features.items()):
         rules = UNMODELLED_RULES.get(feature, ())
@@ -797,6 +796,14 @@ def unjudged_rules(meta: dict[str, Any]) -> dict[str, str]:
         for rule in rules:
             out.setdefault(rule, description)
     return out
+
+
+def connector_followed(meta: dict[str, Any]) -> bool:
+    """True when the trace's config carries a recorded KV connector's answers
+    (``kv_connector_matches``): the model follows that connector, so the
+    ``kv_connector`` feature keeps only ``RECORDED_CONNECTOR_UNJUDGED`` unjudged."""
+    config = meta.get("config")
+    return isinstance(config, dict) and config.get("kv_connector_matches") is not None
 
 
 def _by_feature(skip: dict[str, str]) -> dict[str, list[str]]:
