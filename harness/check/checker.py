@@ -393,7 +393,7 @@ class TraceChecker(TraceModel):
             return
         if preemption.check_still_holding(self, req):
             self._release_all(req, req.blocks[::-1], "finish")
-        external = kv_connector.external_tokens(self, req, computed, hit)
+        external = queues.admission_computed(self, req, computed, hit)
         if external:
             self.note(req, f"{plural(external, 'external token')} computed at admission (a synchronous KV load)")
         if self.group_windows is not None:

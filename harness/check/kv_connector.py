@@ -43,29 +43,7 @@ def check_skip_loading(m: TraceModel, req: ReqShadow) -> None:
                   "skipped although its transfer was reported finished (must be promoted)")
 
 
-# -- synchronous external tokens -------------------------------------------------------
-def external_tokens(m: TraceModel, req: ReqShadow, computed: int, hit: int) -> int:
-    """COMPUTED-CONTINUITY at a fresh admission (a prefix lookup): vLLM 0.33.0
-    ``Scheduler.schedule`` starts it at ``num_new_local_computed_tokens +
-    num_external_computed_tokens``, the local hit plus what the connector's
-    ``get_num_new_matched_tokens`` answered for a synchronous load
-    (``load_kv_async`` False: the tokens count as computed at once, their
-    blocks are allocated with the new ones by ``allocate_slots``). Without a
-    connector, or for an answer it never gave (``TraceModel.kv_sync_answers``),
-    the admission starts at its hit. Returns the external tokens counted (tokens)."""
-    external = computed - hit
-    if external == 0:
-        return 0
-    answers = m.kv_sync_answers.get(req.request_id, frozenset()) if m.kv_connector else frozenset()
-    if external not in answers or computed > req.num_tokens:
-        said = (f"; its connector answered {sorted(answers)} synchronous external tokens" if answers
-                else "" if not m.kv_connector else "; its connector answered no synchronous external tokens")
-        m.violate("COMPUTED-CONTINUITY", req.request_id,
-                  f"admitted with num_computed_tokens {computed} != prefix hit {hit}{said}")
-        return 0
-    return external
-
-
+# -- a skip while the connector cannot tell ----------------------------------------------
 def match_pending(m: TraceModel, ev: dict) -> bool:
     """At a ``skip`` row: True when it is vLLM 0.33.0's skip of a request whose
     connector answered None ("cannot tell yet", ``Scheduler.schedule``'s
