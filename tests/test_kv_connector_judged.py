@@ -80,6 +80,7 @@ def _witnesses(result) -> list[tuple]:
 
 # -- correct vLLM: judged, clean -----------------------------------------------------------------
 def test_the_connector_rules_are_judged_when_its_answers_were_recorded(tmp_path: Path) -> None:
+    # (Empty: harness.trace.reader's Trace.incomplete counts such a trace a whole pass.)
     assert RECORDED_CONNECTOR_UNJUDGED == ()
     trace = _trace(tmp_path, _records(ASYNC))
     assert trace.meta["vllm_recording"]["unmodelled"] == {"kv_connector": "a KV connector (MockKVConnector)"}

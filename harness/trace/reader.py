@@ -92,12 +92,13 @@ class Trace:
         recording = self.meta.get("vllm_recording")
         unmodelled = recording.get("unmodelled") if isinstance(recording, dict) else None
         if unmodelled:
-            from harness.check.checker import connector_followed  # (the checker reads traces)
-            from harness.check.invariants import RECORDED_CONNECTOR_UNJUDGED
-
-            # A KV connector whose answers were recorded is followed: every rule judged.
-            followed = ({"kv_connector"} if connector_followed(self.meta) and not RECORDED_CONNECTOR_UNJUDGED
-                        else set())
+            # A KV connector whose answers were recorded (config kv_connector_matches) is
+            # followed: every rule judged (harness.check.checker.connector_followed, with
+            # harness.check.invariants.RECORDED_CONNECTOR_UNJUDGED empty; not imported:
+            # the trace layer reads no checker).
+            config = self.meta.get("config")
+            followed = ({"kv_connector"} if isinstance(config, dict)
+                        and config.get("kv_connector_matches") is not None else set())
             features = ", ".join(sorted(str(f) for f in unmodelled if f not in followed))
             if features:
                 return f"not every rule judged: the model cannot follow {features}"[:300]
