@@ -393,7 +393,9 @@ class TraceChecker(TraceModel):
             return
         if preemption.check_still_holding(self, req):
             self._release_all(req, req.blocks[::-1], "finish")
-        queues.check_computed_is_hit(self, rid, computed, hit)
+        external = queues.admission_computed(self, req, computed, hit)
+        if external:
+            self.note(req, f"{plural(external, 'external token')} computed at admission (a synchronous KV load)")
         if self.group_windows is not None:
             hybrid.admit(self, req, ev, hit)
             req.status = "RUNNING"
@@ -492,7 +494,8 @@ class TraceChecker(TraceModel):
         queues.check_next_in_waiting(self, st, rid, "skip")
         if req is not None and req.status == "WAITING_FOR_REMOTE_KVS":
             kv_connector.check_skip_loading(self, req)
-        elif rid not in st.enc.zero:  # (an encoder plan may cut the window to 0 tokens)
+        elif rid not in st.enc.zero and not kv_connector.match_pending(self, ev):
+            # (an encoder plan may cut the window to 0 tokens; a connector may not tell yet)
             fences.check_skip_reason(self, ev, req)
         st.skipped.append(rid)
         self.deferred_waiting.add(rid)
@@ -776,15 +779,31 @@ def unjudged_rules(meta: dict[str, Any]) -> dict[str, str]:
     recording with one of ``UNMODELLED_RULES``'s features)."""
     from harness.check.invariants import UNMODELLED_RULES  # the catalogue imports the families
 
+    from harness.check.invariants import RECORDED_CONNECTOR_UNJUDGED
+
     recording = meta.get("vllm_recording")
     features = recording.get("unmodelled") if isinstance(recording, dict) else None
     if not isinstance(features, dict):
         return {}
+    # A connector whose answers the trace recorded is followed by the model
+    # (harness.check.kv_connector): only what it cannot count yet is skipped.
+    recorded = connector_followed(meta)
     out: dict[str, str] = {}
     for feature, description in sorted(features.items()):
-        for rule in UNMODELLED_RULES.get(feature, ()):
+        rules = UNMODELLED_RULES.get(feature, ())
+        if feature == "kv_connector" and recorded:
+            rules = tuple(r for r in rules if r in RECORDED_CONNECTOR_UNJUDGED)
+        for rule in rules:
             out.setdefault(rule, description)
     return out
+
+
+def connector_followed(meta: dict[str, Any]) -> bool:
+    """True when the trace's config carries a recorded KV connector's answers
+    (``kv_connector_matches``): the model follows that connector, so the
+    ``kv_connector`` feature keeps only ``RECORDED_CONNECTOR_UNJUDGED`` unjudged."""
+    config = meta.get("config")
+    return isinstance(config, dict) and config.get("kv_connector_matches") is not None
 
 
 def _by_feature(skip: dict[str, str]) -> dict[str, list[str]]:

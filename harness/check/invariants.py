@@ -172,9 +172,22 @@ UNMODELLED_RULES: dict[str, tuple[str, ...]] = {
     "kv_connector": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
                      "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK",
                      "REMOTE-KV-LOADING", "REMOTE-KV-RESERVATION", "REMOTE-KV-ABORT-HOLDS"),
+    # A KV producer (finished_sending reports): a finished request's blocks stay
+    # held until sent, freed by no row of the trace (its other block rules are
+    # skipped with "kv_connector": its answers are then not followed either).
+    "kv_connector_sending": ("FREE-WHOLE-TABLE",),
     "streaming_input": ("STOP-RULES", "LIVENESS"),
     "kv_cache_spec": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
                       "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK"),
     "kv_cache_groups": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
                         "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK"),
 }
+
+#: The rules a KV connector still keeps the model from judging when the trace
+#: recorded the connector's answers (its config's ``kv_connector_matches`` and
+#: ``kv_connector_outputs``, ``reference.kv_connector.RecordedKVConnector``):
+#: the model then counts the external tokens of every admission (synchronous,
+#: or an async load into WAITING_FOR_REMOTE_KVS), the loads' reports, their
+#: failures and the frees they delay, so every other rule of
+#: ``UNMODELLED_RULES["kv_connector"]`` is judged.
+RECORDED_CONNECTOR_UNJUDGED: tuple[str, ...] = ()

@@ -10,6 +10,7 @@ per-request ``kv_done``/``kv_failed`` flags.
 
 from __future__ import annotations
 
+from reference.kv_connector import KV_MATCH_PENDING
 from reference.words import plural
 
 from harness.check.model import ReqShadow, StepState, TraceModel, cdiv
@@ -40,6 +41,17 @@ def check_skip_loading(m: TraceModel, req: ReqShadow) -> None:
     if req.kv_done:
         m.violate("REMOTE-KV-LOADING", req.request_id,
                   "skipped although its transfer was reported finished (must be promoted)")
+
+
+# -- a skip while the connector cannot tell ----------------------------------------------
+def match_pending(m: TraceModel, ev: dict) -> bool:
+    """At a ``skip`` row: True when it is vLLM 0.33.0's skip of a request whose
+    connector answered None ("cannot tell yet", ``Scheduler.schedule``'s
+    ``ext_tokens is None`` branch) and the recorded connector did answer None
+    for it (``TraceModel.kv_pending_answers``); any other skip needs its own
+    reason (STALE-OUTPUT, ``harness.check.fences.check_skip_reason``)."""
+    return (m.kv_connector and ev["message"] == KV_MATCH_PENDING
+            and ev["request_id"] in m.kv_pending_answers)
 
 
 # -- the load ----------------------------------------------------------------------

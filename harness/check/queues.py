@@ -244,7 +244,25 @@ def check_computed(m: TraceModel, req: ReqShadow, computed: int, what: str) -> N
     m.violate("COMPUTED-CONTINUITY", req.request_id, message)
 
 
-def check_computed_is_hit(m: TraceModel, rid: str, computed: int, hit: int) -> None:
-    """COMPUTED-CONTINUITY: an admission without loaded KV starts at its prefix hit."""
-    if computed != hit:
-        m.violate("COMPUTED-CONTINUITY", rid, f"admitted with num_computed_tokens {computed} != prefix hit {hit}")
+def admission_computed(m: TraceModel, req: ReqShadow, computed: int, hit: int) -> int:
+    """COMPUTED-CONTINUITY at a fresh admission (a prefix lookup; not after a
+    finished async load): it starts at its prefix hit, or with a KV connector
+    (``harness.check.kv_connector``) as vLLM 0.33.0
+    ``Scheduler.schedule`` starts it at ``num_new_local_computed_tokens +
+    num_external_computed_tokens``, the local hit plus what the connector's
+    ``get_num_new_matched_tokens`` answered for a synchronous load
+    (``load_kv_async`` False: the tokens count as computed at once, their
+    blocks are allocated with the new ones by ``allocate_slots``). Without a
+    connector, or for an answer it never gave (``TraceModel.kv_sync_answers``),
+    the admission starts at its hit. Returns the external tokens counted (tokens)."""
+    external = computed - hit
+    if external == 0:
+        return 0
+    answers = m.kv_sync_answers.get(req.request_id, frozenset()) if m.kv_connector else frozenset()
+    if external not in answers or computed > req.num_tokens:
+        said = (f"; its connector answered {sorted(answers)} synchronous external tokens" if answers
+                else "" if not m.kv_connector else "; its connector answered no synchronous external tokens")
+        m.violate("COMPUTED-CONTINUITY", req.request_id,
+                  f"admitted with num_computed_tokens {computed} != prefix hit {hit}{said}")
+        return 0
+    return external

@@ -92,8 +92,16 @@ class Trace:
         recording = self.meta.get("vllm_recording")
         unmodelled = recording.get("unmodelled") if isinstance(recording, dict) else None
         if unmodelled:
-            features = ", ".join(sorted(str(f) for f in unmodelled))
-            return f"not every rule judged: the model cannot follow {features}"[:300]
+            # A KV connector whose answers were recorded (config kv_connector_matches) is
+            # followed: every rule judged (harness.check.checker.connector_followed, with
+            # harness.check.invariants.RECORDED_CONNECTOR_UNJUDGED empty; not imported:
+            # the trace layer reads no checker).
+            config = self.meta.get("config")
+            followed = ({"kv_connector"} if isinstance(config, dict)
+                        and config.get("kv_connector_matches") is not None else set())
+            features = ", ".join(sorted(str(f) for f in unmodelled if f not in followed))
+            if features:
+                return f"not every rule judged: the model cannot follow {features}"[:300]
         return None
 
     @property

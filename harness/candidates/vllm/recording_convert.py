@@ -329,6 +329,30 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
     notes["trailing_inputs"] = len(inputs)
 
 
+def _unanswered_kv_decisions(sched: dict, line: int, promoted: set[str]) -> list[str]:
+    """The requests of one ``schedule`` record whose connector decision has no
+    recorded ``get_num_new_matched_tokens`` answer in that step (``kv_matches``):
+    an async load (``kv_load``), or a fresh admission computing more than its
+    local prefix hit (synchronous external tokens; not one resuming after its
+    load was promoted, ``promoted``: the ids promoted and not yet admitted,
+    kept across steps). vLLM 0.33.0 asks the connector at
+    every fresh admission (``Scheduler.schedule``), so a missing answer means
+    the recorder did not see the call: the answers cannot be followed."""
+    answered = {m[0] for m in sched.get("kv_matches") or ()}
+    out = []
+    for e in sched["output"]["events"]:
+        rid = e.get("request_id")
+        if e["type"] == "kv_promote":
+            promoted.add(rid)
+        elif e["type"] == "schedule" and rid in promoted:
+            promoted.discard(rid)  # the admission after its load: no lookup, no answer
+        elif rid not in answered and rid not in promoted and (
+                e["type"] == "kv_load" or (e["type"] == "schedule" and e["kind"] != "running"
+                                           and e["num_computed_tokens"] > e["num_prefix_hit_tokens"])):
+            out.append(f"request {rid!r} at line {line}")
+    return out
+
+
 def _unmodelled(meta_rec: dict, unsupported: dict[str, int]) -> dict[str, str]:
     """The recording's features the model cannot follow (the recorder's
     ``unmodelled``; read from its warnings in a recording made before it wrote
@@ -731,10 +755,18 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         except KeyError:
             raise ConvertError(f"{src}:{where}: request {vllm_id!r} was never added") from None
 
+    kv_unanswered: list[str] = []  # "request at line": a connector decision with no answer recorded
+    kv_promoted: set[str] = set()
     for step, idle in _steps(src, notes, batches):
+        # A KV producer's reports count in every update, kept or not (regression: a
+        # finished_sending in the update of a dropped idle step left its delayed free
+        # judged, and FREE-WHOLE-TABLE / BLOCK-CONSERVATION fired on correct vLLM).
+        kv_sending += len(((step["update"] or {}).get("kv") or {}).get("finished_sending") or ())
         if idle is None:
             dropped_idle += 1
             continue
+        if step["schedule"] is not None and idle is False:
+            kv_unanswered.extend(_unanswered_kv_decisions(step["schedule"], step["line"], kv_promoted))
         for kind, a in step["inputs"]:
             if kind != "arrival":
                 continue
@@ -766,7 +798,6 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             batch_index = kept_of_batch.pop(step["update_batch"], None)
             kv = (step["update"] or {}).get("kv")
             if kv is not None and batch_index is not None:
-                kv_sending += len(kv.get("finished_sending") or ())
                 kv_outputs.append((batch_index, tuple(rid(r, step["line"]) for r in kv["finished_recving"]),
                                    tuple(kv["invalid_block_ids"])))
         plan.append((clock, base))
@@ -810,6 +841,11 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             recorded_kv = "a hybrid KV cache (the connector's loads are modelled for one group)"
         elif kv_sending:
             recorded_kv = f"{kv_sending} finished_sending report(s) (a KV producer's frees are not modelled)"
+        elif kv_unanswered:
+            # (vLLM's tests that swap in a mocked connector after the scheduler was
+            # built: the recorder's hook never sees its answers.)
+            recorded_kv = (f"{len(kv_unanswered)} connector decision(s) without a recorded answer "
+                           f"(first: {kv_unanswered[0]})")
         else:
             try:
                 config = EngineConfig.from_dict(
@@ -864,6 +900,12 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         "mid_step_aborts": notes["mid_step_aborts"], "warnings": warnings,
         "unmodelled": _unmodelled(meta_rec, unsupported),
     }
+    if kv_sending:
+        # A KV producer: vLLM's request_finished delays a finished request's free until
+        # its blocks are reported sent (finished_sending); the trace has no row for that.
+        meta["vllm_recording"]["unmodelled"].setdefault(
+            "kv_connector_sending", f"{kv_sending} finished_sending report(s): a KV producer's blocks "
+                                    f"held while sending")
     if groups_unmodelled and "kv_cache_spec" not in meta["vllm_recording"]["unmodelled"]:
         # (A spec the recorder knows the model lacks is marked kv_cache_spec already.)
         for feature, why in groups_unmodelled.items():
