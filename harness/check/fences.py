@@ -50,9 +50,24 @@ def check_no_stale_at_admission(m: TraceModel, req: ReqShadow, kind: str) -> Non
                   f"admitted ({kind}) with {plural(req.stale, 'token')} of stale output still in flight")
 
 
+def lora_limit_reached(m: TraceModel, request_id: str) -> bool:
+    """Whether ``request_id``'s LoRA adapter would exceed ``max_loras`` now
+    (vLLM 0.33.0 ``Scheduler.schedule``'s waiting loop): ``max_loras``
+    distinct adapters are held by running requests (admissions of this step
+    included) and its own is not among them."""
+    lora = m.lora_int_ids.get(request_id, 0)
+    if m.max_loras is None or lora <= 0:
+        return False
+    held = {m.lora_int_ids.get(r, 0) for r, q in m.reqs.items() if q.status == "RUNNING"} - {0}
+    return len(held) == m.max_loras and lora not in held
+
+
 def check_skip_reason(m: TraceModel, ev: dict, req: ReqShadow | None) -> None:
     """STALE-OUTPUT at a ``skip`` row (not a KV load, not an encoder cut): the
-    skip needs stale output in flight."""
+    skip needs stale output in flight, or (LoRA) an adapter that would exceed
+    ``max_loras`` (``lora_limit_reached``)."""
+    if lora_limit_reached(m, ev["request_id"]):
+        return
     if req is None or req.stale == 0:
         m.violate("STALE-OUTPUT", ev["request_id"], f"skipped ({ev['message']}) without stale output in flight")
 
