@@ -20,7 +20,13 @@ request_id, num_prefix_hit_tokens, num_external_tokens, block_ids,
 reserved_blocks}`` (an async-load admission: ``allocate_slots`` called with
 ``delay_cache_blocks=True``) and ``{"type": "kv_promote", request_id, status,
 num_computed_tokens, load_failed, freed_block_ids}`` (a finished load promoted
-by ``_handle_blocked_waiting_request``). ``snapshot`` adds ``request_states``
+by ``_handle_blocked_waiting_request``), and with encoder inputs ``{"type":
+"encoder_plan", request_id, num_computed_tokens, num_scheduled_tokens,
+encoder_input_ids}`` (a ``_try_schedule_encoder_inputs`` call whose window
+overlaps an item: the window after its cut, the inputs to encode), a
+``schedule`` event's ``encoder_input_ids`` (vLLM ``scheduled_encoder_inputs``)
+and a ``withdraw`` event's (the inputs its plan had chosen), and the output's
+``free_encoder_mm_hashes``; these keys are left out when empty. ``snapshot`` adds ``request_states``
 (``request_states``: what vLLM's ``Request`` objects hold). Inconsistent
 outputs are recorded as they are (``normalise``); only malformed input
 raises NormalisationError, naming the field.

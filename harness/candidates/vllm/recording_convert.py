@@ -745,7 +745,15 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     # LoRA requests (the arrival's ``lora_int_id``): the config's lora_int_ids.
     lora_int_ids: dict[str, int] = {}
     # ... unless the model cannot follow vLLM's encoder (meta ``unmodelled``).
-    encoder_modelled = not set(meta_rec.get("unmodelled") or ()) & set(ENCODER_UNMODELLED)
+    encoder_why = next((k for k in ENCODER_UNMODELLED if k in (meta_rec.get("unmodelled") or {})), None)
+    budgets = [meta_rec.get("config", {}).get(k) for k in ENCODER_KEYS[:2]]
+    if encoder_why is None and not all(isinstance(b, int) and not isinstance(b, bool) and b > 0
+                                       for b in budgets):
+        # (vLLM's budgets are 0 for a model without multimodal inputs; a test may set 0.)
+        encoder_why = (f"encoder budgets max_num_encoder_input_tokens {budgets[0]}, encoder cache size "
+                       f"{budgets[1]} (the model needs both positive)")
+    encoder_modelled = encoder_why is None
+    dropped_mm = 0  # requests whose recorded encoder inputs are left out (not encoder_modelled)
     kept_of_batch: dict[int, int] = {}
 
     def rid(vllm_id: str, where: int) -> str:
@@ -777,6 +785,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                     mm_identifiers[ids[a["request_id"]]] = tuple(f[2] for f in a["mm_features"])
                 else:  # converted text-only, as before the recorder kept them
                     unsupported["encoder_inputs"] = unsupported.get("encoder_inputs", 0) + 1
+                    dropped_mm += 1
         aborts = [f["request_id"] for k, r in step["inputs"] if k == "abort" for f in r["finished"]]
         # Replay aborts equal times in request-id order: when vLLM freed them
         # in another order, space their times by ulps (arrivals go first).
@@ -920,6 +929,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     }
     if lora_unmodelled:
         meta["vllm_recording"]["unmodelled"]["lora"] = lora_unmodelled
+    if dropped_mm and encoder_why not in ENCODER_UNMODELLED:
+        meta["vllm_recording"]["unmodelled"]["encoder_inputs"] = (
+            f"{dropped_mm} request(s) with encoder inputs ({encoder_why})")
     if groups_unmodelled and "kv_cache_spec" not in meta["vllm_recording"]["unmodelled"]:
         # (A spec the recorder knows the model lacks is marked kv_cache_spec already.)
         for feature, why in groups_unmodelled.items():

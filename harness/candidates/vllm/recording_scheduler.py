@@ -55,7 +55,12 @@ version, config values under our ``EngineConfig`` names, every other captured
 vLLM config value, warnings, and ``scheduler_cls`` when the recorder runs over
 the user's own class, ``SCHED_HARNESS_BASE_CLS``: see ``_base_scheduler_class``),
 ``arrival`` (a request added: prompt and
-sampling parameters), ``abort`` (``finish_requests``: the requests it
+sampling parameters; ``mm_features``, ``[offset, length, identifier,
+num_embeds]`` per encoder input of vLLM's ``Request.mm_features``, and
+``lora_int_id``, its ``LoRARequest``'s, when it has them), ``config`` (an
+encoder budget a unit test set by hand before the first ``schedule()``: the
+values ``schedule()`` uses, which the converter takes instead of the meta
+record's), ``abort`` (``finish_requests``: the requests it
 finished, in free order, and whether it happened between ``schedule`` and
 ``update_from_output``), ``schedule`` (its ``batch``: the number of the
 schedule() call; queues and free blocks before and after, the normalised
@@ -277,8 +282,11 @@ class _LineWriter:
 
 
 #: Flags vLLM's ``Scheduler.__init__`` derives from the config that change how it
-#: schedules (0.33.0: chunks cut at Mamba block boundaries, mode "align").
-_DERIVED_FLAGS = ("need_mamba_block_aligned_split",)
+#: schedules (0.33.0: chunks cut at Mamba block boundaries, mode "align"; the
+#: drafter's prefill look-ahead, which shifts the encoder window and keeps a
+#: prefill chunk from ending within it: 0.33.0's
+#: ``test_drafter_lookahead_encoder_cache_cap_*`` set it by hand).
+_DERIVED_FLAGS = ("need_mamba_block_aligned_split", "num_prefill_lookahead")
 
 
 def _mm_features(request) -> list[list] | None:
@@ -691,9 +699,9 @@ class _Recorder:
                 self.batches == 0 or ecm is self.encoder_state[1]):
             self.encoder_state = now
             return
-        if self.batches == 0 and budget and cache_size:
-            self._write({"t": "config", "config": {"max_num_encoder_input_tokens": int(budget),
-                                                   "encoder_cache_size": int(cache_size)}})
+        if self.batches == 0:
+            self._write({"t": "config", "config": {"max_num_encoder_input_tokens": _jsonable(budget),
+                                                   "encoder_cache_size": _jsonable(cache_size)}})
             self.encoder_state = now
             return
         self.encoder_state = None
