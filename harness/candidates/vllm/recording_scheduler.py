@@ -704,10 +704,12 @@ class _Recorder:
                                                    "encoder_cache_size": _jsonable(cache_size)}})
             self.encoder_state = now
             return
-        self.encoder_state = None
+        was, self.encoder_state = self.encoder_state, None
         self._write({"t": "protocol", "step": self.steps,
-                     "what": f"the encoder budgets set by hand (max_num_encoder_input_tokens {budget!r}, "
-                             f"encoder cache size {cache_size!r}) after the first schedule()"})
+                     "what": f"Scheduler.max_num_encoder_input_tokens {budget!r} and encoder cache size "
+                             f"{cache_size!r} set after the first schedule() by hand (vLLM derived "
+                             f"{was[0]!r} and {was[2]!r}, or a test set them before it; a new "
+                             f"encoder cache forgets what the old one held)"})
 
     def _check_derived(self) -> None:
         """A ``protocol`` record (the converter ends the trace there) when a flag
