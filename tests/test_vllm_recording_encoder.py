@@ -147,3 +147,38 @@ def test_what_the_model_does_not_follow_is_left_unmodelled(tmp_path, edit, unmod
     has_items = any(r["mm_positions"] for r in rows if r["kind"] == "arrival")
     assert has_items == ("encoder_inputs" not in unmodelled)
     assert ("encoder_plan" in {r["kind"] for r in rows}) == has_items
+
+
+def test_normalise_reads_encoder_plans_and_a_withdrawn_requests_inputs() -> None:
+    """``events.normalise`` on a hand-made hook sequence and SchedulerOutput (vLLM 0.33.0's shapes):
+    each ``_try_schedule_encoder_inputs`` plan is an ``encoder_plan`` event; a ``schedule`` event
+    carries the plan's inputs, replaced by ``scheduled_encoder_inputs`` for a request the output
+    keeps; a PRIORITY victim's ``withdraw`` gives back its plan's inputs (vLLM's output no longer
+    names them); ``free_encoder_mm_hashes`` is kept when not empty."""
+    from types import SimpleNamespace
+
+    from harness.candidates.vllm.events import normalise
+
+    seq = [("encoder_plan", "v", 10, 20, [1]),
+           ("alloc", "v", "RUNNING", 10, 20, 0, [5], [], None, None),
+           ("encoder_plan", "w", 0, 30, [0]),
+           ("preempt", "v", 10, [5, 4], None, None),
+           ("alloc", "w", "RUNNING", 0, 30, 0, [6], [], None, None)]
+    so = SimpleNamespace(
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=["w"], new_block_ids=[([6],)], num_computed_tokens=[0],
+                                              resumed_req_ids=set()),
+        num_scheduled_tokens={"w": 30}, scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={"w": [0]},
+        free_encoder_mm_hashes=["hash9_0"], preempted_req_ids={"v"}, total_num_scheduled_tokens=30,
+        finished_req_ids=set())
+    out = normalise(so, seq, use_v2=False, max_num_scheduled_tokens=100)
+    assert [(e["type"], e["request_id"], e.get("num_scheduled_tokens"), e.get("encoder_input_ids"))
+            for e in out["events"]] == [
+        ("encoder_plan", "v", 20, [1]), ("schedule", "v", 20, [1]), ("encoder_plan", "w", 30, [0]),
+        ("withdraw", "v", 20, [1]), ("preempt", "v", None, None), ("schedule", "w", 30, [0])]
+    assert out["free_encoder_mm_hashes"] == ["hash9_0"]
+    # Without encoder inputs the keys are left out (a text-only recording is unchanged).
+    text = normalise(SimpleNamespace(**{**vars(so), "scheduled_encoder_inputs": {}, "free_encoder_mm_hashes": []}),
+                     [item for item in seq if item[0] != "encoder_plan"], use_v2=False,
+                     max_num_scheduled_tokens=100)
+    assert "free_encoder_mm_hashes" not in text and not any("encoder_input_ids" in e for e in text["events"])

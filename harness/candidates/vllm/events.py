@@ -531,9 +531,11 @@ class DecisionHooks:
             result = orig_encoder(request, num_computed_tokens, num_new_tokens, *args, **kwargs)
             if hooks.in_schedule and hooks.active and num_new_tokens > 0:
                 end = num_computed_tokens + num_new_tokens
+                # (A vLLM whose Request has no mm_features records no plan: its requests
+                # with encoder inputs are marked unsupported at arrival.)
                 if any(f.mm_position.offset < end
                        and num_computed_tokens < f.mm_position.offset + f.mm_position.length
-                       for f in request.mm_features):
+                       for f in getattr(request, "mm_features", None) or ()):
                     hooks.seq.append(("encoder_plan", request.request_id, int(num_computed_tokens),
                                       int(result[1]), [int(i) for i in result[0]]))
             return result
@@ -723,7 +725,7 @@ def skip_reason(request, sched=None) -> str:
     lora = getattr(request, "lora_request", None)
     if lora_config is not None and lora is not None:
         loras = {r.lora_request.lora_int_id for r in sched.running
-                 if r.lora_request and r.lora_request.lora_int_id > 0}
+                 if getattr(r, "lora_request", None) and r.lora_request.lora_int_id > 0}
         if len(loras) == lora_config.max_loras and lora.lora_int_id not in loras:
             return MAX_LORAS_REACHED
     # Blocked statuses, LoRA limits, connector or encoder-cache waits: none
@@ -936,8 +938,8 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
                 event["group_block_ids"] = groups.get("new") or groups["table"]
                 event["_hits"] = groups.get("hits")
             enc = plans.pop(req_id, None)
-            if enc:
-                event["_enc"] = enc
+            if enc:  # its plan's inputs (a withdrawn request's row keeps them; vLLM's output drops it)
+                event["encoder_input_ids"] = list(enc)
             live[req_id] = event
             events.append(event)
         elif item[0] == "skipped_free":
@@ -968,8 +970,8 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
                             "num_scheduled_tokens": victim["num_scheduled_tokens"],
                             "block_ids": list(tables.get(req_id, []) if blocks is None else blocks),
                             "_victim": victim}
-                if victim.get("_enc"):  # the encoder inputs it had scheduled go back to the budget
-                    withdraw["encoder_input_ids"] = list(victim["_enc"])
+                if victim.get("encoder_input_ids"):  # the inputs it had scheduled go back to the budget
+                    withdraw["encoder_input_ids"] = list(victim["encoder_input_ids"])
                 if num_groups:
                     withdraw["group_block_ids"] = victim.get("group_block_ids") or no_groups
                 withdrawn[req_id] = withdraw
@@ -994,8 +996,8 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
             withdraw = {"type": "withdraw", "request_id": req_id,
                         "num_scheduled_tokens": event["num_scheduled_tokens"],
                         "block_ids": list(tables.get(req_id, []) if blocks is None else blocks)}
-            if event.get("_enc"):
-                withdraw["encoder_input_ids"] = list(event["_enc"])
+            if event.get("encoder_input_ids"):
+                withdraw["encoder_input_ids"] = list(event["encoder_input_ids"])
             if num_groups:
                 withdraw["group_block_ids"] = event.get("group_block_ids") or no_groups
             events.append(withdraw)
@@ -1039,9 +1041,10 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
         enc = encoder_inputs.get(req_id)
         if enc:  # what the worker is told to encode (vLLM scheduled_encoder_inputs)
             event["encoder_input_ids"] = [int(i) for i in enc]
+        else:
+            event.pop("encoder_input_ids", None)
     for event in events:
         event.pop("_hits", None)
-        event.pop("_enc", None)
     preempted = (sorted(_ids(so.preempted_req_ids, "preempted_req_ids")) if hasattr(so, "preempted_req_ids")
                  else sorted(e["request_id"] for e in events if e["type"] == "preempt"))
     total = _count(so.total_num_scheduled_tokens, "total_num_scheduled_tokens")
