@@ -17,7 +17,7 @@ from harness.check.result import SAFETY, Invariant
 INVARIANTS = [
     Invariant("ASYNC-PLACEHOLDERS", "Async scheduling: num_output_placeholders never goes negative, and a request whose in-flight tokens already reach max_tokens is not scheduled again.", "3.2 step 1, 7.3, 8 #38",
               SAFETY, "num_output_placeholders counts sampled tokens in flight; a negative count or scheduling past max_tokens with tokens in flight produces tokens the request may not have."),
-    Invariant("STALE-OUTPUT", "A preempted request whose pre-preemption output is still in flight is skipped, not re-admitted, until that output is delivered; a skip needs that reason.", "10.2, 7.3",
+    Invariant("STALE-OUTPUT", "A preempted request whose pre-preemption output is still in flight is skipped, not re-admitted, until that output is delivered; a skip needs that reason (or, with max_loras, an adapter that would exceed it: max_loras adapters running and its own not among them).", "10.2, 7.3",
               SAFETY, "Output computed before a preemption belongs to KV that was given back: recomputing the request while that output is in flight races with it, in every version with batches in flight."),
     Invariant("DEFERRED-FREE-FENCED", "With deferred frees, a request's blocks are freed at once only if no step that writes them is in flight; otherwise they wait behind fence = sched_step_seq, stay unallocatable, and are drained FIFO once processed_step_seq reaches the fence.", "5.10, 8 #34-35",
               SAFETY, "A block freed while a step in flight still writes it must not be reused until that step is processed, or the next owner's KV is overwritten (mission invariant 4)."),
