@@ -182,3 +182,22 @@ def test_normalise_reads_encoder_plans_and_a_withdrawn_requests_inputs() -> None
                      [item for item in seq if item[0] != "encoder_plan"], use_v2=False,
                      max_num_scheduled_tokens=100)
     assert "free_encoder_mm_hashes" not in text and not any("encoder_input_ids" in e for e in text["events"])
+
+
+@pytest.mark.parametrize("item, why", [
+    # An is_embed mask: 100 placeholder tokens, 60 embeds.
+    ([50, 100, "hash1_0", 60], "request 'b': an item of 100 tokens has 60 embeds"),
+    # An item past the prompt's 300 tokens.
+    ([250, 100, "hash1_0", 100], "request 'b': items [[250, 100, 'hash1_0', 100]] are not sorted, "
+                                 "non-overlapping spans of its prompt"),
+])
+def test_items_the_model_cannot_take_leave_the_encoder_inputs_unmodelled(tmp_path, item, why) -> None:
+    def edit(records):
+        for r in records:
+            if r["t"] == "arrival" and r["request_id"] == "b":
+                r["mm_features"] = [item]
+
+    trace = _convert(tmp_path, edit)
+    assert trace.meta["vllm_recording"]["unmodelled"] == {
+        "encoder_inputs": f"2 request(s) with encoder inputs ({why})"}
+    assert trace.config.mm_identifiers is None and replay_blocked_by(trace) == ["encoder_inputs"]

@@ -603,6 +603,25 @@ ENCODER_KEYS = ("max_num_encoder_input_tokens", "encoder_cache_size", "disable_c
 ENCODER_UNMODELLED = ("encoder_decoder", "mm_encoder_only", "ec_connector", "encoder_cache_manager")
 
 
+def _items_unmodelled(src: Path) -> str | None:
+    """Why the recording's encoder inputs cannot be modelled, from its arrivals
+    (None: they can): an item with fewer embeds than placeholder tokens (an
+    ``is_embed`` mask), or items that are not sorted, non-overlapping spans
+    inside the prompt (``RequestSpec.mm_positions``)."""
+    for number, rec in _read_records(src):
+        if rec["t"] != "arrival" or not rec.get("mm_features"):
+            continue
+        end = 0
+        for offset, length, _, num_embeds in rec["mm_features"]:
+            if num_embeds != length:
+                return f"request {rec['request_id']!r}: an item of {length} tokens has {num_embeds} embeds"
+            if offset < end or length < 1 or offset + length > len(rec["prompt_token_ids"]):
+                return (f"request {rec['request_id']!r}: items {rec['mm_features']!r:.120} are not sorted, "
+                        f"non-overlapping spans of its prompt")
+            end = offset + length
+    return None
+
+
 def _map_config(meta_rec: dict, engine_config_cls,
                 derived_keys: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """(values for EngineConfig, unmapped captured values). Names are vLLM's:
@@ -752,6 +771,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         # (vLLM's budgets are 0 for a model without multimodal inputs; a test may set 0.)
         encoder_why = (f"encoder budgets max_num_encoder_input_tokens {budgets[0]}, encoder cache size "
                        f"{budgets[1]} (the model needs both positive)")
+    if encoder_why is None:
+        encoder_why = _items_unmodelled(src)
     encoder_modelled = encoder_why is None
     dropped_mm = 0  # requests whose recorded encoder inputs are left out (not encoder_modelled)
     kept_of_batch: dict[int, int] = {}
