@@ -422,18 +422,19 @@ class _Recorder:
         for name in ("watermark", "scheduler_reserve_full_isl", "prefill_schedule_interval"):
             if hasattr(sc, name):
                 out[name] = _jsonable(getattr(sc, name))
-        # The encoder budgets Scheduler.__init__ derived (vLLM's MultiModalBudget:
-        # 0 for a model without multimodal inputs), in embeds; the converter
-        # maps them only for a recording with encoder inputs.
         lora_config = getattr(sched, "lora_config", None)
         if lora_config is not None:  # LoRA: distinct adapters a batch may use
             out["max_loras"] = int(lora_config.max_loras)
+        # The encoder budgets Scheduler.__init__ derived (vLLM's MultiModalBudget:
+        # 0 for a model without multimodal inputs), in embeds; the converter
+        # maps them only for a recording with encoder inputs.
         budget = getattr(sched, "max_num_encoder_input_tokens", None)
         cache_size = getattr(getattr(sched, "encoder_cache_manager", None), "cache_size", None)
         if budget and cache_size:
             out["max_num_encoder_input_tokens"] = int(budget)
             out["encoder_cache_size"] = int(cache_size)
-            out["disable_chunked_mm_input"] = bool(getattr(sc, "disable_chunked_mm_input", False))
+        if hasattr(sc, "disable_chunked_mm_input"):
+            out["disable_chunked_mm_input"] = bool(sc.disable_chunked_mm_input)
         return out
 
     @staticmethod
