@@ -37,7 +37,7 @@ OMITTED_AT_DEFAULT = ("draft_acceptance_pattern", "kv_connector", "kv_store_frac
                       "kv_load_steps", "kv_load_failure_rate", "kv_load_failure_policy",
                       "kv_connector_matches", "kv_connector_outputs",
                       "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input",
-                      "sliding_window", "layer_types")
+                      "sliding_window", "layer_types", "mm_identifiers", "max_loras", "lora_int_ids")
 #: Keys serialised by ``to_dict`` that are derived, not fields: accepted by
 #: ``from_dict`` (checked against the fields), refused by ``with_overrides``.
 DERIVED_KEYS = ("max_concurrent_batches",)
@@ -242,6 +242,21 @@ class EngineConfig:
     max_num_encoder_input_tokens: int | None = None
     encoder_cache_size: int | None = None
     disable_chunked_mm_input: bool = False
+    # Recorded encoder-input identifiers (a recording of vLLM: its
+    # MultiModalFeatureSpec.identifier of each item, what the encoder cache and
+    # the block hashes key on), per request, one per item of its mm_positions:
+    # ((request_id, (identifier, ...)), ...). A request not named here (and
+    # every request when None) gets identifiers derived from its prompt
+    # tokens (reference.encoder_cache_manager.mm_identifier).
+    mm_identifiers: tuple | None = None
+    # LoRA (vLLM's LoRAConfig.max_loras: adapters one batch may use; None: no
+    # LoRA config): a waiting request whose adapter would make more distinct
+    # adapters scheduled than max_loras (every running request's counts) is
+    # skipped. lora_int_ids: each LoRA request's adapter (vLLM
+    # LoRARequest.lora_int_id, >= 1): ((request_id, lora_int_id), ...); a
+    # request not named has none.
+    max_loras: int | None = None
+    lora_int_ids: tuple | None = None
     # A hybrid model's KV cache (reference.kv): the model config's
     # ``sliding_window`` (tokens a sliding-window layer attends, itself
     # included) and ``layer_types`` (one per layer: "full_attention",
@@ -257,7 +272,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if isinstance(self.layer_types, list):  # from JSON / TOML
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        for name in ("kv_connector_matches", "kv_connector_outputs"):
+        for name in ("kv_connector_matches", "kv_connector_outputs", "mm_identifiers", "lora_int_ids"):
             if isinstance(getattr(self, name), list):  # from JSON: lists all the way down
                 object.__setattr__(self, name, _frozen(getattr(self, name)))
         self.validate()
@@ -415,6 +430,26 @@ class EngineConfig:
             raise ConfigError(f"kv_load_failure_policy must be one of "
                               f"{', '.join(KV_LOAD_FAILURE_POLICIES)}, got {self.kv_load_failure_policy!r}")
         _validate_recorded_connector(self)
+        if self.mm_identifiers is not None and not (
+                isinstance(self.mm_identifiers, tuple)
+                and all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                        and isinstance(item[1], tuple) and item[1]
+                        and all(isinstance(i, str) and i for i in item[1]) for item in self.mm_identifiers)
+                and len({item[0] for item in self.mm_identifiers}) == len(self.mm_identifiers)):
+            raise ConfigError(f"mm_identifiers: each item is [request_id, [identifier, ...]] (non-empty "
+                              f"strings, one item per request), got {self.mm_identifiers!r:.200}")
+        if self.max_loras is not None:
+            positive("max_loras")
+        if self.lora_int_ids is not None and not (
+                isinstance(self.lora_int_ids, tuple)
+                and all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                        and isinstance(item[1], int) and not isinstance(item[1], bool)
+                        and 1 <= item[1] <= INT32_MAX for item in self.lora_int_ids)
+                and len({item[0] for item in self.lora_int_ids}) == len(self.lora_int_ids)):
+            raise ConfigError(f"lora_int_ids: each item is [request_id, lora_int_id >= 1] (one item per "
+                              f"request), got {self.lora_int_ids!r:.200}")
+        if self.lora_int_ids and self.max_loras is None:
+            raise ConfigError("lora_int_ids (LoRA requests) need max_loras (vLLM's LoRAConfig)")
         if self.kv_connector and self.max_concurrent_batches > 1 and not self.defer_block_free:
             # vLLM 0.33.0 Scheduler.__init__: a KV consumer with more than one
             # batch in flight always defers block frees.

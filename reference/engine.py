@@ -441,6 +441,10 @@ class Engine:
                  runner_factory: RunnerFactory | None = None,
                  max_steps: int = 10_000_000) -> None:
         self.config = config
+        # Recorded encoder-input identifiers, per request (config mm_identifiers).
+        self._mm_identifiers: dict[str, tuple[str, ...]] = dict(config.mm_identifiers or ())
+        # Recorded LoRA adapters, per request (config lora_int_ids).
+        self._lora_int_ids: dict[str, int] = dict(config.lora_int_ids or ())
         try:
             # One scheduler (and KV pool) per data-parallel rank.
             self.schedulers: list[Candidate] = [candidate_factory(config)
@@ -756,6 +760,8 @@ class Engine:
             priority=spec.priority,
             block_size=self.config.block_size,
             mm_positions=spec.mm_positions,
+            mm_identifiers=self._mm_identifiers.get(spec.request_id, ()),
+            lora_int_id=self._lora_int_ids.get(spec.request_id, 0),
         )
 
 

@@ -97,8 +97,9 @@ class Request:
 
     Encoder inputs (vLLM ``mm_features``): ``mm_positions`` are ``(offset,
     length)`` items of the prompt (sorted, non-overlapping), ``mm_hashes``
-    their identifiers (a hash of the covered prompt tokens); an item has
-    ``length`` embeds.
+    their identifiers (vLLM ``MultiModalFeatureSpec.identifier``):
+    ``mm_identifiers`` when given (a recording of vLLM: one per item), else a
+    hash of the covered prompt tokens; an item has ``length`` embeds.
     """
 
     request_id: str
@@ -122,6 +123,9 @@ class Request:
     all_token_ids: list[int] = field(init=False)
     block_hashes: list[bytes] = field(default_factory=list)
     mm_positions: tuple[tuple[int, int], ...] = ()
+    mm_identifiers: tuple[str, ...] = ()
+    # vLLM LoRARequest.lora_int_id of its adapter (0: no LoRA).
+    lora_int_id: int = 0
     mm_hashes: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -129,7 +133,13 @@ class Request:
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.max_tokens = self.sampling_params.max_tokens
         self.mm_positions = tuple((int(o), int(n)) for o, n in self.mm_positions)
-        self.mm_hashes = tuple(mm_identifier(self.prompt_token_ids[o:o + n]) for o, n in self.mm_positions)
+        if self.mm_identifiers:
+            if len(self.mm_identifiers) != len(self.mm_positions):
+                raise ValueError(f"request {self.request_id}: {len(self.mm_identifiers)} mm_identifiers "
+                                 f"for {len(self.mm_positions)} mm_positions")
+            self.mm_hashes = tuple(self.mm_identifiers)
+        else:
+            self.mm_hashes = tuple(mm_identifier(self.prompt_token_ids[o:o + n]) for o, n in self.mm_positions)
         self._update_block_hashes()
 
     # vLLM's PRIORITY heap order: priority, then arrival, then id.

@@ -39,6 +39,12 @@ from reference.output import (EncoderPlan, FinishedRequest, KVTransferFree, Pree
 from reference.request import Request, RequestStatus, check_stop
 from reference.request_queue import create_request_queue
 
+#: The skip reason of a waiting request whose LoRA adapter would exceed max_loras
+#: (vLLM 0.33.0 ``Scheduler.schedule``: "Scheduling would exceed max_loras, skip").
+MAX_LORAS_REACHED = "max_loras adapters scheduled"
+#: The skip reason of a waiting request whose encoder inputs cut its window to 0 tokens.
+ENCODER_INPUT_UNAVAILABLE = "encoder input unavailable"
+
 _REQUEST_ID = attrgetter("request_id")
 _SPEC_TOKEN_IDS = attrgetter("spec_token_ids")
 
@@ -131,6 +137,8 @@ class Scheduler:
         # Encoder inputs (multimodal items): the per-step encoder compute
         # budget and the encoder cache, both in embeds.
         self.max_num_encoder_input_tokens = config.encoder_compute_budget
+        # LoRA: distinct adapters a step may schedule (None: no LoRA config).
+        self.max_loras = config.max_loras
         self.encoder_cache_manager = EncoderCacheManager(config.encoder_cache_capacity)
 
     # -- requests in and out -------------------------------------------------
@@ -422,6 +430,12 @@ class Scheduler:
                 encoder_compute_budget = new_encoder_budget
                 self._allocate_encoder_inputs(request, encoder_ids, encoder_duplicates)
 
+        # LoRA (vLLM 0.33.0): the adapters of every running request, scheduled
+        # this step or not (they can join a later batch); admissions add theirs.
+        scheduled_loras: set[int] = set()
+        if self.max_loras is not None:
+            scheduled_loras = {r.lora_int_id for r in self.running if r.lora_int_id > 0}
+
         # 2. WAITING requests, only if nobody was preempted this step.
         if not preempted:
             # Skipped requests, per queue, in the order met (vLLM 0.33.0
@@ -454,6 +468,13 @@ class Scheduler:
                     # resample a position that output will deliver.
                     skip_request(queue, request)
                     events.append(Skip(request.request_id, "stale output in flight"))
+                    continue
+                if (self.max_loras is not None and request.lora_int_id > 0
+                        and len(scheduled_loras) == self.max_loras
+                        and request.lora_int_id not in scheduled_loras):
+                    # Its adapter would exceed max_loras this step: skipped.
+                    skip_request(queue, request)
+                    events.append(Skip(request.request_id, MAX_LORAS_REACHED))
                     continue
                 external, load_kv_async = 0, False
                 if request.num_computed_tokens == 0:
@@ -509,7 +530,7 @@ class Scheduler:
                         if num_new_tokens == 0:
                             # 0.33.0: skip (not break), so requests behind it may run.
                             skip_request(queue, request)
-                            events.append(Skip(request.request_id, "encoder input unavailable"))
+                            events.append(Skip(request.request_id, ENCODER_INPUT_UNAVAILABLE))
                             continue
                 # An async load holds its blocks with no forward progress: it
                 # must leave what in-flight prefills still need (no wedge).
@@ -545,6 +566,8 @@ class Scheduler:
 
                 queue.pop_request()
                 self.running.append(request)
+                if self.max_loras is not None and request.lora_int_id > 0:
+                    scheduled_loras.add(request.lora_int_id)
                 if request.status == RequestStatus.WAITING:
                     kind = "new"
                     scheduled_new.append(request.request_id)

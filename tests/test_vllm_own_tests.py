@@ -385,10 +385,12 @@ def test_protocol_kinds_name_every_line_the_converter_writes() -> None:
         "... a streaming-input update of request 'a' ...",
         "stopped by the driver after step 3 with 1 request(s) live ...",
         "... Scheduler.need_mamba_block_aligned_split set to True by hand (vLLM derived False from the config)",
+        "... Scheduler.max_num_encoder_input_tokens 100 and encoder cache size 1000 set after the first "
+        "schedule() by hand (vLLM derived 8192 and 8192, ...)",
         "something else")] == [
         "schedule-twice", "update-without-schedule", "hand-built-output", "queue-edited",
         "preempted-by-hand", "mid-step-abort", "prefix-cache-reset", "streaming-input",
-        "stopped-by-driver", "scheduler-flag-set-by-hand", "other"]
+        "stopped-by-driver", "scheduler-flag-set-by-hand", "scheduler-flag-set-by-hand", "other"]
 
 
 def test_layered_env_without_pip_gets_test_packages_through_the_harness_pip(tmp_path: Path) -> None:

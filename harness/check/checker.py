@@ -153,7 +153,8 @@ class TraceChecker(TraceModel):
         queues.check_arrival(self, rid, prompt, positions)
         req = ReqShadow(rid, ev["priority"], ev["arrival_time_s"], len(prompt), ev["max_tokens"],
                         ev["min_tokens"], None if ev["ignore_eos"] else ev["eos_token_id"],
-                        tuple(ev["stop_token_ids"] or ()), prompt, items=request_items(prompt, positions))
+                        tuple(ev["stop_token_ids"] or ()), prompt,
+                        items=request_items(prompt, positions, self.mm_identifiers.get(rid)))
         self.note(req, f"arrived, {len(prompt)} prompt tokens, max_tokens {req.max_tokens}")
         self.reqs[rid] = req
         st.arrived.append(rid)

@@ -37,8 +37,15 @@ class Item:
         return self.offset + self.length
 
 
-def request_items(prompt: Sequence[int], positions: Sequence[Sequence[int]] | None) -> tuple[Item, ...]:
-    """The request's items from its prompt and ``mm_positions`` column."""
+def request_items(prompt: Sequence[int], positions: Sequence[Sequence[int]] | None,
+                  identifiers: Sequence[str] | None = None) -> tuple[Item, ...]:
+    """The request's items from its prompt and ``mm_positions`` column; their
+    identifiers are ``identifiers`` when given (the trace config's
+    ``mm_identifiers`` of a recording of vLLM: its
+    ``MultiModalFeatureSpec.identifier``, one per item), else derived from the
+    prompt tokens (``item_identifier``)."""
+    if identifiers:
+        return tuple(Item(o, n, str(h)) for (o, n), h in zip(positions or (), identifiers, strict=True))
     return tuple(Item(o, n, item_identifier(prompt[o:o + n])) for o, n in positions or ())
 
 

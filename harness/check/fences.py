@@ -17,7 +17,7 @@ from harness.check.result import SAFETY, Invariant
 INVARIANTS = [
     Invariant("ASYNC-PLACEHOLDERS", "Async scheduling: num_output_placeholders never goes negative, and a request whose in-flight tokens already reach max_tokens is not scheduled again.", "3.2 step 1, 7.3, 8 #38",
               SAFETY, "num_output_placeholders counts sampled tokens in flight; a negative count or scheduling past max_tokens with tokens in flight produces tokens the request may not have."),
-    Invariant("STALE-OUTPUT", "A preempted request whose pre-preemption output is still in flight is skipped, not re-admitted, until that output is delivered; a skip needs that reason.", "10.2, 7.3",
+    Invariant("STALE-OUTPUT", "A preempted request whose pre-preemption output is still in flight is skipped, not re-admitted, until that output is delivered; a skip needs that reason (or, with max_loras, an adapter that would exceed it: max_loras adapters running and its own not among them).", "10.2, 7.3",
               SAFETY, "Output computed before a preemption belongs to KV that was given back: recomputing the request while that output is in flight races with it, in every version with batches in flight."),
     Invariant("DEFERRED-FREE-FENCED", "With deferred frees, a request's blocks are freed at once only if no step that writes them is in flight; otherwise they wait behind fence = sched_step_seq, stay unallocatable, and are drained FIFO once processed_step_seq reaches the fence.", "5.10, 8 #34-35",
               SAFETY, "A block freed while a step in flight still writes it must not be reused until that step is processed, or the next owner's KV is overwritten (mission invariant 4)."),
@@ -50,9 +50,24 @@ def check_no_stale_at_admission(m: TraceModel, req: ReqShadow, kind: str) -> Non
                   f"admitted ({kind}) with {plural(req.stale, 'token')} of stale output still in flight")
 
 
+def lora_limit_reached(m: TraceModel, request_id: str) -> bool:
+    """Whether ``request_id``'s LoRA adapter would exceed ``max_loras`` now
+    (vLLM 0.33.0 ``Scheduler.schedule``'s waiting loop): ``max_loras``
+    distinct adapters are held by running requests (admissions of this step
+    included) and its own is not among them."""
+    lora = m.lora_int_ids.get(request_id, 0)
+    if m.max_loras is None or lora <= 0:
+        return False
+    held = {m.lora_int_ids.get(r, 0) for r, q in m.reqs.items() if q.status == "RUNNING"} - {0}
+    return len(held) == m.max_loras and lora not in held
+
+
 def check_skip_reason(m: TraceModel, ev: dict, req: ReqShadow | None) -> None:
     """STALE-OUTPUT at a ``skip`` row (not a KV load, not an encoder cut): the
-    skip needs stale output in flight."""
+    skip needs stale output in flight, or (LoRA) an adapter that would exceed
+    ``max_loras`` (``lora_limit_reached``)."""
+    if lora_limit_reached(m, ev["request_id"]):
+        return
     if req is None or req.stale == 0:
         m.violate("STALE-OUTPUT", ev["request_id"], f"skipped ({ev['message']}) without stale output in flight")
 

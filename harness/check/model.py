@@ -219,6 +219,13 @@ class TraceModel:
         # reservation of an async load), and requests finished while their
         # load was in flight (they hold their blocks until it reports done).
         self.kv_connector: bool = config.get("kv_connector", False)
+        # Recorded encoder-input identifiers per request (config mm_identifiers;
+        # absent: derived from the prompt tokens, harness.check.encoder_cache).
+        self.mm_identifiers: dict[str, list[str]] = {r: ids for r, ids in config.get("mm_identifiers") or ()}
+        # LoRA (config max_loras, lora_int_ids): a waiting request may be skipped
+        # because its adapter would exceed max_loras (harness.check.fences).
+        self.max_loras: int | None = config.get("max_loras")
+        self.lora_int_ids: dict[str, int] = {r: i for r, i in config.get("lora_int_ids") or ()}
         self.watermark: float = config.get("watermark", 0.0)  # admissions' reserve (harness.check.progress)
         self.peak_running = 0  # the most requests running after a step so far (harness.check.progress)
         self.recompute_kv: bool = config.get("kv_load_failure_policy", "recompute") == "recompute"

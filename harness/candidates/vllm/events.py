@@ -20,7 +20,13 @@ request_id, num_prefix_hit_tokens, num_external_tokens, block_ids,
 reserved_blocks}`` (an async-load admission: ``allocate_slots`` called with
 ``delay_cache_blocks=True``) and ``{"type": "kv_promote", request_id, status,
 num_computed_tokens, load_failed, freed_block_ids}`` (a finished load promoted
-by ``_handle_blocked_waiting_request``). ``snapshot`` adds ``request_states``
+by ``_handle_blocked_waiting_request``), and with encoder inputs ``{"type":
+"encoder_plan", request_id, num_computed_tokens, num_scheduled_tokens,
+encoder_input_ids}`` (a ``_try_schedule_encoder_inputs`` call whose window
+overlaps an item: the window after its cut, the inputs to encode), a
+``schedule`` event's ``encoder_input_ids`` (vLLM ``scheduled_encoder_inputs``)
+and a ``withdraw`` event's (the inputs its plan had chosen), and the output's
+``free_encoder_mm_hashes``; these keys are left out when empty. ``snapshot`` adds ``request_states``
 (``request_states``: what vLLM's ``Request`` objects hold). Inconsistent
 outputs are recorded as they are (``normalise``); only malformed input
 raises NormalisationError, naming the field.
@@ -48,6 +54,12 @@ from array import array
 #: The skip reason of a request whose connector answered None (a verbatim copy
 #: of ``reference.kv_connector.KV_MATCH_PENDING``: this module imports nothing of ours).
 KV_MATCH_PENDING = "KV connector cannot tell yet"
+#: The skip reason of a waiting request whose encoder inputs cut its window to 0
+#: tokens (a verbatim copy of ``reference/scheduler.py``'s ``Skip`` reason).
+ENCODER_INPUT_UNAVAILABLE = "encoder input unavailable"
+#: The skip reason of a waiting request whose LoRA adapter would exceed max_loras
+#: (a verbatim copy of ``reference.scheduler.MAX_LORAS_REACHED``).
+MAX_LORAS_REACHED = "max_loras adapters scheduled"
 
 
 class NormalisationError(Exception):
@@ -438,7 +450,7 @@ class DecisionHooks:
                     # too: it is reported as its kv_load, not as a skip.)
                     last = hooks.matches[-1] if hooks.matches else None
                     reason = (KV_MATCH_PENDING if last is not None and last[0] == request.request_id
-                              and last[2] is None else skip_reason(request))
+                              and last[2] is None else hooks.skip_reason(request))
                     hooks.seq.append(("skip", request.request_id, reason))
                 super().add(request)
 
@@ -507,8 +519,31 @@ class DecisionHooks:
                     a + b for a, b in zip(hooks.skipped, freed)]
             return result
 
+        orig_encoder = getattr(sched, "_try_schedule_encoder_inputs", None)
+
+        @functools.wraps(orig_encoder)  # keeps the signature for whoever wraps us
+        def _try_schedule_encoder_inputs(request, num_computed_tokens, num_new_tokens, *args, **kwargs):
+            # vLLM Scheduler._try_schedule_encoder_inputs: which encoder inputs the
+            # window [num_computed_tokens, + num_new_tokens) encodes and where it
+            # stops. An ("encoder_plan", id, num_computed_tokens, tokens after the
+            # cut, input ids to encode) item when the window overlaps an input
+            # (the reference's EncoderPlan; a window of 0 tokens decides nothing).
+            result = orig_encoder(request, num_computed_tokens, num_new_tokens, *args, **kwargs)
+            if hooks.in_schedule and hooks.active and num_new_tokens > 0:
+                end = num_computed_tokens + num_new_tokens
+                # (A vLLM whose Request has no mm_features records no plan: its requests
+                # with encoder inputs are marked unsupported at arrival.)
+                if any(f.mm_position.offset < end
+                       and num_computed_tokens < f.mm_position.offset + f.mm_position.length
+                       for f in getattr(request, "mm_features", None) or ()):
+                    hooks.seq.append(("encoder_plan", request.request_id, int(num_computed_tokens),
+                                      int(result[1]), [int(i) for i in result[0]]))
+            return result
+
         kvm.allocate_slots = allocate_slots
         kvm.free = free
+        if orig_encoder is not None and hasattr(sched, "encoder_cache_manager"):
+            sched._try_schedule_encoder_inputs = _try_schedule_encoder_inputs
         if self.hybrid and orig_remove is not None:
             coordinator.remove_skipped_blocks = remove_skipped_blocks
         if orig_blocked is not None:
@@ -552,7 +587,7 @@ class DecisionHooks:
                 hooks.seq and hooks.seq[-1][0] == "remote_load"
                 and hooks.seq[-1][1] == request.request_id)
             if skipped(request) and not admitted:
-                hooks.seq.append(("skip", request.request_id, skip_reason(request)))
+                hooks.seq.append(("skip", request.request_id, hooks.skip_reason(request)))
 
         @functools.wraps(orig_select)
         def _select_waiting_queue_for_scheduling(*args, **kwargs):
@@ -571,6 +606,17 @@ class DecisionHooks:
         sched._select_waiting_queue_for_scheduling = _select_waiting_queue_for_scheduling
         queue.prepend_requests = prepend_requests
         self._examined = examined
+
+    def skip_reason(self, request) -> str:
+        """Why the waiting loop skipped ``request`` now: the reference's
+        ``"encoder input unavailable"`` when this step's last decision is an
+        encoder plan of that request that cut its window to 0 tokens (vLLM
+        ``_try_schedule_encoder_inputs``: the encoder budget or cache is
+        full), else ``skip_reason``."""
+        last = self.seq[-1] if self.seq else None
+        if last is not None and last[0] == "encoder_plan" and last[1] == request.request_id and last[3] == 0:
+            return ENCODER_INPUT_UNAVAILABLE
+        return skip_reason(request, self.sched)
 
     def begin(self) -> None:
         self.seq = []
@@ -665,13 +711,23 @@ def finished_info(request, freed_block_ids: list[int], fence: int | None = None,
     return info
 
 
-def skip_reason(request) -> str:
+def skip_reason(request, sched=None) -> str:
     """Why vLLM's waiting loop skipped ``request``, in the reference's words
-    (``reference/scheduler.py``: ``Skip`` reasons)."""
+    (``reference/scheduler.py``: ``Skip`` reasons). ``sched``: the scheduler,
+    for the LoRA limit (vLLM 0.33.0 skips a request whose adapter would make
+    more than ``lora_config.max_loras`` adapters scheduled: those of every
+    running request, including the ones admitted before it in this step)."""
     if request.status.name == "WAITING_FOR_REMOTE_KVS":
         return "waiting for remote KV"
     if getattr(request, "num_stale_output_tokens", 0) and not getattr(request, "drop_stale_output", False):
         return "stale output in flight"
+    lora_config = getattr(sched, "lora_config", None)
+    lora = getattr(request, "lora_request", None)
+    if lora_config is not None and lora is not None:
+        loras = {r.lora_request.lora_int_id for r in sched.running
+                 if getattr(r, "lora_request", None) and r.lora_request.lora_int_id > 0}
+        if len(loras) == lora_config.max_loras and lora.lora_int_id not in loras:
+            return MAX_LORAS_REACHED
     # Blocked statuses, LoRA limits, connector or encoder-cache waits: none
     # of them is modelled by the harness.
     return f"skipped by vLLM (status {request.status.name})"
@@ -843,6 +899,7 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
         if not set(map(type, scheduled.values())) <= {int}:
             scheduled = {k: _count(v, f"num_scheduled_tokens[{k!r}]") for k, v in scheduled.items()}
         spec_tokens = dict(getattr(so, "scheduled_spec_decode_tokens", None) or {})
+        encoder_inputs = dict(getattr(so, "scheduled_encoder_inputs", None) or {})
     except (TypeError, ValueError):
         raise NormalisationError("SchedulerOutput.num_scheduled_tokens: not a mapping of request ids "
                                  "to token counts") from None
@@ -852,7 +909,14 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
     withdrawn: dict[str, dict] = {}   # victim id -> its withdraw event (kept only if it left the output)
     tables: dict[str, list[int]] = {}
     no_groups = [[] for _ in range(num_groups)]
+    plans: dict[str, list[int]] = {}  # request id -> input ids of its latest encoder plan
     for item in seq:
+        if item[0] == "encoder_plan":
+            _, req_id, computed, n_tokens, input_ids = item
+            plans[req_id] = input_ids
+            events.append({"type": "encoder_plan", "request_id": req_id, "num_computed_tokens": computed,
+                           "num_scheduled_tokens": n_tokens, "encoder_input_ids": input_ids})
+            continue
         if item[0] == "alloc":
             _, req_id, status, computed_before, n_new, n_hit, new_blocks, spec, *rest = item
             groups = rest[1] if len(rest) > 1 and num_groups else None
@@ -873,6 +937,9 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
             if groups is not None:
                 event["group_block_ids"] = groups.get("new") or groups["table"]
                 event["_hits"] = groups.get("hits")
+            enc = plans.pop(req_id, None)
+            if enc:  # its plan's inputs (a withdrawn request's row keeps them; vLLM's output drops it)
+                event["encoder_input_ids"] = list(enc)
             live[req_id] = event
             events.append(event)
         elif item[0] == "skipped_free":
@@ -903,6 +970,8 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
                             "num_scheduled_tokens": victim["num_scheduled_tokens"],
                             "block_ids": list(tables.get(req_id, []) if blocks is None else blocks),
                             "_victim": victim}
+                if victim.get("encoder_input_ids"):  # the inputs it had scheduled go back to the budget
+                    withdraw["encoder_input_ids"] = list(victim["encoder_input_ids"])
                 if num_groups:
                     withdraw["group_block_ids"] = victim.get("group_block_ids") or no_groups
                 withdrawn[req_id] = withdraw
@@ -927,6 +996,8 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
             withdraw = {"type": "withdraw", "request_id": req_id,
                         "num_scheduled_tokens": event["num_scheduled_tokens"],
                         "block_ids": list(tables.get(req_id, []) if blocks is None else blocks)}
+            if event.get("encoder_input_ids"):
+                withdraw["encoder_input_ids"] = list(event["encoder_input_ids"])
             if num_groups:
                 withdraw["group_block_ids"] = event.get("group_block_ids") or no_groups
             events.append(withdraw)
@@ -967,15 +1038,24 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
         event["num_scheduled_tokens"] = scheduled[req_id]
         spec = spec_tokens.get(req_id)
         event["spec_token_ids"] = [int(t) for t in spec] if spec else []
+        enc = encoder_inputs.get(req_id)
+        if enc:  # what the worker is told to encode (vLLM scheduled_encoder_inputs)
+            event["encoder_input_ids"] = [int(i) for i in enc]
+        else:
+            event.pop("encoder_input_ids", None)
     for event in events:
         event.pop("_hits", None)
     preempted = (sorted(_ids(so.preempted_req_ids, "preempted_req_ids")) if hasattr(so, "preempted_req_ids")
                  else sorted(e["request_id"] for e in events if e["type"] == "preempt"))
     total = _count(so.total_num_scheduled_tokens, "total_num_scheduled_tokens")
-    return {"events": events, "num_scheduled_tokens": list(map(list, scheduled.items())),
-            "total_num_scheduled_tokens": total, "preempted_req_ids": preempted,
-            "finished_req_ids": sorted(_ids(so.finished_req_ids, "finished_req_ids")),
-            "token_budget": max_num_scheduled_tokens - total, "request_data_ids": data_ids}
+    out = {"events": events, "num_scheduled_tokens": list(map(list, scheduled.items())),
+           "total_num_scheduled_tokens": total, "preempted_req_ids": preempted,
+           "finished_req_ids": sorted(_ids(so.finished_req_ids, "finished_req_ids")),
+           "token_budget": max_num_scheduled_tokens - total, "request_data_ids": data_ids}
+    freed = getattr(so, "free_encoder_mm_hashes", None)
+    if freed:  # encoder-cache entries evicted this step, in eviction order
+        out["free_encoder_mm_hashes"] = [str(h) for h in freed]
+    return out
 
 
 def crash_info(exc: BaseException) -> dict:

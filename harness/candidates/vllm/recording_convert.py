@@ -619,6 +619,33 @@ def hybrid_config(groups: list[list] | None, block_size: int, *, max_model_len: 
     return keys, {}
 
 
+#: The recorded encoder config (the budgets vLLM's Scheduler derived, in embeds),
+#: mapped onto EngineConfig only for a recording with encoder inputs.
+ENCODER_KEYS = ("max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input")
+#: The recorder's ``unmodelled`` features under which a request's encoder inputs
+#: are left out of the trace (as every recording's were before format 3 kept them).
+ENCODER_UNMODELLED = ("encoder_decoder", "mm_encoder_only", "ec_connector", "encoder_cache_manager")
+
+
+def _items_unmodelled(src: Path) -> str | None:
+    """Why the recording's encoder inputs cannot be modelled, from its arrivals
+    (None: they can): an item with fewer embeds than placeholder tokens (an
+    ``is_embed`` mask), or items that are not sorted, non-overlapping spans
+    inside the prompt (``RequestSpec.mm_positions``)."""
+    for number, rec in _read_records(src):
+        if rec["t"] != "arrival" or not rec.get("mm_features"):
+            continue
+        end = 0
+        for offset, length, _, num_embeds in rec["mm_features"]:
+            if num_embeds != length:
+                return f"request {rec['request_id']!r}: an item of {length} tokens has {num_embeds} embeds"
+            if offset < end or length < 1 or offset + length > len(rec["prompt_token_ids"]):
+                return (f"request {rec['request_id']!r}: items {rec['mm_features']!r:.120} are not sorted, "
+                        f"non-overlapping spans of its prompt")
+            end = offset + length
+    return None
+
+
 def _map_config(meta_rec: dict, engine_config_cls,
                 derived_keys: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """(values for EngineConfig, unmapped captured values). Names are vLLM's:
@@ -628,10 +655,10 @@ def _map_config(meta_rec: dict, engine_config_cls,
     ``max_concurrent_batches`` (vLLM's ``VllmConfig`` property, or an older
     log's recorded key) is mapped too: ``EngineConfig.from_dict`` checks it
     against ``pipeline_parallel_size`` and ``async_scheduling``."""
-    # Text-only recordings (requests with encoder inputs are refused): vLLM's
-    # encoder budget keys have no effect there and stay unmapped.
-    fields = ({f.name for f in dataclasses.fields(engine_config_cls)} | set(derived_keys)) - {
-        "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input"}
+    # vLLM's encoder budget keys have no effect on a text-only recording: mapped
+    # by ``convert`` only when a request has encoder inputs (ENCODER_KEYS).
+    fields = ({f.name for f in dataclasses.fields(engine_config_cls)} | set(derived_keys)) - set(
+        ENCODER_KEYS) - {"max_loras"}
     recorded = meta_rec.get("config", {})
     raw = meta_rec.get("vllm_config", {})
     values = {}
@@ -670,6 +697,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     from reference.candidate import crash_line
     from reference.engine import Crash, StepRecord, holds_drafts
     from reference.output import (
+        EncoderPlan,
         FinishedRequest,
         KVTransferFree,
         Preemption,
@@ -693,6 +721,13 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     if meta_rec.get("format") not in READABLE_FORMATS:
         raise ConvertError(f"{src}: unknown recording format {meta_rec.get('format')!r} "
                            f"(this converter reads {', '.join(map(str, READABLE_FORMATS))})")
+    for _, rec in _read_records(src, after=1):
+        # The config a unit test set by hand before the first schedule() (the recorder's
+        # ``config`` record): what vLLM's schedule() used.
+        if rec["t"] in ("schedule", "crash", "update", "protocol", "error", "end"):
+            break
+        if rec["t"] == "config":
+            meta_rec["config"] = {**meta_rec.get("config", {}), **rec["config"]}
     values, unmapped_config = _map_config(meta_rec, EngineConfig, DERIVED_KEYS)
     dp_rank_note = None
     raw = meta_rec.get("vllm_config", {})
@@ -747,6 +782,23 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     kv_matches: dict[str, list[tuple]] = {}
     kv_outputs: list[tuple] = []
     kv_sending = 0
+    # Encoder inputs (the arrival's ``mm_features``): each request's recorded
+    # identifiers, the config's mm_identifiers.
+    mm_identifiers: dict[str, tuple[str, ...]] = {}
+    # LoRA requests (the arrival's ``lora_int_id``): the config's lora_int_ids.
+    lora_int_ids: dict[str, int] = {}
+    # ... unless the model cannot follow vLLM's encoder (meta ``unmodelled``).
+    encoder_why = next((k for k in ENCODER_UNMODELLED if k in (meta_rec.get("unmodelled") or {})), None)
+    budgets = [meta_rec.get("config", {}).get(k) for k in ENCODER_KEYS[:2]]
+    if encoder_why is None and not all(isinstance(b, int) and not isinstance(b, bool) and b > 0
+                                       for b in budgets):
+        # (vLLM's budgets are 0 for a model without multimodal inputs; a test may set 0.)
+        encoder_why = (f"encoder budgets max_num_encoder_input_tokens {budgets[0]}, encoder cache size "
+                       f"{budgets[1]} (the model needs both positive)")
+    if encoder_why is None:
+        encoder_why = _items_unmodelled(src)
+    encoder_modelled = encoder_why is None
+    dropped_mm = 0  # requests whose recorded encoder inputs are left out (not encoder_modelled)
     kept_of_batch: dict[int, int] = {}
 
     def rid(vllm_id: str, where: int) -> str:
@@ -779,6 +831,14 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             last_unix = max(last_unix, a["arrival_time"])
             for what in a.get("unsupported", ()):
                 unsupported[what] = unsupported.get(what, 0) + 1
+            if a.get("lora_int_id") is not None:
+                lora_int_ids[ids[a["request_id"]]] = int(a["lora_int_id"])
+            if a.get("mm_features"):
+                if encoder_modelled:
+                    mm_identifiers[ids[a["request_id"]]] = tuple(f[2] for f in a["mm_features"])
+                else:  # converted text-only, as before the recorder kept them
+                    unsupported["encoder_inputs"] = unsupported.get("encoder_inputs", 0) + 1
+                    dropped_mm += 1
         aborts = [f["request_id"] for k, r in step["inputs"] if k == "abort" for f in r["finished"]]
         # Replay aborts equal times in request-id order: when vLLM freed them
         # in another order, space their times by ulps (arrivals go first).
@@ -818,7 +878,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                 min_tokens=a["min_tokens"], ignore_eos=a["ignore_eos"], eos_token_id=eos,
                 stop_token_ids=tuple(a["stop_token_ids"]), priority=a["priority"],
                 scripted_output_len=eos_len.get(vid) if eos is not None else None,
-                abort_time=abort_time.get(vid))
+                abort_time=abort_time.get(vid),
+                mm_positions=tuple((f[0], f[1]) for f in a.get("mm_features") or ()) if encoder_modelled else ())
         except WorkloadError as exc:
             raise ConvertError(f"{src}: request {vid!r}: {exc}") from None
 
@@ -834,6 +895,29 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                                          separators=(",", ":")).encode() + b"\n")
         index += 1
 
+    recorded = meta_rec.get("config", {})
+    lora_unmodelled = None
+    if lora_int_ids and recorded.get("max_loras") is None:
+        lora_unmodelled = f"{len(lora_int_ids)} request(s) with lora (max_loras not recorded)"
+    elif lora_int_ids and values.get("enable_prefix_caching"):
+        # vLLM's block hashes of a LoRA request key on its adapter
+        # (kv_cache_utils._gen_lora_extra_hash_keys): the reference's do not.
+        lora_unmodelled = (f"{len(lora_int_ids)} request(s) with lora and prefix caching (the block "
+                           f"hashes of a LoRA request key on its adapter)")
+    if mm_identifiers or (lora_int_ids and lora_unmodelled is None):
+        if mm_identifiers:
+            # Encoder inputs: the budgets vLLM derived and the items' identifiers.
+            values.update({k: recorded[k] for k in ENCODER_KEYS if k in recorded})
+            values["mm_identifiers"] = tuple(sorted(mm_identifiers.items()))
+        if lora_int_ids and lora_unmodelled is None:
+            # LoRA: vLLM's max_loras and each LoRA request's adapter.
+            values["max_loras"] = recorded["max_loras"]
+            values["lora_int_ids"] = tuple(sorted(lora_int_ids.items()))
+        try:
+            config = EngineConfig.from_dict(values, accept_vllm_crash=True)
+        except ConfigError as exc:
+            raise ConvertError(f"{src}: the recorded vLLM config does not map to an EngineConfig: "
+                               f"{exc}") from None
     warnings = list(meta_rec.get("warnings", ()))
     recorded_kv = None  # why the connector is not replayed as recorded (None: it is)
     if meta_rec.get("kv_answers"):
@@ -906,6 +990,11 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         meta["vllm_recording"]["unmodelled"].setdefault(
             "kv_connector_sending", f"{kv_sending} finished_sending report(s): a KV producer's blocks "
                                     f"held while sending")
+    if lora_unmodelled:
+        meta["vllm_recording"]["unmodelled"]["lora"] = lora_unmodelled
+    if dropped_mm and encoder_why not in ENCODER_UNMODELLED:
+        meta["vllm_recording"]["unmodelled"]["encoder_inputs"] = (
+            f"{dropped_mm} request(s) with encoder inputs ({encoder_why})")
     if groups_unmodelled and "kv_cache_spec" not in meta["vllm_recording"]["unmodelled"]:
         # (A spec the recorder knows the model lacks is marked kv_cache_spec already.)
         for feature, why in groups_unmodelled.items():
@@ -939,15 +1028,23 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         # served recording diverged on the order of two victims' request_state rows).
         return sorted(out, key=lambda st: st.request_id)
 
+    def encoder_ids(e: dict) -> list[int]:
+        return list(e.get("encoder_input_ids") or ()) if encoder_modelled else []
+
     def decision(e: dict, where: int):
         if e["type"] == "schedule":
             return ScheduledRequest(rid(e["request_id"], where), e["kind"], e["num_computed_tokens"],
                                     e["num_scheduled_tokens"], e["num_prefix_hit_tokens"],
                                     list(e["new_block_ids"]), list(e.get("spec_token_ids") or ()),
-                                    group_block_ids=groups_of(e))
+                                    encoder_ids(e), group_block_ids=groups_of(e))
         if e["type"] == "withdraw":
             return Withdrawal(rid(e["request_id"], where), e["num_scheduled_tokens"],
-                              list(e["block_ids"]), group_block_ids=groups_of(e))
+                              list(e["block_ids"]), encoder_ids(e), group_block_ids=groups_of(e))
+        if e["type"] == "encoder_plan":
+            if not encoder_modelled:
+                return None
+            return EncoderPlan(rid(e["request_id"], where), e["num_computed_tokens"],
+                               e["num_scheduled_tokens"], list(e["encoder_input_ids"]))
         if e["type"] == "preempt":
             return Preemption(rid(e["request_id"], where), e["num_computed_tokens"],
                               list(e["freed_block_ids"]), group_block_ids=groups_of(e))
@@ -1033,6 +1130,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                     preempted_req_ids={rid(i, where) for i in output["preempted_req_ids"]},
                     finished_req_ids={rid(i, where) for i in output["finished_req_ids"]} | carry,
                     token_budget=output["token_budget"], **extra,
+                    free_encoder_mm_hashes=list(output.get("free_encoder_mm_hashes") or ())
+                    if encoder_modelled else [],
                     request_data_ids=None if output.get("request_data_ids") is None else
                     [rid(i, where) for i in output["request_data_ids"]])
                 carry = set()

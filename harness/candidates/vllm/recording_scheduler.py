@@ -55,7 +55,12 @@ version, config values under our ``EngineConfig`` names, every other captured
 vLLM config value, warnings, and ``scheduler_cls`` when the recorder runs over
 the user's own class, ``SCHED_HARNESS_BASE_CLS``: see ``_base_scheduler_class``),
 ``arrival`` (a request added: prompt and
-sampling parameters), ``abort`` (``finish_requests``: the requests it
+sampling parameters; ``mm_features``, ``[offset, length, identifier,
+num_embeds]`` per encoder input of vLLM's ``Request.mm_features``, and
+``lora_int_id``, its ``LoRARequest``'s, when it has them), ``config`` (an
+encoder budget a unit test set by hand before the first ``schedule()``: the
+values ``schedule()`` uses, which the converter takes instead of the meta
+record's), ``abort`` (``finish_requests``: the requests it
 finished, in free order, and whether it happened between ``schedule`` and
 ``update_from_output``), ``schedule`` (its ``batch``: the number of the
 schedule() call; queues and free blocks before and after, the normalised
@@ -277,8 +282,30 @@ class _LineWriter:
 
 
 #: Flags vLLM's ``Scheduler.__init__`` derives from the config that change how it
-#: schedules (0.33.0: chunks cut at Mamba block boundaries, mode "align").
-_DERIVED_FLAGS = ("need_mamba_block_aligned_split",)
+#: schedules (0.33.0: chunks cut at Mamba block boundaries, mode "align"; the
+#: drafter's prefill look-ahead, which shifts the encoder window and keeps a
+#: prefill chunk from ending within it: 0.33.0's
+#: ``test_drafter_lookahead_encoder_cache_cap_*`` set it by hand).
+_DERIVED_FLAGS = ("need_mamba_block_aligned_split", "num_prefill_lookahead")
+
+
+def _mm_features(request) -> list[list] | None:
+    """A request's encoder inputs (vLLM ``Request.mm_features``, one
+    ``MultiModalFeatureSpec`` per item) as ``[offset, length, identifier,
+    num_embeds]`` (``mm_position.offset`` / ``.length`` in prompt tokens,
+    ``identifier`` the encoder cache's key, ``mm_position.get_num_embeds()``);
+    None for a vLLM whose ``Request`` has no ``mm_features``."""
+    features = getattr(request, "mm_features", None)
+    if features is None:
+        return None
+    out = []
+    for f in features:
+        pos = f.mm_position
+        num_embeds = getattr(pos, "get_num_embeds", None)  # a method in 0.33.0
+        num_embeds = int(num_embeds() if callable(num_embeds) else
+                         pos.length if num_embeds is None else num_embeds)
+        out.append([int(pos.offset), int(pos.length), str(f.identifier), num_embeds])
+    return out
 
 
 class _Recorder:
@@ -303,6 +330,8 @@ class _Recorder:
         # What vLLM's Scheduler.__init__ derived from the config and a unit test may
         # set by hand before schedule() (_check_derived).
         self.derived = {name: getattr(sched, name) for name in _DERIVED_FLAGS if hasattr(sched, name)}
+        # The encoder budgets as recorded (_check_encoder_config; None: no longer followed).
+        self.encoder_state: tuple | None = self._encoder_state()
         self.use_v2 = bool(getattr(sched, "use_v2_model_runner",
                                    os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"))
         self.path = _output_path(vc)
@@ -393,6 +422,19 @@ class _Recorder:
         for name in ("watermark", "scheduler_reserve_full_isl", "prefill_schedule_interval"):
             if hasattr(sc, name):
                 out[name] = _jsonable(getattr(sc, name))
+        lora_config = getattr(sched, "lora_config", None)
+        if lora_config is not None:  # LoRA: distinct adapters a batch may use
+            out["max_loras"] = int(lora_config.max_loras)
+        # The encoder budgets Scheduler.__init__ derived (vLLM's MultiModalBudget:
+        # 0 for a model without multimodal inputs), in embeds; the converter
+        # maps them only for a recording with encoder inputs.
+        budget = getattr(sched, "max_num_encoder_input_tokens", None)
+        cache_size = getattr(getattr(sched, "encoder_cache_manager", None), "cache_size", None)
+        if budget and cache_size:
+            out["max_num_encoder_input_tokens"] = int(budget)
+            out["encoder_cache_size"] = int(cache_size)
+        if hasattr(sc, "disable_chunked_mm_input"):
+            out["disable_chunked_mm_input"] = bool(sc.disable_chunked_mm_input)
         return out
 
     @staticmethod
@@ -429,8 +471,6 @@ class _Recorder:
             out.append(f"speculative method {spec.method!r} (the reference models n-gram drafts)")
         if getattr(sc, "max_num_partial_prefills", 1) != 1:
             out.append(f"max_num_partial_prefills={sc.max_num_partial_prefills} is not modelled")
-        if getattr(vc, "lora_config", None) is not None:
-            out.append("LoRA is enabled (max_loras limits are not modelled)")
         return out
 
     def _unmodelled(self) -> dict[str, str]:
@@ -454,6 +494,17 @@ class _Recorder:
                        - {"FullAttentionSpec", "SlidingWindowSpec", "MambaSpec", "NoneType"})
         if kinds:  # MLA, chunked local, ...: allocation the model does not follow
             out["kv_cache_spec"] = f"KV-cache spec {', '.join(kinds)}"
+        # Encoder inputs are modelled for a decoder-only model with vLLM's own
+        # EncoderCacheManager and no EC connector.
+        ecm = getattr(sched, "encoder_cache_manager", None)
+        if getattr(sched, "is_encoder_decoder", False):
+            out["encoder_decoder"] = "an encoder-decoder model (its encoder inputs are not modelled)"
+        elif getattr(sched, "is_mm_encoder_only", False):
+            out["mm_encoder_only"] = "an encoder-only instance (mm_encoder_only: it samples no tokens)"
+        elif getattr(sched, "ec_connector", None) is not None:
+            out["ec_connector"] = f"an encoder-cache connector ({type(sched.ec_connector).__name__})"
+        elif ecm is not None and type(ecm).__name__ != "EncoderCacheManager":
+            out["encoder_cache_manager"] = f"encoder cache manager {type(ecm).__name__}"
         return out
 
     # -- writing -------------------------------------------------------------
@@ -513,10 +564,16 @@ class _Recorder:
             unsupported.append("pooling")
         if getattr(request, "use_structured_output", False):
             unsupported.append("structured_output")
+        features = None
         if getattr(request, "has_encoder_inputs", False):
-            unsupported.append("encoder_inputs")
-        if getattr(request, "lora_request", None) is not None:
-            unsupported.append("lora")
+            features = _mm_features(request)
+            if features is None:  # a vLLM without mm_features: not recorded
+                unsupported.append("encoder_inputs")
+            elif any(n != length for _, length, _, n in features):
+                # An is_embed mask (fewer embeds than placeholder tokens): the
+                # reference's items have one embed per token.
+                unsupported.append("encoder_embeds_mask")
+        lora = getattr(request, "lora_request", None)
         if request.prompt_token_ids is None:
             unsupported.append("prompt_embeds")
         if getattr(request, "resumable", False):
@@ -540,6 +597,10 @@ class _Recorder:
             "priority": int(request.priority),
             "arrival_time": float(request.arrival_time),
         }
+        if features:
+            record["mm_features"] = features
+        if lora is not None:  # its adapter (vLLM LoRARequest.lora_int_id): counts toward max_loras
+            record["lora_int_id"] = int(lora.lora_int_id)
         if unsupported:
             record["unsupported"] = unsupported
         self._write(record)
@@ -615,7 +676,41 @@ class _Recorder:
     def before_schedule(self, throttle: bool) -> tuple:
         if self.derived:
             self._check_derived()
+        if self.encoder_state is not None:
+            self._check_encoder_config()
         return (self.queues(), _ev.prefill_gate(self.sched, throttle))
+
+    def _encoder_state(self) -> tuple:
+        """``(max_num_encoder_input_tokens, encoder cache manager, its cache_size)``
+        of the scheduler now."""
+        ecm = getattr(self.sched, "encoder_cache_manager", None)
+        return (getattr(self.sched, "max_num_encoder_input_tokens", None), ecm,
+                getattr(ecm, "cache_size", None))
+
+    def _check_encoder_config(self) -> None:
+        """The encoder budgets a unit test set by hand after ``Scheduler.__init__``
+        (vLLM 0.33.0's ``test_max_loras_counts_running_request_skipped_for_encoder_budget``
+        sets ``max_num_encoder_input_tokens`` and a new ``EncoderCacheManager``):
+        before the first ``schedule()`` a ``config`` record with the values
+        ``schedule()`` will use (the converter takes them instead of the meta
+        record's); later (the cache's state would be lost) a ``protocol`` record."""
+        now = self._encoder_state()
+        budget, ecm, cache_size = now
+        if (budget, cache_size) == (self.encoder_state[0], self.encoder_state[2]) and (
+                self.batches == 0 or ecm is self.encoder_state[1]):
+            self.encoder_state = now
+            return
+        if self.batches == 0:
+            self._write({"t": "config", "config": {"max_num_encoder_input_tokens": _jsonable(budget),
+                                                   "encoder_cache_size": _jsonable(cache_size)}})
+            self.encoder_state = now
+            return
+        was, self.encoder_state = self.encoder_state, None
+        self._write({"t": "protocol", "step": self.steps,
+                     "what": f"Scheduler.max_num_encoder_input_tokens {budget!r} and encoder cache size "
+                             f"{cache_size!r} set after the first schedule() by hand (vLLM derived "
+                             f"{was[0]!r} and {was[2]!r}, or a test set them before it; a new "
+                             f"encoder cache forgets what the old one held)"})
 
     def _check_derived(self) -> None:
         """A ``protocol`` record (the converter ends the trace there) when a flag
