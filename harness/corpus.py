@@ -206,6 +206,8 @@ def row_of(path: str, code: int, stdout: str, stderr: str, cpu_s: float) -> Trac
     except json.JSONDecodeError:
         report = None
     cpu_s = round(cpu_s, 3)
+    if isinstance(report, dict) and isinstance(report.get("error"), str):  # check --json of an unusable trace
+        return error_row(path, code, report["error"], cpu_s)
     if not isinstance(report, dict):
         error = _last_line(stderr).removeprefix("error: ") or f"{path}: exit {code} without a report"
         return error_row(path, code, error, cpu_s)
