@@ -45,6 +45,10 @@ from typing import Callable
 from harness.candidates.vllm.env import env_python, envs_root, is_ready
 
 DEFAULT_FILES = ("tests/v1/core/test_scheduler.py", "tests/v1/core/test_prefix_caching.py")
+#: A test file that builds a scheduler: vLLM's ``create_scheduler`` helpers
+#: (``tests/v1/core/utils.py``, ``create_scheduler_with_priority``) or a ``Scheduler(``
+#: / ``AsyncScheduler(`` call (not a ``...ConnectorScheduler(``: a KV connector's side).
+_BUILDS_SCHEDULER = re.compile(r"\bcreate_scheduler\w*\(|\b(?:Async)?Scheduler\(")
 #: Test-only packages vLLM's tests/conftest.py and tests/v1/core import (the rest
 #: come with vLLM). Pinned at the release's requirements/test/*.txt versions.
 TEST_PACKAGES = ("pytest", "tblib", "pytest-asyncio", "pytest-mock")
@@ -147,6 +151,16 @@ def extract_tests(version: str, sdist: Path, log: Log = lambda _: None) -> Path:
         shutil.rmtree(root)
     os.replace(tmp, root)
     return root
+
+
+def scheduler_test_files(root: Path, folder: str = "tests/v1/core") -> list[str]:
+    """The test files under ``root/folder`` (recursively, ``test_*.py``) that build
+    a scheduler (``_BUILDS_SCHEDULER``), relative to ``root``, sorted: what
+    ``bench/vllm_own_tests.py`` runs by default for a release (its tests differ
+    from release to release)."""
+    base = root / folder
+    return sorted(str(p.relative_to(root)) for p in base.rglob("test_*.py")
+                  if _BUILDS_SCHEDULER.search(p.read_text(encoding="utf-8", errors="replace")))
 
 
 def _pins(root: Path) -> dict[str, str]:
