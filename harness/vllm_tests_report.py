@@ -30,6 +30,7 @@ _PROTOCOL_KINDS = (
     ("added again after it finished", "request-id-reused"),
     ("model output omits", "model-output-incomplete"),
     ("model output samples no token", "model-output-no-token"),
+    ("model output samples a token for", "model-output-partial-prefill-token"),
     ("finish_requests() with", "finished-by-hand"),
     ("entered the waiting queue outside", "preempted-by-hand"),
     ("aborted between schedule", "mid-step-abort"),

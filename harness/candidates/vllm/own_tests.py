@@ -220,23 +220,45 @@ def ensure_test_packages(version: str, root: Path, log: Log = lambda _: None) ->
     return wanted
 
 
-def offline_hf_home() -> Path:
-    """An HF cache holding only facebook/opt-125m's ``config.json`` (the model
-    vLLM's ``create_scheduler`` names; no weights, no tokenizer), written by us."""
+#: facebook/opt-350m's config.json (as on the HF hub): the model of vLLM 0.29.0+'s
+#: ``tests/v1/core/test_priority_preemption_bug.py`` (``build_scheduler``).
+OPT_350M_CONFIG = {
+    "_name_or_path": "facebook/opt-350m", "activation_dropout": 0.0, "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2,
+    "do_layer_norm_before": False, "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 4096,
+    "hidden_size": 1024, "init_std": 0.02, "layerdrop": 0.0, "max_position_embeddings": 2048,
+    "model_type": "opt", "num_attention_heads": 16, "num_hidden_layers": 24, "pad_token_id": 1,
+    "prefix": "</s>", "torch_dtype": "float16", "transformers_version": "4.20.0.dev0",
+    "use_cache": True, "vocab_size": 50272, "word_embed_proj_dim": 512,
+}
+
+
+def offline_hf_models() -> dict[str, dict]:
+    """``{HF repo id: config.json}`` of the models vLLM's tests/v1/core name that an
+    offline HF cache can serve from a config alone (text models: no weights, no
+    tokenizer; the multimodal ones also need a processor and are left out)."""
     from harness.candidates.vllm.driver import _OPT_CONFIG
 
+    return {"facebook/opt-125m": _OPT_CONFIG, "facebook/opt-350m": OPT_350M_CONFIG}
+
+
+def offline_hf_home() -> Path:
+    """An HF cache holding only the ``config.json`` of ``offline_hf_models()``
+    (facebook/opt-125m: the model vLLM's ``create_scheduler`` names; opt-350m; no
+    weights, no tokenizer), written by us."""
     home = envs_root() / "sdists" / "hf-home"
-    repo = home / "hub" / "models--facebook--opt-125m"
     revision = "0" * 40
-    config = repo / "snapshots" / revision / "config.json"
-    data = json.dumps(_OPT_CONFIG, sort_keys=True)
-    if not (config.is_file() and config.read_text() == data):
-        config.parent.mkdir(parents=True, exist_ok=True)
-        (repo / "refs").mkdir(parents=True, exist_ok=True)
-        (repo / "refs" / "main").write_text(revision)
-        tmp = config.with_name(f".config.{os.getpid()}.tmp")
-        tmp.write_text(data)
-        os.replace(tmp, config)
+    for name, config_data in offline_hf_models().items():
+        repo = home / "hub" / f"models--{name.replace('/', '--')}"
+        config = repo / "snapshots" / revision / "config.json"
+        data = json.dumps(config_data, sort_keys=True)
+        if not (config.is_file() and config.read_text() == data):
+            config.parent.mkdir(parents=True, exist_ok=True)
+            (repo / "refs").mkdir(parents=True, exist_ok=True)
+            (repo / "refs" / "main").write_text(revision)
+            tmp = config.with_name(f".config.{os.getpid()}.tmp")
+            tmp.write_text(data)
+            os.replace(tmp, config)
     return home
 
 

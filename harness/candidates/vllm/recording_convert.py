@@ -412,6 +412,19 @@ def _check_sampled(schedule: dict, update: dict, known: dict[str, int], number: 
                 f"reached {end} of its {known[rid]} tokens (EngineCore's model runner samples one for "
                 f"a generating model: a hand-made ModelRunnerOutput, or a pooling, encoder-only or "
                 f"diffusion model that appends none after prefill)")
+    for e in schedule["output"]["events"]:
+        rid = e["request_id"]
+        if e["type"] != "schedule" or rid not in batch or rid not in known or rid not in sampled:
+            continue
+        end = e["num_computed_tokens"] + e["num_scheduled_tokens"] - len(e.get("spec_token_ids") or ())
+        if end < known[rid]:
+            # Regression: vLLM 0.33.0's test_priority_preemption_bug.py samples a token for
+            # every scheduled request, a 15-token chunk of a 200-token prompt too; vLLM
+            # appends it, and OUTPUT-ONLY-COMPLETE was reported as a violation.
+            raise _ProtocolBreak(
+                f"line {number}: the model output samples a token for request {rid!r}, whose step "
+                f"reached {end} of its {known[rid]} tokens (a partial prefill chunk: EngineCore's "
+                f"model runner samples none there; a hand-made ModelRunnerOutput)")
     for rid, n in sampled.items():
         if rid in known:
             known[rid] += n
