@@ -15,6 +15,10 @@ Its recording (``tests/data/vllm-0.33.0-test_priority_preemption_bug.jsonl``, th
   the hand-made ``ModelRunnerOutput`` samples a token for A's partial prefill chunk (EngineCore's
   model runner samples none there) and vLLM appends it: now a protocol break at that update
   (kind ``model-output-partial-prefill-token``), the trace keeping step 0.
+* Then the replay diverged ("expected 'next step', got 'engine stalled: step 0: 1 unfinished
+  requests but nothing scheduled and no arrival or abort ahead'"): the request that unblocked vLLM
+  came after the break, outside the trace. A stall after every recorded step of a trace its driver
+  ended is beyond the trace: identical.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from harness.candidates.vllm import recording_convert as rc
 from harness.check.checker import check_trace
 from harness.check.lifecycle import _longer_than_the_pool
 from harness.check.model import TraceModel
+from harness.candidates.resolve import resolve_candidate
+from harness.replay import replay
 from harness.trace.reader import open_trace
 from harness.vllm_tests_report import protocol_kind
 
@@ -47,6 +53,7 @@ def test_the_recording_converts_to_step_0_and_names_the_hand_made_output(tmp_pat
     for semantics in ("auto", "safety"):
         result = check_trace(trace, semantics)
         assert result.ok and result.steps == 1, [(v.invariant, v.step) for v in result.violations]
+    assert replay(trace, resolve_candidate("reference")) == (None, 1)
 
 
 def _model(num_gpu_blocks: int, max_model_len: int, waiting_tokens: int, **extra) -> TraceModel:
