@@ -50,6 +50,9 @@ def test_the_recording_converts_to_step_0_and_names_the_hand_made_output(tmp_pat
         "runner samples none there; a hand-made ModelRunnerOutput)")
     assert protocol_kind(summary["protocol"]) == "model-output-partial-prefill-token"
     trace = open_trace(tmp_path / "rec.parquet")
+    # Regression: a trace ended by a protocol break was also "salvaged" (its end record, past the
+    # break, was never read): "a vLLM recording without its end record (the server was cut off)".
+    assert trace.summary.get("salvaged") is None and trace.summary["protocol"] == summary["protocol"]
     for semantics in ("auto", "safety"):
         result = check_trace(trace, semantics)
         assert result.ok and result.steps == 1, [(v.invariant, v.step) for v in result.violations]

@@ -332,6 +332,13 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
             steps.clear()
     except _ProtocolBreak as brk:
         notes["protocol"] = str(brk)
+        # Whether the recording has its end record past the break (regression: never
+        # read, so every trace ended by a protocol break was also "salvaged: a vLLM
+        # recording without its end record (the server was cut off)").
+        for _, rec in _read_records(path, after=number):
+            if rec.get("t") == "end":
+                notes["complete"] = True
+                notes["ended_by"] = rec.get("by")
         # The complete steps before the break are kept; a step cut off after its
         # schedule() (no update) is not.
         for step in steps + ([current] if current is not None else []):
