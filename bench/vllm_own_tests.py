@@ -4,8 +4,10 @@ on whole test files, with the figures the docs quote.
     HARNESS_VLLM_ENVS=... .venv/bin/python bench/vllm_own_tests.py [VERSION ...] \\
         [--files tests/v1/core/test_scheduler.py ...] [-k EXPR] [-o DIR] [--from DIR] [--smoke]
 
-Default: 0.33.0 on ``tests/v1/core/test_scheduler.py`` and ``test_prefix_caching.py`` (the envs must
-exist: ``harness vllm-env VERSION``). For each release it prints the per-file table of
+Default: 0.33.0 on every file of its ``tests/v1/core`` that builds a scheduler
+(``own_tests.scheduler_test_files``: a ``create_scheduler*(`` or ``Scheduler(`` call; found in each
+release's own tests, which differ from release to release; ``--files`` chooses instead). The envs must
+exist: ``harness vllm-env VERSION``. For each release it prints the per-file table of
 ``harness vllm-tests``, the totals against the goals of issue 22 (no test broken by the recorder, at
 least 90 % of recordings converted, no unexplained violation, replay identical on every clean trace)
 and the CPU seconds of the plain and the injected pytest runs (their ratio: what the recorder costs
@@ -38,14 +40,33 @@ import page  # noqa: E402
 SMOKE_SELECTION = "test_preempt_during_execution or test_scheduler_reset_prefix_cache"
 
 
+def _default_files(version: str) -> list[str] | str:
+    """Every file of the release's ``tests/v1/core`` that builds a scheduler, or why
+    there is none (no sdist cached and none fetched)."""
+    from harness.candidates.vllm import own_tests
+
+    try:
+        root = own_tests.extract_tests(version, own_tests.fetch_sdist(version))
+    except own_tests.OwnTestsError as exc:
+        return str(exc)
+    return own_tests.scheduler_test_files(root) or f"no file of vLLM {version}'s tests/v1/core builds a scheduler"
+
+
 def _run(version: str, files: list[str], select: str, out: Path) -> dict | str:
-    """``harness vllm-tests VERSION -o OUT --json``: its report, or why there is none."""
-    cmd = [str(REPO / ".venv/bin/harness"), "vllm-tests", version, "-o", str(out), "--json"]
+    """``harness vllm-tests VERSION -o OUT --json``: its report, or why there is none.
+    No ``files``: every file of the release's tests/v1/core that builds a scheduler."""
+    if not files:
+        found = _default_files(version)
+        if isinstance(found, str):
+            return found
+        files = found
+    # This checkout's harness (``-m`` from REPO), whichever venv runs the bench.
+    cmd = [sys.executable, "-m", "harness.cli", "vllm-tests", version, "-o", str(out.resolve()), "--json"]
     for f in files:
         cmd += ["--files", f]
     if select:
         cmd += ["-k", select]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if proc.returncode not in (0, 1):
         return f"harness vllm-tests exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
     return json.loads(proc.stdout)

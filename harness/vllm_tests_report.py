@@ -30,6 +30,7 @@ _PROTOCOL_KINDS = (
     ("added again after it finished", "request-id-reused"),
     ("model output omits", "model-output-incomplete"),
     ("model output samples no token", "model-output-no-token"),
+    ("model output samples a token for", "model-output-partial-prefill-token"),
     ("finish_requests() with", "finished-by-hand"),
     ("entered the waiting queue outside", "preempted-by-hand"),
     ("aborted between schedule", "mid-step-abort"),
@@ -37,6 +38,8 @@ _PROTOCOL_KINDS = (
     ("streaming-input", "streaming-input"),
     ("stopped by the driver", "stopped-by-driver"),
     ("by hand (vLLM derived", "scheduler-flag-set-by-hand"),
+    ("set by hand (EngineCore adds a request with none computed)", "computed-set-by-hand"),
+    ("an AsyncScheduler under a synchronous config", "async-scheduler-sync-config"),
 )
 
 

@@ -209,12 +209,34 @@ def check_idle_admission(m: TraceModel, st: StepState) -> None:
     """IDLE-ADMISSION at ``schedule_end``: with nothing running and requests
     waiting, something is admitted. (Blocks still behind a deferred-free
     fence, or held by the load of a request finished while loading, may
-    legitimately block it.)"""
+    legitimately block it.) Its premise, every accepted request fits an empty
+    engine, is vLLM's engine start-up check (the KV cache holds one
+    ``max_model_len`` request); a pool smaller than that (a unit test's
+    scheduler, built without the engine: vLLM 0.33.0's
+    ``test_priority_preemption_bug.py`` runs a 200-token request on 6 blocks of
+    16) voids it for a waiting request longer than the pool: not judged then
+    (``_longer_than_the_pool``)."""
     if (not st.running_before and st.waiting_before and not st.preempted and not st.admitted
-            and not st.skipped and not m.deferred and not m.kv_abandoned):
+            and not st.skipped and not m.deferred and not m.kv_abandoned
+            and not _longer_than_the_pool(m, st.waiting_before)):
         m.violate("IDLE-ADMISSION", st.waiting_before[0],
                   f"nothing running, {len(st.waiting_before)} waiting, and nothing admitted: "
                   f"a request that fits an empty engine must be admitted")
+
+
+def _longer_than_the_pool(m: TraceModel, waiting: list[str]) -> bool:
+    """Whether, on a one-group full-attention model, a waiting request holds
+    more tokens than the whole KV pool (``num_gpu_blocks`` less vLLM's null
+    block, of ``block_size`` tokens) can hold: it fits no engine, and vLLM
+    allocates a lone request's whole prefill at once (0.33.0
+    ``Scheduler.schedule``: ``long_prefill_token_threshold`` is 0 when one
+    request is eligible), so an empty engine may admit nothing. A windowed or
+    hybrid model (``group_windows``) needs fewer blocks than its tokens: never
+    claimed there (the rule stays judged)."""
+    capacity = (m.num_gpu_blocks - 1) * m.bs
+    if m.group_windows is not None or capacity >= m.max_model_len:
+        return False  # vLLM's start-up guarantee holds (every request fits), or not full attention
+    return any((req := m.reqs.get(rid)) is not None and req.num_tokens > capacity for rid in waiting)
 
 
 def check_progress(m: TraceModel, st: StepState) -> None:

@@ -45,6 +45,10 @@ from typing import Callable
 from harness.candidates.vllm.env import env_python, envs_root, is_ready
 
 DEFAULT_FILES = ("tests/v1/core/test_scheduler.py", "tests/v1/core/test_prefix_caching.py")
+#: A test file that builds a scheduler: vLLM's ``create_scheduler`` helpers
+#: (``tests/v1/core/utils.py``, ``create_scheduler_with_priority``) or a ``Scheduler(``
+#: / ``AsyncScheduler(`` call (not a ``...ConnectorScheduler(``: a KV connector's side).
+_BUILDS_SCHEDULER = re.compile(r"\bcreate_scheduler\w*\(|\b(?:Async)?Scheduler\(")
 #: Test-only packages vLLM's tests/conftest.py and tests/v1/core import (the rest
 #: come with vLLM). Pinned at the release's requirements/test/*.txt versions.
 TEST_PACKAGES = ("pytest", "tblib", "pytest-asyncio", "pytest-mock")
@@ -149,6 +153,16 @@ def extract_tests(version: str, sdist: Path, log: Log = lambda _: None) -> Path:
     return root
 
 
+def scheduler_test_files(root: Path, folder: str = "tests/v1/core") -> list[str]:
+    """The test files under ``root/folder`` (recursively, ``test_*.py``) that build
+    a scheduler (``_BUILDS_SCHEDULER``), relative to ``root``, sorted: what
+    ``bench/vllm_own_tests.py`` runs by default for a release (its tests differ
+    from release to release)."""
+    base = root / folder
+    return sorted(str(p.relative_to(root)) for p in base.rglob("test_*.py")
+                  if _BUILDS_SCHEDULER.search(p.read_text(encoding="utf-8", errors="replace")))
+
+
 def _pins(root: Path) -> dict[str, str]:
     """``{package: version}`` of TEST_PACKAGES from the release's test requirements."""
     pins: dict[str, str] = {}
@@ -206,23 +220,45 @@ def ensure_test_packages(version: str, root: Path, log: Log = lambda _: None) ->
     return wanted
 
 
-def offline_hf_home() -> Path:
-    """An HF cache holding only facebook/opt-125m's ``config.json`` (the model
-    vLLM's ``create_scheduler`` names; no weights, no tokenizer), written by us."""
+#: facebook/opt-350m's config.json (as on the HF hub): the model of vLLM 0.29.0+'s
+#: ``tests/v1/core/test_priority_preemption_bug.py`` (``build_scheduler``).
+OPT_350M_CONFIG = {
+    "_name_or_path": "facebook/opt-350m", "activation_dropout": 0.0, "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2,
+    "do_layer_norm_before": False, "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 4096,
+    "hidden_size": 1024, "init_std": 0.02, "layerdrop": 0.0, "max_position_embeddings": 2048,
+    "model_type": "opt", "num_attention_heads": 16, "num_hidden_layers": 24, "pad_token_id": 1,
+    "prefix": "</s>", "torch_dtype": "float16", "transformers_version": "4.20.0.dev0",
+    "use_cache": True, "vocab_size": 50272, "word_embed_proj_dim": 512,
+}
+
+
+def offline_hf_models() -> dict[str, dict]:
+    """``{HF repo id: config.json}`` of the models vLLM's tests/v1/core name that an
+    offline HF cache can serve from a config alone (text models: no weights, no
+    tokenizer; the multimodal ones also need a processor and are left out)."""
     from harness.candidates.vllm.driver import _OPT_CONFIG
 
+    return {"facebook/opt-125m": _OPT_CONFIG, "facebook/opt-350m": OPT_350M_CONFIG}
+
+
+def offline_hf_home() -> Path:
+    """An HF cache holding only the ``config.json`` of ``offline_hf_models()``
+    (facebook/opt-125m: the model vLLM's ``create_scheduler`` names; opt-350m; no
+    weights, no tokenizer), written by us."""
     home = envs_root() / "sdists" / "hf-home"
-    repo = home / "hub" / "models--facebook--opt-125m"
     revision = "0" * 40
-    config = repo / "snapshots" / revision / "config.json"
-    data = json.dumps(_OPT_CONFIG, sort_keys=True)
-    if not (config.is_file() and config.read_text() == data):
-        config.parent.mkdir(parents=True, exist_ok=True)
-        (repo / "refs").mkdir(parents=True, exist_ok=True)
-        (repo / "refs" / "main").write_text(revision)
-        tmp = config.with_name(f".config.{os.getpid()}.tmp")
-        tmp.write_text(data)
-        os.replace(tmp, config)
+    for name, config_data in offline_hf_models().items():
+        repo = home / "hub" / f"models--{name.replace('/', '--')}"
+        config = repo / "snapshots" / revision / "config.json"
+        data = json.dumps(config_data, sort_keys=True)
+        if not (config.is_file() and config.read_text() == data):
+            config.parent.mkdir(parents=True, exist_ok=True)
+            (repo / "refs").mkdir(parents=True, exist_ok=True)
+            (repo / "refs" / "main").write_text(revision)
+            tmp = config.with_name(f".config.{os.getpid()}.tmp")
+            tmp.write_text(data)
+            os.replace(tmp, config)
     return home
 
 

@@ -121,6 +121,9 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
     crashed = False
     ended = False
     numbered = False  # format 3: every schedule and update record names its batch
+    # meta ``async_scheduler_sync_config``: vLLM's AsyncScheduler with async scheduling
+    # off (1 batch in flight); its -1 placeholder drafts end the trace (protocol).
+    async_class_sync_config = False
     number = 0
     # Format 3 leaves a snapshot's unchanged queue out: it is the previous
     # snapshot's (in file order: a schedule's ``before`` follows the last
@@ -211,6 +214,7 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
                 if number != 1:
                     raise ConvertError(f"{path}:{number}: a second meta record")
                 numbered = fill = isinstance(rec.get("format"), int) and rec["format"] >= 3
+                async_class_sync_config = bool(rec.get("async_scheduler_sync_config"))
                 continue
             if crashed and kind != "end":
                 raise ConvertError(f"{path}:{number}: a {kind!r} record after the crash")
@@ -219,6 +223,11 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
                     # vLLM's ids are unique among live requests only; a trace's for the run.
                     raise _ProtocolBreak(f"line {number}: request id {rec['request_id']!r} added again "
                                          f"after it finished (a trace needs unique ids)")
+                if rec.get("num_computed_tokens"):
+                    raise _ProtocolBreak(f"line {number}: request {rec['request_id']!r} added with "
+                                         f"num_computed_tokens {rec['num_computed_tokens']} set by hand "
+                                         f"(EngineCore adds a request with none computed): the driver "
+                                         f"left EngineCore's protocol")
                 added.add(rec["request_id"])
                 known[rec["request_id"]] = len(rec.get("prompt_token_ids") or ())
                 inputs.append(("arrival", rec))
@@ -239,6 +248,16 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
                     known.pop(f["request_id"], None)
                 inputs.append(("abort", rec))
             elif kind == "schedule":
+                placeholders = [e["request_id"] for e in rec["output"].get("events") or ()
+                                if async_class_sync_config and e.get("kind") == "running"
+                                and -1 in (e.get("spec_token_ids") or ())]
+                if placeholders:
+                    raise _ProtocolBreak(
+                        f"line {number}: an AsyncScheduler under a synchronous config scheduled "
+                        f"placeholder drafts -1 for {placeholders[0]!r} (EngineCore builds an "
+                        f"AsyncScheduler only with async scheduling; here scheduler_config."
+                        f"async_scheduling was off, as vLLM's CPU platform sets it): the driver "
+                        f"left EngineCore's protocol")
                 resolve(rec["before"])
                 resolve(rec["after"])
                 _check_queues_untouched(rec["before"], last_after, arrived, number)
@@ -313,6 +332,13 @@ def _raw_steps(path: Path, notes: dict, max_batches: int = 1):
             steps.clear()
     except _ProtocolBreak as brk:
         notes["protocol"] = str(brk)
+        # Whether the recording has its end record past the break (regression: never
+        # read, so every trace ended by a protocol break was also "salvaged: a vLLM
+        # recording without its end record (the server was cut off)").
+        for _, rec in _read_records(path, after=number):
+            if rec.get("t") == "end":
+                notes["complete"] = True
+                notes["ended_by"] = rec.get("by")
         # The complete steps before the break are kept; a step cut off after its
         # schedule() (no update) is not.
         for step in steps + ([current] if current is not None else []):
@@ -417,6 +443,19 @@ def _check_sampled(schedule: dict, update: dict, known: dict[str, int], number: 
                 f"reached {end} of its {known[rid]} tokens (EngineCore's model runner samples one for "
                 f"a generating model: a hand-made ModelRunnerOutput, or a pooling, encoder-only or "
                 f"diffusion model that appends none after prefill)")
+    for e in schedule["output"]["events"]:
+        rid = e["request_id"]
+        if e["type"] != "schedule" or rid not in batch or rid not in known or rid not in sampled:
+            continue
+        end = e["num_computed_tokens"] + e["num_scheduled_tokens"] - len(e.get("spec_token_ids") or ())
+        if end < known[rid]:
+            # Regression: vLLM 0.33.0's test_priority_preemption_bug.py samples a token for
+            # every scheduled request, a 15-token chunk of a 200-token prompt too; vLLM
+            # appends it, and OUTPUT-ONLY-COMPLETE was reported as a violation.
+            raise _ProtocolBreak(
+                f"line {number}: the model output samples a token for request {rid!r}, whose step "
+                f"reached {end} of its {known[rid]} tokens (a partial prefill chunk: EngineCore's "
+                f"model runner samples none there; a hand-made ModelRunnerOutput)")
     for rid, n in sampled.items():
         if rid in known:
             known[rid] += n

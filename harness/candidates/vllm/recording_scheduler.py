@@ -57,7 +57,8 @@ the user's own class, ``SCHED_HARNESS_BASE_CLS``: see ``_base_scheduler_class``)
 ``arrival`` (a request added: prompt and
 sampling parameters; ``mm_features``, ``[offset, length, identifier,
 num_embeds]`` per encoder input of vLLM's ``Request.mm_features``, and
-``lora_int_id``, its ``LoRARequest``'s, when it has them), ``config`` (an
+``lora_int_id``, its ``LoRARequest``'s, when it has them; ``num_computed_tokens``
+when a driver set it by hand before ``add_request``), ``config`` (an
 encoder budget a unit test set by hand before the first ``schedule()``: the
 values ``schedule()`` uses, which the converter takes instead of the meta
 record's), ``abort`` (``finish_requests``: the requests it
@@ -359,6 +360,14 @@ class _Recorder:
             meta["kv_answers"] = True
         if getattr(sched, "_sched_harness_base", None):  # the user's class under the recorder
             meta["scheduler_cls"] = sched._sched_harness_base
+        if getattr(sched, "_sched_harness_async", False) and self.max_batches == 1:
+            # vLLM's AsyncScheduler under a synchronous config (EngineCore builds one
+            # only with async scheduling; vLLM's CPU platform turns async scheduling
+            # off, vllm/platforms/cpu.py check_and_update_config, so a unit test's
+            # create_scheduler(async_scheduling=True) gets one): it gives every
+            # scheduled decode -1 placeholder drafts (AsyncScheduler._update_after_schedule),
+            # which the converter ends the trace on.
+            meta["async_scheduler_sync_config"] = True
         self._write(meta)
         self.fh.flush(force=True)
         atexit.register(self.close)
@@ -603,6 +612,13 @@ class _Recorder:
             record["lora_int_id"] = int(lora.lora_int_id)
         if unsupported:
             record["unsupported"] = unsupported
+        computed = int(getattr(request, "num_computed_tokens", 0) or 0)
+        if computed:
+            # Set by hand before add_request (vLLM 0.33.0's test_async_scheduler.py::
+            # test_no_spec_decode_padding_up_to_max_model_len models a disaggregated
+            # decode worker so); EngineCore adds every request with none computed
+            # (Request.__init__): the converter ends the trace here.
+            record["num_computed_tokens"] = computed
         self._write(record)
 
     def begin_abort(self, request_ids) -> dict:
