@@ -167,6 +167,11 @@ class Trace:
         rebuilt on their rows alone. The first error is the one a row-by-row
         read meets first: a row's queue change or key, in file order, before
         the checks of the step it closes (``_first_bad_key``, ``fence``).
+
+        ``queue_changes`` (a dict, filled as rows are read): each rebuilt
+        ``waiting`` list's ``QueueChange`` by ``id`` of that list, for a
+        consumer that follows the backlog by its changes (the checker,
+        ``harness.check.queues.follow_waiting``) and pops what it reads.
         """
         current: int | None = None
         events: list[dict[str, Any]] = []
