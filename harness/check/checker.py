@@ -17,8 +17,10 @@ by side; the checks themselves are in the family modules.
 
 from __future__ import annotations
 
+import gc
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from reference.words import plural
@@ -113,7 +115,7 @@ class TraceChecker(TraceModel):
             encoder.on_finish(self, req)
         # A finished request leaves whichever queue it was in.
         self.prev_running = [r for r in self.prev_running if r != rid]
-        if rid in self.prev_waiting:  # a C-speed test first: the backlog is long, a finish rarely in it
+        if queues.in_waiting(self, rid, self.prev_waiting):  # the backlog is long, a finish rarely in it
             self.prev_waiting = [r for r in self.prev_waiting if r != rid]
         req.status = ev["status"]
         self.finished_since_schedule.add(rid)
@@ -245,7 +247,8 @@ class TraceChecker(TraceModel):
         st.running_before, st.waiting_before = running, waiting
         st.sim_running = list(running)
         st.enc.budget_left = self.enc_budget
-        queues.check_queues_at_start(self, st, running, waiting)
+        change = queues.follow_waiting(self, waiting)
+        queues.check_queues_at_start(self, st, running, waiting, change)
         blocks.check_conservation(self, "schedule_begin", ev["num_free_blocks"])
         st.eligible = len(running) + len(waiting)
         st.defer = budget.expected_defer(self, ev, running)
@@ -422,6 +425,23 @@ class TraceChecker(TraceModel):
         queues.check_running_after(self, st, running)
         budget.check_running_size(self, running)
         waiting = _as_list(ev["waiting"])
+        taken = queues.head_taken(st.waiting_before, st.admitted, st.skipped,
+                                  queues.counts_of(self, st.waiting_before))
+        change = queues.follow_waiting(self, waiting)
+        if not (self.policy == "fcfs" and not st.skipped and not self.kv_queue
+                and not (self.profile.victims_behind_skipped and self.deferred_waiting)
+                and queues.waiting_at_end_follows(self, st, waiting, change, taken)):
+            # (Else the row's change shows waiting is the victims, reversed, + the rest
+            # of the waiting queue: PREEMPT-WAITING-HEAD and STATE-CONTINUITY hold
+            # with no list walked, issue 24; the kv-holding queue stays empty.)
+            self._waiting_after(st, waiting)
+        self._end_of_schedule(ev, st, running, waiting)
+
+    def _waiting_after(self, st: StepState, waiting: list[str]) -> None:
+        """PREEMPT-WAITING-HEAD and STATE-CONTINUITY of waiting after schedule(),
+        from the whole lists: what the queue at step start less the admissions
+        and skips, and the victims leave, kv-holding queue first; updates
+        ``kv_queue``."""
         # Two queues, examined kv-holding first (spec 10.2): a skipped request
         # returns to the head of the queue it now belongs to, in the order met.
         rest = queues.remaining(st.waiting_before, st.admitted, st.skipped)
@@ -447,6 +467,9 @@ class TraceChecker(TraceModel):
         else:
             preemption.check_priority_waiting_order(self, waiting, num_kv)
             queues.check_waiting_after_priority(self, st, waiting, kv_after, wait_after)
+
+    def _end_of_schedule(self, ev: dict, st: StepState, running: list[str], waiting: list[str]) -> None:
+        """``schedule_end``'s checks after the queues, in order."""
         for rid in st.scheduled:
             req = self.reqs.get(rid)
             if req is not None and not req.prefill_chunk:
@@ -759,10 +782,13 @@ def check_trace(trace: Trace, semantics: str = "auto", *, observe: Observer | No
     salvaged = trace.summary.get("salvaged")
     protocol = trace.summary.get("protocol")
     skip = unjudged_rules(trace.meta)
-    result = check_steps(trace.meta["config"], trace.iter_steps(), profile,
+    # The reader's queue changes (issue 24): the rules follow the backlog by them.
+    changes: dict[int, Any] | None = {} if isinstance(trace, Trace) else None
+    steps = trace.iter_steps(queue_changes=changes) if changes is not None else trace.iter_steps()
+    result = check_steps(trace.meta["config"], steps, profile,
                          schema_version=trace.meta.get("schema_version"),
                          truncated=salvaged is not None or protocol is not None,
-                         observe=observe, skip=skip)
+                         observe=observe, skip=skip, queue_changes=changes)
     result.profile_reason = reason
     if salvaged is not None:
         result.notes.append(f"{salvaged}: LIVENESS and the end-of-trace checks not run")
@@ -836,7 +862,7 @@ Observer = Callable[[int, list[dict[str, Any]], list[TraceChecker]], None]
 def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
                 profile: Profile | None = None, *, schema_version: int | None = None,
                   truncated: bool = False, observe: Observer | None = None,
-                skip: dict[str, str] | None = None) -> CheckResult:
+                skip: dict[str, str] | None = None, queue_changes: dict[int, Any] | None = None) -> CheckResult:
     """Run every invariant ``profile`` checks (default: the reference's,
     every rule of the vLLM version it mirrors) over ``steps`` (as yielded by
     ``Trace.iter_steps``; ``schema_version``: the trace's, for the notes on
@@ -851,13 +877,18 @@ def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str
     the rows end where the run was cut off (a salvaged trace,
     ``harness.trace.salvage``): as after a crash, the requests still live
     at the end are not LIVENESS findings. ``observe`` (optional) sees the
-    shadow state after every step; it must not change it.
+    shadow state after every step; it must not change it. ``queue_changes``:
+    the dict the reader fills with each rebuilt waiting list's change
+    (``Trace.iter_steps(queue_changes=...)``), which lets the queue rules
+    follow the backlog by its changes; the verdicts are the same without it.
     """
     profile = profile if profile is not None else reference_profile()
     # A trace known to record what each step leaves behind (rows made in
     # memory, schema_version None, are the recorder's own: nothing to doubt).
     observed = schema_version is not None and schema_version >= OBSERVED_SINCE
-    result = _check_steps(config, steps, profile, observed, truncated, observe, frozenset(skip or ()))
+    with _rare_full_collections():
+        result = _check_steps(config, steps, profile, observed, truncated, observe, frozenset(skip or ()),
+                              queue_changes)
     # Several ids for one request in one step: the root cause first (harness.check.invariants).
     result.violations = root_cause_first(result.violations)
     result.profile = profile.name
@@ -865,12 +896,36 @@ def check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str
     return result
 
 
+@contextmanager
+def _rare_full_collections() -> Iterator[None]:
+    """The cyclic GC's full (generation 2) collections made rarer while a
+    trace is checked (issue 24): each one walks every live object, and the
+    live requests of a long backlog are most of them, so at the default
+    threshold their cost per row grew with the backlog (the whole Azure code
+    trace: 1.07x the CPU per row of its first 500 requests with the collector
+    off, about 1.4x with it on). Young collections still run as usual, so
+    short-lived cycles are freed as before; the threshold is restored after."""
+    threshold = gc.get_threshold()
+    if len(threshold) >= 3:
+        gc.set_threshold(threshold[0], threshold[1], max(threshold[2], _FULL_COLLECTION_EVERY))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+
+
+#: Generation-1 collections between full collections while checking (CPython's default: 10).
+_FULL_COLLECTION_EVERY = 1000
+
+
 def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[str, Any]]]],
                  profile: Profile, observed: bool, truncated: bool = False,
-                 observe: Observer | None = None, skip: frozenset[str] = frozenset()) -> CheckResult:
+                 observe: Observer | None = None, skip: frozenset[str] = frozenset(),
+                 queue_changes: dict[int, Any] | None = None) -> CheckResult:
     dp = config.get("data_parallel_size", 1)
     if dp == 1:
         checker = TraceChecker(config, profile, observed=observed)
+        checker.queue_changes = queue_changes
         checker.checked = checker.checked - skip  # rules the model cannot judge here
         for step, events in steps:
             checker.check_step(step, events)
@@ -882,6 +937,7 @@ def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[st
     checkers = [TraceChecker(config, profile, observed=observed) for _ in range(dp)]
     for checker in checkers:
         checker.checked = checker.checked - skip
+        checker.queue_changes = queue_changes  # (each rank's rows: its own chain of changes)
     for checker in checkers:
         checker.interval = 1  # the cadence is the coordinator's throttle flag
         checker.dp_interval = config.get("prefill_schedule_interval", 1)

@@ -265,6 +265,13 @@ class TraceModel:
         self.finished_since_schedule: set[str] = set()
         self.prev_running: list[str] = []
         self.prev_waiting: list[str] = []
+        # Following the backlog by its stored changes (issue 24; ``harness.check.queues.follow_waiting``):
+        # the reader's changes of each rebuilt waiting list (``harness.trace.queues.QueueChange``, by id
+        # of the list; None: rows without them, every rule then reads the whole lists), and how many
+        # times each id occurs in ``waiting_indexed``, the last snapshot's waiting list.
+        self.queue_changes: dict[int, Any] | None = None
+        self.waiting_counts: dict[str, int] | None = None
+        self.waiting_indexed: list[str] | None = None
         self.step = -1
         self.step_rows: list[dict[str, Any]] = []  # the current step's rows (a crash's witness)
         self.crashed = False  # a crash row was seen: the run ended there

@@ -8,11 +8,15 @@ the head of waiting (kv-holding queue first, spec 10.2).
 
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from typing import TYPE_CHECKING, Any
 
 from harness.check import encoder
 from harness.check.model import ReqShadow, StepState, TraceModel
 from harness.check.result import SAFETY, SEMANTICS, Invariant
+
+if TYPE_CHECKING:
+    from harness.trace.queues import QueueChange
 
 INVARIANTS = [
     Invariant("ARRIVAL-ADMISSIBLE", "An accepted request has a non-empty prompt shorter than max_model_len (room for one output token) and encoder inputs that fit the encoder cache and compute budget (and, with disable_chunked_mm_input, one step's tokens); a rejected one does not.", "2.3, engine input processor",
@@ -67,13 +71,18 @@ def check_unknown_kind(m: TraceModel, ev: dict) -> None:
     m.violate("STATE-CONTINUITY", ev.get("request_id"), f"unknown event kind {ev['kind']!r}")
 
 
-def check_queues_at_start(m: TraceModel, st: StepState, running: list[str], waiting: list[str]) -> None:
+def check_queues_at_start(m: TraceModel, st: StepState, running: list[str], waiting: list[str],
+                          change: QueueChange | None = None) -> None:
     """STATE-CONTINUITY at ``schedule_begin``: running and waiting follow from the
     previous step's end, this step's arrivals and aborts (the same requests);
-    ADMISSION-ORDER: under FCFS, waiting keeps that order."""
+    ADMISSION-ORDER: under FCFS, waiting keeps that order. ``change``: the
+    row's waiting as the reader rebuilt it (``follow_waiting``), which shows
+    the common case without a walk over the backlog."""
     expected_running = [r for r in m.prev_running if r not in st.aborted]
     if running != expected_running:
         m.violate("STATE-CONTINUITY", None, f"running at step start {running} != previous end {expected_running}")
+    if waiting_at_start_follows(m, st, waiting, change):
+        return
     # A request may arrive and be aborted before the same step starts.
     expected_waiting = m.prev_waiting + st.arrived if st.arrived else m.prev_waiting  # never edited in place
     if st.aborted:
@@ -91,6 +100,105 @@ def check_queues_at_start(m: TraceModel, st: StepState, running: list[str], wait
             m.violate("ADMISSION-ORDER", None,
                       f"waiting at step start {waiting} is not FCFS order: previous end + arrivals "
                       f"{expected_waiting}")
+
+
+# -- the backlog by its changes (issue 24) ----------------------------------------------
+def follow_waiting(m: TraceModel, waiting: list[str]) -> QueueChange | None:
+    """Take the reader's change for a snapshot row's ``waiting`` list (the
+    ``QueueChange`` it was rebuilt from; None when the row stored it whole or
+    the rows carry no changes) and bring ``m.waiting_counts`` to that list:
+    O(ids changed), not O(backlog), per row. A list stored whole is counted
+    whole (as many ids as the file stores)."""
+    changes = m.queue_changes
+    if changes is None:
+        return None
+    change = changes.pop(id(waiting), None)
+    if change is not None and change.queue is not waiting:
+        change = None  # (not this list: the entry keeps its own list alive, so never)
+    counts = m.waiting_counts
+    if change is not None and counts is not None and m.waiting_indexed is change.base:
+        base = change.base
+        end = change.start + change.length
+        for rid in (base[:change.start] if change.start else ()):
+            _uncount(counts, rid)
+        for rid in (base[end:] if end < len(base) else ()):
+            _uncount(counts, rid)
+        for rid in change.head:
+            counts[rid] = counts.get(rid, 0) + 1
+        for rid in (waiting[len(waiting) - change.tail:] if change.tail else ()):
+            counts[rid] = counts.get(rid, 0) + 1
+    else:
+        m.waiting_counts = Counter(waiting)
+    m.waiting_indexed = waiting
+    return change
+
+
+def _uncount(counts: dict[str, int], rid: str) -> None:
+    left = counts[rid] - 1
+    if left:
+        counts[rid] = left
+    else:
+        del counts[rid]
+
+
+def counts_of(m: TraceModel, queue: list[str]) -> dict[str, int] | None:
+    """How many times each id occurs in ``queue``, when ``m`` follows that
+    very list (``follow_waiting``); else None."""
+    return m.waiting_counts if queue is m.waiting_indexed else None
+
+
+def in_waiting(m: TraceModel, rid: str, queue: list[str]) -> bool:
+    """``rid in queue``: a dict lookup when ``m`` follows that list, else
+    a C-speed scan."""
+    counts = counts_of(m, queue)
+    return rid in counts if counts is not None else rid in queue
+
+
+def waiting_at_start_follows(m: TraceModel, st: StepState, waiting: list[str],
+                             change: QueueChange | None) -> bool:
+    """Whether waiting at step start is exactly the previous end + this step's
+    arrivals less its aborts, from the row's change alone: the whole previous
+    end kept (the very list ``m.prev_waiting``: a finish or reset that removed
+    an id from it replaced it), the stored tail the arrivals. False: not
+    shown so (``check_queues_at_start`` compares the whole lists)."""
+    if change is None or change.base is not m.prev_waiting or change.head or change.start \
+            or change.length != len(change.base):
+        return False
+    arrived = [r for r in st.arrived if r not in st.aborted] if st.aborted else st.arrived
+    return len(waiting) == change.length + len(arrived) and waiting[change.length:] == arrived
+
+
+def head_taken(queue: list[str], admitted: list[str], skipped: list[str],
+               counts: dict[str, int] | None) -> int | None:
+    """k when ``remaining(queue, admitted, skipped) == queue[k:]`` is shown
+    by the ids taken alone (they are exactly ``queue``'s head, each once in
+    ``queue``: ``counts``, the ids' occurrences in it); None otherwise or
+    without ``counts`` (``remaining`` then walks the list)."""
+    if counts is None:
+        return None
+    k = len(admitted) + len(skipped)
+    if not k:
+        return 0
+    gone = set(admitted) | set(skipped)
+    if len(gone) != k or k > len(queue):
+        return None
+    for rid in queue[:k]:
+        if rid not in gone or counts.get(rid) != 1:
+            return None
+    return k
+
+
+def waiting_at_end_follows(m: TraceModel, st: StepState, waiting: list[str], change: QueueChange | None,
+                           k: int | None) -> bool:
+    """Whether waiting after an FCFS step is exactly this step's victims
+    (reversed) + the waiting queue at its start less its taken head ``k``
+    (``head_taken``), from the row's change alone; the caller has made sure
+    nothing else goes in front (no skipped or kv-holding request). False: not
+    shown so (the whole lists are compared)."""
+    if k is None or change is None or change.base is not st.waiting_before or change.tail \
+            or change.start != k or change.start + change.length != len(change.base):
+        return False
+    return list(change.head) == st.preempted[::-1]
 
 
 def remaining(queue: list[str], admitted: list[str], skipped: list[str]) -> list[str]:

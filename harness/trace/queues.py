@@ -24,7 +24,8 @@ of the chain.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 #: The snapshot columns stored as changes, and the kinds whose rows chain.
 QUEUE_COLUMNS = ("waiting", "running")
@@ -96,14 +97,31 @@ class QueueEncoder:
         return out
 
 
+class QueueChange(NamedTuple):
+    """How the decoder rebuilt one snapshot row's queue: ``queue == head +
+    base[start:start + length] + queue[len(queue) - tail:]``, ``base`` the
+    previous snapshot's list of the same (rank, queue) (the very object)."""
+
+    queue: list[str]
+    base: list[str]
+    start: int
+    length: int
+    head: Sequence[str]
+    tail: int
+
+
 class QueueDecoder:
     """Rebuilds the full queues of snapshot rows (``decode_row``), in file
     order. Raises ValueError for a kept slice outside the previous list or a
     change with no previous list to apply to. A row's rebuilt list is also
     the decoder's previous list: read it, never edit it in place."""
 
-    def __init__(self) -> None:
+    def __init__(self, changes: dict[int, QueueChange] | None = None) -> None:
         self._previous: dict[tuple[int, str], list[str]] = {}
+        #: When given, each rebuilt ``waiting`` list's change, by ``id`` of that
+        #: list (``QueueChange``): what lets the checker follow the backlog
+        #: by its changes (issue 24). The consumer pops its entries.
+        self.changes = changes
 
     def decode_row(self, row: Row, changes: Row | None = None) -> None:
         """Replace the row's stored changes by the full lists, in place; the
@@ -137,6 +155,9 @@ class QueueDecoder:
                 if head:
                     kept_slice[:0] = head
                 kept_slice += tail
+                if self.changes is not None and name == "waiting":
+                    self.changes[id(kept_slice)] = QueueChange(kept_slice, previous, kept[0], kept[1],
+                                                               head or (), len(tail))
                 tail = kept_slice
             elif head is not None:
                 raise ValueError(f"{name}_head without {name}_kept")

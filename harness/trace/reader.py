@@ -29,7 +29,7 @@ from harness.trace.schema import (COLUMNS, DIGEST_SINCE, HYBRID_SCHEMA_VERSION, 
                                   SCHEMA, SCHEMA_VERSION,
                                   SUMMARY_KEY, absent_columns, is_hybrid_config)
 from harness.trace.clock import VirtualClock
-from harness.trace.queues import DELTA_COLUMNS, SNAPSHOT_KINDS, QueueDecoder
+from harness.trace.queues import DELTA_COLUMNS, SNAPSHOT_KINDS, QueueChange, QueueDecoder
 from harness.trace.validate import RowError, StepValidator, suspect_rows
 from harness.trace.writer import digest_of_file
 from reference.config import ConfigError, EngineConfig
@@ -162,7 +162,8 @@ class Trace:
         arrivals = table.filter(pc.is_in(table["kind"], pa.array(["arrival", "reject"])))
         return len(pc.unique(arrivals["request_id"]))
 
-    def iter_steps(self) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    def iter_steps(self, queue_changes: dict[int, QueueChange] | None = None
+                   ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         """Yield (step, events of that step in order), reading one row group at
         a time: memory is bounded by a row group, not by the trace.
 
@@ -174,6 +175,11 @@ class Trace:
         rebuilt on their rows alone. The first error is the one a row-by-row
         read meets first: a row's queue change or key, in file order, before
         the checks of the step it closes (``_first_bad_key``, ``fence``).
+
+        ``queue_changes`` (a dict, filled as rows are read): each rebuilt
+        ``waiting`` list's ``QueueChange`` by ``id`` of that list, for a
+        consumer that follows the backlog by its changes (the checker,
+        ``harness.check.queues.follow_waiting``) and pops what it reads.
         """
         current: int | None = None
         events: list[dict[str, Any]] = []
@@ -182,7 +188,7 @@ class Trace:
         num_steps = 0
         validator = StepValidator(self.config.data_parallel_size)
         clock = VirtualClock(self.config.step_fixed_s, self.config.step_per_token_s)
-        queues = QueueDecoder()
+        queues = QueueDecoder(queue_changes)
         try:
             present = [c for c in COLUMNS if c in self._file.schema_arrow.names]
             absent = [c for c in COLUMNS if c not in present and c not in DELTA_COLUMNS]
