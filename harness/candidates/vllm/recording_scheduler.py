@@ -422,7 +422,7 @@ class _Recorder:
             "num_speculative_tokens": int(getattr(spec, "num_speculative_tokens", 0) or 0)
             if spec is not None else 0,
             # vLLM derives max_concurrent_batches from these two (captured
-            # under vllm_config.max_concurrent_batches; _map_config checks it).
+            # under vllm_config.max_concurrent_batches; recording_config.map_config checks it).
             "pipeline_parallel_size": int(getattr(getattr(vc, "parallel_config", None),
                                                   "pipeline_parallel_size", 1)),
             "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
