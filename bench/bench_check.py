@@ -27,6 +27,10 @@ not these ratios much):
 --baseline CHECKOUT also checks the --small trace with another checkout's code (PYTHONPATH, a child
 process) and prints ours over it: the before/after of a change, in one run.
 
+Commands a user runs (no goal; issue 24 asks for their before/after): the CPU seconds of ``harness
+check`` of the --small trace, ``golden check``, ``mutants --scenario fcfs-tight`` and ``report``, each
+a child process (``os.wait4``, start-up included), and the --baseline checkout's beside them.
+
 Where a goal is not met, the line after it names the functions the rest goes to (the top of a
 cProfile of that part, own time). --smoke: 20 and 60 requests, 10 fuzz examples, no profiles (the
 test suite's run: figures printed, nothing asserted). A benchmark, not a test: exit 0 unless a run
@@ -191,6 +195,8 @@ def main() -> int:
     print(f"fuzz of the reference: {fuzzed.examples} examples in {fuzz_s:.3f} CPU s")
     print()
 
+    commands_felt(small, out, Path(args.baseline) if args.baseline else None, args.smoke)
+
     print("goals (ratios of CPU seconds in this process):")
     verdict("check / read", check_s / read_s, 3, False, "x",
             (lambda: where_it_goes(lambda: check_file(small))) if profiles else None)
@@ -225,6 +231,41 @@ def reading_split(small: Path, big: Path, rows: dict[Path, int], check_small: fl
         parts.append(f"{path.name}: reading {read_s / rows[path] * 1e6:.1f} us/row, rules "
                      f"{(total - read_s) / rows[path] * 1e6:.1f} us/row (longest waiting {longest:,})")
     return "; ".join(parts)
+
+
+def command_cpu(checkout: Path, args: list[str]) -> tuple[float, int]:
+    """(CPU seconds, exit code) of ``python -m harness.cli ARGS`` run with
+    ``checkout``'s code (first on PYTHONPATH, in that folder): the child's user
+    + system time from ``os.wait4``, start-up and imports included, as a user
+    feels it."""
+    env = {**os.environ, "PYTHONPATH": str(checkout.resolve()), "HARNESS_VLLM_START_NOTICE": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env, cwd=checkout,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime, proc.returncode
+
+
+def commands_felt(small: Path, out: Path, baseline: Path | None, smoke: bool) -> None:
+    """Print the CPU seconds of the commands a user runs (issue 24: check of
+    the demo-size trace, golden check, mutants on one scenario, report), each
+    a child process of this checkout, and of ``baseline``'s when given (the
+    before/after of a change, in one run)."""
+    commands = [("check", ["check", str(small)]),
+                ("golden check", ["golden", "check"]),
+                ("mutants (fcfs-tight)", ["mutants", "--scenario", "fcfs-tight"]),
+                ("report", ["report", str(small), "-o", str(out / "report.html")])]
+    if smoke:
+        commands = commands[:1]
+    print("commands a user runs, CPU seconds of the child process (start-up included):")
+    for label, argv in commands:
+        ours, code = command_cpu(REPO, argv)
+        line = f"  {label:<22} {ours:8.2f} s (exit {code})"
+        if baseline is not None:
+            before, before_code = command_cpu(baseline, argv)
+            line += f"   {baseline}: {before:8.2f} s (exit {before_code}); ours over it {ours / before:.2f}x"
+        print(line)
+    print()
 
 
 def baseline_check_cpu(checkout: Path, path: Path) -> float:
