@@ -216,6 +216,16 @@ def _no_sync_answer(rs):  # the connector answered no external tokens, yet admis
             match[2] = 0
 
 
+def _later_answers_zero(rs):  # request 1's calls after its first answered 0: its readmission may not count 2
+    seen = 0
+    for r in rs:
+        for match in r.get("kv_matches") or ():
+            if match[0] == "1":
+                seen += 1
+                if seen > 1:
+                    match[2] = 0
+
+
 def _hit_blocks_swapped(rs):  # the resumed request's 4-token hit in the wrong blocks
     _event(rs, 4, "schedule", "1")["new_block_ids"] = [5, 4, 6, 3]
 
@@ -265,6 +275,13 @@ BROKEN = {
                                               "answered no synchronous external tokens"),
         (4, "COMPUTED-CONTINUITY", "r000001", "admitted with num_computed_tokens 6 != prefix hit 4; its connector "
                                               "answered no synchronous external tokens")]),
+    # Regression (adversarial trial): the answers are used in call order; the
+    # readmission at step 4 may not count the 2 tokens request 1's first call gave.
+    "COMPUTED-CONTINUITY:answers-in-order": (SYNC, _later_answers_zero, [
+        (4, "COMPUTED-CONTINUITY", "r000001", "admitted with num_computed_tokens 6 != prefix hit 4; its "
+                                              "connector's answers [external tokens, load_kv_async] in call "
+                                              "order [[2, False], [0, False], [0, False]] (the first 1 used "
+                                              "before) give no 2 synchronous external tokens")]),
     "PREFIX-HIT-RULES": (SYNC, _hit_blocks_swapped, [
         (4, "PREFIX-HIT-RULES", "r000001", "hit block 5 (#0) does not hold this request's prefix block"),
         (5, "FREE-ORDER", "r000001", "freed [3, 6, 5, 4], expected its table tail first [3, 6, 4, 5]")]),

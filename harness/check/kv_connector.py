@@ -43,15 +43,37 @@ def check_skip_loading(m: TraceModel, req: ReqShadow) -> None:
                   "skipped although its transfer was reported finished (must be promoted)")
 
 
+# -- the recorded answers, in call order --------------------------------------------------
+def take_answer(m: TraceModel, req_id: str, answer: tuple[int | None, bool] | None) -> bool:
+    """Use the recorded connector's next answer to ``req_id`` equal to
+    ``answer`` (``(external tokens, load_kv_async)``; None: any "cannot tell
+    yet" answer, external tokens None): True when one is left at or after the
+    first unused one, which then moves past it. vLLM's scheduler asks
+    ``get_num_new_matched_tokens`` each time its waiting loop reaches the
+    request with nothing computed, and not every call shows in the trace (a
+    call before an allocation that fails ends the loop with no row), so the
+    events must be a subsequence of the answers, in order: matching each event
+    to the earliest answer that fits finds such a subsequence whenever one
+    exists (no false alarm), and an answer used once, or one a later call gave,
+    excuses nothing earlier (adversarial trial: a frozenset of every answer
+    let an admission use an answer of a call already spent)."""
+    answers = m.kv_answers.get(req_id, ())
+    for j in range(m.kv_next_answer.get(req_id, 0), len(answers)):
+        if answers[j] == answer or (answer is None and answers[j][0] is None):
+            m.kv_next_answer[req_id] = j + 1
+            return True
+    return False
+
+
 # -- a skip while the connector cannot tell ----------------------------------------------
 def match_pending(m: TraceModel, ev: dict) -> bool:
     """At a ``skip`` row: True when it is vLLM 0.33.0's skip of a request whose
     connector answered None ("cannot tell yet", ``Scheduler.schedule``'s
-    ``ext_tokens is None`` branch) and the recorded connector did answer None
-    for it (``TraceModel.kv_pending_answers``); any other skip needs its own
+    ``ext_tokens is None`` branch) and the recorded connector has such an
+    answer left for it (``take_answer``); any other skip needs its own
     reason (STALE-OUTPUT, ``harness.check.fences.check_skip_reason``)."""
     return (m.kv_connector and ev["message"] == KV_MATCH_PENDING
-            and ev["request_id"] in m.kv_pending_answers)
+            and take_answer(m, ev["request_id"], None))
 
 
 # -- the load ----------------------------------------------------------------------

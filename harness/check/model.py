@@ -230,18 +230,14 @@ class TraceModel:
         self.peak_running = 0  # the most requests running after a step so far (harness.check.progress)
         self.recompute_kv: bool = config.get("kv_load_failure_policy", "recompute") == "recompute"
         # A recorded connector's answers (config ``kv_connector_matches``):
-        # request id -> the external-token counts it answered for a
-        # synchronous load (load_kv_async False), the only ones an admission
-        # may count beyond its local hit (the simulated connector loads
-        # asynchronously only: none). (harness.check.kv_connector.external_tokens)
-        self.kv_sync_answers: dict[str, frozenset[int]] = {
-            req_id: frozenset(ext for ext, load_async in answers if ext and not load_async)
+        # request id -> its answers in call order, ``(external tokens or None,
+        # load_kv_async)``, and the index of the first one no event has used
+        # yet (harness.check.kv_connector.take_answer: admissions and "cannot
+        # tell yet" skips use them in order; the simulated connector has none).
+        self.kv_answers: dict[str, tuple[tuple[int | None, bool], ...]] = {
+            req_id: tuple((ext, bool(load_async)) for ext, load_async in answers)
             for req_id, answers in config.get("kv_connector_matches") or ()}
-        # ... and the requests it once answered None for ("cannot tell yet":
-        # vLLM skips the request that step, harness.check.kv_connector.match_pending).
-        self.kv_pending_answers: frozenset[str] = frozenset(
-            req_id for req_id, answers in config.get("kv_connector_matches") or ()
-            if any(ext is None for ext, _ in answers))
+        self.kv_next_answer: dict[str, int] = {}
         self.kv_queue: set[str] = set()
         self.inflight: dict[str, None] = {}
         self.kv_abandoned: dict[str, ReqShadow] = {}

@@ -12,6 +12,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from harness.check import encoder
+from harness.check.kv_connector import take_answer
 from harness.check.model import ReqShadow, StepState, TraceModel
 from harness.check.result import SAFETY, SEMANTICS, Invariant
 
@@ -361,15 +362,20 @@ def admission_computed(m: TraceModel, req: ReqShadow, computed: int, hit: int) -
     ``get_num_new_matched_tokens`` answered for a synchronous load
     (``load_kv_async`` False: the tokens count as computed at once, their
     blocks are allocated with the new ones by ``allocate_slots``). Without a
-    connector, or for an answer it never gave (``TraceModel.kv_sync_answers``),
-    the admission starts at its hit. Returns the external tokens counted (tokens)."""
+    connector, or for an answer it did not give at that call (the answers are
+    used in order: ``harness.check.kv_connector.take_answer``), the admission
+    starts at its hit. Returns the external tokens counted (tokens)."""
     external = computed - hit
     if external == 0:
         return 0
-    answers = m.kv_sync_answers.get(req.request_id, frozenset()) if m.kv_connector else frozenset()
-    if external not in answers or computed > req.num_tokens:
-        said = (f"; its connector answered {sorted(answers)} synchronous external tokens" if answers
-                else "" if not m.kv_connector else "; its connector answered no synchronous external tokens")
+    if not m.kv_connector or computed > req.num_tokens or not take_answer(m, req.request_id, (external, False)):
+        answers = [list(a) for a in m.kv_answers.get(req.request_id, ())]
+        used = m.kv_next_answer.get(req.request_id, 0)
+        said = ("" if not m.kv_connector
+                else f"; its connector's answers [external tokens, load_kv_async] in call order {answers}"
+                     f"{f' (the first {used} used before)' if used else ''} give no {external} synchronous "
+                     f"external tokens" if any(ext and not load_async for ext, load_async in answers)
+                else "; its connector answered no synchronous external tokens")
         m.violate("COMPUTED-CONTINUITY", req.request_id,
                   f"admitted with num_computed_tokens {computed} != prefix hit {hit}{said}")
         return 0
