@@ -118,19 +118,20 @@ def _open(path: str) -> Trace:
     raise AssertionError
 
 
-def _check(trace: Trace, semantics: str = "auto", show_progress: bool = False) -> CheckResult:
-    """Check ``trace``, with a progress bar on a terminal when ``show_progress``."""
+def _check(trace: Trace, semantics: str = "auto", show_progress: bool = False,
+           as_json: bool = False) -> CheckResult:
+    """Check ``trace``, with a progress bar on a terminal when ``show_progress``;
+    exit 2 (``_unusable``: with ``as_json`` also its JSON object) when it
+    cannot be checked."""
     try:
         with progress(f"checking {trace.path.name}", trace.summary.get("steps"),
                       enabled=show_progress) as update:
             return check_trace(trace, semantics,
                                observe=every_steps(update))
-    except ProfileError as exc:
-        _fail(str(exc))
-    except TraceError as exc:
-        _fail(str(exc))
+    except (ProfileError, TraceError) as exc:
+        _unusable(str(exc), as_json)
     except (KeyError, TypeError) as exc:
-        _fail(f"{trace.path}: malformed trace ({type(exc).__name__}: {exc})")
+        _unusable(f"{trace.path}: malformed trace ({type(exc).__name__}: {exc})", as_json)
     raise AssertionError
 
 
@@ -230,7 +231,7 @@ def _checked(trace: Trace, semantics: str, html_report: str | None,
     """The check's result, and the report's series when --report asks for one
     (derived in the same pass as the check)."""
     if html_report is None:
-        return _check(trace, semantics, show_progress=not as_json), None
+        return _check(trace, semantics, show_progress=not as_json, as_json=as_json), None
     from harness.view.cli import derive_with_progress
 
     series = derive_with_progress(trace, semantics, "checking")

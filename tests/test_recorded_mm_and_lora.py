@@ -9,6 +9,7 @@ decisions.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -139,3 +140,46 @@ def test_a_lora_skip_checks_clean_and_one_without_the_limit_is_flagged(tmp_path)
     assert [(v.invariant, v.step, v.request, v.message) for v in result.violations] == [
         ("STALE-OUTPUT", step, "c", f"skipped ({MAX_LORAS_REACHED}) without stale output in flight")
         for step in (0, 1)]
+
+
+def test_regression_mm_identifiers_count_mismatch_is_one_line_exit_2(tmp_path) -> None:
+    """Adversarial trial: a trace whose config gives a request 5 encoder-input
+    identifiers for its 6 ``mm_positions`` items crashed ``check``, ``replay``
+    and ``report`` with a bare "ValueError: zip() argument 2 is shorter",
+    naming no file, and ``check --json`` printed nothing. Now: the file and
+    the key, exit 2, and the JSON object."""
+    import json as _json
+
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    from harness.trace import SUMMARY_KEY, open_trace
+    from harness.trace.reader import METADATA_KEY
+    from harness.trace.writer import reseal
+    from reference.config import EngineConfig
+
+    src = Path(__file__).resolve().parents[1] / "golden" / "encoder-inputs.parquet"
+    first = next(e for _, events in open_trace(src).iter_steps() for e in events
+                 if e["kind"] == "arrival" and e["mm_positions"])
+    n = len(first["mm_positions"])
+    kv = dict(pq.ParquetFile(src).metadata.metadata)
+    kv.pop(b"ARROW:schema", None)
+    meta = _json.loads(kv[METADATA_KEY])
+    meta["config"]["mm_identifiers"] = [[first["request_id"], [f"item{i}" for i in range(n - 1)]]]
+    meta["config_fingerprint"] = EngineConfig.from_dict(meta["config"]).fingerprint()
+    kv[METADATA_KEY] = _json.dumps(meta, sort_keys=True).encode()
+    summary = _json.loads(kv[SUMMARY_KEY])
+    summary.pop("trace_sha256", None)
+    kv[SUMMARY_KEY] = _json.dumps(summary, sort_keys=True).encode()
+    path = tmp_path / "mismatch.parquet"
+    pq.write_table(pq.read_table(src).replace_schema_metadata(kv), path)
+    reseal(path, path)
+    why = (f"{path}: bad config in metadata: mm_identifiers: request {first['request_id']} has {n - 1} "
+           f"identifier(s) for {n} mm_positions item(s)")
+    for args in (["check", str(path)], ["replay", str(path), "--candidate", "reference"]):
+        result = CliRunner().invoke(main, args)
+        assert (result.exit_code, result.output.strip()) == (2, f"error: {why}"), args
+    result = CliRunner().invoke(main, ["check", str(path), "--json"])
+    assert result.exit_code == 2
+    assert _json.loads(result.output.splitlines()[0]) == {"ok": False, "exit": 2, "error": why}

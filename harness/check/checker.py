@@ -45,7 +45,7 @@ from harness.check.model import Batch, ReqShadow, StepState, TraceModel, cdiv
 from harness.check.profiles import Profile, reference_profile
 from harness.check.profiles import resolve as resolve_profile
 from harness.check.result import MAX_PER_INVARIANT, CheckResult, Violation
-from harness.trace import Trace
+from harness.trace import Trace, TraceError
 from harness.trace.schema import OBSERVED_SINCE
 
 __all__ = ["MAX_PER_INVARIANT", "CheckResult", "TraceChecker", "Violation", "check_steps", "check_trace"]
@@ -143,6 +143,16 @@ class TraceChecker(TraceModel):
         if self.observed and not self.crashed:
             preemption.check_state_rows_present(self, st)
 
+    def _identifiers(self, rid: str, positions: Any) -> list[str] | None:
+        """The recorded identifiers of ``rid``'s encoder inputs (config
+        ``mm_identifiers``), one per ``mm_positions`` item; TraceError when the
+        counts differ (adversarial trial: a bare ValueError from zip)."""
+        ids = self.mm_identifiers.get(rid)
+        if ids and len(ids) != len(positions or ()):
+            raise TraceError(f"bad config in metadata: mm_identifiers: request {rid} has {len(ids)} "
+                             f"identifier(s) for {len(positions or ())} mm_positions item(s)")
+        return ids
+
     def _on_arrival(self, ev: dict, st: StepState) -> None:
         rid = ev["request_id"]
         # array('q'): 8 bytes a token, not a list's pointer and int object (a
@@ -156,7 +166,7 @@ class TraceChecker(TraceModel):
         req = ReqShadow(rid, ev["priority"], ev["arrival_time_s"], len(prompt), ev["max_tokens"],
                         ev["min_tokens"], None if ev["ignore_eos"] else ev["eos_token_id"],
                         tuple(ev["stop_token_ids"] or ()), prompt,
-                        items=request_items(prompt, positions, self.mm_identifiers.get(rid)))
+                        items=request_items(prompt, positions, self._identifiers(rid, positions)))
         self.note(req, f"arrived, {len(prompt)} prompt tokens, max_tokens {req.max_tokens}")
         self.reqs[rid] = req
         st.arrived.append(rid)
@@ -785,10 +795,15 @@ def check_trace(trace: Trace, semantics: str = "auto", *, observe: Observer | No
     # The reader's queue changes (issue 24): the rules follow the backlog by them.
     changes: dict[int, Any] | None = {} if isinstance(trace, Trace) else None
     steps = trace.iter_steps(queue_changes=changes) if changes is not None else trace.iter_steps()
-    result = check_steps(trace.meta["config"], steps, profile,
-                         schema_version=trace.meta.get("schema_version"),
-                         truncated=salvaged is not None or protocol is not None,
-                         observe=observe, skip=skip, queue_changes=changes)
+    try:
+        result = check_steps(trace.meta["config"], steps, profile,
+                             schema_version=trace.meta.get("schema_version"),
+                             truncated=salvaged is not None or protocol is not None,
+                             observe=observe, skip=skip, queue_changes=changes)
+    except TraceError as exc:  # the model's refusals name no file: this one is
+        if str(exc).startswith(f"{trace.path}:"):
+            raise
+        raise TraceError(f"{trace.path}: {exc}") from None
     result.profile_reason = reason
     if salvaged is not None:
         result.notes.append(f"{salvaged}: LIVENESS and the end-of-trace checks not run")
