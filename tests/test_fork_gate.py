@@ -75,7 +75,7 @@ def test_replay_under_the_fork_gate_reports_a_differing_decision_as_information(
     assert auto.output.splitlines()[-1] == "not conformant (profile 0.33.0); first divergence at step 3"
     # Regression (new-user trial): a divergence-only failure names the fork gate.
     assert ("hint: the candidate decides differently from the reference: for a fork whose policy differs on "
-            "purpose, --semantics fork checks its own run under safety and progress") in auto.output.splitlines()
+            "purpose, --semantics fork holds it to safety and progress only") in auto.output.splitlines()
 
 
 def _refuses_async(config):

@@ -89,8 +89,8 @@ def test_regression_fuzz_auto_replay_command_names_the_reference_profile(tmp_pat
     assert "FOUND violation: ADMISSION-ORDER" in r.output
     # ... and says the rule is a release's design, with the fork gate to use.
     assert ("  hint: ADMISSION-ORDER is a version-semantics rule (a release's design, not a safety or "
-            "progress bug): for a fork whose policy differs on purpose, --semantics fork checks its own run "
-            "under safety and progress") in r.output
+            "progress bug): for a fork whose policy differs on purpose, --semantics fork holds it to "
+            "safety and progress only") in r.output
     info = json.loads((out / "fuzz-forks.shortest_prompt_first-make-seed0.json").read_text())
     assert info["replay_command"].endswith("--candidate forks.shortest_prompt_first:make --semantics 0.33.0")
     replay = CliRunner().invoke(main, [*shlex.split(info["replay_command"].split("harness ", 1)[1]), "--json"])
@@ -108,4 +108,4 @@ def test_fork_hint_only_when_every_fired_rule_is_semantics() -> None:
     assert fork_hint([]) is None
     assert fork_hint([], diverged=True, option="--harness-semantics fork") == (
         "the candidate decides differently from the reference: for a fork whose policy differs on purpose, "
-        "--harness-semantics fork checks its own run under safety and progress")
+        "--harness-semantics fork holds it to safety and progress only")

@@ -40,7 +40,7 @@ def test_a_different_victim_passes_the_fork_gate_with_the_differences_as_informa
     assert out.splitlines()[-2:] == [
         # Regression (new-user trial): a correct fork's differences failed with no word of the fork gate.
         "hint: the candidate decides differently from the reference: for a fork whose policy differs on "
-        "purpose, --semantics fork checks its own run under safety and progress",
+        "purpose, --semantics fork holds it to safety and progress only",
         f"17 ok, 3 failed ({GOLDEN}, candidate mutant:lifo-priority-victim)"]
 
 

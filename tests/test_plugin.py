@@ -208,4 +208,4 @@ def test_regression_a_forks_semantics_finding_names_the_fork_gate(pytester: pyte
     result.stdout.fnmatch_lines(["*fcfs-tight: {'ADMISSION-ORDER': *}*",
                                  "*hint: ADMISSION-ORDER is a version-semantics rule (a release's design, not a "
                                  "safety or progress bug): for a fork whose policy differs on purpose, "
-                                 "--harness-semantics fork checks its own run under safety and progress*"])
+                                 "--harness-semantics fork holds it to safety and progress only*"])

@@ -15,6 +15,6 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "fcfs-tight.parquet"
 
 def test_regression_replay_report_names_the_candidate() -> None:
     result = CliRunner().invoke(main, ["replay", str(GOLDEN), "--candidate", "mutant:budget-overrun"])
-    lines = [line.split(None, 1) for line in result.output.splitlines()[:3]]
+    lines = [line.split(None, 1) for line in result.stdout.splitlines()[:3]]  # (a hint goes to stderr)
     assert [parts[0] for parts in lines] == ["trace", "engine", "candidate"]
     assert lines[1][1].strip() == "reference" and lines[2][1].strip() == "mutant:budget-overrun"

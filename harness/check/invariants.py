@@ -109,10 +109,10 @@ def fork_hint(invariant_ids, *, diverged: bool = False, option: str = "--semanti
         what = ", ".join(ids)
         return (f"{what} {'is a' if len(ids) == 1 else 'are'} version-semantics rule{'s' * (len(ids) > 1)} "
                 f"(a release's design, not a safety or progress bug): for a fork whose policy differs "
-                f"on purpose, {option} checks its own run under safety and progress")
+                f"on purpose, {option} holds it to safety and progress only")
     if not ids and diverged:
         return (f"the candidate decides differently from the reference: for a fork whose policy differs "
-                f"on purpose, {option} checks its own run under safety and progress")
+                f"on purpose, {option} holds it to safety and progress only")
     return None
 
 

@@ -447,6 +447,13 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                                     f"held while sending")
     if lora_unmodelled:
         meta["vllm_recording"]["unmodelled"]["lora"] = lora_unmodelled
+    if not dropped_mm:
+        # An encoder-cache connector or another encoder cache manager touches only
+        # encoder inputs: with none in the recording the model follows it all
+        # (regression: vLLM's test_kv_connector_* [ec_consumer] traces, text only,
+        # were no longer replayed once the recorder named the EC connector).
+        for feature in ("ec_connector", "encoder_cache_manager"):
+            meta["vllm_recording"]["unmodelled"].pop(feature, None)
     if dropped_mm and encoder_why not in ENCODER_UNMODELLED:
         meta["vllm_recording"]["unmodelled"]["encoder_inputs"] = (
             f"{dropped_mm} request(s) with encoder inputs ({encoder_why})")
