@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.candidates.vllm import recording_convert as rc
+from harness.candidates.vllm.recording_steps import read_records
 
 from harness.candidates.vllm import recording_scheduler as rs
 
@@ -181,6 +182,6 @@ def test_msgspec_and_json_write_the_same_values(tmp_path: Path) -> None:
     fast, plain = ((tmp_path / f"{n}.jsonl").read_text(encoding="utf-8").split("\n")[:-1]
                    for n in ("msgspec", "json"))
     records.append({"t": "note", "name": "naïve\u2028", "big": 2**70, "x": 0.1})
-    assert [rec for _, rec in rc._read_records(tmp_path / "msgspec.jsonl")] == records
+    assert [rec for _, rec in read_records(tmp_path / "msgspec.jsonl")] == records
     assert len(fast) == len(records) == 307
     assert [json.loads(line) for line in fast] == [json.loads(line) for line in plain] == records
