@@ -801,9 +801,10 @@ def check_trace(trace: Trace, semantics: str = "auto", *, observe: Observer | No
                              truncated=salvaged is not None or protocol is not None,
                              observe=observe, skip=skip, queue_changes=changes)
     except TraceError as exc:  # the model's refusals name no file: this one is
-        if str(exc).startswith(f"{trace.path}:"):
+        path = getattr(trace, "path", None)  # (any iterable of steps with meta and summary is checked)
+        if path is None or str(exc).startswith(f"{path}:"):
             raise
-        raise TraceError(f"{trace.path}: {exc}") from None
+        raise TraceError(f"{path}: {exc}") from None
     result.profile_reason = reason
     if salvaged is not None:
         result.notes.append(f"{salvaged}: LIVENESS and the end-of-trace checks not run")
