@@ -97,7 +97,7 @@ def analyse(plain: dict[str, str], injected: dict[str, str], record_dir: Path, t
     ``files`` (``{file: FileRow as a dict}``)."""
     from harness.candidates.resolve import resolve_candidate
     from harness.candidates.vllm.recording_convert import ConvertError, convert, recording_path
-    from harness.check.checker import check_trace, unjudged_rules
+    from harness.check.checker import check_trace
     from harness.check.profiles import resolve as resolve_profile
     from harness.replay import replay
     from harness.trace.reader import TraceError, open_trace

@@ -59,11 +59,9 @@ from reference.kv_connector import make_kv_worker
 from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.runners.base import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
-from reference.candidate import (Candidate, CandidateCrash, CandidateError, CandidateFactory, CandidateRefused,
-                                 is_user_interrupt)
+from reference.candidate import Candidate, CandidateCrash, CandidateError, CandidateFactory, is_user_interrupt
 from reference.guard import Guarded as _Guarded
-from reference.output import (FinishedRequest, PrefixCacheReset, RequestState, SchedulerOutput, SchedulerSnapshot,
-                              UpdateResult)
+from reference.output import FinishedRequest, PrefixCacheReset, RequestState, SchedulerOutput, UpdateResult
 from reference.scheduler import Scheduler
 from reference.workload import Action, RequestSpec, Workload
 
