@@ -158,3 +158,20 @@ def refused_scenario(tmp_path: Path):
         assert r.output.count("\n") == 1 and f"{src}:{line}: " in r.output and problem in r.output, r.output
         assert list(tmp_path.iterdir()) == [src]  # nothing written
     return refused
+
+
+@pytest.fixture
+def vllm_0_33_0_tests() -> None:
+    """Skip unless vLLM 0.33.0's own tests can run here: the vLLM tier is on
+    (not HARNESS_SKIP_VLLM=1) and its sdist is cached or can be fetched (the
+    tests `harness vllm-tests 0.33.0` runs)."""
+    import os
+
+    if os.environ.get("HARNESS_SKIP_VLLM") == "1":
+        pytest.skip("HARNESS_SKIP_VLLM=1")
+    from harness.candidates.vllm.own_tests import OwnTestsError, fetch_sdist
+
+    try:
+        fetch_sdist("0.33.0")
+    except OwnTestsError as exc:  # no index reachable and nothing cached
+        pytest.skip(str(exc))

@@ -305,18 +305,11 @@ def test_a_broken_connector_trace_fires_its_rule(tmp_path: Path, name: str) -> N
 
 # -- vLLM 0.33.0's connector tests, run --------------------------------------------------------------
 @pytest.mark.vllm
-def test_vllm_0_33_0s_connector_tests_are_judged_and_clean(tmp_path: Path) -> None:
-    if SKIP:
-        pytest.skip("HARNESS_SKIP_VLLM=1")
+def test_vllm_0_33_0s_connector_tests_are_judged_and_clean(tmp_path: Path, vllm_0_33_0_tests) -> None:
     from click.testing import CliRunner
 
-    from harness.candidates.vllm.own_tests import OwnTestsError, fetch_sdist
     from harness.cli import main
 
-    try:
-        fetch_sdist("0.33.0")
-    except OwnTestsError as exc:  # no index reachable and nothing cached
-        pytest.skip(str(exc))
     result = CliRunner().invoke(main, ["vllm-tests", "0.33.0", "--files", "tests/v1/core/test_scheduler.py",
                                        "-k", "test_kv_connector_basic or test_kv_connector_unable_to_allocate "
                                        "or test_kv_connector_handles_preemption",

@@ -165,16 +165,9 @@ SELECTION = ("test_scheduler_reset_prefix_cache or test_stop_via_update_from_out
 
 
 @pytest.mark.vllm
-def test_vllm_tests_on_a_selection_of_0_33_0s_own_tests(tmp_path: Path) -> None:
-    if SKIP:
-        pytest.skip("HARNESS_SKIP_VLLM=1")
-    from harness.candidates.vllm.own_tests import OwnTestsError, fetch_sdist
+def test_vllm_tests_on_a_selection_of_0_33_0s_own_tests(tmp_path: Path, vllm_0_33_0_tests) -> None:
     from harness.cli import main
 
-    try:
-        fetch_sdist("0.33.0")
-    except OwnTestsError as exc:  # no index reachable and nothing cached
-        pytest.skip(str(exc))
     result = CliRunner().invoke(main, ["vllm-tests", "0.33.0", "-k", SELECTION, "-o", str(tmp_path),
                                        "--json"])
     assert result.exit_code == 0, result.output[-3000:]
