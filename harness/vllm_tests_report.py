@@ -70,10 +70,15 @@ def replay_blocked_by(trace) -> list[str]:
     keep the reference from re-driving it. A KV connector whose answers the
     trace recorded (its config's ``kv_connector_matches``: the reference
     answers as vLLM's connector did, ``reference.kv_connector.RecordedKVConnector``)
-    is replayed, identical or diverged, not skipped."""
+    is replayed, identical or diverged, not skipped; so are streaming-input
+    sessions the config names (``resumable_request_ids``: the reference parks
+    them when they stop, as vLLM does; the checker still skips the stop and
+    liveness rules for them)."""
     unmodelled = set((trace.meta.get("vllm_recording") or {}).get("unmodelled") or {})
     if trace.config.kv_connector_matches is not None:
         unmodelled.discard("kv_connector")
+    if trace.config.resumable_request_ids is not None:
+        unmodelled.discard("streaming_input")
     return sorted(unmodelled)
 
 

@@ -37,7 +37,8 @@ OMITTED_AT_DEFAULT = ("draft_acceptance_pattern", "kv_connector", "kv_store_frac
                       "kv_load_steps", "kv_load_failure_rate", "kv_load_failure_policy",
                       "kv_connector_matches", "kv_connector_outputs",
                       "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input",
-                      "sliding_window", "layer_types", "mm_identifiers", "max_loras", "lora_int_ids")
+                      "sliding_window", "layer_types", "mm_identifiers", "max_loras", "lora_int_ids",
+                      "resumable_request_ids")
 #: Keys serialised by ``to_dict`` that are derived, not fields: accepted by
 #: ``from_dict`` (checked against the fields), refused by ``with_overrides``.
 DERIVED_KEYS = ("max_concurrent_batches",)
@@ -257,6 +258,13 @@ class EngineConfig:
     # request not named has none.
     max_loras: int | None = None
     lora_int_ids: tuple | None = None
+    # Streaming-input sessions (vLLM Request.resumable, a recording of vLLM):
+    # the ids of the requests that, when they stop, are parked in
+    # WAITING_FOR_STREAMING_REQ with their blocks instead of finishing
+    # (reference.scheduler.Scheduler._handle_stopped_request); None: none.
+    # A parked session waits for an input chunk the workload cannot give:
+    # a run holding one ends stalled.
+    resumable_request_ids: tuple | None = None
     # A hybrid model's KV cache (reference.kv): the model config's
     # ``sliding_window`` (tokens a sliding-window layer attends, itself
     # included) and ``layer_types`` (one per layer: "full_attention",
@@ -272,7 +280,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if isinstance(self.layer_types, list):  # from JSON / TOML
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        for name in ("kv_connector_matches", "kv_connector_outputs", "mm_identifiers", "lora_int_ids"):
+        for name in ("kv_connector_matches", "kv_connector_outputs", "mm_identifiers", "lora_int_ids",
+                     "resumable_request_ids"):
             if isinstance(getattr(self, name), list):  # from JSON: lists all the way down
                 object.__setattr__(self, name, _frozen(getattr(self, name)))
         self.validate()
@@ -448,6 +457,12 @@ class EngineConfig:
                 and len({item[0] for item in self.lora_int_ids}) == len(self.lora_int_ids)):
             raise ConfigError(f"lora_int_ids: each item is [request_id, lora_int_id >= 1] (one item per "
                               f"request), got {self.lora_int_ids!r:.200}")
+        if self.resumable_request_ids is not None and not (
+                isinstance(self.resumable_request_ids, tuple)
+                and all(isinstance(i, str) and i for i in self.resumable_request_ids)
+                and len(set(self.resumable_request_ids)) == len(self.resumable_request_ids)):
+            raise ConfigError(f"resumable_request_ids: distinct request ids (non-empty strings), got "
+                              f"{self.resumable_request_ids!r:.200}")
         if self.lora_int_ids and self.max_loras is None:
             raise ConfigError("lora_int_ids (LoRA requests) need max_loras (vLLM's LoRAConfig)")
         if self.kv_connector and self.max_concurrent_batches > 1 and not self.defer_block_free:

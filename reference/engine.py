@@ -443,6 +443,8 @@ class Engine:
         self._mm_identifiers: dict[str, tuple[str, ...]] = dict(config.mm_identifiers or ())
         # Recorded LoRA adapters, per request (config lora_int_ids).
         self._lora_int_ids: dict[str, int] = dict(config.lora_int_ids or ())
+        # Recorded streaming-input sessions (config resumable_request_ids).
+        self._resumable: frozenset[str] = frozenset(config.resumable_request_ids or ())
         try:
             # One scheduler (and KV pool) per data-parallel rank.
             self.schedulers: list[Candidate] = [candidate_factory(config)
@@ -760,6 +762,7 @@ class Engine:
             mm_positions=spec.mm_positions,
             mm_identifiers=self._mm_identifiers.get(spec.request_id, ()),
             lora_int_id=self._lora_int_ids.get(spec.request_id, 0),
+            resumable=spec.request_id in self._resumable,
         )
 
 

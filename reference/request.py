@@ -100,6 +100,11 @@ class Request:
     their identifiers (vLLM ``MultiModalFeatureSpec.identifier``):
     ``mm_identifiers`` when given (a recording of vLLM: one per item), else a
     hash of the covered prompt tokens; an item has ``length`` embeds.
+
+    ``resumable``: a streaming-input session (vLLM ``Request.resumable``):
+    when it stops it is not finished but parked in
+    ``WAITING_FOR_STREAMING_REQ``, holding its blocks, until its next input
+    chunk (``Scheduler._handle_stopped_request``).
     """
 
     request_id: str
@@ -126,6 +131,7 @@ class Request:
     mm_identifiers: tuple[str, ...] = ()
     # vLLM LoRARequest.lora_int_id of its adapter (0: no LoRA).
     lora_int_id: int = 0
+    resumable: bool = False
     mm_hashes: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:

@@ -44,6 +44,9 @@ from reference.request_queue import create_request_queue
 MAX_LORAS_REACHED = "max_loras adapters scheduled"
 #: The skip reason of a waiting request whose encoder inputs cut its window to 0 tokens.
 ENCODER_INPUT_UNAVAILABLE = "encoder input unavailable"
+#: The skip reason of a streaming-input session parked in WAITING_FOR_STREAMING_REQ
+#: (vLLM 0.33.0 ``Scheduler._handle_blocked_waiting_request``: it waits for its next chunk).
+STREAMING_INPUT_PENDING = "waiting for streaming input"
 
 _REQUEST_ID = attrgetter("request_id")
 _SPEC_TOKEN_IDS = attrgetter("spec_token_ids")
@@ -140,6 +143,10 @@ class Scheduler:
         # LoRA: distinct adapters a step may schedule (None: no LoRA config).
         self.max_loras = config.max_loras
         self.encoder_cache_manager = EncoderCacheManager(config.encoder_cache_capacity)
+        # Streaming-input sessions parked in WAITING_FOR_STREAMING_REQ: out of
+        # ``running`` but still holding a worker slot (vLLM 0.33.0
+        # ``num_waiting_for_streaming_input``), so they count toward max_num_seqs.
+        self.num_waiting_for_streaming_input = 0
 
     # -- requests in and out -------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -168,6 +175,8 @@ class Scheduler:
                 delay_free_blocks = request.request_id not in self.finished_recving_kv_req_ids
                 self.finished_recving_kv_req_ids.discard(request.request_id)
                 self.failed_recving_kv_req_ids.discard(request.request_id)
+            if request.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                self.num_waiting_for_streaming_input -= 1  # a parked session aborted
             request.status = finished_status
             finished.append(self._free_request(request, delay_free_blocks))
         return finished
@@ -454,7 +463,8 @@ class Scheduler:
                 queue = self.kv_holding_waiting if self.kv_holding_waiting else self.waiting
                 if not queue or input_budget <= draft_slots:
                     break
-                if len(self.running) >= self.max_num_running_reqs:
+                # Parked streaming sessions keep their worker slot (vLLM 0.33.0).
+                if len(self.running) + self.num_waiting_for_streaming_input >= self.max_num_running_reqs:
                     break
                 request = queue.peek_request()
                 if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
@@ -463,6 +473,11 @@ class Scheduler:
                         events.append(Skip(request.request_id, "waiting for remote KV"))
                         continue
                     events.append(self._promote(request))
+                elif request.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                    # A session waiting for its next input chunk cannot run.
+                    skip_request(queue, request)
+                    events.append(Skip(request.request_id, STREAMING_INPUT_PENDING))
+                    continue
                 if request.num_stale_output_tokens and not request.drop_stale_output:
                     # Deliverable stale output still in flight: resuming now could
                     # resample a position that output will deliver.
@@ -798,6 +813,9 @@ class Scheduler:
         """
         result = UpdateResult()
         stopped: set[int] = set()
+        # Stopped streaming-input sessions that go on (parked), in output order:
+        # enqueued after the loop, once every stopped request left its queue.
+        continuing: list[Request] = []
         failed_kv_load_req_ids: list[str] = []
         if kv_connector_output is not None and kv_connector_output.invalid_block_ids:
             result.invalid_block_ids = sorted(kv_connector_output.invalid_block_ids)
@@ -859,14 +877,54 @@ class Scheduler:
                 else:
                     self.waiting.remove_requests([request])
                     self.kv_holding_waiting.remove_requests([request])
-                result.finished.append(self._free_request(request))
+                    self.deferred_waiting.discard(request.request_id)
+                if self._handle_stopped_request(request):
+                    result.finished.append(self._free_request(request))
+                else:
+                    continuing.append(request)
         if stopped:
             self.running = [r for r in self.running if id(r) not in stopped]
+        for request in continuing:
+            self._enqueue_waiting_request(request)
         if failed_kv_load_req_ids and not self.recompute_kv_load_failures:
             result.finished += self.finish_requests(failed_kv_load_req_ids, RequestStatus.FINISHED_ERROR)
         if kv_connector_output is not None:
             self._update_from_kv_xfer_finished(kv_connector_output, result)
         return result
+
+    def _handle_stopped_request(self, request: Request) -> bool:
+        """Whether a request that just stopped is finished (vLLM 0.33.0
+        ``Scheduler._handle_stopped_request``, ``vllm/v1/core/sched/scheduler.py``).
+
+        Every request but a streaming-input session (``resumable``) is. A
+        session is parked instead: its in-flight work is dropped (computed
+        tokens back to those materialized, ``num_computed_tokens -
+        num_output_placeholders``; drafts and placeholders cleared; output
+        still in flight marked stale, to be dropped), it keeps its blocks and
+        waits in ``WAITING_FOR_STREAMING_REQ`` for its next input chunk,
+        counted in ``num_waiting_for_streaming_input``. (vLLM continues it at
+        once with a chunk queued by ``add_request`` while it ran; a streaming
+        update is not modelled: the trace has no row for one.)"""
+        if not request.resumable:
+            return True
+        request.num_computed_tokens -= request.num_output_placeholders
+        assert request.num_computed_tokens >= 0
+        request.spec_token_ids = []
+        request.drop_stale_output = True
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
+        request.status = RequestStatus.WAITING_FOR_STREAMING_REQ
+        self.num_waiting_for_streaming_input += 1
+        return False
+
+    def _enqueue_waiting_request(self, request: Request) -> None:
+        """Put a request back in the waiting queues (vLLM 0.33.0
+        ``_enqueue_waiting_request``): ``kv_holding_waiting`` when it holds KV
+        blocks, else ``waiting``; a blocked status (here a parked session)
+        counts as deferred for the prefill-capacity guard."""
+        if request.status in (RequestStatus.WAITING_FOR_REMOTE_KVS, RequestStatus.WAITING_FOR_STREAMING_REQ):
+            self.deferred_waiting.add(request.request_id)
+        (self.kv_holding_waiting if self._holds_kv_blocks(request) else self.waiting).add_request(request)
 
     @staticmethod
     def _roll_back_rejected(request: Request, rejected: int) -> None:

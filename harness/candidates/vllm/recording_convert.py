@@ -242,6 +242,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     mm_identifiers: dict[str, tuple[str, ...]] = {}
     # LoRA requests (the arrival's ``lora_int_id``): the config's lora_int_ids.
     lora_int_ids: dict[str, int] = {}
+    # Streaming-input sessions (the arrival's ``resumable``; a recorder before it
+    # wrote one: its ``unsupported`` streaming_input): the config's resumable_request_ids.
+    resumable: list[str] = []
     # ... unless the model cannot follow vLLM's encoder (meta ``unmodelled``).
     encoder_why = next((k for k in ENCODER_UNMODELLED if k in (meta_rec.get("unmodelled") or {})), None)
     budgets = [meta_rec.get("config", {}).get(k) for k in ENCODER_KEYS[:2]]
@@ -288,6 +291,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                 unsupported[what] = unsupported.get(what, 0) + 1
             if a.get("lora_int_id") is not None:
                 lora_int_ids[ids[a["request_id"]]] = int(a["lora_int_id"])
+            if a.get("resumable") or "streaming_input" in a.get("unsupported", ()):
+                resumable.append(ids[a["request_id"]])
             if a.get("mm_features"):
                 if encoder_modelled:
                     mm_identifiers[ids[a["request_id"]]] = tuple(f[2] for f in a["mm_features"])
@@ -359,7 +364,11 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         # (kv_cache_utils._gen_lora_extra_hash_keys): the reference's do not.
         lora_unmodelled = (f"{len(lora_int_ids)} request(s) with lora and prefix caching (the block "
                            f"hashes of a LoRA request key on its adapter)")
-    if mm_identifiers or (lora_int_ids and lora_unmodelled is None):
+    if mm_identifiers or (lora_int_ids and lora_unmodelled is None) or resumable:
+        if resumable:
+            # The sessions the reference parks when they stop (its streaming updates
+            # are protocol breaks: recording_steps.raw_steps).
+            values["resumable_request_ids"] = tuple(resumable)
         if mm_identifiers:
             # Encoder inputs: the budgets vLLM derived and the items' identifiers.
             values.update({k: recorded[k] for k in ENCODER_KEYS if k in recorded})

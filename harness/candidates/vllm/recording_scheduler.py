@@ -585,7 +585,11 @@ class _Recorder:
         lora = getattr(request, "lora_request", None)
         if request.prompt_token_ids is None:
             unsupported.append("prompt_embeds")
-        if getattr(request, "resumable", False):
+        resumable = bool(getattr(request, "resumable", False))
+        if resumable:
+            # A streaming-input session (the model parks it when it stops; its
+            # streaming updates are protocol breaks): the checker's stop and
+            # liveness rules cannot judge it.
             unsupported.append("streaming_input")
         stop_ids = [int(t) for t in (getattr(params, "stop_token_ids", None) or ())]
         eos = getattr(params, "eos_token_id", None)
@@ -610,6 +614,8 @@ class _Recorder:
             record["mm_features"] = features
         if lora is not None:  # its adapter (vLLM LoRARequest.lora_int_id): counts toward max_loras
             record["lora_int_id"] = int(lora.lora_int_id)
+        if resumable:  # vLLM Request.resumable, read when the request is added
+            record["resumable"] = True
         if unsupported:
             record["unsupported"] = unsupported
         computed = int(getattr(request, "num_computed_tokens", 0) or 0)
@@ -844,6 +850,14 @@ class _Recorder:
                 finished.append(self._finished_info(q))
         record = {"t": "update", "step": self.steps, "batch": batch, "sampled": sampled,
                   "finished": finished, "num_free_blocks": _ev.num_free_blocks(self.sched)}
+        # Streaming-input sessions the update stopped and vLLM put back in a waiting
+        # queue instead of finishing them (Scheduler._handle_stopped_request: parked in
+        # WAITING_FOR_STREAMING_REQ, or WAITING with a chunk queued while they ran):
+        # the converter then knows they entered the queue inside the update.
+        continued = [q.request_id for q in live if getattr(q, "resumable", False)
+                     and q.status.name in ("WAITING_FOR_STREAMING_REQ", "WAITING")]
+        if continued:
+            record["continued"] = continued
         kv = getattr(self, "kv_output", None)
         if kv is not None and (kv["invalid_block_ids"] or kv["finished_sending"] or self.hooks.recving):
             # finished_recving in the order the update processed it; kv_freed: the

@@ -233,6 +233,9 @@ def raw_steps(path: Path, notes: dict, max_batches: int = 1):
                 complete_batch(rec, step)
                 check_sampled(step["update_schedule"], rec, known, number)
                 step["update"] = rec
+                # Streaming-input sessions the update parked (vLLM put them back in a
+                # waiting queue itself; regression: taken for a preemption by hand).
+                arrived.update(rec.get("continued") or ())
             elif kind == "drafts":
                 if rec["stored"] or rec.get("states"):
                     if current is None or current["update"] is None:
@@ -251,7 +254,11 @@ def raw_steps(path: Path, notes: dict, max_batches: int = 1):
                                          f"pausing is not modelled)")
                 if what == "streaming_update":
                     raise ProtocolBreak(f"line {number}: a streaming-input update of request "
-                                         f"{rec.get('request_id')!r} (streaming input is not modelled)")
+                                         f"{rec.get('request_id')!r} (add_request() of a live resumable "
+                                         f"request: vLLM appends the chunk to its session, "
+                                         f"_update_request_as_session; the trace has no row for an "
+                                         f"input chunk, so the model parks a stopped session and "
+                                         f"stops there)")
             elif kind == "protocol":
                 raise ProtocolBreak(f"line {number}: {rec.get('what', '?')}: the driver left "
                                      f"EngineCore's protocol")
