@@ -38,6 +38,7 @@ _PROTOCOL_KINDS = (
     ("streaming-input", "streaming-input"),
     ("stopped by the driver", "stopped-by-driver"),
     ("by hand (vLLM derived", "scheduler-flag-set-by-hand"),
+    ("replaced on the instance by hand", "method-stubbed-by-hand"),
     ("set by hand (EngineCore adds a request with none computed)", "computed-set-by-hand"),
     ("an AsyncScheduler under a synchronous config", "async-scheduler-sync-config"),
 )

@@ -38,7 +38,7 @@ OMITTED_AT_DEFAULT = ("draft_acceptance_pattern", "kv_connector", "kv_store_frac
                       "kv_connector_matches", "kv_connector_outputs",
                       "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input",
                       "sliding_window", "layer_types", "mm_identifiers", "max_loras", "lora_int_ids",
-                      "resumable_request_ids")
+                      "resumable_request_ids", "num_prefill_lookahead")
 #: Keys serialised by ``to_dict`` that are derived, not fields: accepted by
 #: ``from_dict`` (checked against the fields), refused by ``with_overrides``.
 DERIVED_KEYS = ("max_concurrent_batches",)
@@ -243,6 +243,16 @@ class EngineConfig:
     max_num_encoder_input_tokens: int | None = None
     encoder_cache_size: int | None = None
     disable_chunked_mm_input: bool = False
+    # A multi-module MTP drafter's prefill look-ahead (vLLM 0.33.0
+    # Scheduler.num_prefill_lookahead, tokens): the encoder window reaches
+    # this far past a step's tokens (_try_schedule_encoder_inputs'
+    # shift_computed_tokens) and a prefill chunk never ends fewer than this
+    # many tokens before the prefill's end (_reserve_prefill_lookahead).
+    # Scheduler-side only: vLLM's KV cache manager also keeps look-ahead - 1
+    # re-prefillable tokens, which is not modelled (a recording whose look-ahead
+    # came from its config is not replayed; one a test set by hand after the
+    # KV cache manager was built is).
+    num_prefill_lookahead: int = 0
     # Recorded encoder-input identifiers (a recording of vLLM: its
     # MultiModalFeatureSpec.identifier of each item, what the encoder cache and
     # the block hashes key on), per request, one per item of its mm_positions:
@@ -457,6 +467,9 @@ class EngineConfig:
                 and len({item[0] for item in self.lora_int_ids}) == len(self.lora_int_ids)):
             raise ConfigError(f"lora_int_ids: each item is [request_id, lora_int_id >= 1] (one item per "
                               f"request), got {self.lora_int_ids!r:.200}")
+        if (not isinstance(self.num_prefill_lookahead, int) or isinstance(self.num_prefill_lookahead, bool)
+                or not 0 <= self.num_prefill_lookahead <= INT32_MAX):
+            raise ConfigError(f"num_prefill_lookahead must be an integer >= 0, got {self.num_prefill_lookahead!r}")
         if self.resumable_request_ids is not None and not (
                 isinstance(self.resumable_request_ids, tuple)
                 and all(isinstance(i, str) and i for i in self.resumable_request_ids)

@@ -187,6 +187,7 @@ class EncoderCacheManager:
 def try_schedule_encoder_inputs(
     manager: EncoderCacheManager, request: EncoderRequest, num_computed_tokens: int,
     num_new_tokens: int, encoder_compute_budget: int, disable_chunked_mm_input: bool = False,
+    shift_computed_tokens: int = 0,
 ) -> tuple[list[int], int, int, list[int]]:
     """Which items the window ``[num_computed_tokens, +num_new_tokens)`` needs
     encoded this step (vLLM ``Scheduler._try_schedule_encoder_inputs``).
@@ -202,6 +203,13 @@ def try_schedule_encoder_inputs(
     encoder_compute_budget left, duplicate input ids)``; tokens and embeds.
     Nothing is allocated here: the caller allocates when the request is
     scheduled.
+
+    ``shift_computed_tokens`` (a drafter's prefill look-ahead, tokens): the
+    items looked at reach that far past the window (the drafter reads the
+    next prompt tokens' embeddings), and a ``disable_chunked_mm_input`` stop
+    lands that much earlier; a stop for lack of budget or cache does not
+    (vLLM 0.33.0: the read-ahead into an item not encoded falls back to token
+    embeddings).
     """
     if num_new_tokens == 0 or not request.mm_positions:
         return [], num_new_tokens, encoder_compute_budget, []
@@ -210,12 +218,12 @@ def try_schedule_encoder_inputs(
     hashes_to_schedule: set[str] = set()
     num_embeds_to_schedule = 0
     lo, hi = mm_items_in_window(request.mm_positions, num_computed_tokens,
-                                num_computed_tokens + num_new_tokens)
+                                num_computed_tokens + num_new_tokens + shift_computed_tokens)
     for i in range(lo, hi):
         start, length = request.mm_positions[i]
         if (disable_chunked_mm_input and num_computed_tokens <= start
                 and num_computed_tokens + num_new_tokens < start + length):
-            num_new_tokens = max(0, start - num_computed_tokens)
+            num_new_tokens = max(0, start - (num_computed_tokens + shift_computed_tokens))
             break
         mm_hash = request.mm_hashes[i]
         if mm_hash in hashes_to_schedule:

@@ -47,6 +47,9 @@ ENCODER_INPUT_UNAVAILABLE = "encoder input unavailable"
 #: The skip reason of a streaming-input session parked in WAITING_FOR_STREAMING_REQ
 #: (vLLM 0.33.0 ``Scheduler._handle_blocked_waiting_request``: it waits for its next chunk).
 STREAMING_INPUT_PENDING = "waiting for streaming input"
+#: The skip reason of a waiting request whose whole window lies within the drafter's prefill
+#: look-ahead of its prefill end (vLLM 0.33.0 ``Scheduler._reserve_prefill_lookahead`` cut it to 0).
+PREFILL_LOOKAHEAD_RESERVED = "prefill look-ahead reserved"
 
 _REQUEST_ID = attrgetter("request_id")
 _SPEC_TOKEN_IDS = attrgetter("spec_token_ids")
@@ -140,6 +143,8 @@ class Scheduler:
         # Encoder inputs (multimodal items): the per-step encoder compute
         # budget and the encoder cache, both in embeds.
         self.max_num_encoder_input_tokens = config.encoder_compute_budget
+        # A multi-module MTP drafter's prefill look-ahead, tokens (0: none).
+        self.num_prefill_lookahead = config.num_prefill_lookahead
         # LoRA: distinct adapters a step may schedule (None: no LoRA config).
         self.max_loras = config.max_loras
         self.encoder_cache_manager = EncoderCacheManager(config.encoder_cache_capacity)
@@ -369,6 +374,8 @@ class Scheduler:
                 encoder_ids, num_new_tokens, new_encoder_budget, encoder_duplicates = \
                     self._plan_encoder_inputs(request, request.num_computed_tokens, num_new_tokens,
                                               encoder_compute_budget, events)
+            num_new_tokens = self._reserve_prefill_lookahead(request, request.num_computed_tokens,
+                                                             num_new_tokens)
             if num_new_tokens <= 0:
                 # Skip, not break: lower-priority requests may still run.
                 req_index += 1
@@ -547,6 +554,11 @@ class Scheduler:
                             skip_request(queue, request)
                             events.append(Skip(request.request_id, ENCODER_INPUT_UNAVAILABLE))
                             continue
+                    num_new_tokens = self._reserve_prefill_lookahead(request, num_computed, num_new_tokens)
+                    if num_new_tokens == 0:
+                        skip_request(queue, request)
+                        events.append(Skip(request.request_id, PREFILL_LOOKAHEAD_RESERVED))
+                        continue
                 # An async load holds its blocks with no forward progress: it
                 # must leave what in-flight prefills still need (no wedge).
                 # (vLLM adds one spec-decode step of blocks for the load itself.)
@@ -658,17 +670,31 @@ class Scheduler:
         (input ids to encode, tokens, embeds of budget left, duplicates)."""
         return try_schedule_encoder_inputs(self.encoder_cache_manager, request, num_computed_tokens,
                                            num_new_tokens, encoder_compute_budget,
-                                           self.config.disable_chunked_mm_input)
+                                           self.config.disable_chunked_mm_input,
+                                           shift_computed_tokens=self.num_prefill_lookahead)
+
+    def _reserve_prefill_lookahead(self, request: Request, num_computed_tokens: int,
+                                   num_new_tokens: int) -> int:
+        """Tokens the step may give ``request`` so that its prefill chunk does
+        not end within ``num_prefill_lookahead`` tokens of the prefill's end
+        (vLLM 0.33.0 ``Scheduler._reserve_prefill_lookahead``: a multi-module
+        MTP drafter reads that many known prompt tokens past a chunk's end):
+        either the chunk reaches the end, or it leaves at least the look-ahead
+        for the next one; never below 0. Tokens."""
+        remaining = request.num_tokens - num_computed_tokens - num_new_tokens
+        if 0 < remaining < self.num_prefill_lookahead:
+            num_new_tokens -= self.num_prefill_lookahead - remaining
+        return max(num_new_tokens, 0)
 
     def _plan_encoder_inputs(self, request: Request, num_computed_tokens: int, num_new_tokens: int,
                              encoder_compute_budget: int, events: list
                              ) -> tuple[list[int], int, int, list[int]]:
         """``_try_schedule_encoder_inputs`` for the window ``[num_computed_tokens,
         + num_new_tokens)``, recorded as an ``EncoderPlan`` when the window
-        overlaps one of the request's encoder inputs (then the call may have
+        (reaching ``num_prefill_lookahead`` further) overlaps one of the request's encoder inputs (then the call may have
         referenced cache hits, evicted entries or cut the window)."""
         lo, hi = mm_items_in_window(request.mm_positions, num_computed_tokens,
-                                    num_computed_tokens + num_new_tokens)
+                                    num_computed_tokens + num_new_tokens + self.num_prefill_lookahead)
         ids, n, budget, duplicates = self._try_schedule_encoder_inputs(
             request, num_computed_tokens, num_new_tokens, encoder_compute_budget)
         if lo < hi:

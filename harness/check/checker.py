@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from reference.scheduler import PREFILL_LOOKAHEAD_RESERVED
 from reference.words import plural
 
 from harness.check import (
@@ -528,8 +529,11 @@ class TraceChecker(TraceModel):
         queues.check_next_in_waiting(self, st, rid, "skip")
         if req is not None and req.status == "WAITING_FOR_REMOTE_KVS":
             kv_connector.check_skip_loading(self, req)
-        elif rid not in st.enc.zero and not kv_connector.match_pending(self, ev):
-            # (an encoder plan may cut the window to 0 tokens; a connector may not tell yet)
+        elif rid not in st.enc.zero and not kv_connector.match_pending(self, ev) \
+                and not (self.prefill_lookahead and ev.get("message") == PREFILL_LOOKAHEAD_RESERVED
+                         and req is not None and req.num_computed_tokens < req.num_tokens):
+            # (an encoder plan may cut the window to 0 tokens; a connector may not tell yet;
+            # so may a drafter's prefill look-ahead, a prefill's window that would end in it)
             fences.check_skip_reason(self, ev, req)
         st.skipped.append(rid)
         self.deferred_waiting.add(rid)

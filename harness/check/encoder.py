@@ -116,7 +116,8 @@ def on_encoder_plan(m: TraceModel, ev: dict, st: StepState) -> None:
     waiting = req.status != "RUNNING"
     if m.enc_known:
         n_pre = expected_window(m, req, computed, st)
-        plan = m.enc.plan(rid, req.items, computed, n_pre, enc.budget_left, m.enc_no_chunk)
+        plan = m.enc.plan(rid, req.items, computed, n_pre, enc.budget_left, m.enc_no_chunk,
+                          m.prefill_lookahead)
         if (plan.input_ids, plan.num_tokens) != (ids, n):
             stop(m, "ENCODER-INPUTS", rid, plan_mismatch(m, req, computed, n, ids, n_pre, plan,
                                                                       enc.budget_left))
@@ -124,11 +125,22 @@ def on_encoder_plan(m: TraceModel, ev: dict, st: StepState) -> None:
     else:
         duplicates = []
     m.note(req, f"encoder plan: window [{computed}, {computed + n}), encode inputs {ids}")
-    if n == 0:
-        enc.zero.add(rid)
+    if n == 0 or reserve_prefill_lookahead(m, req, computed, n) == 0:
+        enc.zero.add(rid)  # (the request is skipped, or not scheduled this step)
         return
     enc.pending = {"rid": rid, "computed": computed, "n": n, "ids": ids, "duplicates": duplicates,
                    "budget": enc.budget_left, "waiting": waiting}
+
+def reserve_prefill_lookahead(m: TraceModel, req: ReqShadow, computed: int, n: int) -> int:
+    """The tokens left of an ``n``-token window once the drafter's prefill
+    look-ahead is kept out of its end (vLLM 0.33.0
+    ``Scheduler._reserve_prefill_lookahead``): a prefill chunk either reaches
+    the prefill's end or leaves at least ``m.prefill_lookahead`` tokens."""
+    remaining = req.num_tokens - computed - n
+    if 0 < remaining < m.prefill_lookahead:
+        n -= m.prefill_lookahead - remaining
+    return max(n, 0)
+
 
 def plan_mismatch(m: TraceModel, req: ReqShadow, computed: int, n: int, ids: list[int], n_pre: int, plan: Plan,
                    budget: int) -> str:
@@ -156,10 +168,13 @@ def on_schedule(m: TraceModel, ev: dict, st: StepState, req: ReqShadow, computed
     overlapping = items_in_window(req.items, computed, computed + n)
     plan = enc.pending if enc.pending is not None and enc.pending["rid"] == rid else None
     duplicates: list[int] = []
+    planned = n  # the window the plan looked at (before the look-ahead cut)
     if plan is not None:
         enc.pending = None
         duplicates = plan["duplicates"]
-        if (plan["computed"], plan["n"], plan["ids"]) != (computed, n, ids):
+        planned = plan["n"]
+        if (plan["computed"], reserve_prefill_lookahead(m, req, plan["computed"], plan["n"]),
+                plan["ids"]) != (computed, n, ids):
             m.violate("ENCODER-INPUTS", rid,
                           f"scheduled window [{computed}, {computed + n}) encoding {ids}, but its "
                           f"encoder plan was [{plan['computed']}, {plan['computed'] + plan['n']}) "
@@ -168,16 +183,24 @@ def on_schedule(m: TraceModel, ev: dict, st: StepState, req: ReqShadow, computed
             # vLLM commits the budget computed before the allocation loop.
             enc.budget_left = plan["budget"] - sum(req.items[i].length for i in ids)
     else:
-        if overlapping:
+        # (With a drafter's look-ahead the plan looks that much further.)
+        looked = items_in_window(req.items, computed, computed + n + m.prefill_lookahead) \
+            if m.prefill_lookahead else overlapping
+        if looked:
             m.violate("ENCODER-INPUTS", rid,
-                          f"window [{computed}, {computed + n}) overlaps encoder input(s) {overlapping} "
-                          f"without an encoder plan")
+                          f"window [{computed}, {computed + n}) overlaps encoder input(s) {looked} "
+                          f"without an encoder plan"
+                          + (f" (its look-ahead of {m.prefill_lookahead} tokens included)"
+                             if m.prefill_lookahead else ""))
         enc.budget_left -= sum(req.items[i].length for i in ids if i < len(req.items))
-    stray = [i for i in ids if i not in overlapping]
+    looked_at = items_in_window(req.items, computed, computed + planned + m.prefill_lookahead) \
+        if m.prefill_lookahead else overlapping
+    stray = [i for i in ids if i not in looked_at]
     if stray:
         m.violate("ENCODER-INPUTS", rid,
-                      f"encodes input(s) {stray} outside its window [{computed}, {computed + n})")
-        ids = [i for i in ids if i in overlapping]
+                      f"encodes input(s) {stray} outside its window [{computed}, {computed + n})"
+                      + (f" and its look-ahead of {m.prefill_lookahead} tokens" if m.prefill_lookahead else ""))
+        ids = [i for i in ids if i in looked_at]
     if ids:
         enc.committed[rid] = ids
     total = sum(sum(m.reqs[r].items[i].length for i in i_s)

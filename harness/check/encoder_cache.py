@@ -198,10 +198,13 @@ class ShadowEncoderCache:
         return evicted
 
     def plan(self, rid: str, items: Sequence[Item], computed: int, num_tokens: int, budget: int,
-             no_chunked_items: bool) -> Plan:
+             no_chunked_items: bool, shift: int = 0) -> Plan:
         """The decision for window [computed, computed + num_tokens) with
         ``budget`` embeds left. Applies its side effects (hits referenced,
-        evictions) like the scheduler does before allocation."""
+        evictions) like the scheduler does before allocation. ``shift``: a
+        drafter's prefill look-ahead (tokens): the items looked at reach that
+        far past the window and a no-chunking stop lands that much earlier
+        (vLLM 0.33.0 ``shift_computed_tokens``)."""
         chosen: list[int] = []
         duplicates: list[int] = []
         hits: list[int] = []
@@ -210,10 +213,10 @@ class ShadowEncoderCache:
         stopped = None
         if num_tokens <= 0:
             return Plan(chosen, num_tokens, budget, duplicates, hits, stopped)
-        for i in items_in_window(items, computed, computed + num_tokens):
+        for i in items_in_window(items, computed, computed + num_tokens + shift):
             item = items[i]
             if no_chunked_items and computed <= item.offset and computed + num_tokens < item.end:
-                num_tokens, stopped = max(0, item.offset - computed), i
+                num_tokens, stopped = max(0, item.offset - (computed + shift)), i
                 break
             if item.identifier in keys:
                 duplicates.append(i)

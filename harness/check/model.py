@@ -278,6 +278,10 @@ class TraceModel:
         self.enc_budget: int = config.get("max_num_encoder_input_tokens") or mnbt
         self.enc_cache_size: int = config.get("encoder_cache_size") or mnbt
         self.enc_no_chunk: bool = config.get("disable_chunked_mm_input", False)
+        # A drafter's prefill look-ahead, tokens (config num_prefill_lookahead; vLLM
+        # 0.33.0): the encoder window reaches this far past a step's tokens and a
+        # prefill chunk never ends within it of the prefill's end.
+        self.prefill_lookahead: int = config.get("num_prefill_lookahead", 0) or 0
         self.enc = ShadowEncoderCache(self.enc_cache_size)
         self.enc_active = False  # some request carried encoder inputs
         self.enc_known = True    # false after the shadow stopped matching the trace

@@ -60,6 +60,12 @@ ENCODER_INPUT_UNAVAILABLE = "encoder input unavailable"
 #: The skip reason of a waiting request whose LoRA adapter would exceed max_loras
 #: (a verbatim copy of ``reference.scheduler.MAX_LORAS_REACHED``).
 MAX_LORAS_REACHED = "max_loras adapters scheduled"
+#: The skip reason of a waiting request whose window the drafter's prefill look-ahead cut
+#: to 0 tokens (a verbatim copy of ``reference.scheduler.PREFILL_LOOKAHEAD_RESERVED``).
+PREFILL_LOOKAHEAD_RESERVED = "prefill look-ahead reserved"
+#: The skip reason of a parked streaming-input session (a verbatim copy of
+#: ``reference.scheduler.STREAMING_INPUT_PENDING``).
+STREAMING_INPUT_PENDING = "waiting for streaming input"
 
 
 class NormalisationError(Exception):
@@ -256,6 +262,9 @@ class DecisionHooks:
         self.matches: list[list] = []
         self.in_schedule = False
         self.active = True
+        # The request whose window vLLM's _reserve_prefill_lookahead last cut to 0
+        # tokens in this schedule() (a skip's reason; ``begin()`` resets it).
+        self.lookahead_cut: str | None = None
         kv_cache_config = getattr(sched, "kv_cache_config", None) or getattr(
             sched.kv_cache_manager, "kv_cache_config", None)
         self.hybrid = is_hybrid(kv_cache_config)
@@ -530,7 +539,10 @@ class DecisionHooks:
             # (the reference's EncoderPlan; a window of 0 tokens decides nothing).
             result = orig_encoder(request, num_computed_tokens, num_new_tokens, *args, **kwargs)
             if hooks.in_schedule and hooks.active and num_new_tokens > 0:
-                end = num_computed_tokens + num_new_tokens
+                # The window the call looked at reaches a drafter's prefill look-ahead
+                # further (vLLM 0.33.0's shift_computed_tokens, after the budget).
+                shift = kwargs.get("shift_computed_tokens", args[1] if len(args) > 1 else 0)
+                end = num_computed_tokens + num_new_tokens + int(shift or 0)
                 # (A vLLM whose Request has no mm_features records no plan: its requests
                 # with encoder inputs are marked unsupported at arrival.)
                 if any(f.mm_position.offset < end
@@ -540,6 +552,18 @@ class DecisionHooks:
                                       int(result[1]), [int(i) for i in result[0]]))
             return result
 
+        orig_reserve = getattr(sched, "_reserve_prefill_lookahead", None)
+
+        @functools.wraps(orig_reserve)
+        def _reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens, *args, **kwargs):
+            # vLLM 0.33.0: a cut to 0 tokens makes the waiting loop skip the request.
+            result = orig_reserve(request, num_computed_tokens, num_new_tokens, *args, **kwargs)
+            if hooks.in_schedule and num_new_tokens > 0 and result == 0:
+                hooks.lookahead_cut = request.request_id
+            return result
+
+        if orig_reserve is not None:
+            sched._reserve_prefill_lookahead = _reserve_prefill_lookahead
         kvm.allocate_slots = allocate_slots
         kvm.free = free
         if orig_encoder is not None and hasattr(sched, "encoder_cache_manager"):
@@ -612,15 +636,21 @@ class DecisionHooks:
         ``"encoder input unavailable"`` when this step's last decision is an
         encoder plan of that request that cut its window to 0 tokens (vLLM
         ``_try_schedule_encoder_inputs``: the encoder budget or cache is
-        full), else ``skip_reason``."""
+        full); ``"prefill look-ahead reserved"`` when vLLM 0.33.0's
+        ``_reserve_prefill_lookahead`` cut its window to 0 (a drafter's
+        look-ahead); else ``skip_reason``."""
         last = self.seq[-1] if self.seq else None
         if last is not None and last[0] == "encoder_plan" and last[1] == request.request_id and last[3] == 0:
             return ENCODER_INPUT_UNAVAILABLE
+        if self.lookahead_cut == request.request_id:
+            self.lookahead_cut = None
+            return PREFILL_LOOKAHEAD_RESERVED
         return skip_reason(request, self.sched)
 
     def begin(self) -> None:
         self.seq = []
         self.matches = []
+        self.lookahead_cut = None
         self.in_schedule = True
 
     def end(self) -> None:
@@ -719,6 +749,8 @@ def skip_reason(request, sched=None) -> str:
     running request, including the ones admitted before it in this step)."""
     if request.status.name == "WAITING_FOR_REMOTE_KVS":
         return "waiting for remote KV"
+    if request.status.name == "WAITING_FOR_STREAMING_REQ":
+        return STREAMING_INPUT_PENDING
     if getattr(request, "num_stale_output_tokens", 0) and not getattr(request, "drop_stale_output", False):
         return "stale output in flight"
     lora_config = getattr(sched, "lora_config", None)

@@ -503,6 +503,11 @@ class _Recorder:
                        - {"FullAttentionSpec", "SlidingWindowSpec", "MambaSpec", "NoneType"})
         if kinds:  # MLA, chunked local, ...: allocation the model does not follow
             out["kv_cache_spec"] = f"KV-cache spec {', '.join(kinds)}"
+        lookahead = getattr(sched, "num_prefill_lookahead", 0)
+        if lookahead:  # from the config: the KV cache manager was built with it too
+            out["prefill_lookahead"] = (f"a drafter's prefill look-ahead of {lookahead} tokens from the config "
+                                        f"(vLLM's KV cache manager keeps {lookahead} - 1 re-prefillable tokens; "
+                                        f"not modelled)")
         # Encoder inputs are modelled for a decoder-only model with vLLM's own
         # EncoderCacheManager and no EC connector.
         ecm = getattr(sched, "encoder_cache_manager", None)
@@ -715,9 +720,25 @@ class _Recorder:
         sets ``max_num_encoder_input_tokens`` and a new ``EncoderCacheManager``):
         before the first ``schedule()`` a ``config`` record with the values
         ``schedule()`` will use (the converter takes them instead of the meta
-        record's); later (the cache's state would be lost) a ``protocol`` record."""
+        record's); later (the cache's state would be lost) a ``protocol`` record.
+
+        A method of the encoder cache manager replaced on the instance (vLLM
+        0.33.0's ``test_encoder_instance_defers_stop_until_prompt_is_consumed``
+        sets ``encoder_cache_manager.can_allocate = lambda *a, **k: False``)
+        is a ``protocol`` record too: the cache then answers what the stub
+        says, not what its state does."""
         now = self._encoder_state()
         budget, ecm, cache_size = now
+        stubbed = sorted(name for name, value in vars(ecm).items()
+                         if callable(value) and callable(getattr(type(ecm), name, None))) \
+            if ecm is not None and hasattr(ecm, "__dict__") else []
+        if stubbed:
+            self.encoder_state = None
+            self._write({"t": "protocol", "step": self.steps,
+                         "what": f"{type(ecm).__name__}.{', '.join(stubbed)} replaced on the instance by hand "
+                                 f"(a stub: the encoder cache then answers what it returns, not what its "
+                                 f"state gives)"})
+            return
         if (budget, cache_size) == (self.encoder_state[0], self.encoder_state[2]) and (
                 self.batches == 0 or ecm is self.encoder_state[1]):
             self.encoder_state = now
@@ -741,9 +762,19 @@ class _Recorder:
         sets ``need_mamba_block_aligned_split`` on a scheduler without Mamba
         layers, so its chunks end on block boundaries as in Mamba "align" mode,
         which the recording's config does not say). Once: the flags recorded are
-        then the current ones."""
+        then the current ones.
+
+        ``num_prefill_lookahead`` set before the first ``schedule()`` (vLLM
+        0.33.0's ``test_drafter_lookahead_encoder_cache_cap_*``) is a ``config``
+        record instead: the reference models the look-ahead's scheduler side
+        (the KV cache manager, built before, kept vLLM's derived value)."""
         for name, value in self.derived.items():
             now = getattr(self.sched, name, value)
+            if now != value and name == "num_prefill_lookahead" and self.batches == 0 \
+                    and isinstance(now, int) and not isinstance(now, bool) and now >= 0:
+                self._write({"t": "config", "config": {"num_prefill_lookahead": now}})
+                self.derived[name] = now
+                continue
             if now != value:
                 self.derived = {}
                 self._write({"t": "protocol", "step": self.steps,
