@@ -161,7 +161,9 @@ SELECTION = ("test_scheduler_reset_prefix_cache or test_stop_via_update_from_out
              "test_preempt_during_execution or test_schedule_spec_decoding_stats or "
              "test_kv_connector_basic or test_abort_request_waiting_for_remote_kvs or "
              "test_update_draft_token_ids_strips_ngram_padding or test_prefill_plp or "
-             "test_reset_prefix_cache or test_diffusion_scheduler_trims_full_width_worker_drafts")
+             "test_reset_prefix_cache or test_diffusion_scheduler_trims_full_width_worker_drafts or "
+             "test_pause_new_ignores_streaming_session_waiting_for_input or "
+             "test_drafter_lookahead_encoder_cache_cap_makes_progress")
 
 
 @pytest.mark.vllm
@@ -189,6 +191,19 @@ def test_vllm_tests_on_a_selection_of_0_33_0s_own_tests(tmp_path: Path, vllm_0_3
     trace = open_trace(tmp_path / "traces" / (Path(entry["file"]).stem + ".parquet"))
     assert trace.config.kv_connector_matches == (("r000000", ((32, True),)), ("r000001", ((32, True),)))
     assert trace.config.kv_connector_outputs == ((1, ("r000000", "r000001"), ()),)
+    # Issue 22: the streaming-input session that stops is parked (config resumable_request_ids),
+    # and the drafter look-ahead a test sets by hand before its first step is the config's
+    # num_prefill_lookahead: both replay (before: not replayed, and no complete step).
+
+    def trace_of(suffix: str):
+        entry = next(e for e in manifest if e.get("nodeid", "").endswith(suffix))
+        return open_trace(tmp_path / "traces" / (Path(entry["file"]).stem + ".parquet"))
+
+    assert trace_of("test_pause_new_ignores_streaming_session_waiting_for_input").config.resumable_request_ids \
+        == ("r000000",)
+    for lookahead in (1, 3):
+        assert trace_of(f"test_drafter_lookahead_encoder_cache_cap_makes_progress[{lookahead}]"
+                        ).config.num_prefill_lookahead == lookahead
 
 
 K29 = "test_throttle_prefills_excludes_fully_transferred_remote_kv or test_scheduler_stats_waiting_queues"
@@ -380,10 +395,12 @@ def test_protocol_kinds_name_every_line_the_converter_writes() -> None:
         "... Scheduler.need_mamba_block_aligned_split set to True by hand (vLLM derived False from the config)",
         "... Scheduler.max_num_encoder_input_tokens 100 and encoder cache size 1000 set after the first "
         "schedule() by hand (vLLM derived 8192 and 8192, ...)",
+        "... EncoderCacheManager.can_allocate replaced on the instance by hand (a stub: ...)",
         "something else")] == [
         "schedule-twice", "update-without-schedule", "hand-built-output", "queue-edited",
         "preempted-by-hand", "mid-step-abort", "prefix-cache-reset", "streaming-input",
-        "stopped-by-driver", "scheduler-flag-set-by-hand", "scheduler-flag-set-by-hand", "other"]
+        "stopped-by-driver", "scheduler-flag-set-by-hand", "scheduler-flag-set-by-hand",
+        "method-stubbed-by-hand", "other"]
 
 
 def test_layered_env_without_pip_gets_test_packages_through_the_harness_pip(tmp_path: Path) -> None:

@@ -514,10 +514,14 @@ class _Recorder:
         if getattr(sched, "is_encoder_decoder", False):
             out["encoder_decoder"] = "an encoder-decoder model (its encoder inputs are not modelled)"
         elif getattr(sched, "is_mm_encoder_only", False):
-            out["mm_encoder_only"] = "an encoder-only instance (mm_encoder_only: it samples no tokens)"
-        elif getattr(sched, "ec_connector", None) is not None:
+            out["mm_encoder_only"] = ("an encoder-only instance (mm_encoder_only: its requests stop once the "
+                                      "prompt is consumed, sampling nothing; not modelled)")
+        if getattr(sched, "ec_connector", None) is not None:
+            # (Named beside an encoder-only instance too: vLLM's encoder instances
+            # publish their embeddings through one, an EC producer.)
             out["ec_connector"] = f"an encoder-cache connector ({type(sched.ec_connector).__name__})"
-        elif ecm is not None and type(ecm).__name__ != "EncoderCacheManager":
+        elif not {"encoder_decoder", "mm_encoder_only"} & set(out) and ecm is not None \
+                and type(ecm).__name__ != "EncoderCacheManager":
             out["encoder_cache_manager"] = f"encoder cache manager {type(ecm).__name__}"
         return out
 
