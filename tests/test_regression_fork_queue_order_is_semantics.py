@@ -24,6 +24,10 @@ def test_regression_a_both_queues_shortest_prompt_fork_passes_the_fork_gate(monk
                                      "--semantics", "fork"])
     assert fork.exit_code == 0, fork.output
     assert fork.output.splitlines()[-1].startswith("conformant (profile fork); decisions differ from step ")
+    # Regression (new-user trial): the difference was a red "DIVERGENCE at step ..." block above
+    # that verdict; under the fork gate it is information.
+    assert "DIVERGENCE" not in fork.output
+    assert any(line.startswith("decisions differ (information) at step ") for line in fork.output.splitlines())
     # Under the release's profile the order is still held: ADMISSION-ORDER, not STATE-CONTINUITY.
     from forks.shortest_prompt_heap import make
     from harness.check.profiles import resolve
