@@ -26,6 +26,9 @@ imports this one.
 
 from __future__ import annotations
 
+import io
+import sys
+
 import click
 
 from harness.bisect.cli import bisect
@@ -53,6 +56,12 @@ def main() -> None:
     3 (check, replay) an incomplete run with no violation in the steps it has,
     130 interrupted (SIGINT), 143 terminated (SIGTERM).
     """
+    # A file name that is not UTF-8 (held by Python with lone surrogates)
+    # is printed as \xNN, never a UnicodeEncodeError ending the command after
+    # its work (adversarial trial: `check bad\xffname.parquet`).
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
 
 
 for _command in (record, verify_outputs_cmd, check, invariants, replay, diff, scenario, golden, mutants,

@@ -39,6 +39,7 @@ from reference.scheduler import Scheduler
 from reference.words import did_you_mean, plural
 
 from harness.check import CheckResult, check_steps
+from harness.paths import arrow_source
 from harness.check.profiles import Profile
 from harness.trace.recorder import record
 from harness.replay import Divergence, OwnRun, first_difference, own_run, replay
@@ -246,6 +247,12 @@ def _stale_reasons(scenario: Scenario, trace: Trace | None, entry: dict[str, Any
     return reasons
 
 
+def candidate_crashed(d: Divergence | None) -> bool:
+    """True when ``d`` is the candidate raising where the golden run did not
+    (``Divergence.field == "exception"``, expected ``'no exception'``)."""
+    return d is not None and d.field == "exception" and d.expected == "no exception"
+
+
 def _describe_divergence(d: Divergence) -> str:
     where = f"step {d.step}, event #{d.event_index}"
     if d.kind:
@@ -371,6 +378,12 @@ def _check_one(directory: Path, scenario: Scenario, entry: dict[str, Any] | None
     result.divergence = divergence
     from harness.fuzz.run import compares_decisions
 
+    if candidate_crashed(divergence):
+        # Not a decision that differs: no semantics excuses it (adversarial
+        # trial: a factory raising on every config read "diverges ... field
+        # exception" under a hint to try --semantics fork).
+        result.reasons.append(f"the {divergence.actual} (the golden run did not)")
+        return result
     if profile is None or compares_decisions(profile) or divergence.field == "exception":
         result.reasons.append("candidate diverges at " + _describe_divergence(divergence))
         return result
@@ -600,8 +613,8 @@ def _change_details(old_file: Path | None, old_entry: dict[str, Any] | None, ent
         details.append(f"schema {old_version} -> {new_version}: the same events in every step as "
                        f"schema {old_version} records them (rows and columns added only)")
     elif divergence is None:
-        old_writer = pq.ParquetFile(old_file).metadata.created_by
-        new_writer = pq.ParquetFile(new_trace.path).metadata.created_by
+        old_writer = pq.ParquetFile(arrow_source(old_file)).metadata.created_by
+        new_writer = pq.ParquetFile(arrow_source(new_trace.path)).metadata.created_by
         writer = f" (writer {old_writer!r} -> {new_writer!r})" if old_writer != new_writer else ""
         details.append(f"same events in every step; only the file bytes differ{writer}")
     else:

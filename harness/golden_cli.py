@@ -96,7 +96,7 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
     from rich.markup import escape
 
     from harness.fuzz.run import fuzz_profile
-    from harness.golden import DEFAULT_DIR, GoldenError, check_goldens
+    from harness.golden import DEFAULT_DIR, GoldenError, candidate_crashed, check_goldens
     from harness.scenarios import HYBRID_SCENARIOS, SCENARIOS
 
     _refuse_unknown_semantics(semantics)
@@ -132,7 +132,7 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
                       f"the candidate refused every golden, nothing was compared")
         sys.exit(EXIT_FOUND)
     hint = fork_hint((), diverged=True) if failed and profile is None and all(
-        r.divergence is not None for r in results if not r.ok) else None
+        r.divergence is not None and not candidate_crashed(r.divergence) for r in results if not r.ok) else None
     if hint:  # every failure is a divergence: say how a fork that decides differently is checked
         console.print(f"hint: {escape(hint)}")
     colour = "red" if failed else "green"

@@ -28,6 +28,8 @@ import os
 import stat
 from pathlib import Path
 
+import pyarrow as pa
+
 #: Characters the temp file adds to the destination's name (tempfile.mkstemp in the writer).
 TEMP_NAME_EXTRA = 14
 
@@ -122,3 +124,28 @@ def check_output_folder(output: str, files: tuple[str, ...] = ()) -> None:
     _writable_ancestor(output, out)
     for name in files:
         check_output_file(str(out / name))
+
+
+def arrow_source(path: str | os.PathLike[str]) -> str | pa.BufferReader:
+    """What to hand pyarrow to read ``path``: the path itself, or the file's
+    bytes in a ``pa.BufferReader`` when the name is not valid UTF-8.
+
+    pyarrow resolves a path through its file-system layer, which encodes the
+    name as UTF-8: a name with an undecodable byte (``bad\\xffname.parquet``,
+    held by Python as a lone surrogate) raised UnicodeEncodeError and a valid
+    trace was refused as unreadable (adversarial trial). Python's own ``open``
+    takes such names, so their bytes are read here instead; every other path
+    goes to pyarrow unchanged (no copy). Raises OSError as ``open`` does.
+    """
+    name = os.fspath(path)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        with open(name, "rb") as f:
+            return pa.BufferReader(f.read())
+    return name
+
+
+def utf8_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as text a terminal can show: undecodable bytes as ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")

@@ -81,6 +81,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="accept golden traces without tamper evidence (by default they fail)")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Load each of --harness-scenarios's files before any test: a file that
+    does not load (a typo'd config key, a cycle of ``after``) is the user's
+    input, not the candidate's failure. Raises pytest.UsageError (pytest
+    exits 4, as for an unusable --harness-candidate) with one line naming the
+    file and line; before, each such file was a FAILED test with a traceback
+    into the harness and pytest exited 1, which a CI cannot tell from a
+    candidate that failed (adversarial trial)."""
+    folder = config.getoption("--harness-scenarios", default=None)
+    if not folder or not Path(folder).is_dir():
+        return  # none given, or not a folder: the suite's collection says so
+    from reference.config import ConfigError
+    from workloads.scenario import ScenarioError, load_scenario
+
+    for path in sorted(Path(folder).glob("*.toml")):
+        try:
+            load_scenario(path).engine_config()
+        except (ScenarioError, ConfigError) as exc:
+            message = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
+            raise pytest.UsageError(f"--harness-scenarios: {message}") from None
+
+
 #: Decisions that differ from the goldens' under a --harness-semantics other
 #: than auto: information, printed at the end of the run, never failures.
 DIFFERENCES: list[str] = []

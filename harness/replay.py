@@ -27,6 +27,7 @@ from reference.candidate import CandidateCrash, CandidateError, CandidateFactory
 from reference.engine import EngineStalled
 from reference.workload import Action, Workload
 
+from harness.paths import arrow_source
 from harness.trace.playback import playback_factory, trace_model
 from harness.trace.recorder import Row, run_to_rows, spec_from_row
 from harness.trace import SCHEMA_VERSION, Trace, TraceError
@@ -76,7 +77,7 @@ def workload_from_trace(trace: Trace) -> Workload:
     ``workload.params.actions`` (``Action.from_dict``), re-driven at the
     same steps."""
     try:
-        table = pq.read_table(trace.path, filters=[("kind", "in", ["arrival", "reject"])])
+        table = pq.read_table(arrow_source(trace.path), filters=[("kind", "in", ["arrival", "reject"])])
     except Exception as exc:  # pyarrow raises several types for bad files
         raise TraceError(f"{trace.path}: cannot read arrivals ({' '.join(str(exc).split())[:200]})") from None
     try:

@@ -20,6 +20,7 @@ from harness.check import MAX_PER_INVARIANT, CheckResult
 from harness.check.invariants import INVARIANTS
 from harness.replay import Divergence, OwnRun
 from harness.trace import Trace
+from reference.words import plural
 from harness.richtext import keep_words_whole
 from reference.words import plural
 
@@ -153,6 +154,14 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
         console.print(f"[bold red]CRASH[/] at step {divergence.step}: {escape(str(divergence.actual))} "
                       f"(the trace has {escape(str(divergence.expected))} at event #{divergence.event_index})",
                       soft_wrap=True)
+    elif divergence is not None and _divergence_ok(divergence, extra):
+        # Under the fork gate or safety a differing decision is information,
+        # not an alarm (new-user trial: a red DIVERGENCE block above a
+        # "conformant (profile fork)" verdict read as a failure in a CI log).
+        console.print(f"[bold]decisions differ[/] (information) at step {divergence.step}, event "
+                      f"#{divergence.event_index} ({divergence.kind or '-'}), request {divergence.request or '-'}, "
+                      f"field {divergence.field}: trace {short_repr(divergence.expected)}, "
+                      f"candidate {short_repr(divergence.actual)}")
     elif divergence is not None:
         console.print(f"[bold red]DIVERGENCE[/] at step {divergence.step}, event #{divergence.event_index}"
                       f" ({divergence.kind or '-'}), request {divergence.request or '-'}, "
@@ -202,7 +211,7 @@ def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str,
         if divergence is not None:  # under the fork gate or safety: information
             line += f"; decisions differ from step {divergence.step} (information: not held to a version's design)"
         elif extra:
-            line += f"; {extra['replayed_steps']} steps replayed, identical decisions"
+            line += f"; {plural(extra['replayed_steps'], 'step')} replayed, identical decisions"
         return line + _seal_note(trace)
     if result.num_violations:
         n, k = result.num_violations, len(result.by_invariant)
@@ -228,7 +237,7 @@ def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str,
     elif divergence is not None:
         line += f"; first divergence at step {divergence.step}"
     elif extra:
-        line += f"{'; ' if result.num_violations else ': '}{extra['replayed_steps']} steps replayed, " \
+        line += f"{'; ' if result.num_violations else ': '}{plural(extra['replayed_steps'], 'step')} replayed, " \
                 "identical decisions"
     # (A crash the check reports as ENGINE-CRASH needs no second mention.)
     if incomplete is not None and not (trace.summary.get("crashed") is not None

@@ -90,6 +90,12 @@ class HarnessGroup(click.Group):
         try:
             with user_interrupts():
                 rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            # A bare group (`harness`, `harness golden`): its help as --help
+            # prints it, not flattened into one "error: Usage: ..." line of
+            # 1,500 characters (new-user trial); exit 2 as click's own.
+            click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message(), err=True)
+            sys.exit(EXIT_UNUSABLE)
         except click.UsageError as exc:
             command = exc.ctx.command_path if exc.ctx is not None else (prog_name or "harness")
             _say(f"{_one_line(exc.format_message())} ({command} --help)")

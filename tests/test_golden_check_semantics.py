@@ -82,3 +82,24 @@ def test_unknown_semantics_exits_2_with_did_you_mean() -> None:
         2, "error: unknown semantics 'frok'; did you mean 'fork'?\n")
     assert run("golden", "check", "--hybrid", "--semantics", "0.1.0") == (
         2, "error: unknown semantics '0.1.0': expected auto, 0.33.0, 0.29.0, 0.25.0, 0.20.2, fork, safety\n")
+
+
+def test_regression_a_crashing_factory_is_a_crash_not_a_divergence_with_a_fork_hint(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """A factory raising on every config read "candidate diverges at step 0 ...
+    field exception" under the hint to try --semantics fork (adversarial
+    trial): no semantics excuses a crash."""
+    import os
+    import sys
+
+    (tmp_path / "refuse_all.py").write_text(
+        "def make(config):\n    raise ValueError('unsupported config: ' + config.policy)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    code, out = run("golden", "check", "--dir", GOLDEN, "--candidate", "refuse_all:make")
+    assert code == 1, out
+    lines = out.splitlines()
+    assert lines[0] == ("FAIL fcfs-tight            the candidate raised ValueError at step 0: unsupported config: "
+                        "fcfs (the golden run did not)")
+    assert not any(line.startswith("hint:") for line in lines), out
+    assert lines[-1] == f"0 ok, 20 failed ({GOLDEN}, candidate refuse_all:make)"

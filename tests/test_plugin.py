@@ -210,3 +210,19 @@ def test_regression_a_forks_semantics_finding_names_the_fork_gate(pytester: pyte
                                  "*hint: ADMISSION-ORDER is a version-semantics rule (a release's design, not a "
                                  "safety or progress bug): for a fork whose policy differs on purpose, "
                                  "--harness-semantics fork holds it to safety and progress only*"])
+
+
+def test_regression_a_typo_in_a_harness_scenarios_file_is_one_line_exit_4(pytester: pytest.Pytester,
+                                                                         tmp_path) -> None:
+    """A fork's own scenario file with a typo'd config key was a FAILED test with
+    a traceback into the harness, and pytest exited 1: a CI could not tell the
+    user's typo from a candidate that failed (adversarial trial)."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "a.toml").write_text('format_version = 1\n[config]\nnum_gpu_blocks = 16\nenable_prefix_cachng = true\n'
+                                   '[[requests]]\nrequest_id = "A"\nprompt_len = 64\nmax_tokens = 1\n')
+    result = pytester.runpytest_subprocess("--pyargs", "harness.conformance", "-p", "no:cacheprovider",
+                                           "--harness-scenarios", str(folder))
+    assert result.ret == 4
+    assert f"ERROR: --harness-scenarios: {folder / 'a.toml'}:4: bad config: unknown config key " \
+           "'enable_prefix_cachng'; did you mean 'enable_prefix_caching'?" in result.stderr.lines

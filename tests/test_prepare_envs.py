@@ -43,8 +43,9 @@ def test_one_line_per_env_ready_or_built_with_elapsed_and_typical_time(monkeypat
     out = io.StringIO()  # not a terminal: a line per stage
     assert prepare(out, envs=(_Fake("vLLM A env", "ready", "1 min"), _Fake("vLLM B env", "new", "2-3 min"))) == 0
     assert out.getvalue().splitlines() == [
-        f"make test: the first run builds 1 vLLM environment (new; 3-4 GB under {tmp_path}) before the tests: "
-        "about 15 min in all on an idle 2-core machine, much longer on a loaded one; later runs reuse them. "
+        # Regression (new-user trial): one missing env was announced with all four's "3-4 GB ... 15 min".
+        f"make test: the first run builds 1 vLLM environment (new; about 1 GB each under {tmp_path}) before the "
+        "tests: typically 2-3 min on an idle 2-core machine, much longer on a loaded one; later runs reuse them. "
         "The fast tier skips every vLLM test: HARNESS_SKIP_VLLM=1 make test",
         "[1/2] vLLM A env: ready (/envs/ready)",
         "[2/2] vLLM B env: starting (0:00 elapsed, typically 2-3 min)",

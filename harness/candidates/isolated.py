@@ -234,8 +234,13 @@ class _Child:
                 continue
             if left <= 0:
                 self.kill(f"no answer from {what} within {timeout:g} s")
+                # The factory's call is the child's start: its limit is not
+                # --step-timeout alone (adversarial trial: "--step-timeout 5"
+                # waited 60 s and the message blamed --step-timeout).
+                limit = (f"the start limit: {START_TIMEOUT_S:g} s or --step-timeout if longer"
+                         if what.startswith("the factory of ") else "--step-timeout")
                 raise CandidateProcessError(
-                    "StepTimeout", f"no answer from {what} within {timeout:g} s (--step-timeout; the "
+                    "StepTimeout", f"no answer from {what} within {timeout:g} s ({limit}; the "
                                    f"candidate process was killed)")
             chunk = os.read(fd, min(n - got, 1 << 20))
             if not chunk:

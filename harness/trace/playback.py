@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from harness.paths import arrow_source
 from harness.trace import Trace, TraceError
 from reference.config import EngineConfig
 from reference.runners.scripted import RequestScript
@@ -53,7 +54,7 @@ def load_recorded_outputs(trace: Trace) -> RecordedOutputs:
     """Read the ``output`` and ``draft`` rows (file order). Raises TraceError
     when they cannot be read."""
     try:
-        table = pq.read_table(trace.path, columns=["kind", "request_id", "token_ids", "spec_token_ids"],
+        table = pq.read_table(arrow_source(trace.path), columns=["kind", "request_id", "token_ids", "spec_token_ids"],
                               filters=[("kind", "in", ["output", "draft"])])
     except Exception as exc:  # noqa: BLE001  (pyarrow raises several types for bad files)
         raise TraceError(f"{trace.path}: cannot read model outputs "

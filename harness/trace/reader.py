@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from harness.trace.schema import (COLUMNS, DIGEST_SINCE, HYBRID_SCHEMA_VERSION, METADATA_KEY, READABLE_VERSIONS,
                                   SCHEMA, SCHEMA_VERSION,
                                   SUMMARY_KEY, absent_columns, is_hybrid_config)
+from harness.paths import arrow_source
 from harness.trace.clock import VirtualClock
 from harness.trace.queues import DELTA_COLUMNS, SNAPSHOT_KINDS, QueueChange, QueueDecoder
 from harness.trace.validate import RowError, StepValidator, suspect_rows
@@ -385,7 +386,7 @@ def _open(p: Path) -> Trace:
     if not os.access(p, os.R_OK):
         raise TraceError(f"{p}: permission denied")
     try:
-        pf = pq.ParquetFile(p, page_checksum_verification=True)
+        pf = pq.ParquetFile(arrow_source(p), page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
         hint = ""
         if p.suffix.lower() in (".toml", ".json", ".csv", ".jsonl"):  # a scenario or workload (new-user trial)

@@ -26,6 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from harness.paths import arrow_source
 from harness.trace.reader import TraceError, _one_line
 from harness.trace.schema import METADATA_KEY
 from harness.trace.writer import SEGMENT_GLOB, join_segments
@@ -81,7 +82,7 @@ def salvage(folder: str | os.PathLike[str], out: str | os.PathLike[str]) -> Salv
     last_step = -1
     for segment in segments:
         try:
-            pf = pq.ParquetFile(segment, page_checksum_verification=True)
+            pf = pq.ParquetFile(arrow_source(segment), page_checksum_verification=True)
             seg_meta = (pf.schema_arrow.metadata or {}).get(METADATA_KEY)
             # Every column, every page's CRC checked: the salvaged trace gets a
             # fresh digest, so a changed byte must be caught here or never.
