@@ -38,7 +38,8 @@ OMITTED_AT_DEFAULT = ("draft_acceptance_pattern", "kv_connector", "kv_store_frac
                       "kv_connector_matches", "kv_connector_outputs",
                       "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input",
                       "sliding_window", "layer_types", "mm_identifiers", "max_loras", "lora_int_ids",
-                      "resumable_request_ids", "num_prefill_lookahead")
+                      "resumable_request_ids", "num_prefill_lookahead",
+                      "swa_bounded_replay", "kv_connector_window_loads")
 #: Keys serialised by ``to_dict`` that are derived, not fields: accepted by
 #: ``from_dict`` (checked against the fields), refused by ``with_overrides``.
 DERIVED_KEYS = ("max_concurrent_batches",)
@@ -58,6 +59,9 @@ def _validate_recorded_connector(config: "EngineConfig") -> None:
     (both or neither) are well formed and ``kv_connector`` is on."""
     matches, outputs = config.kv_connector_matches, config.kv_connector_outputs
     if matches is None and outputs is None:
+        if config.kv_connector_window_loads is not None:
+            raise ConfigError("kv_connector_window_loads goes with a recorded KV connector "
+                              "(kv_connector_matches and kv_connector_outputs)")
         return
     if matches is None or outputs is None or not config.kv_connector:
         raise ConfigError("kv_connector_matches and kv_connector_outputs (a recorded KV connector) go "
@@ -79,6 +83,11 @@ def _validate_recorded_connector(config: "EngineConfig") -> None:
                 and isinstance(item[2], tuple) and all(is_int(b) for b in item[2])):
             raise ConfigError(f"kv_connector_outputs: each item is [batch step, [finished_recving ids], "
                               f"[invalid_block_ids]], got {item!r:.200}")
+    for item in config.kv_connector_window_loads or ():
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], tuple) and all(isinstance(a, bool) for a in item[1])):
+            raise ConfigError(f"kv_connector_window_loads: each item is [request_id, [true or false, ...]], "
+                              f"got {item!r:.200}")
 
 
 class ConfigError(ValueError):
@@ -233,6 +242,12 @@ class EngineConfig:
     # ((batch step, (finished_recving ids...), (invalid_block_ids...)), ...).
     kv_connector_matches: tuple | None = None
     kv_connector_outputs: tuple | None = None
+    # kv_connector_window_loads: per request, in call order, whether the
+    # recorded connector's load restored every bounded-replay window group
+    # (vLLM 0.33.0 Scheduler._load_restores_replay_window, which reads the
+    # connector's get_loaded_kv_cache_group_ids): ((request_id, (bool, ...)), ...).
+    # Only with swa_bounded_replay; None: no load restores a window.
+    kv_connector_window_loads: tuple | None = None
     # Encoder inputs (multimodal items; reference.encoder_cache_manager):
     # the encoder compute budget per step and the encoder cache size, both in
     # embeds. vLLM's SchedulerConfig sets both to max_num_batched_tokens (None
@@ -284,14 +299,21 @@ class EngineConfig:
     # one full-attention group.
     sliding_window: int | None = None
     layer_types: tuple[str, ...] | None = None
+    # DeepSeek-V4.1's SWA bounded replay (vLLM 0.33.0
+    # cache_config.swa_bounded_replay, its sliding-window layers'
+    # SlidingWindowMLASpec(bounded_replay=True)): the sliding-window groups keep
+    # no prefix cache, and after a prefix hit of the other groups the scheduler
+    # recomputes the hit's last sliding_window tokens (a hit no longer than
+    # that is not taken). Needs sliding_attention layers.
+    swa_bounded_replay: bool = False
     step_fixed_s: float = 0.005
     step_per_token_s: float = 0.0001
 
     def __post_init__(self) -> None:
         if isinstance(self.layer_types, list):  # from JSON / TOML
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        for name in ("kv_connector_matches", "kv_connector_outputs", "mm_identifiers", "lora_int_ids",
-                     "resumable_request_ids"):
+        for name in ("kv_connector_matches", "kv_connector_outputs", "kv_connector_window_loads",
+                     "mm_identifiers", "lora_int_ids", "resumable_request_ids"):
             if isinstance(getattr(self, name), list):  # from JSON: lists all the way down
                 object.__setattr__(self, name, _frozen(getattr(self, name)))
         self.validate()
@@ -312,7 +334,8 @@ class EngineConfig:
         layer_types = self.layer_types or ("sliding_attention",)
         return kv_cache_groups_for(layer_types, self.block_size, self.sliding_window,
                                    max_model_len=self.max_model_len,
-                                   num_speculative_tokens=self.num_speculative_tokens)
+                                   num_speculative_tokens=self.num_speculative_tokens,
+                                   swa_bounded_replay=self.swa_bounded_replay)
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -382,6 +405,17 @@ class EngineConfig:
                 raise ConfigError("layer_types has linear_attention (Mamba) layers with enable_prefix_caching: "
                                   "vLLM 0.33.0 then caches Mamba state in mamba_cache_mode 'align', which is not "
                                   "modelled; set enable_prefix_caching = false (mode 'none')")
+        if self.swa_bounded_replay:
+            if self.sliding_window is None:
+                raise ConfigError("swa_bounded_replay needs sliding-window layers: set sliding_window "
+                                  "(and layer_types)")
+            if self.layer_types is not None and "sliding_attention" not in self.layer_types:
+                raise ConfigError("swa_bounded_replay needs sliding_attention layers in layer_types")
+            if self.enable_prefix_caching and self.layer_types is not None and len(self.kv_cache_groups) > 1 and all(
+                    t == "sliding_attention" for t in self.layer_types):
+                # vLLM's HybridKVCacheCoordinator asserts a prefix-cacheable group.
+                raise ConfigError("swa_bounded_replay with only sliding_attention layers in several "
+                                  "KV-cache groups: vLLM needs one group that keeps a prefix cache")
         if self.num_gpu_blocks > MAX_NUM_GPU_BLOCKS:
             # A harness limit, not vLLM's: one Python object per block.
             raise ConfigError(f"num_gpu_blocks {self.num_gpu_blocks} is above this harness's "

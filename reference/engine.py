@@ -69,9 +69,13 @@ from reference.workload import Action, RequestSpec, Workload
 def check_config_supported(config: EngineConfig) -> None:
     """Raise ConfigError for a config no workload can be recorded under: a
     hybrid KV cache (``sliding_window``, ``layer_types`` with more than one
-    KV-cache group) together with a KV connector. The scenario loader
-    calls it to name the file and line; ``check_workload_supported`` too."""
-    if config.kv_cache_groups and config.kv_connector:
+    KV-cache group) together with a KV connector, unless it is a recorded
+    connector none of whose answers offers external tokens (it loads
+    nothing). The scenario loader calls it to name the file and line;
+    ``check_workload_supported`` too."""
+    loads = config.kv_connector_matches is None or any(
+        external for _, answers in config.kv_connector_matches for external, _ in answers)
+    if config.kv_cache_groups and config.kv_connector and loads:
         # Trace schema 9 holds one block table per KV-cache group, but the
         # connector's loads are modelled for one full-attention group.
         raise ConfigError("sliding_window / layer_types (a hybrid KV cache) with kv_connector is not "

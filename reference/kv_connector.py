@@ -98,6 +98,13 @@ class SimulatedKVConnector:
         external = max(held - num_computed_tokens, 0)
         return external, external > 0
 
+    def loads_replay_window(self, request: Request, group_ids: tuple[int, ...]) -> bool:
+        """Whether a load restores the bounded-replay groups ``group_ids``
+        (vLLM 0.33.0 ``Scheduler._load_restores_replay_window`` over the
+        connector's ``get_loaded_kv_cache_group_ids``): never, a prefix store
+        holds no sliding window (vLLM's base connector answers none)."""
+        return False
+
     def request_finished(self, request_id: str) -> None:
         """Forget the memo of a finished request."""
         self._held.pop(request_id, None)
@@ -176,6 +183,20 @@ class RecordedKVConnector:
         self.answers: dict[str, tuple[tuple[int | None, bool], ...]] = {
             req_id: tuple(answers) for req_id, answers in config.kv_connector_matches or ()}
         self.calls: dict[str, int] = {}
+        self.window_loads: dict[str, tuple[bool, ...]] = {
+            req_id: tuple(answers) for req_id, answers in config.kv_connector_window_loads or ()}
+        self.window_calls: dict[str, int] = {}
+
+    def loads_replay_window(self, request: Request, group_ids: tuple[int, ...]) -> bool:
+        """Whether the load for ``request`` restored every bounded-replay group
+        (vLLM 0.33.0 ``Scheduler._load_restores_replay_window``, the groups
+        ``group_ids``): the k-th call for a request returns the k-th answer
+        recorded for it (``kv_connector_window_loads``), a call past them the
+        last one, none recorded False."""
+        answers = self.window_loads.get(request.request_id, ())
+        k = self.window_calls.get(request.request_id, 0)
+        self.window_calls[request.request_id] = k + 1
+        return bool(answers[min(k, len(answers) - 1)]) if answers else False
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:

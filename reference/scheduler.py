@@ -129,6 +129,16 @@ class Scheduler:
         # requests that finished while loading keep their blocks until the
         # transfer is done (a load may still be writing them).
         self.connector = make_kv_connector(config)
+        # Bounded replay (vLLM 0.33.0 ``Scheduler.__init__``'s
+        # ``prefix_replay_group_ids`` / ``prefix_replay_tokens``): the groups
+        # that keep no prefix cache and are rebuilt after a hit by recomputing
+        # its last ``prefix_replay_tokens`` tokens (DeepSeek-V4.1's
+        # bounded-replay sliding window; one window for all of them).
+        self.prefix_replay_group_ids = tuple(
+            i for i, g in enumerate(kv_cache_groups) if g.kv_cache_spec.prefix_replay_tokens > 0)
+        windows = {kv_cache_groups[i].kv_cache_spec.prefix_replay_tokens for i in self.prefix_replay_group_ids}
+        assert len(windows) <= 1, f"prefix replay windows differ: {sorted(windows)}"
+        self.prefix_replay_tokens = windows.pop() if windows else 0
         self.kv_holding_waiting = create_request_queue(config.policy)
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
@@ -499,7 +509,9 @@ class Scheduler:
                     events.append(Skip(request.request_id, MAX_LORAS_REACHED))
                     continue
                 external, load_kv_async = 0, False
-                if request.num_computed_tokens == 0:
+                window_loaded = False
+                did_prefix_cache_lookup = request.num_computed_tokens == 0
+                if did_prefix_cache_lookup:
                     # Prefix lookup: preempted requests were reset to 0 and
                     # re-match; then the connector offers what it holds past
                     # the local hit.
@@ -513,7 +525,19 @@ class Scheduler:
                             skip_request(queue, request)
                             events.append(Skip(request.request_id, KV_MATCH_PENDING))
                             continue
+                        if self.prefix_replay_tokens and not (
+                                external and self._load_restores_replay_window(request)):
+                            # A replayed hit starts in whole blocks: the external
+                            # part is cut back to a block boundary.
+                            external -= external % self.block_size
+                            load_kv_async = load_kv_async and external > 0
                     num_computed = num_hit_tokens + external
+                    window_loaded = bool(external) and self._load_restores_replay_window(request)
+                    if not window_loaded and 0 < num_computed <= self.prefix_replay_tokens:
+                        # A hit no longer than the replayed window would be
+                        # recomputed whole: it is not taken (no load started).
+                        hit_blocks = tuple([] for _ in hit_blocks) if self.hybrid else []
+                        num_hit_tokens, external, num_computed, load_kv_async = 0, 0, 0, False
                 else:
                     # A finished async load: no new lookup.
                     hit_blocks, num_hit_tokens = [], 0
@@ -521,12 +545,17 @@ class Scheduler:
                 pad_spec_decode = False
                 encoder_ids, encoder_duplicates = [], []
                 new_encoder_budget = encoder_compute_budget
+                num_replay_tokens = 0
                 if load_kv_async:
                     num_new_tokens = 0  # allocation only; nothing runs while it loads
                 elif defer_prefills and num_computed < request.num_tokens - 1:
                     break  # local prefill deferred to a cadence-aligned step
                 else:
                     request_budget = min(token_budget, input_budget - draft_slots)
+                    if did_prefix_cache_lookup:
+                        # Bounded replay: the hit's last window is recomputed.
+                        num_replay_tokens = self._mark_prefix_replay(request, num_computed, window_loaded)
+                        num_computed -= num_replay_tokens
                     num_new_tokens = request.num_tokens - num_computed
                     # 0.33.0 (spec 10.6): a new decode (one token left) is padded to
                     # 1 + K with -1 drafts so the batch stays uniform.
@@ -564,8 +593,10 @@ class Scheduler:
                 # (vLLM adds one spec-decode step of blocks for the load itself.)
                 reserved = (self._inflight_prefill_reserved_blocks() + self._spec_decode_step_blocks
                             if load_kv_async else 0)
+                # Replayed tokens already have their slots (the adopted hit):
+                # a chunk ending inside the replayed range needs no new ones.
                 new_blocks = self.kv_cache_manager.allocate_slots(
-                    request, num_new_tokens,
+                    request, max(num_new_tokens - num_replay_tokens, 0),
                     num_new_computed_tokens=num_hit_tokens,
                     new_computed_blocks=hit_blocks,
                     num_external_computed_tokens=external,
@@ -752,6 +783,26 @@ class Scheduler:
         """Blocks in-flight prefills still need (an async load's reservation)."""
         return sum(self._request_remaining_blocks(r) for r in self._inflight_prefills.values())
 
+    def _load_restores_replay_window(self, request: Request) -> bool:
+        """Whether the connector's load for ``request`` restores every
+        bounded-replay group (vLLM 0.33.0 ``Scheduler._load_restores_replay_window``:
+        a P/D transfer of the request's own blocks does, a prefix store does
+        not). False without bounded-replay groups; asks the connector
+        (``loads_replay_window``) otherwise."""
+        if not self.prefix_replay_group_ids:
+            return False
+        return self.connector.loads_replay_window(request, self.prefix_replay_group_ids)
+
+    def _mark_prefix_replay(self, request: Request, num_hit_tokens: int, window_loaded: bool) -> int:
+        """Tokens of a prefix hit of ``num_hit_tokens`` tokens to recompute
+        (vLLM 0.33.0 ``Scheduler._mark_prefix_replay``): the hit's last
+        ``prefix_replay_tokens`` (all of a shorter hit), none without bounded
+        replay or when the load carried the window. The caller rewinds
+        ``num_computed_tokens`` by it."""
+        if not self.prefix_replay_tokens or window_loaded:
+            return 0
+        return min(self.prefix_replay_tokens, num_hit_tokens)
+
     def _promote(self, request: Request) -> Promotion:
         """A finished async load returns to WAITING (PREEMPTED if it had been
         preempted before): vLLM ``_update_waiting_for_remote_kv``. The loaded
@@ -769,7 +820,14 @@ class Scheduler:
             self.failed_recving_kv_req_ids.remove(req_id)
         else:
             self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
-        if request.num_computed_tokens == request.num_tokens:
+        # Bounded replay: a load that did not carry the window (or failed) is
+        # replayed over its last window, which covers the last token.
+        num_replay_tokens = self._mark_prefix_replay(
+            request, request.num_computed_tokens,
+            window_loaded=not load_failed and self._load_restores_replay_window(request))
+        if num_replay_tokens > 0:
+            request.num_computed_tokens -= num_replay_tokens
+        elif request.num_computed_tokens == request.num_tokens:
             request.num_computed_tokens = request.num_tokens - 1
         self.finished_recving_kv_req_ids.remove(req_id)
         request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING

@@ -412,7 +412,7 @@ class TraceChecker(TraceModel):
         if external:
             self.note(req, f"{plural(external, 'external token')} computed at admission (a synchronous KV load)")
         if self.group_windows is not None:
-            hybrid.admit(self, req, ev, hit)
+            hybrid.admit(self, req, ev, hit, external)
             req.status = "RUNNING"
             self.result.prefix_hit_tokens += hit
             return

@@ -51,7 +51,8 @@ def _groups_of(config: dict[str, Any]) -> tuple | None:
     layer_types = tuple(config.get("layer_types") or ("sliding_attention",))
     return kv_cache_groups_for(layer_types, config["block_size"], config.get("sliding_window"),
                                max_model_len=config["max_model_len"],
-                               num_speculative_tokens=config.get("num_speculative_tokens", 0))
+                               num_speculative_tokens=config.get("num_speculative_tokens", 0),
+                               swa_bounded_replay=bool(config.get("swa_bounded_replay", False)))
 
 
 def group_windows_of(config: dict[str, Any]) -> list[int | None] | None:
@@ -77,6 +78,17 @@ def mamba_groups_of(config: dict[str, Any]) -> dict[int, int]:
     return {g: 1 + group.kv_cache_spec.num_speculative_blocks
             for g, group in enumerate(_groups_of(config) or ())
             if isinstance(group.kv_cache_spec, MambaSpec)}
+
+
+def replay_groups_of(config: dict[str, Any]) -> tuple[frozenset[int], int]:
+    """The bounded-replay groups of a trace config (``swa_bounded_replay``:
+    vLLM 0.33.0 ``SlidingWindowMLASpec(bounded_replay=True)``, not
+    ``prefix_cacheable``) and their replay window in tokens (vLLM
+    ``Scheduler.prefix_replay_tokens``); ``(frozenset(), 0)`` without them."""
+    groups = [g for g, group in enumerate(_groups_of(config) or ()) if group.kv_cache_spec.prefix_replay_tokens]
+    if not groups:
+        return frozenset(), 0
+    return frozenset(groups), _groups_of(config)[groups[0]].kv_cache_spec.prefix_replay_tokens
 
 
 def group_block_size(m: TraceModel, g: int) -> int:
@@ -135,18 +147,42 @@ def acquire_running(m: TraceModel, req: ReqShadow, ev: dict) -> None:
             tables[g].append(block)
 
 
-def admit(m: TraceModel, req: ReqShadow, ev: dict, hit: int) -> None:
+def admit(m: TraceModel, req: ReqShadow, ev: dict, hit: int, external: int = 0) -> None:
     """An admission's tables: prefix-hit checks per group, every group's hit
     blocks taken (touched) before any group's new blocks (vLLM
-    ``allocate_new_computed_blocks`` then ``allocate_new_blocks``)."""
+    ``allocate_new_computed_blocks`` then ``allocate_new_blocks``).
+    ``external``: the connector's tokens computed at admission (tokens).
+
+    A bounded-replay group (``TraceModel.replay_groups``) has no hit: the
+    slots wholly before the window of the token after the local and external
+    hit hold the null block, every later slot a new block (vLLM
+    ``add_local_computed_blocks`` with no hit blocks, then
+    ``allocate_new_blocks``)."""
     rid = req.request_id
     tables = _group_lists(m, ev, "admission", req)
     n_hit = hit // m.bs
-    check_prefix_hit(m, req, hit, tables)
+    check_prefix_hit(m, req, hit, [[] if g in m.replay_groups else t for g, t in enumerate(tables)])
     req.groups = [[] for _ in tables]
     req.group_registered = [0] * len(tables)
+    req.replay_nulls = skipped_blocks(m, m.prefix_replay_tokens, hit + external) if m.replay_groups else 0
+    req.replay_end = hit + external if m.replay_groups else 0
+    news: list[list[int]] = []
     for g, table in enumerate(tables):
         window = m.group_windows[g]
+        if g in m.replay_groups:
+            skipped = skipped_blocks(m, window, hit + external)
+            for i, block in enumerate(table):
+                if block == 0 and i >= skipped:
+                    m.violate("SLIDING-WINDOW-HELD", rid,
+                              f"group {g} (bounded replay): slot {i} is the null block, but the window of "
+                              f"token {hit + external} reads it")
+                elif block != 0 and i < skipped:
+                    m.violate("SLIDING-WINDOW-FREE", rid,
+                              f"group {g} (bounded replay): slot {i} holds block {block}, wholly before the "
+                              f"window of token {hit + external}: 0.33.0 adopts the null block there")
+            req.groups[g].extend(table[:skipped])
+            news.append(table[skipped:])
+            continue
         skipped = skipped_blocks(m, window, hit)
         for i, block in enumerate(table[:n_hit]):
             if block == 0 and i >= skipped and window is not None:
@@ -159,15 +195,24 @@ def admit(m: TraceModel, req: ReqShadow, ev: dict, hit: int) -> None:
             if block:
                 _take(m, req, block, True)
             req.groups[g].append(block)
-    for g, table in enumerate(tables):
-        for block in table[n_hit:]:
-            _take(m, req, block, False)
+        news.append(table[n_hit:])
+    for g, new in enumerate(news):
+        for block in new:
+            if block or g not in m.replay_groups:
+                _take(m, req, block, False)
             req.groups[g].append(block)
 
 
 def check_prefix_hit(m: TraceModel, req: ReqShadow, hit: int, tables: list[list[int]]) -> None:
-    """The prefix-hit rules per group (``blocks.check_group_prefix_hit``)."""
-    blocks.check_group_prefix_hit(m, req, hit, tables, content_key, longest_hit)
+    """The prefix-hit rules per group (``blocks.check_group_prefix_hit``).
+    With bounded replay a lookup's hit of at most ``prefix_replay_tokens``
+    may be dropped (vLLM 0.33.0 ``Scheduler.schedule``: it would be
+    recomputed whole): a hit of 0 then stands for it."""
+    def longest(m: TraceModel, req: ReqShadow) -> int:
+        found = longest_hit(m, req)
+        return 0 if hit == 0 and found <= m.prefix_replay_tokens else found
+
+    blocks.check_group_prefix_hit(m, req, hit, tables, content_key, longest)
 
 
 def _cached(m: TraceModel, req: ReqShadow, i: int, groups: list[int]) -> bool:
@@ -178,12 +223,14 @@ def longest_hit(m: TraceModel, req: ReqShadow) -> int:
     """The hit vLLM 0.33.0 finds (``HybridKVCacheCoordinator.find_longest_cache_hit``):
     the longest length every group accepts, full attention a leading run of
     cached blocks, a window its last ``cdiv(sliding_window - 1, block_size)``
-    blocks cached (searched right to left), iterated to a fixed point."""
+    blocks cached (searched right to left), iterated to a fixed point;
+    bounded-replay groups take no part."""
     max_blocks = (req.num_tokens - 1) // m.bs
     m.extend_chain(req, max_blocks)
     spec_groups: dict[int | None, list[int]] = {}
     for g, window in enumerate(m.group_windows):
-        spec_groups.setdefault(window, []).append(g)
+        if g not in m.replay_groups:  # (not prefix-cacheable: no part in the lookup)
+            spec_groups.setdefault(window, []).append(g)
     order = sorted(spec_groups.items(), key=lambda kv: kv[0] is not None)  # full attention first
     length = max_blocks
     while True:
@@ -217,7 +264,8 @@ def check_cover(m: TraceModel, req: ReqShadow, before: tuple[int, ...], end: int
     slots; a full-attention table holds no null block) and
     SLIDING-WINDOW-HELD (no null slot the window of ``processed`` reads)."""
     rid = req.request_id
-    need_slots = cdiv(end, m.bs)
+    # (Bounded replay: the hit's blocks are held while its last window is recomputed.)
+    need_slots = cdiv(max(end, req.replay_end), m.bs)
     for g, table in enumerate(_ensure(m, req)):
         if g in m.mamba_groups:
             check_mamba_state(m, req, g, table, end)
@@ -227,6 +275,8 @@ def check_cover(m: TraceModel, req: ReqShadow, before: tuple[int, ...], end: int
         if window is None:
             continue
         skipped = skipped_blocks(m, window, processed)
+        if g in m.replay_groups:  # the window before the replay's start is not held (worker: replay_start)
+            skipped = max(skipped, req.replay_nulls)
         nulls = [i for i, b in enumerate(table) if b == 0 and i >= skipped]
         if nulls:
             m.violate("SLIDING-WINDOW-HELD", rid,
@@ -364,7 +414,8 @@ def register_full_blocks(m: TraceModel, req: ReqShadow, upto_tokens: int) -> Non
         window = m.group_windows[g]
         # A window of 1 token: no block can end a hit, so vLLM 0.33.0 caches none of
         # its blocks (SlidingWindowManager.reachable_block_mask); they are freed unhashed.
-        skip = window is not None and cdiv(window - 1, m.bs) == 0
+        # A bounded-replay group caches nothing (vLLM: not prefix_cacheable).
+        skip = (window is not None and cdiv(window - 1, m.bs) == 0) or g in m.replay_groups
         for i in range(n_full if skip else req.group_registered[g], n_full):
             block = table[i]
             if block and block not in m.content:

@@ -70,6 +70,12 @@ class ReqShadow:
     # null block as 0) and its leading blocks whose content is recorded.
     groups: list[list[int]] | None = None
     group_registered: list[int] = field(default_factory=list)
+    # Bounded replay (vLLM 0.33.0 swa_bounded_replay), from the latest fresh
+    # admission: the bounded-replay groups' leading null slots (wholly before
+    # the window of the hit's end) and the hit's end in tokens, whose blocks
+    # the request holds while it recomputes the hit's last window.
+    replay_nulls: int = 0
+    replay_end: int = 0
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
 
     @property
@@ -188,6 +194,16 @@ class TraceModel:
         self.group_windows: list[int | None] | None = group_windows_of(config)
         # Mamba groups: group -> state blocks per request (harness.check.hybrid).
         self.mamba_groups: dict[int, int] = mamba_groups_of(config) if self.group_windows is not None else {}
+        # Bounded-replay groups (vLLM 0.33.0 swa_bounded_replay: no prefix cache,
+        # a hit's last prefix_replay_tokens recomputed at admission).
+        from harness.check.hybrid import replay_groups_of
+
+        self.replay_groups, self.prefix_replay_tokens = (
+            replay_groups_of(config) if self.group_windows is not None else (frozenset(), 0))
+        # Requests whose recorded connector's load restored the window groups
+        # (config kv_connector_window_loads: some answer True): no replay.
+        self.window_loaded: frozenset[str] = frozenset(
+            r for r, answers in config.get("kv_connector_window_loads") or () if any(answers))
         self.num_gpu_blocks: int = config["num_gpu_blocks"]
         self.max_model_len: int = config["max_model_len"]
         self.max_num_seqs: int = config["max_num_seqs"]

@@ -374,8 +374,15 @@ def admission_computed(m: TraceModel, req: ReqShadow, computed: int, hit: int) -
     blocks are allocated with the new ones by ``allocate_slots``). Without a
     connector, or for an answer it did not give at that call (the answers are
     used in order: ``harness.check.kv_connector.take_answer``), the admission
-    starts at its hit. Returns the external tokens counted (tokens)."""
-    external = computed - hit
+    starts at its hit. With bounded replay (``TraceModel.prefix_replay_tokens``,
+    vLLM 0.33.0 ``Scheduler._mark_prefix_replay``) it starts that many tokens
+    before the end of its local and external hit (whose total is then more
+    than that: a shorter one is not taken, and the admission starts at 0),
+    unless the connector's load restored the window (``window_loaded``).
+    Returns the external tokens counted (tokens)."""
+    replayed = (m.prefix_replay_tokens if m.prefix_replay_tokens and (computed or hit)
+                and req.request_id not in m.window_loaded else 0)
+    external = computed + replayed - hit
     if external == 0:
         return 0
     if not m.kv_connector or computed > req.num_tokens or not take_answer(m, req.request_id, (external, False)):
@@ -386,7 +393,8 @@ def admission_computed(m: TraceModel, req: ReqShadow, computed: int, hit: int) -
                      f"{f' (the first {used} used before)' if used else ''} give no {external} synchronous "
                      f"external tokens" if any(ext and not load_async for ext, load_async in answers)
                 else "; its connector answered no synchronous external tokens")
+        replay = f" less the {replayed} replayed tokens" if replayed else ""
         m.violate("COMPUTED-CONTINUITY", req.request_id,
-                  f"admitted with num_computed_tokens {computed} != prefix hit {hit}{said}")
+                  f"admitted with num_computed_tokens {computed} != prefix hit {hit}{replay}{said}")
         return 0
     return external

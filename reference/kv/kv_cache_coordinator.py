@@ -4,7 +4,8 @@ Mirrors ``vllm/v1/core/kv_cache_coordinator.py`` of vLLM 0.33.0
 (``KVCacheCoordinator``, ``UnitaryKVCacheCoordinator``,
 ``HybridKVCacheCoordinator``, ``get_kv_cache_coordinator``) for groups of one
 block size (``scheduler_block_size == hash_block_size == block_size``), no
-EAGLE, no sparse retention, no cross-attention. Units: tokens unless named blocks.
+EAGLE, no sparse retention, no cross-attention; groups that are not
+prefix-cacheable (bounded-replay windows) are left out of lookups. Units: tokens unless named blocks.
 """
 
 from __future__ import annotations
@@ -152,13 +153,20 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     """Groups of several attention types (vLLM ``HybridKVCacheCoordinator``).
 
     ``attention_groups``: groups of one spec and manager class, in group order,
-    then stably sorted full attention first (``verify_and_split_kv_cache_groups``).
+    then stably sorted full attention first (``verify_and_split_kv_cache_groups``);
+    a group that is not prefix-cacheable (a bounded-replay window) takes no
+    part in lookups and its hit stays empty.
+
+    Raises ValueError when, with prefix caching, no group is prefix-cacheable
+    (vLLM asserts one).
     """
 
     def __init__(self, kv_cache_groups: Sequence[KVCacheGroupSpec], **kwargs) -> None:
         super().__init__(kv_cache_groups, **kwargs)
         self.attention_groups: list[SpecGroup] = []
         for i, group in enumerate(self.kv_cache_groups):
+            if not group.kv_cache_spec.prefix_cacheable:
+                continue
             manager_cls = type(self.single_type_managers[i])
             for spec_group in self.attention_groups:
                 if spec_group.spec == group.kv_cache_spec and spec_group.manager_cls is manager_cls:
@@ -166,6 +174,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     break
             else:
                 self.attention_groups.append(SpecGroup(group.kv_cache_spec, [i], manager_cls))
+        if self.enable_caching and not self.attention_groups:
+            raise ValueError("a hybrid KV cache needs a prefix-cacheable group (every group here is a "
+                             "bounded-replay window)")
         self.attention_groups.sort(key=lambda g: not isinstance(g.spec, FullAttentionSpec))
 
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_cache_hit_length: int) -> tuple[GroupBlocks, int]:

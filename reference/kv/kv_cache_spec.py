@@ -1,7 +1,8 @@
 """KV-cache specs and groups: which layers share a block table.
 
 Mirrors ``vllm/v1/kv_cache_interface.py`` (``FullAttentionSpec``,
-``SlidingWindowSpec``, ``MambaSpec``, ``KVCacheGroupSpec``) and the grouping of
+``SlidingWindowSpec``, ``SlidingWindowMLASpec``'s ``bounded_replay``,
+``MambaSpec``, ``KVCacheGroupSpec``) and the grouping of
 ``vllm/v1/core/kv_cache_planning.py::_get_kv_cache_groups_uniform_page_size``
 of vLLM 0.33.0, for layers of one page size (attention groups have the
 config's ``block_size``, taken as the size after vLLM unifies page sizes; a
@@ -34,6 +35,11 @@ class FullAttentionSpec:
 
     block_size: int
 
+    #: Every group of this spec is cached and looked up; none replays (vLLM
+    #: ``KVCacheSpec.prefix_cacheable`` / ``prefix_replay_tokens`` defaults).
+    prefix_cacheable = True
+    prefix_replay_tokens = 0
+
     def max_memory_usage_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int:
         """Blocks one request of ``max_model_len`` tokens holds at most (vLLM
         ``FullAttentionSpec.max_memory_usage_bytes`` over its page size, no
@@ -49,6 +55,27 @@ class SlidingWindowSpec:
 
     block_size: int
     sliding_window: int
+    #: DeepSeek-V4.1's "SWA bounded replay" (vLLM 0.33.0
+    #: ``SlidingWindowMLASpec.bounded_replay``, set from
+    #: ``cache_config.swa_bounded_replay``): the group keeps no prefix cache;
+    #: after a prefix hit of the other groups the scheduler recomputes the
+    #: hit's last ``sliding_window`` tokens to rebuild this group's window.
+    #: False: a plain sliding window (an MLA one without it schedules the same).
+    bounded_replay: bool = False
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        """Whether the group's blocks are cached and looked up (vLLM
+        ``KVCacheSpec.prefix_cacheable``; ``SlidingWindowMLASpec``: not with
+        bounded replay)."""
+        return not self.bounded_replay
+
+    @property
+    def prefix_replay_tokens(self) -> int:
+        """Tokens of a prefix hit recomputed to rebuild this group (vLLM
+        ``SlidingWindowMLASpec.prefix_replay_tokens``): the window with
+        bounded replay, else 0."""
+        return self.sliding_window if self.bounded_replay else 0
 
     def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
         """Per-request admission cap in blocks (vLLM
@@ -78,6 +105,11 @@ class MambaSpec:
     num_speculative_blocks: int = 0
     mamba_cache_mode: str = "none"
 
+    #: Every group of this spec is cached and looked up; none replays (vLLM
+    #: ``KVCacheSpec.prefix_cacheable`` / ``prefix_replay_tokens`` defaults).
+    prefix_cacheable = True
+    prefix_replay_tokens = 0
+
     def max_memory_usage_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int:
         """Blocks one request holds at most (vLLM ``MambaSpec.max_memory_usage_bytes``
         over its page size, mode "none"): the state block and the speculative
@@ -98,7 +130,8 @@ class KVCacheGroupSpec:
 
 def kv_cache_groups_for(layer_types: tuple[str, ...], block_size: int,
                         sliding_window: int | None, *, max_model_len: int | None = None,
-                        num_speculative_tokens: int = 0) -> tuple[KVCacheGroupSpec, ...]:
+                        num_speculative_tokens: int = 0,
+                        swa_bounded_replay: bool = False) -> tuple[KVCacheGroupSpec, ...]:
     """The KV-cache groups vLLM 0.33.0 builds for these layers.
 
     Layers of one spec form a bucket, buckets in order of their first layer;
@@ -108,7 +141,10 @@ def kv_cache_groups_for(layer_types: tuple[str, ...], block_size: int,
     (``_get_kv_cache_groups_uniform_page_size``). One spec only: one group.
     A ``linear_attention`` layer is a ``MambaSpec`` of ``max_model_len``
     tokens a block with ``num_speculative_tokens`` speculative blocks (vLLM
-    ``MambaBase.get_kv_cache_spec``).
+    ``MambaBase.get_kv_cache_spec``). With ``swa_bounded_replay`` (vLLM's
+    ``cache_config.swa_bounded_replay`` on DeepSeek-V4.1's MLA sliding-window
+    layers, ``SlidingWindowMLASpec(bounded_replay=True)``) every
+    ``sliding_attention`` layer's spec has ``bounded_replay``.
 
     Raises ValueError for an unknown layer type, ``sliding_attention``
     without a ``sliding_window``, or ``linear_attention`` without ``max_model_len``.
@@ -120,7 +156,7 @@ def kv_cache_groups_for(layer_types: tuple[str, ...], block_size: int,
         elif layer_type == "sliding_attention":
             if sliding_window is None:
                 raise ValueError(f"layer_types[{i}] is sliding_attention but sliding_window is not set")
-            specs.append(SlidingWindowSpec(block_size, sliding_window))
+            specs.append(SlidingWindowSpec(block_size, sliding_window, swa_bounded_replay))
         elif layer_type == "linear_attention":
             if max_model_len is None:
                 raise ValueError(f"layer_types[{i}] is linear_attention but max_model_len is not given")

@@ -125,7 +125,11 @@ class SingleTypeKVCacheManager:
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the full blocks within the first ``num_tokens`` tokens
         under (hash, group id) (vLLM ``SingleTypeKVCacheManager.cache_blocks``
-        with dense retention: null blocks are passed over)."""
+        with dense retention: null blocks are passed over). A group that is
+        not prefix-cacheable (a bounded-replay window) caches nothing: its
+        blocks stay unhashed, and freed go to the free queue's head."""
+        if not self.kv_cache_spec.prefix_cacheable:
+            return
         num_cached_blocks = self.num_cached_block.get(request.request_id, 0)
         num_full_blocks = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
         if num_cached_blocks >= num_full_blocks:

@@ -504,9 +504,11 @@ class VLLMCandidate:
 
     def _check_groups(self) -> None:
         """vLLM's KV-cache groups (``init``'s ``kv_cache_groups``) against the
-        config's (``EngineConfig.kv_cache_groups``, the reference's grouping):
+        config's (``EngineConfig.kv_cache_groups``, the reference's grouping;
+        a bounded-replay window is vLLM's ``SlidingWindowMLASpec``):
         VLLMDriverError, one line, when they differ."""
-        ours = [[type(g.kv_cache_spec).__name__, getattr(g.kv_cache_spec, "sliding_window", None),
+        ours = [["SlidingWindowMLASpec" if getattr(g.kv_cache_spec, "bounded_replay", False)
+                 else type(g.kv_cache_spec).__name__, getattr(g.kv_cache_spec, "sliding_window", None),
                  list(g.layer_ids)] for g in self.config.kv_cache_groups] or None
         theirs = self.info.get("kv_cache_groups")
         if ours != theirs and not (ours is None and theirs is None):

@@ -116,7 +116,8 @@ loading. Versions whose scheduler lacks 0.33.0's connector plumbing
 Hybrid models (the harness's ``sliding_window`` and ``layer_types``, named
 as in a model config; ``reference/kv/``): one KV-cache spec per layer
 (``FullAttentionSpec`` for ``full_attention``, ``SlidingWindowSpec`` with the
-window for ``sliding_attention``; a window without layer types: one sliding
+window for ``sliding_attention``, ``SlidingWindowMLASpec(bounded_replay=True)``
+with ``swa_bounded_replay``; a window without layer types: one sliding
 layer), all of the config's ``block_size``, grouped by vLLM's own
 ``get_kv_cache_groups`` into the ``KVCacheConfig`` of ``num_gpu_blocks``
 blocks the scheduler gets, as a GPU engine would build it: the CPU
@@ -250,7 +251,7 @@ MAPPED_KEYS = {
     "async_scheduling", "pipeline_parallel_size", "max_concurrent_batches", "defer_block_free",
     "data_parallel_size",
     # A hybrid model's KV cache (see "Hybrid models" in the module docstring).
-    "sliding_window", "layer_types",
+    "sliding_window", "layer_types", "swa_bounded_replay",
 }
 #: Formerly the pipelining fields refused at non-synchronous values; all are
 #: mapped now (kept empty for callers that still add it to the known keys).
@@ -769,11 +770,29 @@ class Driver:
             from vllm.v1.kv_cache_interface import MambaSpec
         except ImportError:  # a release without Mamba groups: refused below
             MambaSpec = None
+        bounded_replay = bool(config.get("swa_bounded_replay", False))
+        if bounded_replay:
+            # DeepSeek-V4.1's SWA bounded replay: its sliding-window layers'
+            # SlidingWindowMLASpec(bounded_replay=True) (vLLM 0.33.0 on).
+            try:
+                from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
+            except ImportError:
+                SlidingWindowMLASpec = None
+            if SlidingWindowMLASpec is None or "bounded_replay" not in ev.field_names(SlidingWindowMLASpec):
+                raise DriverError(f"vLLM {self.version} has no SlidingWindowMLASpec.bounded_replay: "
+                                  f"swa_bounded_replay is not driven")
 
         specs = {}
         for i, layer_type in enumerate(layer_types):
             if layer_type == "full_attention":
                 specs[f"layer.{i}"] = self.FullAttentionSpec(**spec_kwargs)
+            elif layer_type == "sliding_attention" and window is not None and bounded_replay:
+                # An MLA page holds one latent vector per token (no separate V):
+                # twice the head size gives the full-attention layers' page, so
+                # every group shares one pool.
+                specs[f"layer.{i}"] = SlidingWindowMLASpec(**ev.kwargs_for(
+                    SlidingWindowMLASpec, {**spec_kwargs, "head_size": 2 * spec_kwargs["head_size"],
+                                           "sliding_window": int(window), "bounded_replay": True}))
             elif layer_type == "sliding_attention" and window is not None:
                 specs[f"layer.{i}"] = SlidingWindowSpec(**ev.kwargs_for(
                     SlidingWindowSpec, {**spec_kwargs, "sliding_window": int(window)}))

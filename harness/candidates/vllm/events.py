@@ -122,6 +122,10 @@ def is_hybrid(kv_cache_config) -> bool:
 #: ``kv_cache_interface.MambaSpec`` fields the converter needs to tell mode
 #: "none", which the reference models, from "align" and its checkpoints).
 MAMBA_SPEC_FIELDS = ("mamba_cache_mode", "num_speculative_blocks", "num_prefill_checkpoint_blocks")
+#: What a ``SlidingWindowMLASpec`` group's description adds (vLLM 0.33.0
+#: ``kv_cache_interface.SlidingWindowMLASpec``: DeepSeek-V4.1's bounded
+#: replay, and the window's trailing extension, which the converter needs at 0).
+SWA_MLA_SPEC_FIELDS = ("bounded_replay", "prefix_cacheable", "prefix_replay_tokens", "extra_retained_tokens")
 
 
 def describe_groups(kv_cache_config) -> list[list]:
@@ -131,7 +135,8 @@ def describe_groups(kv_cache_config) -> list[list]:
     ``sliding_window`` and ``layer_types``). A ``MambaSpec`` group has a
     fifth entry, ``{field: value}`` of ``MAMBA_SPEC_FIELDS`` the spec has
     (block_size is then vLLM's ``mamba_block_size``: ``max_model_len`` in
-    mode "none")."""
+    mode "none"); a ``SlidingWindowMLASpec`` group those of
+    ``SWA_MLA_SPEC_FIELDS`` (bools as bools, counts as ints)."""
     out = []
     for g in getattr(kv_cache_config, "kv_cache_groups", ()) or ():
         spec = g.kv_cache_spec
@@ -141,6 +146,10 @@ def describe_groups(kv_cache_config) -> list[list]:
         if entry[0] == "MambaSpec":
             entry.append({name: (getattr(spec, name) if name == "mamba_cache_mode" else int(getattr(spec, name)))
                           for name in MAMBA_SPEC_FIELDS if hasattr(spec, name)})
+        elif entry[0] == "SlidingWindowMLASpec":
+            entry.append({name: (bool(value) if isinstance(value, bool) else int(value))
+                          for name in SWA_MLA_SPEC_FIELDS
+                          if (value := getattr(spec, name, None)) is not None})
         out.append(entry)
     return out
 
@@ -447,6 +456,25 @@ class DecisionHooks:
 
         if orig_match is not None:
             connector.get_num_new_matched_tokens = get_num_new_matched_tokens
+
+        # vLLM 0.33.0 (DeepSeek-V4.1's SWA bounded replay): whether a KV load
+        # restored the bounded-replay groups, which the scheduler asks
+        # through _load_restores_replay_window (the connector's
+        # get_loaded_kv_cache_group_ids, which a test may swap after the
+        # scheduler is built: the answer is taken where the scheduler reads it).
+        # [request id, answer] per call, in call order (``window_loads``; the
+        # recorder writes and empties it with each schedule record).
+        self.window_loads: list[list] = []
+        orig_window = getattr(sched, "_load_restores_replay_window", None)
+        if orig_window is not None and getattr(sched, "prefix_replay_group_ids", ()):
+            @functools.wraps(orig_window)
+            def _load_restores_replay_window(request, *args, **kwargs):
+                result = orig_window(request, *args, **kwargs)
+                if hooks.active:
+                    hooks.window_loads.append([request.request_id, bool(result)])
+                return result
+
+            sched._load_restores_replay_window = _load_restores_replay_window
 
         class _SkipRecordingSet(set):
             """``deferred_waiting``: an add inside schedule() is a waiting-loop skip."""

@@ -20,7 +20,51 @@ from harness.candidates.vllm.recording_steps import read_records
 #: layer type a model config names for them (``MambaSpec``: mode "none" only,
 #: see ``hybrid_config``).
 LAYER_TYPE_OF_SPEC = {"FullAttentionSpec": "full_attention", "SlidingWindowSpec": "sliding_attention",
-                       "MambaSpec": "linear_attention"}
+                       "SlidingWindowMLASpec": "sliding_attention", "MambaSpec": "linear_attention"}
+
+
+def swa_mla_config(groups: list[list]) -> tuple[dict, dict[str, str]]:
+    """The config keys of a recording's ``SlidingWindowMLASpec`` groups (its
+    fifth entry: ``events.SWA_MLA_SPEC_FIELDS``), as ``hybrid_config`` returns
+    them: ``({"swa_bounded_replay": True}, {})`` for DeepSeek-V4.1's bounded
+    replay, ``({}, {})`` without it, else ``({}, {feature: why})``.
+
+    vLLM 0.33.0 runs such a group with its ``SlidingWindowManager``
+    (``single_type_kv_cache_manager.py``, ``KVCacheSpecRegistry.register``),
+    so without bounded replay it schedules as a ``SlidingWindowSpec`` group
+    (the MLA page format is the worker's). With ``bounded_replay`` the spec
+    is not ``prefix_cacheable`` and its ``prefix_replay_tokens`` is the
+    window (``kv_cache_interface.py::SlidingWindowMLASpec``): the reference's
+    ``swa_bounded_replay``, checked against the recorded values, not assumed.
+    Unmodelled: a recorder that did not describe the fields, a window
+    extended by ``extra_retained_tokens``, groups that differ, or a mix with
+    ``SlidingWindowSpec`` groups (vLLM groups those apart)."""
+    mla = [g for g in groups if g[0] == "SlidingWindowMLASpec"]
+    if not mla:
+        return {}, {}
+    if any(g[0] == "SlidingWindowSpec" for g in groups):
+        return {}, {"kv_cache_groups": "SlidingWindowSpec and SlidingWindowMLASpec groups (the model has "
+                                       "one sliding-window spec)"}
+    described = [g[4] if len(g) > 4 and isinstance(g[4], dict) else None for g in mla]
+    if any(f is None or "bounded_replay" not in f for f in described):
+        return {}, {"kv_cache_spec": "KV-cache spec SlidingWindowMLASpec recorded without its fields "
+                                     "(a recorder before its bounded replay was described)"}
+    if any(f.get("extra_retained_tokens", 0) for f in described):
+        return {}, {"kv_cache_spec": f"SlidingWindowMLASpec extra_retained_tokens "
+                                     f"{sorted({f.get('extra_retained_tokens') for f in described})} "
+                                     f"(the model's window has none)"}
+    bounded = {bool(f["bounded_replay"]) for f in described}
+    if len(bounded) > 1:
+        return {}, {"kv_cache_groups": "SlidingWindowMLASpec groups with and without bounded replay"}
+    if not bounded.pop():
+        return {}, {}
+    for g, f in zip(mla, described):
+        if f.get("prefix_cacheable") is not False or f.get("prefix_replay_tokens") != g[1]:
+            return {}, {"kv_cache_spec": f"SlidingWindowMLASpec bounded replay with prefix_cacheable "
+                                         f"{f.get('prefix_cacheable')!r}, prefix_replay_tokens "
+                                         f"{f.get('prefix_replay_tokens')!r} (the model has no prefix cache "
+                                         f"and a replay of the window, {g[1]})"}
+    return {"swa_bounded_replay": True}, {}
 
 
 def mamba_unmodelled(groups: list[list], max_model_len: int | None, num_speculative_tokens: int,
@@ -79,7 +123,8 @@ def hybrid_config(groups: list[list] | None, block_size: int, *, max_model_len: 
     ``max_model_len`` and ``num_speculative_tokens``), gives back the same
     groups in the same order; else ``({}, {feature: why})``: ``kv_cache_spec``
     for a spec the reference does not model (Mamba in any mode but "none",
-    ``mamba_unmodelled``; chunked local attention, MLA, ...), ``kv_cache_groups``
+    ``mamba_unmodelled``; an MLA sliding window the model cannot follow,
+    ``swa_mla_config``; chunked local attention, ...), ``kv_cache_groups``
     for groups it models in a shape a config cannot name (block sizes or
     windows that differ, an order the grouping does not give, several
     full-attention groups). ``({}, {})`` for no groups recorded.
@@ -98,6 +143,9 @@ def hybrid_config(groups: list[list] | None, block_size: int, *, max_model_len: 
     other = sorted(set(names) - set(LAYER_TYPE_OF_SPEC))
     if other:
         return {}, {"kv_cache_spec": f"KV-cache spec {', '.join(other)} is not modelled"}
+    mla_keys, why = swa_mla_config(groups)
+    if why:
+        return {}, why
     mamba = "MambaSpec" in names
     if mamba:
         why = mamba_unmodelled(groups, max_model_len, num_speculative_tokens, enable_prefix_caching,
@@ -112,7 +160,8 @@ def hybrid_config(groups: list[list] | None, block_size: int, *, max_model_len: 
     elif any(g[2] != block_size for g in groups):
         return {}, {"kv_cache_groups": f"block sizes {[g[2] for g in groups]} per group "
                                        f"(the model has one, {block_size})"}
-    windows = sorted({g[1] for g in groups if g[0] == "SlidingWindowSpec"})
+    sliding = ("SlidingWindowSpec", "SlidingWindowMLASpec")
+    windows = sorted({g[1] for g in groups if g[0] in sliding})
     if len(windows) > 1:
         return {}, {"kv_cache_groups": f"sliding windows {windows} (the model has one)"}
     window = windows[0] if windows else None
@@ -120,10 +169,10 @@ def hybrid_config(groups: list[list] | None, block_size: int, *, max_model_len: 
     rebuilt = [[type(g.kv_cache_spec).__name__, getattr(g.kv_cache_spec, "sliding_window", None)]
                for g in kv_cache_groups_for(layer_types, block_size, window, max_model_len=max_model_len,
                                             num_speculative_tokens=num_speculative_tokens)]
-    if rebuilt != [[g[0], g[1] if g[0] == "SlidingWindowSpec" else None] for g in groups]:
+    if rebuilt != [["SlidingWindowSpec", g[1]] if g[0] in sliding else [g[0], None] for g in groups]:
         return {}, {"kv_cache_groups": f"groups {names} in an order vLLM's grouping does not give"}
     if window is not None and set(layer_types) == {"sliding_attention"}:
-        return {"sliding_window": window}, {}  # every layer a sliding-window layer
+        return {"sliding_window": window, **mla_keys}, {}  # every layer a sliding-window layer
     if window is None and not mamba:
         return {}, {"kv_cache_groups": f"{len(groups)} full-attention groups"}
     keys: dict = {"layer_types": list(layer_types)}
@@ -131,6 +180,7 @@ def hybrid_config(groups: list[list] | None, block_size: int, *, max_model_len: 
         keys["sliding_window"] = window
     if mamba:
         keys["block_size"] = block_size
+    keys.update(mla_keys)
     return keys, {}
 
 
@@ -172,8 +222,11 @@ def map_config(meta_rec: dict, engine_config_cls,
     against ``pipeline_parallel_size`` and ``async_scheduling``."""
     # vLLM's encoder budget keys have no effect on a text-only recording: mapped
     # by ``convert`` only when a request has encoder inputs (ENCODER_KEYS).
+    # cache_config.swa_bounded_replay is on by default in vLLM 0.33.0 and acts
+    # only through a DeepSeek-V4.1 layer's spec: ``hybrid_config`` maps the
+    # recorded spec's bounded_replay (``swa_mla_config``), never the switch.
     fields = ({f.name for f in dataclasses.fields(engine_config_cls)} | set(derived_keys)) - set(
-        ENCODER_KEYS) - {"max_loras"}
+        ENCODER_KEYS) - {"max_loras", "swa_bounded_replay"}
     recorded = meta_rec.get("config", {})
     raw = meta_rec.get("vllm_config", {})
     values = {}

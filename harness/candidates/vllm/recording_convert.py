@@ -235,6 +235,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     # (keyed by the trace step that scheduled it): the config's
     # kv_connector_matches / kv_connector_outputs.
     kv_matches: dict[str, list[tuple]] = {}
+    # (vLLM 0.33.0 bounded replay: whether each load restored the window
+    # groups, per request in call order: the config's kv_connector_window_loads.)
+    kv_window_loads: dict[str, list[bool]] = {}
     kv_outputs: list[tuple] = []
     kv_sending = 0
     # Encoder inputs (the arrival's ``mm_features``): each request's recorded
@@ -314,6 +317,8 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             kept_of_batch[step["batch"]] = len(plan)
             for req_id, _, external, load_kv_async in step["schedule"].get("kv_matches") or ():
                 kv_matches.setdefault(rid(req_id, step["line"]), []).append((external, bool(load_kv_async)))
+            for req_id, restored in step["schedule"].get("kv_window_loads") or ():
+                kv_window_loads.setdefault(rid(req_id, step["line"]), []).append(bool(restored))
         if step["update_kept"]:
             batch_index = kept_of_batch.pop(step["update_batch"], None)
             kv = (step["update"] or {}).get("kv")
@@ -385,7 +390,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     warnings = list(meta_rec.get("warnings", ()))
     recorded_kv = None  # why the connector is not replayed as recorded (None: it is)
     if meta_rec.get("kv_answers"):
-        if config.kv_cache_groups:
+        if config.kv_cache_groups and any(ext for answers in kv_matches.values() for ext, _ in answers):
+            # (A connector that never offers external tokens loads nothing: its
+            # answers replay on a hybrid KV cache, reference.engine.check_config_supported.)
             recorded_kv = "a hybrid KV cache (the connector's loads are modelled for one group)"
         elif kv_sending:
             recorded_kv = f"{kv_sending} finished_sending report(s) (a KV producer's frees are not modelled)"
@@ -399,7 +406,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                 config = EngineConfig.from_dict(
                     {**values, "kv_connector": True,
                      "kv_connector_matches": tuple((r, tuple(a)) for r, a in sorted(kv_matches.items())),
-                     "kv_connector_outputs": tuple(kv_outputs)}, accept_vllm_crash=True)
+                     "kv_connector_outputs": tuple(kv_outputs),
+                     "kv_connector_window_loads": tuple((r, tuple(a)) for r, a in sorted(kv_window_loads.items()))
+                     if kv_window_loads else None}, accept_vllm_crash=True)
             except ConfigError as exc:
                 recorded_kv = str(exc)
         if recorded_kv:

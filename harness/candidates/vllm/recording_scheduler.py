@@ -73,7 +73,9 @@ the snapshot written before it, and ``request_states`` out when empty),
 With a KV connector (meta ``kv_answers``: its answers are inputs from outside
 the scheduler, recorded as given) a ``schedule`` record carries ``kv_matches``
 (one ``[request_id, num_computed_tokens given, num_external_tokens or None,
-load_kv_async]`` per ``get_num_new_matched_tokens`` call, in call order) and an
+load_kv_async]`` per ``get_num_new_matched_tokens`` call, in call order; with
+vLLM 0.33.0's bounded-replay groups also ``kv_window_loads``, one
+``[request_id, restored]`` per ``_load_restores_replay_window`` call) and an
 ``update`` record ``kv`` when its ``KVConnectorOutput`` reported anything
 (``finished_recving`` in processing order, ``invalid_block_ids``,
 ``finished_sending``, ``kv_freed``: ``[request_id, blocks, fence]`` of requests
@@ -486,7 +488,7 @@ class _Recorder:
         """``{feature: description}`` for what the trace's model cannot follow
         (``harness.check.invariants.UNMODELLED_RULES`` names the rules it then
         skips): a KV connector (its external tokens and remote loads), a
-        KV-cache spec other than full attention, sliding window and Mamba. Every
+        KV-cache spec other than full attention, sliding window (MLA too) and Mamba. Every
         group's blocks are recorded (``meta["kv_cache_groups"]``): the
         converter maps groups the model follows onto ``sliding_window`` and
         ``layer_types`` and marks the others ``kv_cache_groups``."""
@@ -499,8 +501,11 @@ class _Recorder:
         # MambaSpec groups are described (mode, speculative and checkpoint
         # blocks): the converter tells mode "none" from "align" (regression:
         # every Mamba recording was "unmodelled-kv_cache_spec", mode "none" too).
+        # SlidingWindowMLASpec groups too (bounded replay or not: its fields are
+        # described, ``_ev.SWA_MLA_SPEC_FIELDS``, and the converter decides).
         kinds = sorted({type(getattr(g, "kv_cache_spec", None)).__name__ for g in groups}
-                       - {"FullAttentionSpec", "SlidingWindowSpec", "MambaSpec", "NoneType"})
+                       - {"FullAttentionSpec", "SlidingWindowSpec", "SlidingWindowMLASpec", "MambaSpec",
+                          "NoneType"})
         if kinds:  # MLA, chunked local, ...: allocation the model does not follow
             out["kv_cache_spec"] = f"KV-cache spec {', '.join(kinds)}"
         lookahead = getattr(sched, "num_prefill_lookahead", 0)
@@ -800,6 +805,9 @@ class _Recorder:
                   "after": self.snap(self.queues(), _ev.request_states(sched, output["preempted_req_ids"]))}
         if self.hooks.matches:
             record["kv_matches"] = self.hooks.matches
+        if self.hooks.window_loads:
+            # (vLLM 0.33.0 bounded replay: each _load_restores_replay_window answer.)
+            record["kv_window_loads"], self.hooks.window_loads = self.hooks.window_loads, []
         # Invariant: EngineCore pops batches oldest first, so an update completes
         # the oldest schedule() still in flight; the SchedulerOutput object names
         # it (kept referenced here, so its id is not reused while in flight).
