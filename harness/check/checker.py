@@ -424,6 +424,7 @@ class TraceChecker(TraceModel):
 
     def _on_schedule_end(self, ev: dict, st: StepState) -> None:
         budget.check_totals(self, ev, st)
+        budget.check_loras(self, st)
         if self.defer and st.total > 0:
             self.sched_seq += 1
             for rid in st.scheduled:
