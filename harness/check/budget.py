@@ -27,9 +27,11 @@ INVARIANTS = [
     # adapters. Why every engine: the model runner's LoRA manager has max_loras
     # adapter slots for a batch (vLLM LoRAConfig.max_loras sizes the stacked
     # adapter weights), so a batch needing one more adapter cannot run as
-    # scheduled, whatever the version (vLLM 0.33.0 ``Scheduler.schedule``
-    # asserts ``len(scheduled_loras) <= max_loras``; its waiting loop skips a
-    # request whose adapter would make one too many, spec 3.4 step 5, 10.5).
+    # scheduled, whatever the version (vLLM 0.33.0 ``Scheduler.schedule``,
+    # sched/scheduler.py:1040-1047, asserts ``len(scheduled_loras) <=
+    # max_loras`` over every running request's adapter; its waiting loop skips
+    # a request whose adapter would make one too many, spec 3.4 step 5, 10.5).
+    # The rule checks the batch itself: the scheduled requests, a subset of running.
     Invariant("MAX-LORAS", "With max_loras set, the requests one step schedules use at most max_loras distinct LoRA adapters (lora_int_id > 0; requests without an adapter do not count).", "3.4, 10.5",
               SAFETY, "max_loras is the number of adapter slots the model runner's LoRA manager holds for one batch; a step scheduling more distinct adapters than that cannot be executed as scheduled, in every version (vLLM asserts len(scheduled_loras) <= max_loras)."),
     Invariant("SCHEDULED-SPAN", "computed + scheduled <= num_tokens, and <= max_model_len - 1 for running requests.", "3.5, 8 #17",
