@@ -146,7 +146,9 @@ def test_mutants_command_prints_kill_matrix() -> None:
                                    "preempt-fenced",
                                    # Only the hybrid scenarios (golden/hybrid/): sliding window, Mamba.
                                    "keep-skipped-blocks", "free-window-ahead",
-                                   "mamba-free-state", "mamba-extra-state-block"]
+                                   "mamba-free-state", "mamba-extra-state-block",
+                                   # Only the LoRA scenarios (harness/scenarios/lora/): max_loras.
+                                   "ignore-max-loras"]
     assert report["reference_violations"] == {}
     cell = report["matrix"]["preempt-head"]["cells"]["fcfs-tight"]
     assert (cell["target_hits"], cell["ended"]) == (1, "")
