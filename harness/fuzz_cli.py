@@ -108,7 +108,9 @@ def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None
     known finding (a documented vLLM 0.33.0 behaviour, e.g. the KV-connector wedge) is passed
     over and counted in the summary, unless --report-known. A drawn config the candidate
     refuses (e.g. async scheduling for a plain Scheduler subclass) is skipped and counted,
-    never a finding. Exit 0 nothing found, 1 something found, 2 bad arguments."""
+    never a finding. Ctrl-C (or SIGTERM) while a failure is being shrunk reports the smallest
+    failing scenario found so far, as a finding. Exit 0 nothing found, 1 something found, 2 bad
+    arguments."""
     from harness.fuzz import fuzz_parallel
     from harness.fuzz.run import fuzz_profile
 

@@ -34,15 +34,16 @@ from harness.check import CheckResult, check_steps
 from harness.check.invariants import INVARIANTS, SAFETY_IDS
 from harness.check.profiles import Profile
 from harness.trace.recorder import run_to_rows
-from harness.scenarios import ACTION_SCENARIOS, HYBRID_SCENARIOS, SCENARIOS, Scenario
+from harness.scenarios import ACTION_SCENARIOS, HYBRID_SCENARIOS, LORA_SCENARIOS, SCENARIOS, Scenario
 from harness.richtext import keep_words_whole
 from reference.words import did_you_mean
 
 #: Every scenario the self-test may run: the canonical ones, then those with
 #: actions (prefix-cache resets), which alone can kill the reset mutants, then
 #: the hybrid models' (several KV-cache groups), which alone can kill the
-#: sliding-window mutants.
-MUTATION_SCENARIOS: dict[str, Scenario] = {**SCENARIOS, **ACTION_SCENARIOS, **HYBRID_SCENARIOS}
+#: sliding-window mutants, then the LoRA ones (max_loras), which alone can
+#: kill ignore-max-loras.
+MUTATION_SCENARIOS: dict[str, Scenario] = {**SCENARIOS, **ACTION_SCENARIOS, **HYBRID_SCENARIOS, **LORA_SCENARIOS}
 
 
 class UnknownScenario(KeyError):

@@ -148,7 +148,9 @@ def render_report(result: CheckResult, divergence: Divergence | None, trace: Tra
         table.add_row(label, str(value))
     console.print(keep_words_whole(table))
     for note in result.notes:
-        console.print(f"[yellow]note[/] {escape(note)}")
+        # A note that is a warning (e.g. config ids naming no request) says so once.
+        label, text = ("warning:", note.removeprefix("warning: ")) if note.startswith("warning: ") else ("note", note)
+        console.print(f"[yellow]{label}[/] {escape(text)}")
     _violation_lines(result, console)
     if divergence is not None and divergence.field == "exception":
         console.print(f"[bold red]CRASH[/] at step {divergence.step}: {escape(str(divergence.actual))} "

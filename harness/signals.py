@@ -10,7 +10,9 @@ every command it:
   unwinds normally: trace writers discard their temp files, fuzz workers
   and candidate processes are stopped by their ``finally`` blocks. The
   command then exits 130 (SIGINT) or 143 (SIGTERM), ``128 + signal``, with
-  one line ``interrupted by SIGINT``. The previous handlers come back after
+  one line ``interrupted by SIGINT`` (but ``harness fuzz`` interrupted while
+  it shrinks a failure reports the smallest so far and exits 1:
+  ``harness.fuzz.run.fuzz``). The previous handlers come back after
   the command (tests call it in-process);
 * prints a click usage error (unknown option, bad value) as one line,
   ``error: <message> (harness CMD --help)``, exit 2, instead of click's

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from harness.cli import main
 from harness.trace import METADATA_KEY
 from harness.mutation import kill_matrix, run_candidate
-from harness.scenarios import SCENARIOS
+from harness.scenarios import LORA_SCENARIOS, SCENARIOS
 from harness.candidates.mutants import MUTANTS
 from reference.scheduler import Scheduler
 
@@ -116,7 +116,7 @@ def test_every_mutant_is_caught_by_its_invariant(name: str) -> None:
 
 
 def test_reference_violates_nothing_on_any_scenario() -> None:
-    for name, scenario in SCENARIOS.items():
+    for name, scenario in {**SCENARIOS, **LORA_SCENARIOS}.items():
         cell = run_candidate(Scheduler, scenario)
         assert cell.ended == "" and cell.result.ok, (name, cell.result.by_invariant)
 
@@ -146,7 +146,9 @@ def test_mutants_command_prints_kill_matrix() -> None:
                                    "preempt-fenced",
                                    # Only the hybrid scenarios (golden/hybrid/): sliding window, Mamba.
                                    "keep-skipped-blocks", "free-window-ahead",
-                                   "mamba-free-state", "mamba-extra-state-block"]
+                                   "mamba-free-state", "mamba-extra-state-block",
+                                   # Only the LoRA scenarios (harness/scenarios/lora/): max_loras.
+                                   "ignore-max-loras"]
     assert report["reference_violations"] == {}
     cell = report["matrix"]["preempt-head"]["cells"]["fcfs-tight"]
     assert (cell["target_hits"], cell["ended"]) == (1, "")
@@ -488,4 +490,4 @@ def test_regression_mutants_scenario_unexercised_survivors_are_na() -> None:
     assert out.splitlines()[-2:] == [
         "n/a: not exercised by preemption-heavy (each run's trace is the reference's, row for row: no "
         "checker could tell it from a correct engine)",
-        f"21/21 exercised mutants killed; 31 n/a: {', '.join(na)}"]
+        f"21/21 exercised mutants killed; 32 n/a: {', '.join(na)}"]

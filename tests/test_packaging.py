@@ -215,6 +215,14 @@ def test_the_wheel_ships_the_hybrid_goldens_and_scenario_files_byte_for_byte(whe
     assert len(scenarios) == 3 and _shipped(wheel, "harness/scenarios/hybrid") == scenarios
 
 
+def test_the_wheel_ships_the_lora_scenario_files_byte_for_byte(wheel: Path) -> None:
+    """harness/scenarios/lora/ (LORA_SCENARIOS, loaded at import: the mutation self-test's
+    LoRA scenarios) travels with an installed harness."""
+    scenarios = {p.name: p.read_bytes() for p in (ROOT / "harness" / "scenarios" / "lora").glob("*.toml")}
+    assert sorted(scenarios) == ["lora-adapters.toml"]
+    assert _shipped(wheel, "harness/scenarios/lora") == scenarios
+
+
 def test_the_wheel_ships_every_canonical_scenario_file_byte_for_byte(wheel: Path) -> None:
     """The goldens are recordings of harness/scenarios/*.toml, and an installed
     harness builds ``SCENARIOS`` from those files at import: without them

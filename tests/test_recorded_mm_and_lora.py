@@ -183,3 +183,31 @@ def test_regression_mm_identifiers_count_mismatch_is_one_line_exit_2(tmp_path) -
     result = CliRunner().invoke(main, ["check", str(path), "--json"])
     assert result.exit_code == 2
     assert _json.loads(result.output.splitlines()[0]) == {"ok": False, "exit": 2, "error": why}
+
+
+def test_config_ids_of_no_request_in_the_whole_trace_are_a_one_line_warning(tmp_path) -> None:
+    """Request ids in config mm_identifiers / lora_int_ids that no row of the trace has passed
+    silently. Now one warning line per key (the count and the smallest id), not a violation;
+    none for a trace cut at a step (truncated: the later requests are legitimately absent), and
+    none when every id arrives."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    config = _config(max_loras=2, lora_int_ids=(("a", 1), ("b", 2), ("c", 3), ("ghost", 1), ("zz", 2)),
+                     mm_identifiers=(("nobody", ("img",)),))
+    path = _lora_trace(tmp_path, config)
+    from harness.trace import open_trace
+
+    result = check_steps(config.to_dict(), open_trace(path).iter_steps())
+    assert result.ok and result.notes == [
+        "warning: config mm_identifiers names 1 request id no row of the trace has, e.g. 'nobody' (ignored)",
+        "warning: config lora_int_ids names 2 request ids no row of the trace has, e.g. 'ghost' (ignored)"]
+    assert check_steps(config.to_dict(), open_trace(path).iter_steps(), truncated=True).notes == []
+    clean = _config(max_loras=2, lora_int_ids=(("a", 1), ("b", 2), ("c", 3)))
+    assert check_steps(clean.to_dict(), open_trace(_lora_trace(tmp_path / "x", clean)).iter_steps()).notes == []
+    out = CliRunner().invoke(main, ["check", str(path)])
+    assert out.exit_code == 0, out.output
+    assert [line for line in out.output.splitlines() if line.startswith("warning")] == [
+        "warning: config mm_identifiers names 1 request id no row of the trace has, e.g. 'nobody' (ignored)",
+        "warning: config lora_int_ids names 2 request ids no row of the trace has, e.g. 'ghost' (ignored)"]

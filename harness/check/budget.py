@@ -1,6 +1,7 @@
 """Budget: what one step may schedule. Token budget and long-prefill
-threshold, max_num_seqs, each request's scheduled span, and prefill deferral
-(the DP throttle, the prefill_schedule_interval cadence, the capacity guard).
+threshold, max_num_seqs, the LoRA adapters of one batch (max_loras), each
+request's scheduled span, and prefill deferral (the DP throttle, the
+prefill_schedule_interval cadence, the capacity guard).
 
 vLLM 0.33.0 ``Scheduler.schedule`` (spec 3.5, 7.1, 10.3, 10.4). The expected
 deferral is recomputed here from the model (``TraceModel.capacity_bound``,
@@ -22,6 +23,17 @@ INVARIANTS = [
               SEMANTICS, "long_prefill_token_threshold is a fairness knob; when it applies (0.33.0: only with more than one eligible request; 0.29.0: always) is version design."),
     Invariant("MAX-NUM-SEQS", "len(running) <= max_num_seqs; a request is admitted only while len(running) < max_num_seqs.", "8 #3, 10.3",
               SAFETY, "max_num_seqs sizes the runner's persistent batch; exceeding it overflows per-request buffers in every version."),
+    # MAX-LORAS: the requests one step schedules use at most max_loras distinct
+    # adapters. Why every engine: the model runner's LoRA manager has max_loras
+    # adapter slots for a batch (vLLM LoRAConfig.max_loras sizes the stacked
+    # adapter weights), so a batch needing one more adapter cannot run as
+    # scheduled, whatever the version (vLLM 0.33.0 ``Scheduler.schedule``,
+    # sched/scheduler.py:1040-1047, asserts ``len(scheduled_loras) <=
+    # max_loras`` over every running request's adapter; its waiting loop skips
+    # a request whose adapter would make one too many, spec 3.4 step 5, 10.5).
+    # The rule checks the batch itself: the scheduled requests, a subset of running.
+    Invariant("MAX-LORAS", "With max_loras set, the requests one step schedules use at most max_loras distinct LoRA adapters (lora_int_id > 0; requests without an adapter do not count).", "3.4, 10.5",
+              SAFETY, "max_loras is the number of adapter slots the model runner's LoRA manager holds for one batch; a step scheduling more distinct adapters than that cannot be executed as scheduled, in every version (vLLM asserts len(scheduled_loras) <= max_loras)."),
     Invariant("SCHEDULED-SPAN", "computed + scheduled <= num_tokens, and <= max_model_len - 1 for running requests.", "3.5, 8 #17",
               SAFETY, "Scheduling past num_tokens or past max_model_len - 1 writes KV for tokens that do not exist or beyond the positions the model supports, in every version."),
     Invariant("PREFILL-DEFER", "defer_prefills = (throttle_prefills or inside the prefill_schedule_interval cadence) and not prefill_capacity_bound and a decode is running; a deferring step runs no prefill chunk and admits no request with more than one token left; the capacity guard is updated only by a waiting phase that ran without deferring.", "7.1, 10.4, 8 #36",
@@ -49,6 +61,26 @@ def check_totals(m: TraceModel, ev: dict, st: StepState) -> None:
         m.violate("BUDGET-TOKENS", None, f"total {total} (events sum {st.total}) vs budget {m.token_budget}")
     if ev["token_budget"] != m.token_budget - st.total:
         m.violate("BUDGET-LEFT", None, f"budget left {ev['token_budget']} != {m.token_budget} - {st.total}")
+
+
+# -- LoRA adapters -----------------------------------------------------------------
+def check_loras(m: TraceModel, st: StepState) -> None:
+    """MAX-LORAS at ``schedule_end``: the distinct adapters (config
+    ``lora_int_ids``, > 0) of the requests the step scheduled (less the
+    withdrawn ones) are at most ``max_loras``. The witness names each
+    adapter with its first scheduled request (in schedule order) and
+    max_loras. Silent without a LoRA config."""
+    if m.max_loras is None or not m.lora_int_ids:
+        return
+    first: dict[int, str] = {}
+    for rid in st.scheduled:
+        lora = m.lora_int_ids.get(rid, 0)
+        if lora > 0 and lora not in first:
+            first[lora] = rid
+    if len(first) > m.max_loras:
+        named = ", ".join(f"{lora} ({rid})" for lora, rid in sorted(first.items()))
+        m.violate("MAX-LORAS", None,
+                  f"{len(first)} LoRA adapters scheduled: {named}; max_loras {m.max_loras}")
 
 
 # -- sequences ---------------------------------------------------------------------

@@ -164,6 +164,8 @@ class TraceChecker(TraceModel):
         if positions:
             self.enc_active = True
         queues.check_arrival(self, rid, prompt, positions)
+        if self.unseen_config_ids:
+            self._seen_config_id(rid)
         req = ReqShadow(rid, ev["priority"], ev["arrival_time_s"], len(prompt), ev["max_tokens"],
                         ev["min_tokens"], None if ev["ignore_eos"] else ev["eos_token_id"],
                         tuple(ev["stop_token_ids"] or ()), prompt,
@@ -172,7 +174,13 @@ class TraceChecker(TraceModel):
         self.reqs[rid] = req
         st.arrived.append(rid)
 
+    def _seen_config_id(self, rid: str) -> None:
+        for ids in self.unseen_config_ids.values():
+            ids.discard(rid)
+
     def _on_reject(self, ev: dict, st: StepState) -> None:
+        if self.unseen_config_ids:
+            self._seen_config_id(ev["request_id"])
         self.result.requests += 1
         self.result.rejected += 1
         queues.check_reject(self, ev)
@@ -425,6 +433,7 @@ class TraceChecker(TraceModel):
 
     def _on_schedule_end(self, ev: dict, st: StepState) -> None:
         budget.check_totals(self, ev, st)
+        budget.check_loras(self, st)
         if self.defer and st.total > 0:
             self.sched_seq += 1
             for rid in st.scheduled:
@@ -953,7 +962,9 @@ def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[st
                 observe(step, events, [checker])
         # A run cut off (salvaged) ended like a crashed one: no end-of-run findings.
         checker.crashed = checker.crashed or truncated
-        return checker.finish()
+        result = checker.finish()
+        result.notes += unknown_config_ids_notes([checker], truncated)
+        return result
     checkers = [TraceChecker(config, profile, observed=observed) for _ in range(dp)]
     for checker in checkers:
         checker.checked = checker.checked - skip
@@ -990,4 +1001,26 @@ def _check_steps(config: dict[str, Any], steps: Iterable[tuple[int, list[dict[st
         merged.violations += r.violations
         for inv, count in r.by_invariant.items():
             merged.by_invariant[inv] = merged.by_invariant.get(inv, 0) + count
+    merged.notes += unknown_config_ids_notes(checkers, truncated)
     return merged
+
+
+def unknown_config_ids_notes(checkers: list[TraceChecker], truncated: bool) -> list[str]:
+    """One warning line per config key (``mm_identifiers``, ``lora_int_ids``)
+    naming request ids that no arrival or reject row of the whole trace has
+    (every rank's ``checkers`` together), with the count and the smallest id:
+    such an entry is ignored, likely a typo or a config meant for another
+    trace. None for a ``truncated`` trace (cut at a step: the requests after
+    the cut are legitimately absent). Notes, never violations."""
+    if truncated:
+        return []
+    notes = []
+    for key in ("mm_identifiers", "lora_int_ids"):
+        sets = [c.unseen_config_ids.get(key) for c in checkers]
+        if not sets or any(s is None for s in sets):
+            continue
+        unknown = set.intersection(*sets)
+        if unknown:
+            notes.append(f"warning: config {key} names {plural(len(unknown), 'request id')} no row of the "
+                         f"trace has, e.g. {min(unknown)!r} (ignored)")
+    return notes

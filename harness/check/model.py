@@ -242,6 +242,12 @@ class TraceModel:
         # because its adapter would exceed max_loras (harness.check.fences).
         self.max_loras: int | None = config.get("max_loras")
         self.lora_int_ids: dict[str, int] = {r: i for r, i in config.get("lora_int_ids") or ()}
+        # The request ids those two keys name that no arrival or reject row has
+        # shown yet, by key (empty without them): what is left at the end of the
+        # whole trace names no request of it (``unknown_config_ids_notes``).
+        self.unseen_config_ids: dict[str, set[str]] = {
+            key: set(ids) for key, ids in (("mm_identifiers", self.mm_identifiers),
+                                           ("lora_int_ids", self.lora_int_ids)) if ids}
         self.watermark: float = config.get("watermark", 0.0)  # admissions' reserve (harness.check.progress)
         self.peak_running = 0  # the most requests running after a step so far (harness.check.progress)
         self.recompute_kv: bool = config.get("kv_load_failure_policy", "recompute") == "recompute"

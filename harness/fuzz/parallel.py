@@ -6,15 +6,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import multiprocessing
 import os
 import queue as queue_module
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from reference.candidate import UserInterrupt
 
 from harness.children import set_parent_death_signal
 from harness.fuzz.run import SHRINK_BUDGET_S, FuzzResult, fuzz, fuzz_profile, known_reference_finding
@@ -22,6 +26,10 @@ from harness.fuzz.strategies import FuzzCase
 
 #: Most worker processes ``fuzz_parallel`` starts.
 MAX_WORKERS = 256
+
+#: Seconds an interrupted ``fuzz_parallel`` waits for its workers' results
+#: (a worker shrinking a failure puts the smallest so far; the others exit).
+INTERRUPT_GRACE_S = 10.0
 
 
 class FuzzWorkerError(RuntimeError):
@@ -127,6 +135,12 @@ class ParallelFuzzResult:
         return any(w.result.budget_exhausted for w in self.workers)
 
     @property
+    def interrupted(self) -> int | None:
+        """The signal that cut some worker's shrinking short (its failure is
+        the smallest found before it: ``FuzzResult.interrupted``), or None."""
+        return next((w.result.interrupted for w in self.workers if w.result.interrupted is not None), None)
+
+    @property
     def known(self) -> dict[str, int]:
         """Known reference findings passed over by all workers together, by name."""
         total: dict[str, int] = {}
@@ -205,8 +219,17 @@ def _fuzz_worker(spec: str, worker: int, seed: int, max_examples: int, deadline:
     Runs ``run_worker`` and puts on ``queue``: ``("progress", worker, n,
     shrinking)`` at most every 0.1 s and on every change of phase, then ``("done", worker, FuzzResult)``
     or ``("error", worker, message)``; on KeyboardInterrupt it exits with
-    status 130 and puts nothing. It dies with its parent ``parent`` (``die_with_parent``)."""
+    status 130 and puts nothing; a SIGINT while it shrinks a failure ends
+    the search with the smallest failing case so far (``fuzz``), put as
+    "done" (a second SIGINT, e.g. the parent's after the terminal's, is
+    ignored so the result gets out). It dies with its parent ``parent``
+    (``die_with_parent``)."""
     die_with_parent(os.getppid() if parent is None else parent)
+
+    def interrupt_once(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise UserInterrupt(signum)
+    signal.signal(signal.SIGINT, interrupt_once)
     try:
         result = run_worker(spec, seed, max_examples, deadline, throttled_progress(queue.put, worker),
                             skip_known=skip_known, base=base, async_spec=async_spec,
@@ -251,7 +274,11 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     under (``fuzz_profile``: ``auto``, ``safety``, ``fork`` or a release; only
     ``auto`` also compares decisions with the reference's). ``shrink_budget_s``:
     seconds each worker may shrink its failure (``fuzz``). A SIGTERM or SIGINT here (the harness's handler
-    raises UserInterrupt) terminates the workers on the way out; a worker
+    raises UserInterrupt) once a failure is known returns it: the smallest
+    failing case found before the signal (``FuzzResult.interrupted``; with
+    several workers, those shrinking put theirs within ``INTERRUPT_GRACE_S``,
+    ``_interrupt_workers``); with nothing found it propagates. Either way the
+    workers are terminated on the way out; a worker
     whose parent dies without that (``kill -9``) is killed by the kernel.
     Raises ValueError for ``workers`` outside 1..MAX_WORKERS or
     ``max_examples`` < 1, CandidateSpecError for a bad ``spec`` (checked here
@@ -295,32 +322,18 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
     try:
         for p in procs:
             p.start()
-        while len(results) < len(procs):
-            try:
-                msg = queue.get(timeout=0.5)
-            except queue_module.Empty:
-                for i, p in enumerate(procs):
-                    if i not in results and p.exitcode is not None:
-                        # Anything it put is readable by now; one more look, then give up.
-                        try:
-                            msg = queue.get(timeout=1.0)
-                            break
-                        except queue_module.Empty:
-                            raise FuzzWorkerError(f"fuzz worker {i} died without a result "
-                                                  f"(exit code {p.exitcode})") from None
-                else:
-                    continue
-            kind, i = msg[0], msg[1]
-            if kind == "progress":
-                report(i, examples=msg[2], shrinking=msg[3])
-            elif kind == "done":
-                results[i] = msg[2]
-                report(i, examples=msg[2].examples, done=True)
-            else:
-                lines = [line for line in msg[2].splitlines() if line.strip()]
-                raise FuzzWorkerError(f"fuzz worker {i} (seed {seeds[i]}) failed: {lines[0]}")
-        for p in procs:
-            p.join()
+        try:
+            _collect(procs, queue, results, report, seeds)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C or SIGTERM: the workers shrinking a failure keep the smallest so far.
+            signum = getattr(exc, "signum", signal.SIGINT)
+            _interrupt_workers(procs, queue, results)
+            if not any(r.found for r in results.values()):
+                raise
+            for i in range(len(procs)):
+                if i not in results:  # stopped before finding anything
+                    results[i] = FuzzResult(progress[i].examples, time.monotonic() - start,
+                                            interrupted=signum)
     finally:
         for p in procs:
             if p.is_alive():
@@ -331,3 +344,58 @@ def fuzz_parallel(spec: str, *, workers: int = 1, max_examples: int = 200, seed:
         queue.close()
     return ParallelFuzzResult(seed, [WorkerResult(i, seeds[i], shares[i], results[i])
                                      for i in range(len(procs))], time.monotonic() - start)
+
+
+def _interrupt_workers(procs: list, queue: Any, results: dict[int, FuzzResult]) -> None:
+    """After an interrupt of ``fuzz_parallel``: SIGINT every live worker (a
+    terminal's Ctrl-C reached them already; ``kill -INT`` or SIGTERM to the
+    parent did not) and, for at most ``INTERRUPT_GRACE_S``, take the results
+    they put into ``results`` (a worker that was shrinking puts its smallest
+    failure; the others exit 130). A further interrupt meanwhile propagates."""
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGINT)
+    until = time.monotonic() + INTERRUPT_GRACE_S
+    while time.monotonic() < until:
+        try:
+            msg = queue.get(timeout=0.1)
+        except queue_module.Empty:
+            if all(p.exitcode is not None for p in procs):
+                break
+            continue
+        if msg[0] == "done":
+            results[msg[1]] = msg[2]
+
+
+def _collect(procs: list, queue: Any, results: dict[int, FuzzResult], report: Callable[..., None],
+             seeds: list[int]) -> None:
+    """Read the workers' messages until each has put its result (into
+    ``results``), reporting progress; FuzzWorkerError for a worker that
+    failed or died without one."""
+    while len(results) < len(procs):
+        try:
+            msg = queue.get(timeout=0.5)
+        except queue_module.Empty:
+            for i, p in enumerate(procs):
+                if i not in results and p.exitcode is not None:
+                    # Anything it put is readable by now; one more look, then give up.
+                    try:
+                        msg = queue.get(timeout=1.0)
+                        break
+                    except queue_module.Empty:
+                        raise FuzzWorkerError(f"fuzz worker {i} died without a result "
+                                              f"(exit code {p.exitcode})") from None
+            else:
+                continue
+        kind, i = msg[0], msg[1]
+        if kind == "progress":
+            report(i, examples=msg[2], shrinking=msg[3])
+        elif kind == "done":
+            results[i] = msg[2]
+            report(i, examples=msg[2].examples, done=True)
+        else:
+            lines = [line for line in msg[2].splitlines() if line.strip()]
+            raise FuzzWorkerError(f"fuzz worker {i} (seed {seeds[i]}) failed: {lines[0]}")
+    for p in procs:
+        p.join()

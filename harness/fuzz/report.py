@@ -6,6 +6,8 @@ reproduces it. Rendering only; ``harness.fuzz_cli`` calls it with its console.
 
 from __future__ import annotations
 
+import signal
+
 from rich.console import Console
 from rich.markup import escape
 
@@ -17,13 +19,17 @@ from reference.words import plural
 
 def render_summary(result: ParallelFuzzResult, candidate: str, seed: int, console: Console) -> None:
     """Print ``fuzzed CANDIDATE: N examples [on W workers] [on Ray] in S s, seed SEED``
-    (noting a spent time budget when nothing was found) and the known
-    reference findings passed over, if any."""
+    (noting a spent time budget when nothing was found), that a Ctrl-C (or
+    SIGTERM) cut shrinking short, if so, and the known reference findings
+    passed over, if any."""
     stop = " (time budget spent)" if result.budget_exhausted and not result.found else ""
     used = len(result.workers)
     on = (f" on {used} workers" if used > 1 else "") + (f" on {result.runner}" if result.runner else "")
     console.print(f"fuzzed [bold]{candidate}[/]: {plural(result.examples, 'example')}{on} in "
                   f"{result.elapsed_s:.1f} s, seed {seed}{stop}")
+    if result.interrupted is not None and result.found:
+        console.print(f"shrinking interrupted by {signal.Signals(result.interrupted).name}: reporting the "
+                      f"smallest failing scenario found before it", markup=False)
     if result.known:
         console.print("passed over known reference findings: "
                       + ", ".join(f"{name} x{n}" for name, n in result.known.items())
@@ -57,7 +63,9 @@ def render_witnesses(result: ParallelFuzzResult, witnesses: list[Witness], conso
             if failure.kind in ("violation", "divergence") else None
         if hint:
             console.print(f"  hint: {escape(hint)}")
-        console.print(f"  shrunk to {escape(case.describe())} ({res.shrink_calls} shrink runs)")
+        cut = (f"; shrinking interrupted by {signal.Signals(res.interrupted).name}, the smallest so far"
+               if res.interrupted else "")
+        console.print(f"  shrunk to {escape(case.describe())} ({res.shrink_calls} shrink runs{cut})")
         console.print(f"  trace {wit.trace}, scenario {wit.scenario}, description {wit.json}")
         console.print(f"  replay: {wit.command}")
         console.print(f"  re-record the scenario: {wit.record_command}")

@@ -11,6 +11,7 @@ strategies reach, are recognised by ``known_reference_finding``
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -309,6 +310,10 @@ class FuzzResult:
     #: never findings; ``refusal``: the first one's reason.
     refused: int = 0
     refusal: str = ""
+    #: The signal (SIGINT: Ctrl-C, or SIGTERM) that ended the search after a
+    #: failure was found: ``case`` is the smallest failing one so far (the
+    #: shrinking was cut short, or never started); None otherwise.
+    interrupted: int | None = None
 
     @property
     def found(self) -> bool:
@@ -331,6 +336,10 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
     (seconds from the first failure, None: no limit) bounds shrinking on its
     own. A candidate in its own process gets at most the time left for each
     call, so a hanging candidate ends the search within its budget (issue 26).
+    A KeyboardInterrupt (Ctrl-C; the harness's SIGINT/SIGTERM handler raises
+    ``UserInterrupt``) once a failure is known ends the search with it: the
+    smallest failing case so far, ``FuzzResult.interrupted`` the signal;
+    before that, it propagates.
     ``on_example(n, shrinking)`` is called after each example, ``n`` the
     examples generated so far. ``factory`` None means the reference alone.
     ``known`` (e.g. ``known_reference_finding``): a case whose failure it
@@ -430,6 +439,20 @@ def fuzz(factory: CandidateFactory | None, *, max_examples: int = 200, seed: int
         case, failure = state["last"]
         return done(FuzzResult(state["n"], time.monotonic() - start, case, failure, state["shrink"],
                                state["stopped"], known_counts))
+    except KeyboardInterrupt as exc:
+        # Ctrl-C (or SIGTERM: the harness's handler raises UserInterrupt) once a
+        # failure is known keeps it: each shrink step that fails replaces
+        # state["last"] only after its whole run, so it is the smallest failing
+        # case so far (or base's, unshrunk). Nothing found yet: the interrupt goes on.
+        signum = getattr(exc, "signum", signal.SIGINT)
+        if state["found"]:
+            case, failure = state["last"]
+            return done(FuzzResult(state["n"], time.monotonic() - start, case, failure, state["shrink"],
+                                   False, known_counts, interrupted=signum))
+        if base_failure is not None:
+            return done(FuzzResult(state["n"] + 1, time.monotonic() - start, base, base_failure, 0, False,
+                                   known_counts, interrupted=signum))
+        raise
     if base_failure is not None:
         return done(FuzzResult(state["n"] + 1, time.monotonic() - start, base, base_failure, 0, False,
                                known_counts))

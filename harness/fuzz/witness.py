@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,10 @@ def write_failure(out_dir: str | Path, spec: str, factory: CandidateFactory, res
             "scenario_warnings": list(extraction.warnings), "failure": failure.to_dict(),
             "examples_before_failure": result.examples, "shrink_calls": result.shrink_calls,
             "num_requests": len(case.requests), "num_steps": summary.steps,
-            "summary": case.describe(), **(extra or {}), "scenario": case.to_dict()}
+            "summary": case.describe(), **(extra or {}),
+            # Ctrl-C (or SIGTERM) during shrinking: the smallest failing case found before it.
+            **({"shrink_interrupted": signal.Signals(result.interrupted).name} if result.interrupted else {}),
+            "scenario": case.to_dict()}
     json_path = out / f"{base}.json"
     _write_text(json_path, json.dumps(info, indent=2, default=str) + "\n")
     return trace_path, json_path, command, toml_path

@@ -31,8 +31,8 @@ from reference.config import EngineConfig
 from reference.workload import Action, Workload
 from workloads.scenario import ScenarioError, load_scenario, synthetic_workload
 
-__all__ = ["ACTION_SCENARIOS", "ActionScenario", "DIRECTORY", "HYBRID_DIRECTORY", "HYBRID_SCENARIOS", "ORDER",
-           "SCENARIOS", "Scenario", "load_canonical"]
+__all__ = ["ACTION_SCENARIOS", "ActionScenario", "DIRECTORY", "HYBRID_DIRECTORY", "HYBRID_SCENARIOS",
+           "LORA_DIRECTORY", "LORA_SCENARIOS", "ORDER", "SCENARIOS", "Scenario", "load_canonical"]
 
 #: The folder of the canonical scenario files (this package's).
 DIRECTORY = Path(__file__).resolve().parent
@@ -111,6 +111,17 @@ SCENARIOS: dict[str, Scenario] = _load_all(DIRECTORY)
 #: self-test runs them (``harness.mutation.MUTATION_SCENARIOS``).
 HYBRID_DIRECTORY = DIRECTORY / "hybrid"
 HYBRID_SCENARIOS: dict[str, Scenario] = {p.stem: load_canonical(p) for p in sorted(HYBRID_DIRECTORY.glob("*.toml"))}
+
+#: LoRA scenarios (config ``max_loras`` and ``lora_int_ids``: requests on
+#: adapters, at most ``max_loras`` distinct ones per step), one canonical-format
+#: file each in ``lora/``, by name. Run by the mutation self-test
+#: (``harness.mutation.MUTATION_SCENARIOS``: they alone can kill the
+#: ``ignore-max-loras`` mutant), without goldens, as ``ACTION_SCENARIOS``: the
+#: vLLM candidates' driver builds no LoRA config, so a golden of one could be
+#: replayed by the reference alone (the conformance suite and the sweeps
+#: leave them out too).
+LORA_DIRECTORY = DIRECTORY / "lora"
+LORA_SCENARIOS: dict[str, Scenario] = {p.stem: load_canonical(p) for p in sorted(LORA_DIRECTORY.glob("*.toml"))}
 
 
 # -- scenarios with [[actions]] ------------------------------------------------------

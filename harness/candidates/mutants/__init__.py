@@ -5,7 +5,7 @@ invariant that must catch it. Select one with ``--engine mutant:NAME`` or
 ``--candidate mutant:NAME``.
 
 One module per invariant family, as in ``harness/check/``: ``queues``
-(queues, admission, preemption, token budget, stop rules, a crash), ``blocks`` (KV
+(queues, admission, preemption, token budget, max_loras, stop rules, a crash), ``blocks`` (KV
 blocks and the prefix cache), ``spec_async`` (speculative decoding, async
 scheduling and fences, prefill cadence), ``kv_connector`` (remote KV loads),
 ``encoder`` (encoder budget and cache) and ``progress`` (the progress layer). A new mutant goes into its
@@ -22,7 +22,7 @@ from harness.candidates.mutants.queues import (AdmitAfterPreempt, PreemptHead, I
                                                NoGiveBack, BudgetOverrun, IgnoreThreshold,
                                                ReverseRunningOrder, ForgetFinishedIds, AdmissionPreempts,
                                                ResetPreemptsHead, CrashInSchedule, VictimStaysScheduled,
-                                               PreemptKeepsDrafts)
+                                               PreemptKeepsDrafts, IgnoreMaxLoras)
 from harness.candidates.mutants.blocks import (LeakOnFinish, HitEvictedBlock, LeakOnAbort, DoubleFreeShared,
                                                FreeUnhashedToTail, PreemptKeepsBlock, OverAllocate,
                                                ReuseHeldBlock, ResetWhileHeld, ResetKeepsCache, FreeHeadFirst,
@@ -96,6 +96,8 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     # A hybrid model's Mamba groups: killed only by hybrid-mamba (HYBRID_SCENARIOS).
     "mamba-free-state": (MambaFreeState, "MAMBA-STATE-HELD"),
     "mamba-extra-state-block": (MambaExtraStateBlock, "MAMBA-STATE-BLOCKS"),
+    # LoRA adapters: killed only by the LoRA scenarios (LORA_SCENARIOS).
+    "ignore-max-loras": (IgnoreMaxLoras, "MAX-LORAS"),
 }
 MUTANTS: dict[str, type[Scheduler]] = {k: v[0] for k, v in MUTANTS_AND_TARGETS.items()}
 EXPECTED_INVARIANT: dict[str, str] = {k: v[1] for k, v in MUTANTS_AND_TARGETS.items()}

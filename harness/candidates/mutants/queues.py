@@ -2,7 +2,7 @@
 
 Each breaks one rule of the reference ``Scheduler``'s waiting/running
 queues (admission after a preemption, victim choice, PRIORITY give-back,
-running order, max_num_seqs), of its token budget (the total, the long
+running order, max_num_seqs, max_loras), of its token budget (the total, the long
 prefill threshold) or of finishing a request; the invariant that catches it
 is in its docstring and in ``harness.candidates.mutants.MUTANTS_AND_TARGETS``.
 """
@@ -60,6 +60,16 @@ class IgnoreMaxNumSeqs(Scheduler):
     def __init__(self, config) -> None:
         super().__init__(config)
         self.max_num_running_reqs = config.max_num_seqs + 4
+
+
+class IgnoreMaxLoras(Scheduler):
+    """Admits a waiting request whatever its LoRA adapter: never skips one
+    whose adapter would make more than max_loras distinct adapters scheduled
+    in the step (MAX-LORAS)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.max_loras = None  # the bug: the waiting loop's adapter limit is off
 
 
 class NoStopOnMaxTokens(Scheduler):
