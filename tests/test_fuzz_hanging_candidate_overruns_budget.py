@@ -48,7 +48,11 @@ def test_regression_fuzz_against_a_hanging_candidate_ends_within_its_budget(tmp_
     proc, took = _fuzz(tmp_path, "--time-budget", "6", "--step-timeout", "4")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "StepTimeout" in proc.stdout, proc.stdout
-    assert took < 6 + 2 * 4 + 20, took  # + start-up of Python and the candidate's processes
+    # 6 + 2 * 4 s of budget and witness runs, plus start-ups of Python and the candidate's
+    # processes, which a loaded machine stretches (37.6 s seen at load 15 against a bound of 34):
+    # the bound tells a bounded search from the unbounded one (30 examples of a 4 s hang, then
+    # minutes of shrinking), not a fast machine from a slow one.
+    assert took < 90, took
 
 
 def test_shrink_budget_bounds_shrinking_without_a_time_budget(tmp_path: Path) -> None:
@@ -56,4 +60,5 @@ def test_shrink_budget_bounds_shrinking_without_a_time_budget(tmp_path: Path) ->
     assert proc.returncode == 1, proc.stdout + proc.stderr
     # First failure after one 3 s call, at most 2 s of shrinking (a call in flight is cut at
     # 1 s when less is left), the witness's two 3 s runs, start-ups.
-    assert took < 3 + 2 + 1 + 2 * 3 + 20, took
+    # (+ start-ups; generous for a loaded machine, as above: unbounded shrinking takes minutes.)
+    assert took < 90, took
