@@ -10,7 +10,6 @@ process boundary (exits, signals, hangs) for candidates that are not ours.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from typing import Any
 
@@ -64,12 +63,17 @@ class Guarded:
         self._check = not type(candidate).__module__.startswith(TRUSTED_MODULES)
 
     def __getattr__(self, name: str):
-        method = getattr(self._candidate, name)
+        getattr(self._candidate, name)  # AttributeError for a name the candidate lacks
+        candidate = self._candidate
 
         def call(*args, **kwargs):
             try:
-                with contextlib.redirect_stdout(sys.stderr):
-                    result = method(*args, **kwargs)
+                # contextlib.redirect_stdout's swap, without building its object per call.
+                stdout, sys.stdout = sys.stdout, sys.stderr
+                try:
+                    result = getattr(candidate, name)(*args, **kwargs)
+                finally:
+                    sys.stdout = stdout
                 if name == "add_request" and args:
                     self._known.add(getattr(args[0], "request_id", None))
                 if self._check:
@@ -91,4 +95,7 @@ class Guarded:
             except BaseException as exc:
                 # skip=1: this frame is the engine's, not the candidate's.
                 raise CandidateCrash(self._engine.current_step, exc, name, self._rank, skip=1) from exc
+        # Kept: the next access of ``name`` finds it without __getattr__ (one
+        # closure per method, not per call); each call still looks the method up.
+        self.__dict__[name] = call
         return call

@@ -16,6 +16,10 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+#: The statuses of an admission (``allocate_slots``' watermark applies to them).
+_ADMISSION_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
 class KVCacheManager:
     """Owns the block pool and every request's block table.
 
@@ -95,29 +99,38 @@ class KVCacheManager:
         hits = new_computed_blocks or []
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be > 0 when there are no computed tokens to adopt")
-        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
-        total_computed = min(num_local_computed + num_external_computed_tokens, self.max_model_len)
+        max_model_len = self.max_model_len
+        total_computed = min(request.num_computed_tokens + num_new_computed_tokens
+                             + num_external_computed_tokens, max_model_len)
         watermark = 0
-        if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+        if has_scheduled_reqs and request.status in _ADMISSION_STATUSES:
             watermark = self.watermark_blocks
         free = self.block_pool.get_num_free_blocks()
+        request_id = request.request_id
         if full_sequence_must_fit:
-            full = min(request.num_tokens, self.max_model_len)
-            if self._num_blocks_to_allocate(request.request_id, full, hits) + watermark > free:
+            full = min(request.num_tokens, max_model_len)
+            if self._num_blocks_to_allocate(request_id, full, hits) + watermark > free:
                 return None
-        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens,
-                                   self.max_model_len)
-        needed = self._num_blocks_to_allocate(request.request_id, num_tokens_need_slot, hits)
+        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, max_model_len)
+        table = self.req_to_blocks.get(request_id)
+        num_required = -(-num_tokens_need_slot // self.block_size)
+        if hits:
+            needed = self._num_blocks_to_allocate(request_id, num_tokens_need_slot, hits)
+        else:  # _num_blocks_to_allocate with no hit, inlined (a decode's every step)
+            needed = num_required - (len(table) if table is not None else 0)
+            if needed < 0:
+                needed = 0
         if needed + watermark > free - reserved_blocks:
             return None
 
-        table = self.req_to_blocks.setdefault(request.request_id, [])
+        if table is None:
+            table = self.req_to_blocks[request_id] = []
         if hits:
             assert not table, "prefix hits are only adopted by a request without blocks"
             self.block_pool.touch(hits)
             table.extend(hits)
-            self.num_cached_block[request.request_id] = len(hits)
-        num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(table)
+            self.num_cached_block[request_id] = len(hits)
+        num_new_blocks = num_required - len(table)
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         table.extend(new_blocks)
         if not delay_cache_blocks:
@@ -133,13 +146,16 @@ class KVCacheManager:
         """Register the request's full blocks within its first ``num_tokens``."""
         if not self.enable_caching:
             return
-        num_cached = self.num_cached_block.get(request.request_id, 0)
-        num_full = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
+        request_id = request.request_id
+        num_cached = self.num_cached_block.get(request_id, 0)
+        block_size = self.block_size
+        block_hashes = request.block_hashes
+        num_full = min(num_tokens, len(block_hashes) * block_size) // block_size
         if num_full <= num_cached:
             return
-        table = self.req_to_blocks[request.request_id]
-        self.block_pool.cache_full_blocks(table, request.block_hashes, num_cached, num_full)
-        self.num_cached_block[request.request_id] = num_full
+        table = self.req_to_blocks[request_id]
+        self.block_pool.cache_full_blocks(table, block_hashes, num_cached, num_full)
+        self.num_cached_block[request_id] = num_full
 
     # -- free ---------------------------------------------------------------
     def free(self, request: Request) -> list[int]:

@@ -53,6 +53,22 @@ def hash_request_blocks(token_ids: list[int], block_size: int, block_hashes: lis
     """Extend ``block_hashes`` in place with the hashes of newly full blocks
     (with multimodal extra keys for blocks overlapping an item)."""
     start = len(block_hashes) * block_size
+    if not mm_positions and start + block_size <= len(token_ids):
+        # Text only: every new full block's tokens packed at once, then one
+        # sha256 per block over its slice (the bytes ``hash_block_tokens``
+        # packs per block, so the same hashes; a prompt's hundreds of blocks
+        # without an array per block).
+        end = len(token_ids) - (len(token_ids) - start) % block_size
+        data = array("q", token_ids[start:end]).tobytes()
+        parent = block_hashes[-1] if block_hashes else NONE_HASH
+        width = 8 * block_size
+        sha256 = hashlib.sha256
+        for offset in range(0, len(data), width):
+            h = sha256(parent)
+            h.update(data[offset:offset + width])
+            parent = h.digest()
+            block_hashes.append(parent)
+        return
     while start + block_size <= len(token_ids):
         parent = block_hashes[-1] if block_hashes else None
         extra = (mm_extra_keys(start, start + block_size, mm_positions, mm_hashes)

@@ -185,7 +185,8 @@ class Request:
     def append_output_token_ids(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
-        self._update_block_hashes()
+        if len(self.all_token_ids) >= (len(self.block_hashes) + 1) * self.block_size:
+            self._update_block_hashes()  # a block just filled (else there is nothing to hash)
 
     def _update_block_hashes(self) -> None:
         # One hash per full block; partial tails and drafts are never hashed.
@@ -204,15 +205,17 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     ``min_tokens``. Returns True when the request stopped.
     """
     params = request.sampling_params
-    last = request.output_token_ids[-1]
-    if last == params.effective_eos_token_id:
+    output_token_ids = request.output_token_ids
+    last = output_token_ids[-1]
+    if last == (None if params.ignore_eos else params.eos_token_id):  # effective_eos_token_id
         request.status = RequestStatus.FINISHED_STOPPED
         return True
     if last in params.stop_token_ids:
         request.status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = last
         return True
-    if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
+    # num_tokens, num_output_tokens
+    if len(request.all_token_ids) >= max_model_len or len(output_token_ids) >= request.max_tokens:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False

@@ -52,7 +52,42 @@ STREAMING_INPUT_PENDING = "waiting for streaming input"
 PREFILL_LOOKAHEAD_RESERVED = "prefill look-ahead reserved"
 
 _REQUEST_ID = attrgetter("request_id")
+#: ``Request.is_finished()`` is ``status > PREEMPTED`` (the hot loops compare inline).
+_PREEMPTED = RequestStatus.PREEMPTED
 _SPEC_TOKEN_IDS = attrgetter("spec_token_ids")
+
+
+class _QueueIds:
+    """The request ids of a queue, snapshot after snapshot (``Scheduler.snapshot``):
+    ``of(requests)`` is ``tuple(r.request_id for r in requests)``, computed
+    from the previous call's ids for the part of the queue that is the
+    previous queue less some requests popped from its head (admissions),
+    with some appended (arrivals): a compare of the request objects at C
+    speed, no attribute read per request. A request's id never changes."""
+
+    __slots__ = ("requests", "ids")
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.ids: tuple[str, ...] = ()
+
+    def of(self, requests: list[Request]) -> tuple[str, ...]:
+        previous, ids = self.requests, self.ids
+        if requests == previous:
+            return ids
+        requests = list(requests)
+        self.requests = requests
+        if previous and requests:
+            try:
+                popped = previous.index(requests[0])
+            except ValueError:
+                popped = -1
+            kept = len(previous) - popped
+            if popped >= 0 and kept <= len(requests) and requests[:kept] == previous[popped:]:
+                self.ids = ids[popped:] + tuple(map(_REQUEST_ID, requests[kept:]))
+                return self.ids
+        self.ids = tuple(map(_REQUEST_ID, requests))
+        return self.ids
 
 
 class Scheduler:
@@ -162,6 +197,9 @@ class Scheduler:
         # ``running`` but still holding a worker slot (vLLM 0.33.0
         # ``num_waiting_for_streaming_input``), so they count toward max_num_seqs.
         self.num_waiting_for_streaming_input = 0
+        # The ids of the queues at the previous snapshot, reused for what did not move.
+        self._waiting_ids = _QueueIds()
+        self._running_ids = _QueueIds()
 
     # -- requests in and out -------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -306,8 +344,7 @@ class Scheduler:
                 shown[req_id] = request
         states = tuple(RequestState(i, shown[i].status, shown[i].num_computed_tokens,
                                     tuple(shown[i].spec_token_ids)) for i in sorted(shown))
-        return SchedulerSnapshot(tuple(map(_REQUEST_ID, waiting)),
-                                 tuple(map(_REQUEST_ID, self.running)),
+        return SchedulerSnapshot(self._waiting_ids.of(waiting), self._running_ids.of(self.running),
                                  self.kv_cache_manager.num_free_blocks, states)
 
     # -- schedule --------------------------------------------------------------
@@ -354,26 +391,33 @@ class Scheduler:
             defer_prefills = True
 
         # 1. RUNNING requests, in order.
+        kv_cache_manager = self.kv_cache_manager
+        allocate_slots = kv_cache_manager.allocate_slots
+        hybrid = self.hybrid
+        # The last position a step may schedule to, less the sampled token's.
+        last_position = self.max_model_len - self.num_sampled_tokens_per_step
+        running = self.running
         req_index = 0
-        while req_index < len(self.running) and token_budget > 0:
-            request = self.running[req_index]
+        while req_index < len(running) and token_budget > 0:
+            request = running[req_index]
             if input_budget <= draft_slots:
                 break
+            num_computed_tokens = request.num_computed_tokens
+            num_output_placeholders = request.num_output_placeholders
             # Async: enough is in flight to reach max_tokens even if every
             # draft is rejected; do not schedule past it.
-            if (request.num_output_placeholders > 0
-                    and request.num_computed_tokens + 2 - request.num_output_placeholders
+            if (num_output_placeholders > 0
+                    and num_computed_tokens + 2 - num_output_placeholders
                     >= request.num_prompt_tokens + request.max_tokens):
                 req_index += 1
                 continue
-            num_new_tokens = (request.num_tokens_with_spec + request.num_output_placeholders
-                              - request.num_computed_tokens)
+            num_new_tokens = (request.num_tokens_with_spec + num_output_placeholders
+                              - num_computed_tokens)
             if 0 < threshold < num_new_tokens:
                 num_new_tokens = threshold
             num_new_tokens = min(num_new_tokens, token_budget, input_budget - draft_slots)
             # Keep the sampled token's position inside max_model_len.
-            num_new_tokens = min(num_new_tokens, self.max_model_len - request.num_computed_tokens
-                                 - self.num_sampled_tokens_per_step)
+            num_new_tokens = min(num_new_tokens, last_position - num_computed_tokens)
             if defer_prefills and request.is_prefill_chunk:
                 req_index += 1  # a prefill chunk waits for a cadence-aligned step
                 continue
@@ -393,16 +437,17 @@ class Scheduler:
 
             num_computed_before = request.num_computed_tokens
             while True:
-                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
-                events.extend(self._skipped_frees())
+                new_blocks = allocate_slots(request, num_new_tokens)
+                if hybrid:
+                    events.extend(self._skipped_frees())
                 if new_blocks is not None:
                     break
                 # Out of KV blocks: preempt the lowest-priority running request.
                 victim = self._select_victim()
                 if not self._request_blocks_can_be_freed(victim):
                     break  # 0.33.0: a deferred free would not help now; give up
-                victim_index = self.running.index(victim)
-                del self.running[victim_index]
+                victim_index = running.index(victim)
+                del running[victim_index]
                 # 0.33.0: decrement whenever the victim sat before the cursor
                 # (only possible under PRIORITY: the FCFS tail never does).
                 if victim_index < req_index:
@@ -431,10 +476,10 @@ class Scheduler:
 
             record = ScheduledRequest(request.request_id, "running", num_computed_before,
                                       num_new_tokens, 0,
-                                      self.kv_cache_manager.new_block_ids(new_blocks),
+                                      kv_cache_manager.new_block_ids(new_blocks),
                                       encoder_input_ids=list(encoder_ids),
-                                      group_block_ids=(self.kv_cache_manager.new_group_block_ids(new_blocks)
-                                                       if self.hybrid else None))
+                                      group_block_ids=(kv_cache_manager.new_group_block_ids(new_blocks)
+                                                       if hybrid else None))
             events.append(record)
             scheduled_running[request.request_id] = record
             prefill_scheduled |= request.is_prefill_chunk
@@ -858,25 +903,29 @@ class Scheduler:
     def _update_after_schedule(self, output: SchedulerOutput) -> None:
         # Advance computed counts now, so the next schedule() can continue a
         # chunked prefill before this step's output returns.
+        requests = self.requests
+        defer_block_free, sched_step_seq = self.defer_block_free, self.sched_step_seq
+        async_scheduling = self.async_scheduling
+        inflight_prefills = self._inflight_prefills
         for req_id, n in output.num_scheduled_tokens.items():
-            request = self.requests[req_id]
+            request = requests[req_id]
             request.num_computed_tokens += n
             request.num_in_flight_tokens += n
-            if self.defer_block_free:
-                request.last_sched_seq = self.sched_step_seq
-            request.is_prefill_chunk = request.num_computed_tokens < (
+            if defer_block_free:
+                request.last_sched_seq = sched_step_seq
+            is_prefill_chunk = request.is_prefill_chunk = request.num_computed_tokens < (
                 request.num_tokens + request.num_output_placeholders)
-            if not request.is_prefill_chunk:
-                self._inflight_prefills.pop(req_id, None)
-            if self.async_scheduling and not request.is_prefill_chunk:
-                # AsyncScheduler: the sampled token (and drafts) are in flight.
-                request.num_output_placeholders += (
-                    self.num_sampled_tokens_per_step
-                    + len(output.scheduled_spec_decode_tokens.get(req_id, ())))
-                # Its next drafts are K placeholders -1 (_spec_token_placeholders):
-                # the worker fills them, the scheduler never sees the real ids
-                # (reference.async_spec).
-                request.spec_token_ids = [-1] * self.num_spec_tokens
+            if not is_prefill_chunk:
+                inflight_prefills.pop(req_id, None)
+                if async_scheduling:
+                    # AsyncScheduler: the sampled token (and drafts) are in flight.
+                    request.num_output_placeholders += (
+                        self.num_sampled_tokens_per_step
+                        + len(output.scheduled_spec_decode_tokens.get(req_id, ())))
+                    # Its next drafts are K placeholders -1 (_spec_token_placeholders):
+                    # the worker fills them, the scheduler never sees the real ids
+                    # (reference.async_spec).
+                    request.spec_token_ids = [-1] * self.num_spec_tokens
         # Fresh sets: the output keeps the old objects.
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
@@ -909,15 +958,17 @@ class Scheduler:
             self.processed_step_seq += 1
             result.drained = self._drain_deferred_frees()
         spec_tokens = output.scheduled_spec_decode_tokens
+        requests = self.requests
+        max_model_len = self.max_model_len
         for req_id, n in output.num_scheduled_tokens.items():
-            request = self.requests.get(req_id)
+            request = requests.get(req_id)
             is_stale = False
             if request is not None:
                 request.num_in_flight_tokens -= n
                 if request.num_stale_output_tokens > 0:
                     is_stale = True
                     request.num_stale_output_tokens -= n
-            if request is None or request.is_finished():
+            if request is None or request.status > _PREEMPTED:  # is_finished(), inlined
                 continue  # aborted while in flight
             new_token_ids = list(sampled_token_ids.get(req_id, ()))
             drafts = spec_tokens.get(req_id)
@@ -932,7 +983,7 @@ class Scheduler:
                     self._roll_back_rejected(request, rejected)
                 result.num_draft_tokens += len(drafts)
                 result.num_rejected_draft_tokens += rejected
-            if request.has_encoder_inputs:
+            if request.mm_positions:  # has_encoder_inputs
                 # Only after the step ran: items now behind confirmed progress.
                 self._free_encoder_inputs(request)
             if not new_token_ids:
@@ -941,7 +992,7 @@ class Scheduler:
             had_placeholders = request.num_output_placeholders > 0
             for num_new, token_id in enumerate(new_token_ids, 1):
                 request.append_output_token_ids(token_id)
-                if check_stop(request, self.max_model_len):
+                if check_stop(request, max_model_len):
                     if not is_stale:
                         request.num_computed_tokens -= len(new_token_ids) - num_new
                     del new_token_ids[num_new:]
@@ -955,7 +1006,7 @@ class Scheduler:
                 self.kv_cache_manager.cache_blocks(
                     request, request.num_computed_tokens - request.num_in_flight_tokens)
             result.new_token_ids[req_id] = new_token_ids
-            if request.is_finished():
+            if request.status > _PREEMPTED:  # is_finished()
                 if status_before == RequestStatus.RUNNING:
                     stopped.add(id(request))
                 else:

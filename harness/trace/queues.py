@@ -64,7 +64,11 @@ def encode(previous: list[str] | None, queue: list[str]) -> tuple[list[int] | No
             start = previous.index(queue[h])
         except ValueError:
             continue  # pushed in front (a preempted request): part of the head
-        length = _common_prefix(queue[h:], previous[start:])
+        most = min(len(queue) - h, len(previous) - start)
+        if queue[h:h + most] == previous[start:start + most]:  # the usual case: one compare
+            length = most
+        else:
+            length = _common_prefix(queue[h:], previous[start:])
         tail = queue[h + length:]
         if len(tail) + h >= len(queue):
             break
@@ -86,15 +90,27 @@ class QueueEncoder:
             return row
         out = dict(row)
         rank = row.get("rank") or 0
-        for name in QUEUE_COLUMNS:
+        previous = self._previous
+        for name, kept_key, head_key in _ROW_KEYS:
             queue = row.get(name)
             if queue is None:
                 continue
             queue = list(queue)
-            kept, head, tail = encode(self._previous.get((rank, name)), queue)
-            out[name], out[f"{name}_kept"], out[f"{name}_head"] = tail, kept, head
-            self._previous[(rank, name)] = queue
+            key = (rank, name)
+            before = previous.get(key)
+            if queue and before == queue:
+                # Unchanged (most snapshots of a step, C-speed compare): what
+                # ``encode`` finds, the whole previous list kept, nothing around it.
+                out[name], out[kept_key], out[head_key] = [], [0, len(queue)], []
+            else:
+                kept, head, tail = encode(before, queue)
+                out[name], out[kept_key], out[head_key] = tail, kept, head
+            previous[key] = queue
         return out
+
+
+#: Per queue column: (the column, its ``_kept`` and ``_head`` columns).
+_ROW_KEYS = tuple((name, f"{name}_kept", f"{name}_head") for name in QUEUE_COLUMNS)
 
 
 class QueueChange(NamedTuple):

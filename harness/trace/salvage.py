@@ -137,9 +137,10 @@ def salvage(folder: str | os.PathLike[str], out: str | os.PathLike[str]) -> Salv
 
 
 #: The temporary folder ``TraceWriter`` makes beside its output (``.NAME.<16 hex>.tmp``)
-#: and the files it writes there: segments, a segment being written, the joined trace.
+#: and the files it writes there: segments, a segment being written, the joined trace
+#: (``trace.parquet.part`` while the run goes; ``trace.parquet`` as older writers named it).
 _WRITER_FOLDER = re.compile(r"\..+\.[0-9a-f]{16}\.tmp")
-_WRITER_FILE = re.compile(r"seg-[0-9]{6}\.(parquet|part)|trace\.parquet")
+_WRITER_FILE = re.compile(r"seg-[0-9]{6}\.(parquet|part)|trace\.parquet(\.part)?")
 
 
 def _remove_salvaged_folder(src: Path, skipped: list[str]) -> tuple[bool, str | None]:

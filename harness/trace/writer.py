@@ -5,11 +5,14 @@ While the run goes, rows are written to a temporary folder beside the target
 one row group (``seg-000000.parquet``, ...), cut at a step boundary once
 ``rows_per_group`` rows or ``bytes_per_group`` estimated bytes are buffered,
 and itself written under a ``.part`` name and renamed, so a run killed at any
-instant (SIGKILL included) leaves only whole segments behind:
-``harness salvage`` (``harness.trace.salvage``) turns them into a trace.
+instant (SIGKILL included) leaves only whole segments behind (and the
+joined file below, unfooted): ``harness salvage`` (``harness.trace.salvage``)
+turns the segments into a trace.
 
-When the run ends, ``close`` copies the segments' row groups into one file
-(page checksums on, zstd), writes the footer summary with the file's digest
+Each segment's rows are also appended, as the next row group, to the joined
+file (``trace.parquet.part`` in the same folder, page checksums on, zstd),
+so nothing is read back at the end: when the run ends, ``close`` writes its
+footer summary with the file's digest
 (``SUMMARY_KEY``: ``trace_sha256``, the sha256 of the whole file with those 64 characters read
 as ``0``; ``digest_of_file``), and renames it into place, so the final path
 is never partial. The key-value metadata (``sched_harness``) makes the trace
@@ -39,6 +42,10 @@ from harness.trace.schema import METADATA_KEY, SUMMARY_KEY, schema_for
 DIGEST_PLACEHOLDER = "0" * 64
 #: Segment file names inside the temporary folder, in order.
 SEGMENT_GLOB = "seg-*.parquet"
+#: The joined trace inside the temporary folder while the run goes (each
+#: segment's row group appended as it is cut; footed and renamed by ``close``).
+#: Not ``*.parquet``: a killed run's folder holds no file that reads as a trace.
+JOINED_NAME = "trace.parquet.part"
 # Parquet options of every file this harness writes (segments and traces).
 _PARQUET_OPTIONS = {"compression": "zstd", "write_page_checksum": True}
 
@@ -145,6 +152,9 @@ class TraceWriter:
         version, schema = schema_for(meta)
         meta = {"schema_version": version, **meta}
         self._schema = schema.with_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
+        self._row_type = pa.struct(list(self._schema))  # a row as one struct value (``_flush``)
+        # The joined file, written a row group per segment as they are cut (``close``).
+        self._joined: pq.ParquetWriter | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = _make_temp_dir(self.path)
         self._buffer: list[dict[str, Any]] = []  # rows as stored (queue changes), in order
@@ -172,34 +182,45 @@ class TraceWriter:
     def add_step(self, rows: list[dict[str, Any]]) -> None:
         """Buffer one step's rows; write a segment when the buffer is full."""
         self._num_steps += 1
-        for row in rows:
-            stored = self._queues.encode_row(row)
-            self._buffer.append(stored if stored is not row else dict(row))  # the caller keeps its row
-            self._buffered_bytes += _row_bytes(stored)
+        encode = self._queues.encode_row
+        stored = [encode(row) for row in rows]
+        # The caller keeps its rows: a row stored as given is copied (C speed).
+        self._buffer += [s if s is not r else dict(r) for s, r in zip(stored, rows)]
+        self._buffered_bytes += sum(map(_row_bytes, stored))
         self._buffered += len(rows)
         if self._buffered >= self.rows_per_group or self._buffered_bytes >= self.bytes_per_group:
             self._flush()
 
     def _flush(self) -> None:
-        """Write the buffer as the next segment (``.part``, then renamed)."""
+        """Write the buffer as the next segment (``.part``, then renamed), and
+        append it to the joined file as its next row group (``close`` then
+        only adds the footer: no segment is read back)."""
         if not self._buffered:
             return
-        # Missing keys read as null, keys outside the schema are left out (pyarrow's conversion).
-        table = pa.Table.from_pylist(self._buffer, schema=self._schema)
+        # The rows become one struct array, converted at C speed: missing keys
+        # read as null, keys outside the schema are left out (as pyarrow's
+        # ``Table.from_pylist``, whose Python loop over every column of every
+        # row this replaces; the same values, so the same bytes).
+        rows = pa.array(self._buffer, type=self._row_type)
+        table = pa.Table.from_arrays(rows.flatten(), schema=self._schema)
         final = self._tmp / f"seg-{len(self._segments):06d}.parquet"
         part = final.with_suffix(".part")
         pq.write_table(table, part, **_PARQUET_OPTIONS)
         os.replace(part, final)
         self._segments.append(final)
+        if self._joined is None:
+            self._joined = pq.ParquetWriter(self._tmp / JOINED_NAME, self._schema, **_PARQUET_OPTIONS)
+        self._joined.write_table(table)
         self.num_rows += self._buffered
         self._buffer = []
         self._buffered = 0
         self._buffered_bytes = 0
 
     def close(self) -> None:
-        """Flush, join the segments into one file with the footer summary and
-        its digest, and rename it into place (atomic); the temporary folder
-        is removed. Raises OSError (the folder is then removed too)."""
+        """Flush, finish the joined file (the segments' row groups, written as
+        they were cut) with the footer summary and its digest, and rename it
+        into place (atomic); the temporary folder is removed. Raises OSError
+        (the folder is then removed too)."""
         try:
             self._flush()
             summary = {"steps": self._num_steps, "events": self.num_rows, "stalled": self.stalled}
@@ -209,17 +230,32 @@ class TraceWriter:
                 summary["salvaged"] = self.salvaged
             if self.protocol is not None:
                 summary["protocol"] = self.protocol
-            joined = join_segments(self._segments, self._schema, summary, self._tmp / "trace.parquet")
+            out = self._tmp / JOINED_NAME
+            if self._joined is None:  # no row at all
+                self._joined = pq.ParquetWriter(out, self._schema, **_PARQUET_OPTIONS)
+            joined, self._joined = self._joined, None
+            _finish(joined, summary, out)
             # mkdtemp's folder is 0700 and files take the umask: the trace gets the usual mode.
             umask = os.umask(0)
             os.umask(umask)
-            os.chmod(joined, 0o666 & ~umask)
-            os.replace(joined, self.path)
+            os.chmod(out, 0o666 & ~umask)
+            os.replace(out, self.path)
         finally:
+            self._close_joined()
             _remove_temp_dir(self._tmp)
+
+    def _close_joined(self) -> None:
+        """Close the joined file's writer, if open (an abort: the file goes with the folder)."""
+        joined, self._joined = self._joined, None
+        if joined is not None:
+            try:
+                joined.close()
+            except Exception:  # noqa: BLE001 (a half-written file being discarded)
+                pass
 
     def abort(self) -> None:
         """Discard the temporary folder."""
+        self._close_joined()
         _remove_temp_dir(self._tmp)
 
     def __enter__(self) -> TraceWriter:
@@ -245,12 +281,24 @@ def join_segments(segments: list[Path], schema: pa.Schema, summary: dict[str, An
     file (``digest_of_file``), patched in place of its placeholder. Returns
     ``out``. Raises OSError or pyarrow.ArrowException for an unreadable
     segment."""
-    summary = {**summary, "trace_sha256": DIGEST_PLACEHOLDER}
     writer = pq.ParquetWriter(out, schema, **_PARQUET_OPTIONS)
     try:
         for segment in segments:
             # One segment at a time: memory is bounded by a row group.
             writer.write_table(pq.ParquetFile(segment, page_checksum_verification=True).read())
+    except BaseException:
+        writer.close()
+        raise
+    return _finish(writer, summary, out)
+
+
+def _finish(writer: pq.ParquetWriter, summary: dict[str, Any], out: Path) -> Path:
+    """Close ``writer`` (writing to ``out``) with ``summary`` in the footer
+    (``SUMMARY_KEY``) plus ``trace_sha256``: the digest of the finished file
+    (``digest_of_file``), patched in place of its placeholder. Returns ``out``.
+    Raises OSError."""
+    summary = {**summary, "trace_sha256": DIGEST_PLACEHOLDER}
+    try:
         writer.add_key_value_metadata({SUMMARY_KEY: json.dumps(summary, sort_keys=True)})
     finally:
         writer.close()
