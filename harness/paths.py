@@ -51,6 +51,18 @@ def _writable_ancestor(output: str, path: Path) -> Path:
     return ancestor
 
 
+def _refuse_non_utf8(output: str, option: str) -> None:
+    """A destination whose name is not valid UTF-8 is refused before any work:
+    pyarrow writes through paths it encodes as UTF-8, so such a run ended
+    after its work with a bare UnicodeEncodeError and left its folder behind
+    (adversarial trial). Reading such a file works (``arrow_source``)."""
+    try:
+        output.encode("utf-8")
+    except UnicodeEncodeError:
+        raise OutputPathError(f"{utf8_path(output)}: {option} names a path that is not valid UTF-8; "
+                              f"choose a UTF-8 name (such a file can be read, not written)") from None
+
+
 def check_output_file(output: str, inputs: tuple[str, ...] = (), option: str = "-o") -> None:
     """Raise OutputPathError unless ``output`` can be written as a new or
     replaced regular file, and is none of ``inputs`` (paths that may not
@@ -58,6 +70,7 @@ def check_output_file(output: str, inputs: tuple[str, ...] = (), option: str = "
     the messages name (``--report`` for ``check --report FILE``, ...)."""
     if not output or not output.strip():
         raise OutputPathError(f"{option}: the output path is empty")
+    _refuse_non_utf8(output, option)
     if output.endswith((os.sep, "/")) or output.endswith((f"{os.sep}.", f"{os.sep}..")) or output in (".", ".."):
         # Regression: `-o x.parquet/` was taken for x.parquet (pathlib drops the slash).
         raise OutputPathError(f"{output}: {option} names a folder (the path ends in '/'), not a file; "
@@ -106,6 +119,7 @@ def check_output_folder(output: str, files: tuple[str, ...] = ()) -> None:
     when it came to write the witness."""
     if not output or not output.strip():
         raise OutputPathError("-o: the output folder is empty")
+    _refuse_non_utf8(output, "-o")
     out = Path(output)
     for link in (out, *out.parents):  # a dangling link cannot be created through (FileExistsError)
         if link.is_symlink() and not link.exists():
