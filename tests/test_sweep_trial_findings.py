@@ -66,7 +66,7 @@ def rendered(results, scenarios, width: int = 80) -> str:
 
 
 CRASH = ("candidate raised AssertionError in schedule() at step 148: out of KV blocks: the running loop "
-         "would preempt r000025 (at harness/candidates/mutants/queues.py:239)")
+         "would preempt r000025 (at harness/candidates/mutants/queues.py:249)")
 
 
 def test_regression_sweep_shows_a_crash_one_line() -> None:
