@@ -8,6 +8,8 @@ could open (0 of 10 readable).
 
 from __future__ import annotations
 
+from reference.words import plural
+
 import json
 import signal
 import subprocess
@@ -78,7 +80,7 @@ def test_a_sigkilled_record_is_salvaged_whole_row_groups_and_checks(tmp_path: Pa
     code, output = run("replay", salvaged)
     assert code == 3 and output.strip().splitlines()[-1] == \
         (f"incomplete run (exit 3): no violation in the {steps} steps it has (profile 0.33.0): "
-         f"{trace.summary['salvaged']}; {steps} steps replayed, identical decisions"), output
+         f"{trace.summary['salvaged']}; {plural(steps, 'step')} replayed, identical decisions"), output
     code, output = run("replay", salvaged, "--allow-incomplete")
     assert code == 0, output
 

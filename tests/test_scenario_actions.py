@@ -9,6 +9,8 @@ replay: identical on the reference and (marked ``vllm``) on vllm@0.33.0.
 
 from __future__ import annotations
 
+from reference.words import plural
+
 import os
 from pathlib import Path
 
@@ -262,7 +264,7 @@ def test_actions_replay_identically_on_vllm(tmp_path: Path) -> None:
         out = record(path, tmp_path / f"{path.stem}.parquet")
         r = CliRunner().invoke(main, ["replay", str(out), "--candidate", "vllm@0.33.0"])
         assert r.exit_code == 0, (path.name, r.output)
-        assert f"conformant (profile 0.33.0): {steps} steps replayed, identical decisions" in r.output, path.name
+        assert f"conformant (profile 0.33.0): {plural(steps, 'step')} replayed, identical decisions" in r.output, path.name
 
 
 @pytest.mark.vllm

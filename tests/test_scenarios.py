@@ -5,6 +5,8 @@ the exact step; every bad input exits 2 with ``file:line: problem``."""
 
 from __future__ import annotations
 
+from reference.words import plural
+
 import os
 import re
 from pathlib import Path
@@ -139,7 +141,7 @@ def test_scenarios_replay_identically_on_vllm(tmp_path: Path) -> None:
         out = record(SCENARIOS / f"{name}.toml", tmp_path / f"{name}.parquet")
         r = CliRunner().invoke(main, ["replay", str(out), "--candidate", "vllm@0.33.0"])
         assert r.exit_code == 0, (name, r.output)
-        assert f"conformant (profile 0.33.0): {EXPECTED[name][0]} steps replayed, identical decisions" in r.output, name
+        assert f"conformant (profile 0.33.0): {plural(EXPECTED[name][0], 'step')} replayed, identical decisions" in r.output, name
 
 
 IDLE = """format_version = 1

@@ -10,6 +10,8 @@ sha256, so the same command on the same input writes the same file.
 
 from __future__ import annotations
 
+from reference.words import plural
+
 import importlib.util
 import json
 import re
@@ -86,7 +88,7 @@ def test_example_trace_checks_and_replays_as_its_readme_says(name: str) -> None:
     assert r.exit_code == 0 and report["ok"] is True
     r = runner.invoke(main, ["replay", str(path)])
     assert r.exit_code == 0, r.output
-    assert f"conformant (profile 0.33.0): {steps} steps replayed, identical decisions" in r.output
+    assert f"conformant (profile 0.33.0): {plural(steps, 'step')} replayed, identical decisions" in r.output
 
 
 def test_mutant_trace_check_prints_what_the_readme_shows(monkeypatch) -> None:
