@@ -85,7 +85,10 @@ def test_a_long_lived_driver_judges_as_a_fresh_one(tmp_path: Path) -> None:
         vllm_candidate.shutdown_pool()  # the next candidate starts a driver of its own
         before = {d.pid for d in vllm_candidate.POOL.live()}
         fresh = _judge(factory, cases[i], tmp_path / f"fresh-{i}.parquet")
-        assert {d.pid for d in vllm_candidate.POOL.live()}.isdisjoint(before)
+        # A driver of its own: one that was not live before. (Not "none of the
+        # earlier ones live": shutdown_pool kills idle drivers only, and a driver
+        # another test of this worker still leases stays; CI saw one.)
+        assert {d.pid for d in vllm_candidate.POOL.live()} - before
         assert fresh[0] == served[i][0], f"example {i}: verdict"
         assert fresh[1] == served[i][1], f"example {i}: the candidate's rows"
         assert fresh[2] == served[i][2], f"example {i}: trace bytes"
