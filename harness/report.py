@@ -20,7 +20,6 @@ from harness.check import MAX_PER_INVARIANT, CheckResult
 from harness.check.invariants import INVARIANTS
 from harness.replay import Divergence, OwnRun
 from harness.trace import Trace
-from reference.words import plural
 from harness.richtext import keep_words_whole
 from reference.words import plural
 

@@ -27,7 +27,6 @@ from harness.replay import replay
 from harness.trace.reader import open_trace
 from harness.trace.recorder import record
 from reference.config import ConfigError, EngineConfig
-from reference.output import EncoderPlan, ScheduledRequest, Skip
 from reference.request import Request, SamplingParams
 from reference.scheduler import PREFILL_LOOKAHEAD_RESERVED, Scheduler
 from reference.workload import RequestSpec, Workload
