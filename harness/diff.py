@@ -443,7 +443,7 @@ def render_report(result: DiffResult, console: Console) -> None:
     d = result.first_divergence
     if d is None:
         steps = result.stats_a["steps"]
-        console.print(f"[bold green]same[/]: identical events on " + ("the only step" if steps == 1
+        console.print("[bold green]same[/]: identical events on " + ("the only step" if steps == 1
                                                                         else f"all {steps} steps"))
         return
     console.print(f"[bold red]DIVERGENCE at step {d.step}[/], event #{d.event_index} ({escape(d.kind or '-')}), "

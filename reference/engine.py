@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 from reference.async_spec import WorkerDrafts
 from reference.config import ConfigError, EngineConfig
-from reference.kv_connector import make_kv_worker
+from reference.kv_connector import RecordedKVWorker, SimulatedKVWorker, make_kv_worker
 from reference.runners.scripted import RequestScript, ScriptedModelRunner
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.runners.base import ModelRunner, RunnerFactory, ScriptedRunnerAdapter
@@ -217,7 +217,7 @@ class _Rank:
 
     index: int
     sched: _Guarded
-    kv_worker: "SimulatedKVWorker | RecordedKVWorker | None" = None
+    kv_worker: SimulatedKVWorker | RecordedKVWorker | None = None
     in_flight: deque = field(default_factory=deque)
     # Async scheduling with speculative decoding: the worker's drafts.
     worker_drafts: WorkerDrafts | None = None

@@ -492,6 +492,6 @@ def test_regression_a_candidate_exception_names_its_file_and_line_and_traceback_
         assert (rc, out.splitlines()[-1]) == (1, last)
         assert "Traceback (most recent call last):" in out
         for name in frames:
-            assert f'raisecands.py", line' in out and f"in {name}" in out
+            assert 'raisecands.py", line' in out and f"in {name}" in out
     finally:
         sys.modules.pop("raisecands", None)

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.trace import METADATA_KEY, SUMMARY_KEY
+from harness.trace import METADATA_KEY
 from harness.trace.writer import reseal
 
 ROOT = Path(__file__).resolve().parents[1]

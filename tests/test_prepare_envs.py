@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-import pytest
 
 from tests.prepare_envs import ENVS, Env, prepare
 

@@ -23,7 +23,7 @@ import tomllib
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.scenario_extract import decisions, extract
+from harness.scenario_extract import decisions
 from harness.trace import open_trace
 from reference.workload import RequestSpec
 from workloads.scenario import SCENARIO_SCHEMA, dump_scenario, load_scenario

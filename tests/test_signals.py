@@ -4,7 +4,6 @@ usage errors are one line, exit 2 (``harness/signals.py``)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

@@ -80,7 +80,7 @@ def test_env_python_records_exactly_the_release_decisions(env_python, tmp_path):
     """vllm@<the 0.33.0 env's bin/python> is vllm@0.33.0: the same rows every step."""
     scenario = REPO / "harness/scenarios/fcfs-tight.toml"
     by_release, by_path = tmp_path / "release.parquet", tmp_path / "path.parquet"
-    for spec, out in ((f"vllm@0.33.0", by_release), (f"vllm@{env_python}", by_path)):
+    for spec, out in (("vllm@0.33.0", by_release), (f"vllm@{env_python}", by_path)):
         result = _invoke("record", str(scenario), "-o", str(out), "--engine", spec)
         assert result.exit_code == 0, result.output
     assert _steps(by_path) == _steps(by_release)
