@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 
 import torch
 from tests.v1.core.utils import create_requests, create_scheduler
@@ -107,8 +106,7 @@ def main(argv: list[str]) -> int:
         out = os.path.abspath(argv[1])
         os.environ["SCHED_HARNESS_TRACE"] = out
         os.environ["SCHED_HARNESS_STRICT"] = "1"
-        with tempfile.TemporaryDirectory():
-            print("recorded:", probe(17, RecordingScheduler))
+        print("recorded:", probe(17, RecordingScheduler))
         print(f"wrote {out}")
     return 0
 
