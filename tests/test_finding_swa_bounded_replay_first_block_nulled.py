@@ -36,6 +36,7 @@ import pytest
 from harness.candidates.resolve import resolve_candidate
 from harness.candidates.vllm.recording_convert import convert
 from harness.check.checker import check_trace, unjudged_rules
+from harness.check.profiles import SAFETY_ONLY
 from harness.fuzz import FuzzCase, run_case
 from harness.replay import replay
 from harness.trace.reader import open_trace
@@ -119,6 +120,36 @@ def test_a_chunked_replay_reads_the_null_slot_at_every_chunk() -> None:
     assert [(v.step, v.request, v.message.split(" reads")[0]) for v in run.result.violations] == [
         (step, "b", f"group 1: slot 4 is the null block, but the window of token {t}")
         for step, t in ((1, 79), (2, 87))]
+
+
+def test_an_engine_that_keeps_the_replays_first_block_is_safe(monkeypatch) -> None:
+    """A fixed engine: the bounded-replay group nulls only the slots wholly
+    before the replay's start, (H - W) // block_size. SLIDING-WINDOW-HELD is
+    silent; under the 0.33.0 profile SLIDING-WINDOW-FREE names the slot it
+    keeps (0.33.0 adopts the null block there), and the next allocation frees it."""
+    from reference.kv.single_type_kv_cache_manager import SlidingWindowManager
+
+    original = SlidingWindowManager.add_local_computed_blocks
+
+    def keep_replay_start(self, request_id, new_computed_blocks, num_local, num_external):
+        replay = self.kv_cache_spec.prefix_replay_tokens
+        total = num_local + num_external
+        if not replay or total <= replay:
+            return original(self, request_id, new_computed_blocks, num_local, num_external)
+        nulls = (total - replay) // self.block_size  # the slots wholly before the replay's start
+        self.req_to_blocks.setdefault(request_id, []).extend([self._null_block] * nulls)
+        self.num_cached_block[request_id] = nulls
+
+    monkeypatch.setattr(SlidingWindowManager, "add_local_computed_blocks", keep_replay_start)
+    run = run_case(Scheduler, _case(17), SAFETY_ONLY)
+    assert _admission_of_b(run) == (79, 21, [0, 0, 0, 0, 11, 10, 9])
+    assert run.result.by_invariant == {}
+    run = run_case(Scheduler, _case(17))
+    assert run.result.by_invariant == {"SLIDING-WINDOW-FREE": 1}
+    (v,) = run.result.violations
+    assert (v.step, v.request) == (1, "b")
+    assert v.message.startswith("group 1 (bounded replay): slot 4 holds block 11, wholly before the window of "
+                                "token 96: 0.33.0 adopts the null block there")
 
 
 @pytest.mark.vllm

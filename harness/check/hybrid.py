@@ -206,8 +206,7 @@ def admit(m: TraceModel, req: ReqShadow, ev: dict, hit: int, external: int = 0) 
                     m.violate("SLIDING-WINDOW-FREE", rid,
                               f"group {g} (bounded replay): slot {i} holds block {block}, wholly before the "
                               f"window of token {hit + external}: 0.33.0 adopts the null block there")
-            req.groups[g].extend(table[:skipped])
-            news.append(table[skipped:])
+            news.append(table)  # no hit: every real block is new (one kept before the window too)
             continue
         skipped = skipped_blocks(m, window, hit)
         for i, block in enumerate(table[:n_hit]):
