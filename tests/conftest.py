@@ -42,6 +42,7 @@ ONE_WORKER_MODULES = {
     "tests/test_fuzz_vllm_pool.py": "vllm-pool",
     "tests/test_finding_give_back_uncomputed_hit.py": "vllm-pool",
     "tests/test_finding_vllm_0_20_2_resume_before_stale_output.py": "vllm-pool",
+    "tests/test_finding_swa_bounded_replay_first_block_nulled.py": "vllm-pool",
     "tests/test_vllm_versions.py": "vllm-pool",
     "tests/test_vllm_scheduler_cls.py": "vllm-pool",
     "tests/test_vllm_path.py": "vllm-pool",

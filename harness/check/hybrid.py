@@ -30,7 +30,7 @@ from harness.check.model import ReqShadow, TraceModel, cdiv
 from harness.check.result import SAFETY, SEMANTICS, Invariant
 
 INVARIANTS = [
-    Invariant("SLIDING-WINDOW-HELD", "A sliding-window group keeps a block at every table index the window of the request's oldest unprocessed token reads (tokens from processed - sliding_window + 1 on, processed = num_computed_tokens minus the tokens of steps in flight); a skipped_free row frees only blocks of its own table wholly before that window.", "vLLM SlidingWindowManager.remove_skipped_blocks",
+    Invariant("SLIDING-WINDOW-HELD", "A sliding-window group keeps a block at every table index the window of the request's oldest unprocessed token reads (tokens from processed - sliding_window + 1 on, processed = num_computed_tokens minus the tokens of steps in flight; with bounded replay never before the replay's start, whose tokens' window KV the replay writes and reads); a skipped_free row frees only blocks of its own table wholly before that window.", "vLLM SlidingWindowManager.remove_skipped_blocks",
               SAFETY, "A block the window still reads (by this step or a step still in flight) that is freed or nulled can be reallocated and overwritten under the attention that reads it, in every version."),
     Invariant("SLIDING-WINDOW-FREE", "When a running request is allocated slots, its sliding-window groups have just freed every block wholly before the window of its processed tokens, last block first, in a skipped_free row before its schedule row (table slots then hold the null block); an admission's hit holds the null block there.", "vLLM KVCacheManager.allocate_slots, remove_skipped_blocks",
               SEMANTICS, "Freeing the blocks that left the window at each allocation (not later, not at the request's end) is 0.33.0's design: keeping them longer is still correct, only wasteful."),
@@ -109,6 +109,32 @@ def skipped_blocks(m: TraceModel, window: int | None, processed: int) -> int:
     return max(0, processed - window + 1) // m.bs
 
 
+def replay_null_slots(m: TraceModel, end: int, start: int) -> int:
+    """The leading slots a bounded-replay group may hold the null block at
+    after an admission whose local and external hit ends at ``end`` tokens
+    and whose computed tokens start at ``start`` (0 without bounded replay).
+
+    Without a replay (the load restored the window) the window of token
+    ``end`` reads from ``end - sliding_window + 1``. A replay starts at
+    ``start = end - prefix_replay_tokens`` (vLLM 0.33.0
+    ``Request.replay_start``): the worker writes the replayed tokens' window
+    KV and reads it from there on (``sparse_swa.py``'s window indices start
+    at ``max(p - sliding_window + 1, replay_start)``), so the slot holding
+    token ``start`` is read too. vLLM 0.33.0 nulls the slots wholly before
+    the window of token ``end`` (``add_local_computed_blocks``), one slot too
+    many when ``end - sliding_window + 1`` is a multiple of the block size
+    (a block-aligned hit and ``sliding_window - 1`` a multiple of it):
+    SLIDING-WINDOW-HELD then reports the replay's first slot
+    (docs/explanation/findings.md). An admission that does not start where
+    the replay should (COMPUTED-CONTINUITY) is held to the window of ``end``."""
+    if not m.replay_groups:
+        return 0
+    nulls = skipped_blocks(m, m.prefix_replay_tokens, end)
+    if end > m.prefix_replay_tokens and start == end - m.prefix_replay_tokens:
+        nulls = min(nulls, start // m.bs)
+    return nulls
+
+
 def _ensure(m: TraceModel, req: ReqShadow) -> list[list[int]]:
     if req.groups is None:
         req.groups = [[] for _ in m.group_windows]
@@ -164,7 +190,7 @@ def admit(m: TraceModel, req: ReqShadow, ev: dict, hit: int, external: int = 0) 
     check_prefix_hit(m, req, hit, [[] if g in m.replay_groups else t for g, t in enumerate(tables)])
     req.groups = [[] for _ in tables]
     req.group_registered = [0] * len(tables)
-    req.replay_nulls = skipped_blocks(m, m.prefix_replay_tokens, hit + external) if m.replay_groups else 0
+    req.replay_nulls = replay_null_slots(m, hit + external, ev.get("num_computed_tokens") or 0)
     req.replay_end = hit + external if m.replay_groups else 0
     news: list[list[int]] = []
     for g, table in enumerate(tables):
@@ -180,8 +206,7 @@ def admit(m: TraceModel, req: ReqShadow, ev: dict, hit: int, external: int = 0) 
                     m.violate("SLIDING-WINDOW-FREE", rid,
                               f"group {g} (bounded replay): slot {i} holds block {block}, wholly before the "
                               f"window of token {hit + external}: 0.33.0 adopts the null block there")
-            req.groups[g].extend(table[:skipped])
-            news.append(table[skipped:])
+            news.append(table)  # no hit: every real block is new (one kept before the window too)
             continue
         skipped = skipped_blocks(m, window, hit)
         for i, block in enumerate(table[:n_hit]):
@@ -279,8 +304,13 @@ def check_cover(m: TraceModel, req: ReqShadow, before: tuple[int, ...], end: int
             skipped = max(skipped, req.replay_nulls)
         nulls = [i for i, b in enumerate(table) if b == 0 and i >= skipped]
         if nulls:
+            replay = (f" (bounded replay: the tokens recomputed before {req.replay_end} write and read window KV "
+                      f"from the replay's start on, in slot {req.replay_nulls})"
+                      if g in m.replay_groups and processed < req.replay_end and nulls[0] == req.replay_nulls
+                      else "")
             m.violate("SLIDING-WINDOW-HELD", rid,
-                      f"group {g}: slot {nulls[0]} is the null block, but the window of token {processed} reads it")
+                      f"group {g}: slot {nulls[0]} is the null block, but the window of token {processed} reads "
+                      f"it{replay}")
 
 
 def check_mamba_state(m: TraceModel, req: ReqShadow, g: int, table: list[int], end: int) -> None:

@@ -72,7 +72,7 @@ class ReqShadow:
     group_registered: list[int] = field(default_factory=list)
     # Bounded replay (vLLM 0.33.0 swa_bounded_replay), from the latest fresh
     # admission: the bounded-replay groups' leading null slots (wholly before
-    # the window of the hit's end) and the hit's end in tokens, whose blocks
+    # the replay's start: hybrid.replay_null_slots) and the hit's end in tokens, whose blocks
     # the request holds while it recomputes the hit's last window.
     replay_nulls: int = 0
     replay_end: int = 0
