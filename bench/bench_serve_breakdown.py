@@ -16,11 +16,21 @@ inside vLLM's). Prints microseconds per step (mean over the steps) and per call
 contains ``writer.flush``, which contains ``os.write``), and every timer adds
 about 0.2-0.5 us to what contains it. Nothing is asserted; figures vary ~2x with
 the machine's load.
+
+``--cprofile N`` replays without those timers under ``cProfile``, enabled only
+inside the scheduler's ``schedule()`` and ``update_from_output()`` calls: it
+prints their CPU time by area (the recorder's own code in ``harness/``, vLLM's,
+the C functions each calls) and the ``N`` functions of the recorder with the
+most own time, per step. cProfile's per-call cost inflates Python-heavy code
+(~2x): read shares, not microseconds. ``--ops PATH`` keeps the captured ops in
+``PATH`` and, when it exists, replays it instead of capturing again (the
+profile of a change on the same ops).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -53,6 +63,100 @@ def capture_ops(limit: int, ops_path: Path, tmp: Path) -> int:
     rec = offline.record_offline(wl, config, tmp / "capture.parquet", default_model(), seed=seed)
     ops_path.write_text("".join(json.dumps(m) + "\n" for m in ops))
     return rec.steps
+
+
+def _replay(runner, lines: list[str]) -> tuple[int, list[float], list[float]]:
+    """Send the ops after ``init`` to ``runner``; (steps, sched_s, vllm_s) per step."""
+    steps, sched_s, vllm_s = 0, [], []
+    for line in lines[1:]:
+        msg = json.loads(line)
+        if msg["op"] == "close":
+            break
+        out = getattr(runner, msg["op"])(msg)
+        if msg["op"] == "step":
+            steps += 1
+            sched_s.append(out["sched_s"])
+            vllm_s.append(out["vllm_s"])
+    runner.close({})
+    return steps, sched_s, vllm_s
+
+
+def cprofile(ops_path: Path, outdir: Path, top: int) -> None:
+    """Under the serving env: replay the ops with cProfile on inside the
+    scheduler's calls; print the time by area and the recorder's top functions."""
+    import cProfile
+    import pstats
+
+    os.environ["SCHED_HARNESS_TRACE"] = str(outdir / "rec.jsonl")
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "harness" / "serve"))
+    import offline_runner
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    offline_runner._track_totals(Scheduler)
+    lines = ops_path.read_text().splitlines()
+    runner = offline_runner.Runner()
+    runner.init(dict(json.loads(lines[0]), timing=True))
+    sched = runner._scheduler()
+    # CPU time of this thread: a shared machine's waits are nobody's.
+    prof = cProfile.Profile(time.thread_time_ns, 1e-9)
+    inside, gc_s, gc_runs, gc_start = [False], [0.0], defaultdict(int), [0.0]
+
+    def on_gc(phase, info) -> None:  # collections inside the scheduler's calls
+        if not inside[0]:
+            return
+        if phase == "start":
+            gc_start[0] = time.thread_time()
+        else:
+            gc_s[0] += time.thread_time() - gc_start[0]
+            gc_runs[info["generation"]] += 1
+    gc.callbacks.append(on_gc)
+    for name in ("schedule", "update_from_output"):
+        bound = getattr(sched, name)
+
+        def profiled(*a, __bound=bound, **k):
+            inside[0] = True
+            prof.enable()
+            try:
+                return __bound(*a, **k)
+            finally:
+                prof.disable()
+                inside[0] = False
+        setattr(sched, name, profiled)
+    steps, sched_s, vllm_s = _replay(runner, lines)
+    gc.callbacks.remove(on_gc)
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    harness = str(ROOT / "harness")
+    recorder = ("recording_scheduler.py", "events.py", "offline_runner.py")
+
+    def area(key, callers=None) -> str:
+        file = key[0]
+        if file.startswith(harness):
+            return "recorder (harness/, Python)" if file.endswith(recorder[:2]) else "timers (offline_runner)"
+        if file == "~":  # a C function: by its callers' area
+            callers = callers or {}
+            own = sum(v[2] for c, v in callers.items() if c[0].startswith(harness) and c[0].endswith(recorder[:2]))
+            return "recorder's C calls" if own * 2 >= sum(v[2] for v in callers.values()) else "vLLM's C calls"
+        return "vLLM (Python)"
+
+    by_area: dict[str, float] = defaultdict(float)
+    for key, (cc, nc, tt, ct, callers) in stats.items():
+        by_area[area(key, callers)] += tt
+    total = sum(by_area.values())
+    a, b = sum(sched_s), sum(vllm_s)
+    print(f"{steps} steps under cProfile, load {os.getloadavg()[0]:.1f}: schedule()+update_from_output() "
+          f"{total / steps * 1e6:.0f} us a step profiled ({a / steps * 1e6:.0f} us timed, vLLM's own "
+          f"{b / steps * 1e6:.0f} us)")
+    for name, t in sorted(by_area.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:30s} {t / steps * 1e6:8.1f} us/step  {t / total * 100:5.1f} %")
+    print(f"  (of which garbage collections: {gc_s[0] / steps * 1e6:.1f} us/step, runs by generation "
+          f"{dict(sorted(gc_runs.items()))}, charged to the function that allocated)")
+    mine = [(v[2], v[3], v[1], k) for k, v in stats.items()
+            if area(k, v[4]) in ("recorder (harness/, Python)", "recorder's C calls")]
+    print(f"the recorder's top {top} functions by own time (us/step own, cumulative; calls/step):")
+    for tt, ct, nc, (file, line, fn) in sorted(mine, reverse=True)[:top]:
+        where = f"{Path(file).name}:{line}" if file != "~" else "C"
+        print(f"  {tt / steps * 1e6:7.1f} {ct / steps * 1e6:7.1f}  {nc / steps:6.1f}  {where} {fn}")
 
 
 def profile(ops_path: Path, outdir: Path) -> None:
@@ -108,17 +212,7 @@ def profile(ops_path: Path, outdir: Path) -> None:
     kvm = runner._scheduler().kv_cache_manager
     for name in ("allocate_slots", "free"):  # the hooks, around
         setattr(kvm, name, timed(f"kvm.{name} (hooked)", getattr(kvm, name)))
-    steps, sched_s, vllm_s = 0, [], []
-    for line in lines[1:]:
-        msg = json.loads(line)
-        if msg["op"] == "close":
-            break
-        out = getattr(runner, msg["op"])(msg)
-        if msg["op"] == "step":
-            steps += 1
-            sched_s.append(out["sched_s"])
-            vllm_s.append(out["vllm_s"])
-    runner.close({})
+    steps, sched_s, vllm_s = _replay(runner, lines)
     a, b = sum(sched_s), sum(vllm_s)
     print(f"{steps} steps, load {os.getloadavg()[0]:.1f}: schedule()+update_from_output() {a * 1e3:.1f} ms, "
           f"vLLM's own {b * 1e3:.1f} ms (hooks and timers included); added {(a - b) / steps * 1e6:.1f} us a step")
@@ -133,23 +227,35 @@ def profile(ops_path: Path, outdir: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=64, help="requests of the Azure code trace [64]")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="cProfile instead of timers: time by area and the recorder's top N functions")
+    ap.add_argument("--ops", default=None, help="keep the captured ops here; replay them when present")
     ap.add_argument("--profile", nargs=2, metavar=("OPS", "OUTDIR"), help=argparse.SUPPRESS)
     ap.add_argument("--smoke", action="store_true", help="the test suite's run: --limit 4")
     args = ap.parse_args()
     if args.smoke:
         args.limit = 4
     if args.profile:  # the second half, under the serving env
-        profile(Path(args.profile[0]), Path(args.profile[1]))
+        if args.cprofile:
+            cprofile(Path(args.profile[0]), Path(args.profile[1]), args.cprofile)
+        else:
+            profile(Path(args.profile[0]), Path(args.profile[1]))
         return 0
     from harness.serve.env import require_serving_env
 
     python = require_serving_env()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        steps = capture_ops(args.limit, tmp_path / "ops.jsonl", tmp_path)
-        print(f"captured {steps} steps; replaying with timers under {python}", flush=True)
+        ops = Path(args.ops) if args.ops else tmp_path / "ops.jsonl"
+        if ops.exists():
+            print(f"replaying the ops of {ops.name} under {python}", flush=True)
+        else:
+            steps = capture_ops(args.limit, ops, tmp_path)
+            print(f"captured {steps} steps; replaying with {'cProfile' if args.cprofile else 'timers'} "
+                  f"under {python}", flush=True)
         env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="ERROR")
-        proc = subprocess.run([str(python), __file__, "--profile", str(tmp_path / "ops.jsonl"), tmp],
+        extra = ["--cprofile", str(args.cprofile)] if args.cprofile else []
+        proc = subprocess.run([str(python), __file__, "--profile", str(ops), tmp, *extra],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         sys.stdout.write(proc.stdout)
         if proc.returncode:

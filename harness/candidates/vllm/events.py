@@ -718,7 +718,8 @@ def waiting_in_service_order(sched) -> list:
     first = list(getattr(sched, "kv_holding_waiting", ()))
     skipped = getattr(sched, "skipped_waiting", None)
     if skipped is None:
-        return first + list(sched.waiting)
+        first.extend(sched.waiting)
+        return first
     skipped, waiting = list(skipped), list(sched.waiting)
     if getattr(sched.policy, "name", "FCFS") == "FCFS":
         return first + skipped + waiting
@@ -920,12 +921,24 @@ def request_data(so) -> tuple[list[str], dict[str, tuple[str, int, list[int], li
     ids += cached_ids
     for i, req_id in enumerate(cached_ids):
         resumed = req_id in resumed_ids or bool(resumed_flags and resumed_flags[i])
-        truth.setdefault(req_id, (
-            "admitted" if resumed else "running",
-            _count(cached_computed[i], "scheduled_cached_reqs.num_computed_tokens[{}]", i),
-            _group_blocks(cached_blocks[i], "scheduled_cached_reqs.new_block_ids[{}]", i),
-            _all_groups(cached_blocks[i], "scheduled_cached_reqs.new_block_ids[{}]", i)))
+        computed, value = cached_computed[i], cached_blocks[i]
+        if type(computed) is not int:
+            computed = _count(computed, "scheduled_cached_reqs.num_computed_tokens[{}]", i)
+        if value is None:  # no new blocks (vLLM's get_block_ids(allow_none=True))
+            blocks, groups = [], None
+        elif type(value) is tuple and len(value) == 1 and type(value[0]) is list and (
+                not value[0] or set(map(type, value[0])) <= _INT):
+            # One group of ints: what _group_blocks and _all_groups make of it.
+            blocks, groups = value[0][:], [value[0][:]]
+        else:
+            blocks = _group_blocks(value, "scheduled_cached_reqs.new_block_ids[{}]", i)
+            groups = _all_groups(value, "scheduled_cached_reqs.new_block_ids[{}]", i)
+        if req_id not in truth:  # (the first entry of an id counts; every one is checked)
+            truth[req_id] = ("admitted" if resumed else "running", computed, blocks, groups)
     return ids, truth
+
+
+_INT = frozenset((int,))
 
 
 def flat_block_ids(groups: list[list[int]], hits: list[int] | None = None) -> list[int]:

@@ -338,6 +338,9 @@ class _Recorder:
         self.derived = {name: getattr(sched, name) for name in _DERIVED_FLAGS if hasattr(sched, name)}
         # The encoder budgets as recorded (_check_encoder_config; None: no longer followed).
         self.encoder_state: tuple | None = self._encoder_state()
+        # (_stubbed's cache: the encoder cache manager's __dict__, class, names, and
+        # its names that also name a callable of the class.)
+        self._stub_seen: tuple | None = None
         self.use_v2 = bool(getattr(sched, "use_v2_model_runner",
                                    os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") == "1"))
         self.path = _output_path(vc)
@@ -688,7 +691,8 @@ class _Recorder:
         their ids are read only when ``snap`` writes them (a request's id never
         changes, so reading it later is exact)."""
         sched = self.sched
-        return _ev.waiting_in_service_order(sched), list(sched.running), _ev.num_free_blocks(sched)
+        return (_ev.waiting_in_service_order(sched), list(sched.running),
+                sched.kv_cache_manager.block_pool.get_num_free_blocks())  # (_ev.num_free_blocks)
 
     def snap(self, queues: tuple, request_states: list | None = None) -> dict:
         """A snapshot for the file (format 3): ``num_free_blocks``; ``waiting`` and
@@ -741,9 +745,7 @@ class _Recorder:
         says, not what its state does."""
         now = self._encoder_state()
         budget, ecm, cache_size = now
-        stubbed = sorted(name for name, value in vars(ecm).items()
-                         if callable(value) and callable(getattr(type(ecm), name, None))) \
-            if ecm is not None and hasattr(ecm, "__dict__") else []
+        stubbed = self._stubbed(ecm)
         if stubbed:
             self.encoder_state = None
             self._write({"t": "protocol", "step": self.steps,
@@ -766,6 +768,22 @@ class _Recorder:
                              f"{cache_size!r} set after the first schedule() by hand (vLLM derived "
                              f"{was[0]!r} and {was[2]!r}, or a test set them before it; a new "
                              f"encoder cache forgets what the old one held)"})
+
+    def _stubbed(self, ecm) -> list[str]:
+        """The names of ``ecm``'s methods replaced on the instance (sorted): its
+        ``__dict__`` entries that are callable and name a callable of its class.
+        Per step, so the scan of the instance's attributes is redone only when
+        its names or class changed since the last call (``_stub_names``: the
+        names that also name a callable of the class, whose values are then
+        all that can differ)."""
+        if ecm is None or not hasattr(ecm, "__dict__"):
+            return []
+        attrs, cls = vars(ecm), type(ecm)
+        seen = self._stub_seen
+        if seen is None or seen[0] is not attrs or seen[1] is not cls or attrs.keys() != seen[2]:
+            names = sorted(name for name in attrs if callable(getattr(cls, name, None)))
+            self._stub_seen = seen = (attrs, cls, set(attrs), names)
+        return [name for name in seen[3] if callable(attrs[name])] if seen[3] else []
 
     def _check_derived(self) -> None:
         """A ``protocol`` record (the converter ends the trace there) when a flag
@@ -895,7 +913,8 @@ class _Recorder:
             if ended:
                 finished.append(self._finished_info(q))
         record = {"t": "update", "step": self.steps, "batch": batch, "sampled": sampled,
-                  "finished": finished, "num_free_blocks": _ev.num_free_blocks(self.sched)}
+                  "finished": finished,
+                  "num_free_blocks": self.sched.kv_cache_manager.block_pool.get_num_free_blocks()}
         # Streaming-input sessions the update stopped and vLLM put back in a waiting
         # queue instead of finishing them (Scheduler._handle_stopped_request: parked in
         # WAITING_FOR_STREAMING_REQ, or WAITING with a chunk queued while they ran):
