@@ -1,5 +1,6 @@
 """Issue 24's speed-ups compute exactly what the code they replace computed:
-the snapshot's queue ids reused across snapshots (``reference.scheduler._QueueIds``),
+the snapshot's queue ids reused across snapshots (``reference.scheduler._QueueIds``,
+and ``Scheduler._waiting_queue_ids`` while the queues' ``mutations`` stand still),
 a text prompt's block hashes packed at once (``hash_request_blocks``), the
 queue encoder's shortcuts (``QueueEncoder.encode_row``) and the writer's
 C-speed row conversion (``TraceWriter._flush``)."""
@@ -46,6 +47,30 @@ def test_queue_ids_equal_a_fresh_map(seed: int) -> None:
         elif op < 0.85:
             rng.shuffle(queue)
         assert ids.of(queue) == tuple(map(attrgetter("request_id"), queue))
+
+
+@pytest.mark.parametrize("scenario", ["fcfs-tight", "priority-tight", "preemption-heavy", "kv-connector",
+                                      "spec-decode-priority"])
+def test_snapshot_waiting_equals_a_fresh_walk(scenario: str) -> None:
+    """Every snapshot's waiting ids, reused or not, are the queues walked now."""
+    from harness.scenarios import SCENARIOS
+    from reference.engine import Engine
+    from reference.scheduler import Scheduler
+
+    reused = 0
+
+    class Walked(Scheduler):
+        def snapshot(self):
+            nonlocal reused
+            stamp = self._waiting_stamp
+            snap = super().snapshot()
+            reused += stamp is self._waiting_stamp  # (a walk sets a fresh stamp)
+            assert snap.waiting == tuple(r.request_id for r in [*self.kv_holding_waiting, *self.waiting])
+            return snap
+
+    found = SCENARIOS[scenario]
+    Engine(found.engine_config(), seed=found.seed, candidate_factory=Walked).run(found.make_workload())
+    assert reused  # the shortcut was taken
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 16, 32])
