@@ -128,3 +128,22 @@ def test_writer_rows_read_back_as_from_pylist(tmp_path: Path) -> None:
     assert table.replace_schema_metadata(None).equals(expected)
     assert json.loads(pq.ParquetFile(tmp_path / "t.parquet").schema_arrow.metadata[METADATA_KEY])["engine"] \
         == "reference"
+
+
+def test_compact_prompt_hashes_and_grows_as_int64() -> None:
+    """A waiting request's prompt is held as 4-byte ints (check's memory grows
+    with the backlog of waiting prompts); its block hashes and its outputs
+    are those of the int64 array it replaces."""
+    from array import array
+
+    from harness.check.model import ReqShadow, chain_hash, compact_tokens, wide_tokens
+
+    prompt = [7, 2**31 - 1, -5, 0] * 8
+    assert compact_tokens(prompt).typecode == "i"
+    assert compact_tokens([1, 2**31]).typecode == "q"  # rows built in memory may hold wider ids
+    req = ReqShadow("r", 0, 0.0, len(prompt), 4, 0, None, (), compact_tokens(prompt))
+    assert chain_hash(None, req.token_ids[:16]) == chain_hash(None, array("q", prompt)[:16])
+    wide = wide_tokens(req)
+    assert wide.typecode == "q" and req.token_ids is wide and list(wide) == prompt
+    wide.append(2**40)
+    assert wide_tokens(req) is wide and wide[-1] == 2**40
