@@ -158,10 +158,13 @@ class Trace:
     def num_arrivals(self) -> int:
         """Distinct requests the trace received: those with an ``arrival`` or
         ``reject`` row (a request refused at arrival has only the latter).
-        Reads two columns."""
-        table = self._file.read(columns=["kind", "request_id"])
-        arrivals = table.filter(pc.is_in(table["kind"], pa.array(["arrival", "reject"])))
-        return len(pc.unique(arrivals["request_id"]))
+        Reads two columns, SCAN_ROWS rows at a time (memory bounded by a
+        batch and the distinct ids, not by the trace)."""
+        kinds = pa.array(["arrival", "reject"])
+        seen: set[str | None] = set()
+        for batch in self._file.iter_batches(batch_size=SCAN_ROWS, columns=["kind", "request_id"]):
+            seen.update(batch.column("request_id").filter(pc.is_in(batch.column("kind"), kinds)).to_pylist())
+        return len(seen)
 
     def iter_steps(self, queue_changes: dict[int, QueueChange] | None = None
                    ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
