@@ -13,15 +13,23 @@ from reference.request import Request
 
 
 class FCFSRequestQueue:
-    """Arrival order; ``prepend_request`` puts a preempted request at the head."""
+    """Arrival order; ``prepend_request`` puts a preempted request at the head.
+
+    ``mutations`` counts the calls that change the queue (not in vLLM): its
+    contents change only through these methods, so an unchanged count means
+    the same requests in the same order (``Scheduler.snapshot`` reuses its
+    ids)."""
 
     def __init__(self) -> None:
         self._queue: deque[Request] = deque()
+        self.mutations = 0
 
     def add_request(self, request: Request) -> None:
+        self.mutations += 1
         self._queue.append(request)
 
     def pop_request(self) -> Request:
+        self.mutations += 1
         return self._queue.popleft()
 
     def peek_request(self) -> Request:
@@ -30,9 +38,11 @@ class FCFSRequestQueue:
         return self._queue[0]
 
     def prepend_request(self, request: Request) -> None:
+        self.mutations += 1
         self._queue.appendleft(request)
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
+        self.mutations += 1
         gone = set(map(id, requests))
         self._queue = deque(r for r in self._queue if id(r) not in gone)
 
@@ -50,16 +60,21 @@ class PriorityRequestQueue:
     """Min-heap on ``Request.__lt__``: (priority, arrival_time, request_id).
 
     "Prepend" is a plain insert: a preempted request goes back to its place by
-    priority, not to the head. Iteration yields requests in pop order.
+    priority, not to the head. Iteration yields requests in pop order
+    (``Request.__lt__`` reads fields that never change). ``mutations``: as
+    ``FCFSRequestQueue``'s.
     """
 
     def __init__(self) -> None:
         self._heap: list[Request] = []
+        self.mutations = 0
 
     def add_request(self, request: Request) -> None:
+        self.mutations += 1
         heapq.heappush(self._heap, request)
 
     def pop_request(self) -> Request:
+        self.mutations += 1
         return heapq.heappop(self._heap)
 
     def peek_request(self) -> Request:
@@ -70,6 +85,7 @@ class PriorityRequestQueue:
     prepend_request = add_request
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
+        self.mutations += 1
         gone = set(map(id, requests))
         self._heap = [r for r in self._heap if id(r) not in gone]
         heapq.heapify(self._heap)

@@ -199,6 +199,8 @@ class Scheduler:
         self.num_waiting_for_streaming_input = 0
         # The ids of the queues at the previous snapshot, reused for what did not move.
         self._waiting_ids = _QueueIds()
+        # (the waiting queues and their ``mutations`` at the last snapshot: _waiting_queue_ids)
+        self._waiting_stamp: tuple = ()
         self._running_ids = _QueueIds()
 
     # -- requests in and out -------------------------------------------------
@@ -334,18 +336,35 @@ class Scheduler:
         records (the candidate protocol's state view, ``SchedulerSnapshot``):
         waiting requests holding drafts, and the latest schedule()'s
         preempted ids (``_last_preempted_ids``), wherever they are now."""
-        waiting = [*self.kv_holding_waiting, *self.waiting]
-        # filter/map with attrgetter: C-speed passes over a backlog of thousands (issue 24).
-        shown = {r.request_id: r for r in filter(_SPEC_TOKEN_IDS, waiting)} \
-            if self.num_spec_tokens or self._drafts_stored else {}
+        shown: dict[str, Request] = {}
+        if self.num_spec_tokens or self._drafts_stored:
+            # filter with attrgetter: a C-speed pass over a backlog of thousands (issue 24).
+            shown = {r.request_id: r for r in filter(_SPEC_TOKEN_IDS, self._waiting_requests())}
         for req_id in self._last_preempted_ids:
             request = self.requests.get(req_id)
             if request is not None:
                 shown[req_id] = request
         states = tuple(RequestState(i, shown[i].status, shown[i].num_computed_tokens,
                                     tuple(shown[i].spec_token_ids)) for i in sorted(shown))
-        return SchedulerSnapshot(self._waiting_ids.of(waiting), self._running_ids.of(self.running),
+        return SchedulerSnapshot(self._waiting_queue_ids(), self._running_ids.of(self.running),
                                  self.kv_cache_manager.num_free_blocks, states)
+
+    def _waiting_requests(self) -> list[Request]:
+        """The waiting requests in snapshot order: those holding KV blocks first."""
+        return [*self.kv_holding_waiting, *self.waiting]
+
+    def _waiting_queue_ids(self) -> tuple[str, ...]:
+        """``snapshot``'s waiting ids. Both queues unchanged since the last
+        call (the same objects, the same ``mutations`` counts: most snapshots
+        of a step, e.g. after update_from_output) give the same ids without a
+        pass over the backlog; otherwise ``_QueueIds.of`` (a queue without
+        the counter, a subclass's own, is always walked)."""
+        held, waiting = self.kv_holding_waiting, self.waiting
+        stamp = (held, getattr(held, "mutations", None), waiting, getattr(waiting, "mutations", None))
+        if stamp == self._waiting_stamp and stamp[1] is not None and stamp[3] is not None:
+            return self._waiting_ids.ids
+        self._waiting_stamp = stamp
+        return self._waiting_ids.of(self._waiting_requests())
 
     # -- schedule --------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:

@@ -1,5 +1,6 @@
 """Issue 24's speed-ups compute exactly what the code they replace computed:
-the snapshot's queue ids reused across snapshots (``reference.scheduler._QueueIds``),
+the snapshot's queue ids reused across snapshots (``reference.scheduler._QueueIds``,
+and ``Scheduler._waiting_queue_ids`` while the queues' ``mutations`` stand still),
 a text prompt's block hashes packed at once (``hash_request_blocks``), the
 queue encoder's shortcuts (``QueueEncoder.encode_row``) and the writer's
 C-speed row conversion (``TraceWriter._flush``)."""
@@ -46,6 +47,30 @@ def test_queue_ids_equal_a_fresh_map(seed: int) -> None:
         elif op < 0.85:
             rng.shuffle(queue)
         assert ids.of(queue) == tuple(map(attrgetter("request_id"), queue))
+
+
+@pytest.mark.parametrize("scenario", ["fcfs-tight", "priority-tight", "preemption-heavy", "kv-connector",
+                                      "spec-decode-priority"])
+def test_snapshot_waiting_equals_a_fresh_walk(scenario: str) -> None:
+    """Every snapshot's waiting ids, reused or not, are the queues walked now."""
+    from harness.scenarios import SCENARIOS
+    from reference.engine import Engine
+    from reference.scheduler import Scheduler
+
+    reused = 0
+
+    class Walked(Scheduler):
+        def snapshot(self):
+            nonlocal reused
+            stamp = self._waiting_stamp
+            snap = super().snapshot()
+            reused += stamp is self._waiting_stamp  # (a walk sets a fresh stamp)
+            assert snap.waiting == tuple(r.request_id for r in [*self.kv_holding_waiting, *self.waiting])
+            return snap
+
+    found = SCENARIOS[scenario]
+    Engine(found.engine_config(), seed=found.seed, candidate_factory=Walked).run(found.make_workload())
+    assert reused  # the shortcut was taken
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 16, 32])
@@ -103,3 +128,22 @@ def test_writer_rows_read_back_as_from_pylist(tmp_path: Path) -> None:
     assert table.replace_schema_metadata(None).equals(expected)
     assert json.loads(pq.ParquetFile(tmp_path / "t.parquet").schema_arrow.metadata[METADATA_KEY])["engine"] \
         == "reference"
+
+
+def test_compact_prompt_hashes_and_grows_as_int64() -> None:
+    """A waiting request's prompt is held as 4-byte ints (check's memory grows
+    with the backlog of waiting prompts); its block hashes and its outputs
+    are those of the int64 array it replaces."""
+    from array import array
+
+    from harness.check.model import ReqShadow, chain_hash, compact_tokens, wide_tokens
+
+    prompt = [7, 2**31 - 1, -5, 0] * 8
+    assert compact_tokens(prompt).typecode == "i"
+    assert compact_tokens([1, 2**31]).typecode == "q"  # rows built in memory may hold wider ids
+    req = ReqShadow("r", 0, 0.0, len(prompt), 4, 0, None, (), compact_tokens(prompt))
+    assert chain_hash(None, req.token_ids[:16]) == chain_hash(None, array("q", prompt)[:16])
+    wide = wide_tokens(req)
+    assert wide.typecode == "q" and req.token_ids is wide and list(wide) == prompt
+    wide.append(2**40)
+    assert wide_tokens(req) is wide and wide[-1] == 2**40

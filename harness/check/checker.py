@@ -18,7 +18,6 @@ by side; the checks themselves are in the family modules.
 from __future__ import annotations
 
 import gc
-from array import array
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -42,7 +41,7 @@ from harness.check import (
 )
 from harness.check.encoder_cache import request_items
 from harness.check.invariants import root_cause_first
-from harness.check.model import Batch, ReqShadow, StepState, TraceModel, cdiv
+from harness.check.model import Batch, ReqShadow, StepState, TraceModel, cdiv, compact_tokens, wide_tokens
 from harness.check.profiles import Profile, reference_profile
 from harness.check.profiles import resolve as resolve_profile
 from harness.check.result import MAX_PER_INVARIANT, CheckResult, Violation
@@ -156,9 +155,9 @@ class TraceChecker(TraceModel):
 
     def _on_arrival(self, ev: dict, st: StepState) -> None:
         rid = ev["request_id"]
-        # array('q'): 8 bytes a token, not a list's pointer and int object (a
-        # backlog of thousands of long prompts stays well under 1 GB).
-        prompt = array("q", ev["prompt_token_ids"] or ())
+        # array('i'): 4 bytes a token, not a list's pointer and int object (the
+        # memory of check grows with the backlog of waiting prompts, issue 24).
+        prompt = compact_tokens(ev["prompt_token_ids"] or ())
         self.result.requests += 1
         positions = ev.get("mm_positions")
         if positions:
@@ -746,8 +745,9 @@ class TraceChecker(TraceModel):
             encoder.free_passed(self, req)  # after the rollback, before the new tokens
         had_placeholders = req.placeholders > 0
         stop = None
+        token_ids = wide_tokens(req)
         for i, token in enumerate(tokens):
-            req.token_ids.append(token)
+            token_ids.append(token)
             stop = lifecycle.stop_reason(self, req, token)
             if stop:
                 if not stale:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import MutableSequence
+from collections.abc import Iterable, MutableSequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +50,10 @@ class ReqShadow:
     min_tokens: int
     eos_token_id: int | None
     stop_token_ids: tuple[int, ...]
-    token_ids: MutableSequence[int]  # array("q"): prompt then outputs
+    # Prompt then outputs: array("i") from arrival (``compact_tokens``: 4 bytes a token,
+    # what a backlog of thousands of waiting prompts holds), array("q") from the
+    # first block hash or output on (``wide_tokens``).
+    token_ids: MutableSequence[int]
     status: str = "WAITING"
     num_computed_tokens: int = 0
     blocks: list[int] = field(default_factory=list)
@@ -153,6 +156,26 @@ class StepState:
     batch_positions: dict[str, int] | None = None  # request -> index in batch.scheduled (built once)
     # PREEMPT-EFFECTS (schema 6): victims with a request_state row after schedule_end.
     state_rows: set[str] = field(default_factory=set)
+
+
+def compact_tokens(tokens: Iterable[int]) -> array:
+    """A new request's prompt as array("i") (4 bytes a token: a trace stores
+    token ids as int32), or array("q") when one does not fit (rows built in
+    memory, never read from a trace)."""
+    try:
+        return array("i", tokens)
+    except OverflowError:
+        return array("q", tokens)
+
+
+def wide_tokens(req: ReqShadow) -> MutableSequence[int]:
+    """``req.token_ids`` as array("q"), converted once (a request being
+    scheduled, hashed or given outputs: ``chain_hash`` hashes int64 slices
+    without a conversion, and any output token fits)."""
+    tokens = req.token_ids
+    if tokens.typecode != "q":
+        tokens = req.token_ids = array("q", tokens)
+    return tokens
 
 
 def chain_hash(parent: bytes | None, tokens: list[int], extra: tuple | None = None) -> bytes:
@@ -407,11 +430,12 @@ class TraceModel:
 
     def extend_chain(self, req: ReqShadow, n_blocks: int) -> None:
         """Content hashes of the request's first ``n_blocks`` full blocks."""
+        tokens = wide_tokens(req) if len(req.chain) < n_blocks else req.token_ids
         while len(req.chain) < n_blocks:
             i = len(req.chain)
             extra = block_extra_keys(req.items, i * self.bs, (i + 1) * self.bs) if req.items else None
             req.chain.append(chain_hash(req.chain[-1] if req.chain else None,
-                                        req.token_ids[i * self.bs:(i + 1) * self.bs], extra))
+                                        tokens[i * self.bs:(i + 1) * self.bs], extra))
 
     def register_full_blocks(self, req: ReqShadow, upto_tokens: int) -> None:
         """Record the content of the request's blocks fully covered by
