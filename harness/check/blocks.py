@@ -138,10 +138,15 @@ def check_no_lookup_with_loaded_kv(m: TraceModel, rid: str, hit: int) -> None:
         m.violate("PREFIX-HIT-RULES", rid, f"a request holding loaded KV looked up a prefix hit of {hit} tokens")
 
 
-def check_loaded_table_kept(m: TraceModel, req: ReqShadow, block_ids: list[int]) -> None:
-    """BLOCKS-COVER: a request admitted with loaded KV keeps its table and grows it."""
-    if block_ids[:len(req.blocks)] != req.blocks:
-        m.violate("BLOCKS-COVER", req.request_id, f"admitted with table {block_ids}, but it held {req.blocks}")
+def check_loaded_table_kept(m: TraceModel, req: ReqShadow, block_ids: list[int],
+                            held: list[int] | None = None, group: int | None = None) -> None:
+    """BLOCKS-COVER: a request admitted with loaded KV keeps its table and grows it.
+    ``held``/``group``: one KV-cache group's table of a hybrid model (default:
+    the request's only table)."""
+    held = req.blocks if held is None else held
+    if block_ids[:len(held)] != held:
+        where = "" if group is None else f"group {group}: "
+        m.violate("BLOCKS-COVER", req.request_id, f"{where}admitted with table {block_ids}, but it held {held}")
 
 
 def check_blocks_cover(m: TraceModel, req: ReqShadow, blocks_before: int, end: int) -> None:
@@ -153,10 +158,21 @@ def check_blocks_cover(m: TraceModel, req: ReqShadow, blocks_before: int, end: i
         m.violate("BLOCKS-COVER", req.request_id, f"table has {plural(len(req.blocks), 'block')} for {plural(end, 'token')}, needs {need}")
 
 
-def check_load_cover(m: TraceModel, req: ReqShadow, loaded: int) -> None:
-    """BLOCKS-COVER after an async KV load of ``loaded`` tokens (hit + external)."""
-    if len(req.blocks) != cdiv(loaded, m.bs):
-        m.violate("BLOCKS-COVER", req.request_id, f"table has {plural(len(req.blocks), 'block')} for {plural(loaded, 'loaded token')}")
+def check_load_cover(m: TraceModel, req: ReqShadow, loaded: int,
+                     table: list[int] | None = None, block_size: int | None = None,
+                     group: int | None = None) -> None:
+    """BLOCKS-COVER after an async KV load of ``loaded`` tokens (hit + external):
+    ``cdiv(loaded, block_size)`` slots. ``table``/``block_size``/``group``: one
+    KV-cache group of a hybrid model, null slots before a window counted
+    (default: the request's only table, the trace's block size)."""
+    if group is None:
+        if len(req.blocks) != cdiv(loaded, m.bs):
+            m.violate("BLOCKS-COVER", req.request_id, f"table has {plural(len(req.blocks), 'block')} for {plural(loaded, 'loaded token')}")
+        return
+    need = cdiv(loaded, block_size)
+    if len(table) != need:
+        m.violate("BLOCKS-COVER", req.request_id,
+                  f"group {group}: table has {len(table)} slot(s) for {loaded} loaded tokens, needs {need}")
 
 
 def check_reset(m: TraceModel, succeeded: bool, forced: bool) -> None:

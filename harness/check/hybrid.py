@@ -247,10 +247,7 @@ def check_load_cover(m: TraceModel, req: ReqShadow, loaded: int) -> None:
     ``allocate_external_computed_blocks``, then ``allocate_new_blocks`` for
     the same slots: nothing more)."""
     for g, table in enumerate(_ensure(m, req)):
-        need = cdiv(loaded, group_block_size(m, g))
-        if len(table) != need:
-            m.violate("BLOCKS-COVER", req.request_id,
-                      f"group {g}: table has {len(table)} slot(s) for {loaded} loaded tokens, needs {need}")
+        blocks.check_load_cover(m, req, loaded, table, group_block_size(m, g), g)
 
 
 def admit_loaded(m: TraceModel, req: ReqShadow, ev: dict) -> None:
@@ -260,9 +257,7 @@ def admit_loaded(m: TraceModel, req: ReqShadow, ev: dict) -> None:
     group after group (vLLM ``allocate_new_blocks``)."""
     held = _ensure(m, req)
     for g, table in enumerate(_group_lists(m, ev, "admission", req)):
-        if table[:len(held[g])] != held[g]:
-            m.violate("BLOCKS-COVER", req.request_id,
-                      f"group {g}: admitted with table {table}, but it held {held[g]}")
+        blocks.check_loaded_table_kept(m, req, table, held[g], g)
         for block in table[len(held[g]):]:
             _take(m, req, block, False)
             held[g].append(block)
