@@ -116,7 +116,9 @@ def _refuse_bad_options(config: pytest.Config) -> None:
     """Raise pytest.UsageError for an unusable --harness-semantics,
     --harness-step-timeout or --harness-candidate; stash the resolved
     candidate (``CANDIDATE``). Only options given: a plain ``pytest`` run of a
-    project with sched-harness installed pays nothing."""
+    project with sched-harness installed pays nothing; nor does ``--collect-only``
+    resolve a candidate (a ``vllm@...,scheduler_cls=`` one builds its class in
+    a driver: vLLM's minute of import)."""
     semantics = config.getoption("--harness-semantics", default="auto")
     if semantics != "auto":
         from harness.check.profiles import ProfileError
@@ -130,7 +132,7 @@ def _refuse_bad_options(config: pytest.Config) -> None:
     if timeout is not None and not (timeout > 0 and timeout != float("inf")):
         raise pytest.UsageError(f"--harness-step-timeout: {timeout} is not a positive number of seconds")
     spec = config.getoption("--harness-candidate", default="reference")
-    if spec != "reference":
+    if spec != "reference" and not config.getoption("collectonly", default=False):
         from harness.candidates.resolve import CandidateSpecError, resolve_candidate
 
         try:
