@@ -147,21 +147,39 @@ def _report(result: CheckResult, divergence: Divergence | None, as_json: bool, t
         render_check_report(result, divergence, trace, console, extra, allow_incomplete)
 
 
-_SEMANTICS = click.option(
-    "--semantics", default="auto", show_default=True, metavar="auto|safety|fork|VERSION",
-    help="Which rules to check on top of the safety invariants: 'auto' (the profile of "
-         "the engine and version in the trace's metadata; safety only for an engine of unknown origin), "
-         "'safety' (nothing more), 'fork' (the fork gate: the progress layer, no version's design), "
-         "or a profile: " + ", ".join(p for p in PROFILES if p != "safety") + ".")
+#: The --semantics metavar of every command.
+SEMANTICS_METAVAR = "auto|safety|fork|VERSION"
 
 
-_SEMANTICS_GOLDEN = click.option(
-    "--semantics", default="auto", show_default=True, metavar="auto|safety|fork|VERSION",
-    help="What the candidate is held to: 'auto' (every rule of the version the reference mirrors, "
-         "and the goldens' decisions), 'safety', 'fork' (the fork gate: safety + progress) or a "
-         "profile: " + ", ".join(p for p in PROFILES if p not in ("safety", "fork")) + ". Under "
-         "safety or fork a decision that differs from a golden's is information, and the candidate's "
-         "own run of that golden's inputs is checked instead: a violation, crash or stall fails.")
+def semantics_help(auto: str, tail: str = "") -> str:
+    """The one --semantics help of every command (check, replay, report, export,
+    golden check, fuzz, serve-record): ``auto`` says what 'auto' means for the
+    command, ``tail`` what follows the names; the names and the releases'
+    profiles (``PROFILES`` less safety and fork) are written once, here
+    (new-user trial: report's help left fork out, replay's listed it twice)."""
+    releases = ", ".join(p for p in PROFILES if p not in ("safety", "fork"))
+    return (f"Which rules to check: 'auto' ({auto}), 'safety' (the safety invariants only), "
+            f"'fork' (the fork gate: safety + progress, no version's design) or a release's "
+            f"profile: {releases}." + (f" {tail}" if tail else ""))
+
+
+def semantics_option(auto: str, tail: str = ""):
+    """The ``--semantics`` option (default auto), its help from ``semantics_help``."""
+    return click.option("--semantics", default="auto", show_default=True, metavar=SEMANTICS_METAVAR,
+                        help=semantics_help(auto, tail))
+
+
+#: What 'auto' means for a recorded trace (check, replay, report, export).
+AUTO_TRACE = ("the profile of the engine and version in the trace's metadata; safety only for an engine "
+              "of unknown origin, a module:factory fork's trace included: add 'fork' for the progress rules")
+
+_SEMANTICS = semantics_option(AUTO_TRACE)
+
+
+_SEMANTICS_GOLDEN = semantics_option(
+    "every rule of the version the reference mirrors, and the goldens' decisions",
+    "Under safety or fork a decision that differs from a golden's is information, and the candidate's "
+    "own run of that golden's inputs is checked instead: a violation, crash or stall fails.")
 
 
 def _refuse_unknown_semantics(semantics: str) -> None:

@@ -72,65 +72,123 @@ def _hint(invariant_ids, diverged: bool = False) -> str:
     return f"\nhint: {hint}" if hint else ""
 
 
+def _reproduce(path: Path, spec: str, profile) -> str:
+    """The line that reproduces a scenario's failure on the command line:
+    ``reproduce: harness record FILE --engine SPEC -o NAME.parquet && harness
+    check NAME.parquet --semantics PROFILE`` (new-user trial: a failing
+    test_invariants printed none). The profile is named: ``check``'s auto gives
+    a module:factory fork's trace safety only, the suite's auto the reference's
+    profile. ``path``: relative to the working folder when under it."""
+    import shlex
+
+    from harness.check.profiles import reference_profile
+
+    if path is None:
+        return ""
+    try:
+        shown = str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        shown = str(path)
+    out = shlex.quote(f"{Path(path).stem}.parquet")
+    name = profile.name if profile is not None else reference_profile().name
+    return (f"\nreproduce: harness record {shlex.quote(shown)} --engine {shlex.quote(spec)} -o {out}"
+            f" && harness check {out} --semantics {name}")
+
+
 @pytest.mark.parametrize("scenario", sorted(ALL_SCENARIOS))
-def test_invariants(scenario: str, harness_candidate, harness_profile) -> None:
+def test_invariants(scenario: str, harness_candidate, harness_candidate_spec, harness_profile) -> None:
     """The candidate violates no invariant on the scenario."""
     from harness.mutation import run_candidate
 
     cell = run_candidate(harness_candidate, ALL_SCENARIOS[scenario], harness_profile)
     if cell.refused:  # e.g. a vLLM release without an option the scenario sets: not compared, not failed
         pytest.skip(f"{scenario}: the candidate cannot run this scenario's config: {cell.refused}")
+    reproduce = _reproduce(ALL_SCENARIOS[scenario].path, harness_candidate_spec, harness_profile)
     if cell.ended:
-        pytest.fail(f"{scenario}: run ended early: {cell.ended}", pytrace=False)
+        pytest.fail(f"{scenario}: run ended early: {cell.ended}{reproduce}", pytrace=False)
     if not cell.result.ok:
         pytest.fail(f"{scenario}: {cell.result.by_invariant}\n{_witness(cell.result)}"
-                    f"{_hint(cell.result.by_invariant)}", pytrace=False)
+                    f"{_hint(cell.result.by_invariant)}{reproduce}", pytrace=False)
 
 
-@pytest.fixture(scope="module")
+class _Goldens:
+    """Each golden checked when its test asks for it, once (``check_goldens`` on
+    that one scenario, under --harness-semantics's profile as ``harness golden
+    check --semantics`` does: under one that does not compare decisions, a
+    differing decision is information and the candidate's own run of that
+    golden's inputs must break none of the profile's rules, crash or stall).
+    New-user trial: a module fixture checked every golden before the first
+    test, so ``-k`` selecting 4 tests of a vllm@ candidate took as long as the
+    whole golden check (768 s)."""
+
+    def __init__(self, factory, folder: Path, require_sealed: bool, profile) -> None:
+        self.factory, self.folder, self.require_sealed, self.profile = factory, folder, require_sealed, profile
+        self.results: dict = {}
+
+    def folder_of(self, scenario: str) -> Path:
+        """golden/ for a canonical scenario, golden/hybrid/ for a hybrid model's."""
+        return self.folder / "hybrid" if scenario in HYBRID_SCENARIOS else self.folder
+
+    def result(self, scenario: str):
+        """The GoldenResult of ``scenario``'s golden, or None for a hybrid one
+        when the folder has no ``hybrid/`` (a folder of one's own)."""
+        from harness.golden import check_goldens
+
+        if scenario not in self.results:
+            folder = self.folder_of(scenario)
+            if scenario in HYBRID_SCENARIOS and not folder.is_dir():
+                return None
+            [result] = [r for r in check_goldens(folder, self.factory, require_sealed=self.require_sealed,
+                                                 scenarios={scenario: ALL_SCENARIOS[scenario]},
+                                                 profile=self.profile)
+                        if r.scenario == scenario]
+            self.results[scenario] = result
+        return self.results[scenario]
+
+    def unused(self) -> list[str]:
+        """Golden files and manifest entries no scenario records (nothing run)."""
+        from harness.golden import check_goldens
+
+        names = []
+        for folder, scenarios in ((self.folder, SCENARIOS), (self.folder / "hybrid", HYBRID_SCENARIOS)):
+            if folder.is_dir():
+                names += [r.scenario for r in check_goldens(folder, self.factory, scenarios={})
+                          if r.scenario not in scenarios]
+        return names
+
+
+@pytest.fixture(scope="session")
 def golden_results(harness_candidate, harness_golden_dir, harness_update_golden, harness_require_sealed,
-                   harness_profile) -> dict:
-    """Check (or, with --harness-update-golden, re-record) all goldens once,
-    under --harness-semantics's profile as ``harness golden check --semantics``
-    does (``check_goldens``' ``profile``): under one that does not compare
-    decisions, a differing decision is information and the candidate's own run
-    of that golden's inputs must break none of the profile's rules, crash or
-    stall."""
-    from harness.golden import check_goldens, update_goldens
+                   harness_profile):
+    """The goldens, checked lazily (``_Goldens``); None after
+    --harness-update-golden re-recorded them all with the reference."""
+    from harness.golden import update_goldens
 
     hybrid = harness_golden_dir / "hybrid"
     if harness_update_golden:
         for folder, scenarios in ((harness_golden_dir, SCENARIOS), (hybrid, HYBRID_SCENARIOS)):
             for change in update_goldens(folder, scenarios=scenarios):
                 print(f"golden {change.scenario}: {change.status} {'; '.join(change.details)}")
-        return {}
+        return None
     if not harness_golden_dir.exists():
         # A missing folder fails: skipping would pass a candidate that was never compared.
         pytest.fail(f"no golden folder at {harness_golden_dir} (pass --harness-golden-dir)", pytrace=False)
-    results = {r.scenario: r for r in check_goldens(harness_golden_dir, harness_candidate,
-                                                      require_sealed=harness_require_sealed,
-                                                      profile=harness_profile)}
-    if hybrid.is_dir():  # (a folder of one's own without hybrid/: those goldens are skipped, named)
-        results.update({r.scenario: r for r in check_goldens(hybrid, harness_candidate,
-                                                             require_sealed=harness_require_sealed,
-                                                             scenarios=HYBRID_SCENARIOS,
-                                                             profile=harness_profile)})
-    return results
+    return _Goldens(harness_candidate, harness_golden_dir, harness_require_sealed, harness_profile)
 
 
 @pytest.mark.parametrize("scenario", sorted(ALL_SCENARIOS))
-def test_golden(scenario: str, golden_results: dict, harness_golden_dir) -> None:
+def test_golden(scenario: str, golden_results, harness_golden_dir) -> None:
     """The candidate makes the golden trace's decisions, step by step (under
     a --harness-semantics that does not compare decisions, a difference is
     information, and the candidate's own run of the golden's inputs is held
-    to the profile's rules instead: ``golden_results``)."""
+    to the profile's rules instead: ``_Goldens``)."""
     from harness.pytest_plugin import DIFFERENCES
 
-    if not golden_results:
+    if golden_results is None:
         return  # goldens were just re-recorded
-    if scenario not in golden_results:
+    result = golden_results.result(scenario)
+    if result is None:
         pytest.skip(f"{scenario}: no hybrid goldens at {harness_golden_dir / 'hybrid'}")
-    result = golden_results[scenario]
     if result.skipped:
         pytest.skip(f"{scenario}: the candidate cannot replay this golden: {result.skipped}")
     if not result.ok:
@@ -139,8 +197,8 @@ def test_golden(scenario: str, golden_results: dict, harness_golden_dir) -> None
         DIFFERENCES.append(f"{scenario}: {result.information_text}")
 
 
-def test_no_unused_goldens(golden_results: dict) -> None:
-    unused = [name for name, r in golden_results.items() if r.unused]
+def test_no_unused_goldens(golden_results) -> None:
+    unused = golden_results.unused() if golden_results is not None else []
     if unused:
         pytest.fail(f"golden traces for no scenario: {unused}", pytrace=False)
 
@@ -162,7 +220,7 @@ class _LibraryScenario:
         return self.loaded.engine_config()
 
 
-def test_library(library_scenario: Path, harness_candidate, harness_profile) -> None:
+def test_library(library_scenario: Path, harness_candidate, harness_candidate_spec, harness_profile) -> None:
     """The candidate violates no invariant on a library scenario (the bug
     shapes and the progress scenarios of traces/scenarios/, and the files of
     --harness-scenarios)."""
@@ -172,11 +230,12 @@ def test_library(library_scenario: Path, harness_candidate, harness_profile) -> 
     name = library_scenario.stem
     if cell.refused:
         pytest.skip(f"{name}: the candidate cannot run this scenario's config: {cell.refused}")
+    reproduce = _reproduce(library_scenario, harness_candidate_spec, harness_profile)
     if cell.ended:
-        pytest.fail(f"{name}: run ended early: {cell.ended}", pytrace=False)
+        pytest.fail(f"{name}: run ended early: {cell.ended}{reproduce}", pytrace=False)
     if not cell.result.ok:
         pytest.fail(f"{name}: {cell.result.by_invariant}\n{_witness(cell.result)}"
-                    f"{_hint(cell.result.by_invariant)}", pytrace=False)
+                    f"{_hint(cell.result.by_invariant)}{reproduce}", pytrace=False)
 
 
 def test_fuzz(harness_candidate, harness_candidate_spec, harness_profile, harness_fuzz_examples) -> None:

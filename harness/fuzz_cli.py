@@ -23,7 +23,7 @@ from workloads.scenario import load_scenario
 from harness.check import ProfileError
 from harness.progress import progress
 from harness.cli_common import (EXIT_FOUND, EXIT_OK, _Workers, _candidate, _fail, _finite_or_none,
-                                _step_timeout, console, err)
+                                _step_timeout, console, err, semantics_option)
 
 
 def _fuzz_base(path: str):
@@ -87,12 +87,9 @@ def _fuzz_base(path: str):
                    "them (a new draw would shift every generated example).")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(),
               help="Folder for the minimal failing traces (Parquet) and their JSON descriptions.")
-@click.option("--semantics", default="auto", show_default=True, metavar="auto|safety|fork|VERSION",
-              help="What the candidate is held to: 'auto' (every rule of the version the reference "
-                   "mirrors, and its decisions compared with the reference's), 'safety' (the safety "
-                   "invariants only), 'fork' (the fork gate: safety + progress) or a release's profile; "
-                   "under any but 'auto' only violations, crashes and stalls are findings, a decision "
-                   "that differs from the reference's never is.")
+@semantics_option("every rule of the version the reference mirrors, and its decisions compared with the "
+                  "reference's", "Under any but 'auto' only violations, crashes and stalls are findings, a "
+                  "decision that differs from the reference's never is.")
 @_step_timeout
 def fuzz(candidate: str, max_examples: int, seed: int, time_budget: float | None, shrink_budget: float | None,
          workers: int, ray_address: str | None, report_known: bool, scenario_path: str | None,

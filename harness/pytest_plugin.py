@@ -81,14 +81,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="accept golden traces without tamper evidence (by default they fail)")
 
 
+#: The candidate factory pytest_configure resolved from --harness-candidate (not
+#: for ``reference``, the default): the session fixture reuses it.
+CANDIDATE = pytest.StashKey[object]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Load each of --harness-scenarios's files before any test: a file that
-    does not load (a typo'd config key, a cycle of ``after``) is the user's
-    input, not the candidate's failure. Raises pytest.UsageError (pytest
-    exits 4, as for an unusable --harness-candidate) with one line naming the
-    file and line; before, each such file was a FAILED test with a traceback
-    into the harness and pytest exited 1, which a CI cannot tell from a
-    candidate that failed (adversarial trial)."""
+    """Refuse unusable options before any collection or test, each with one
+    line (pytest.UsageError: ``ERROR: --harness-...: ...``, exit 4): an unknown
+    --harness-semantics, a --harness-step-timeout that is no positive number
+    of seconds, a --harness-candidate that does not resolve (new-user trial:
+    these ended in a raw ``_pytest.outcomes.Exit`` line after 9 s of
+    collection), and a --harness-scenarios file that does not load (a typo'd
+    config key, a cycle of ``after``: the user's input, not the candidate's
+    failure; before, each such file was a FAILED test with a traceback into the
+    harness and pytest exited 1, which a CI cannot tell from a candidate that
+    failed: adversarial trial)."""
+    _refuse_bad_options(config)
     folder = config.getoption("--harness-scenarios", default=None)
     if not folder or not Path(folder).is_dir():
         return  # none given, or not a folder: the suite's collection says so
@@ -101,6 +110,35 @@ def pytest_configure(config: pytest.Config) -> None:
         except (ScenarioError, ConfigError) as exc:
             message = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
             raise pytest.UsageError(f"--harness-scenarios: {message}") from None
+
+
+def _refuse_bad_options(config: pytest.Config) -> None:
+    """Raise pytest.UsageError for an unusable --harness-semantics,
+    --harness-step-timeout or --harness-candidate; stash the resolved
+    candidate (``CANDIDATE``). Only options given: a plain ``pytest`` run of a
+    project with sched-harness installed pays nothing; nor does ``--collect-only``
+    resolve a candidate (a ``vllm@...,scheduler_cls=`` one builds its class in
+    a driver: vLLM's minute of import)."""
+    semantics = config.getoption("--harness-semantics", default="auto")
+    if semantics != "auto":
+        from harness.check.profiles import ProfileError
+        from harness.fuzz.run import fuzz_profile
+
+        try:
+            fuzz_profile(semantics)
+        except ProfileError as exc:
+            raise pytest.UsageError(f"--harness-semantics: {exc}") from None
+    timeout = config.getoption("--harness-step-timeout", default=None)
+    if timeout is not None and not (timeout > 0 and timeout != float("inf")):
+        raise pytest.UsageError(f"--harness-step-timeout: {timeout} is not a positive number of seconds")
+    spec = config.getoption("--harness-candidate", default="reference")
+    if spec != "reference" and not config.getoption("collectonly", default=False):
+        from harness.candidates.resolve import CandidateSpecError, resolve_candidate
+
+        try:
+            config.stash[CANDIDATE] = resolve_candidate(spec, step_timeout=timeout)
+        except CandidateSpecError as exc:
+            raise pytest.UsageError(f"--harness-candidate: {exc}") from None
 
 
 #: Decisions that differ from the goldens' under a --harness-semantics other
@@ -122,16 +160,14 @@ def harness_candidate_spec(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def harness_candidate(harness_candidate_spec: str, request: pytest.FixtureRequest):
-    """The candidate factory named by --harness-candidate."""
-    from harness.candidates.resolve import CandidateSpecError, resolve_candidate
+    """The candidate factory named by --harness-candidate (resolved, and
+    refused if unusable, by pytest_configure)."""
+    from harness.candidates.resolve import resolve_candidate
 
-    timeout = request.config.getoption("--harness-step-timeout")
-    if timeout is not None and not (timeout > 0 and timeout != float("inf")):
-        pytest.exit(f"--harness-step-timeout: {timeout} is not a positive number of seconds", returncode=4)
-    try:
-        return resolve_candidate(harness_candidate_spec, step_timeout=timeout)
-    except CandidateSpecError as exc:
-        pytest.exit(f"--harness-candidate: {exc}", returncode=4)
+    if CANDIDATE in request.config.stash:
+        return request.config.stash[CANDIDATE]
+    return resolve_candidate(harness_candidate_spec,
+                             step_timeout=request.config.getoption("--harness-step-timeout"))
 
 
 @pytest.fixture(scope="session")
@@ -149,13 +185,9 @@ def harness_update_golden(request: pytest.FixtureRequest) -> bool:
 def harness_profile(request: pytest.FixtureRequest):
     """The profile --harness-semantics names (None for auto: the reference's,
     with the goldens' decisions compared)."""
-    from harness.check.profiles import ProfileError
     from harness.fuzz.run import fuzz_profile
 
-    try:
-        return fuzz_profile(request.config.getoption("--harness-semantics"))
-    except ProfileError as exc:
-        pytest.exit(f"--harness-semantics: {exc}", returncode=4)
+    return fuzz_profile(request.config.getoption("--harness-semantics"))  # (checked by pytest_configure)
 
 
 @pytest.fixture(scope="session")

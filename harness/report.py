@@ -23,6 +23,10 @@ from harness.trace import Trace
 from harness.richtext import keep_words_whole
 from reference.words import plural
 
+#: What ``harness.check.profiles.resolve``'s reason says of an engine of unknown
+#: origin (a ``module:factory`` fork's trace), which ``auto`` checks under safety.
+FORK_TRACE_REASON = "is of unknown origin"
+
 
 def report_dict(result: CheckResult, divergence: Divergence | None, trace: Trace,
                 extra: dict[str, Any] | None = None, exit_code: int | None = None,
@@ -205,6 +209,11 @@ def verdict(result: CheckResult, divergence: Divergence | None, extra: dict[str,
     --allow-incomplete): ..." under ``allow_incomplete``, which exits 0), and an
     unsealed trace ends on "; unsealed: no tamper evidence" (issue 26)."""
     profile = f"(profile {result.profile or '?'})"
+    if result.profile == "safety" and FORK_TRACE_REASON in result.profile_reason:
+        # auto gives an engine of unknown origin (a module:factory fork's trace) safety only, by
+        # design (docs/explanation/invariants.md, "Profiles"): the line says how to add the
+        # progress layer (new-user trial: a progress bug passed the default check unnoticed).
+        profile = "(profile safety; a fork's trace: add --semantics fork for the progress rules)"
     incomplete = trace.incomplete if trace is not None else None
     if _incomplete_only(result, divergence, extra, trace):
         how = "allowed by --allow-incomplete" if allow_incomplete else "exit 3"

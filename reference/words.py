@@ -39,8 +39,33 @@ def close_matches(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
         series = str(name).split(".")[:2]
         pool = [c for c in pool if _VERSION.fullmatch(c) and c.split(".")[:2] == series]
     folded = [c for c in pool if c.lower() == str(name).lower()]
-    rest = difflib.get_close_matches(str(name), pool, n=n, cutoff=CUTOFF)
+    # difflib ranks by its ratio alone and breaks ties on the larger string: for
+    # ``r00004`` (a dropped zero) it offered r000034, r000024, r000014 and never
+    # r000004 (new-user trial). A name one slip away (a character dropped, added
+    # or replaced) comes first, the longest common start + end first among those
+    # (a zero dropped from a run of 0000 before a 3 missing at its edge); the
+    # rest in difflib's order.
+    close = difflib.get_close_matches(str(name), pool, n=max(len(pool), 1), cutoff=CUTOFF)
+    rest = sorted(close, key=lambda c: (-_common_ends(str(name), c) if edit_distance(str(name), c) <= 1
+                                        else 0))
     return (folded + [c for c in rest if c not in folded])[:n]
+
+
+def _common_ends(a: str, b: str) -> int:
+    """Characters ``a`` and ``b`` share at their start plus at their end."""
+    return len(os.path.commonprefix([a, b])) + len(os.path.commonprefix([a[::-1], b[::-1]]))
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: the fewest characters inserted, deleted or
+    replaced to turn ``a`` into ``b`` (``r00004`` -> ``r000004``: 1)."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
 
 
 def did_you_mean(name: str, choices: Iterable[str], *, quote: bool = True, list_whole: bool = True) -> str:

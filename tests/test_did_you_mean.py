@@ -245,3 +245,13 @@ def test_workload_spec_and_missing_files_suggest(tmp_path: Path) -> None:
     assert record("harness/scenarios/fcfs-tigt.toml") == (
         "error: harness/scenarios/fcfs-tigt.toml: no such scenario file; did you mean 'fcfs-tight.toml' "
         "or 'async-tight.toml'?\n")  # stems compared: ".toml" no longer makes 'fcfs-roomy' close
+
+
+def test_regression_the_fewest_edits_rank_first() -> None:
+    """New-user trial: difflib ranked r000034 over r000004 for ``r00004``."""
+    from reference.words import close_matches, edit_distance
+
+    ids = [f"r{i:06d}" for i in range(40)]
+    assert close_matches("r00004", ids) == ["r000004", "r000034", "r000024"]  # r000034: a 3 more, at the edge of 0000
+    assert close_matches("r0000004", ids) == ["r000004", "r000000", "r000034"]
+    assert (edit_distance("r00004", "r000004"), edit_distance("kitten", "sitting"), edit_distance("", "ab")) == (1, 3, 2)

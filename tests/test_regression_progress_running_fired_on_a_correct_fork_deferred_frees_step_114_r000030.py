@@ -121,4 +121,5 @@ def test_vllm_with_the_same_policy_makes_the_forks_decisions(tmp_path: Path, mon
     r = CliRunner().invoke(main, ["replay", str(out), "--candidate",
                                   "vllm@0.33.0,scheduler_cls=fork_schedulers:ShortestPromptFirst"])
     assert (r.exit_code, r.output.splitlines()[-1]) == (
-        0, "conformant (profile safety): 205 steps replayed, identical decisions"), r.output[-3000:]
+        0, "conformant (profile safety; a fork's trace: add --semantics fork for the progress rules): 205 steps "
+           "replayed, identical decisions"), r.output[-3000:]

@@ -43,4 +43,5 @@ def test_regression_tutorial_never_named_overcap_py(tmp_path: Path, monkeypatch)
         "0 prefix-hit tokens, 5.25 s virtual time")
     r = CliRunner().invoke(main, ["check", str(trace)])
     assert r.exit_code == 1, r.output
-    assert r.output.splitlines()[-1] == "6 violations of 1 invariant: MAX-NUM-SEQS ×6 (profile safety)"
+    assert r.output.splitlines()[-1] == ("6 violations of 1 invariant: MAX-NUM-SEQS ×6 (profile safety; a fork's "
+                                         "trace: add --semantics fork for the progress rules)")

@@ -385,3 +385,14 @@ def test_extracted_config_uses_vllm_keys_and_prompts_stay_readable(tmp_path):
         prompts = {r["request_id"]: list(r["prompt_token_ids"])
                    for r in pq.read_table(GOLDEN / f"{name}.parquet").to_pylist() if r["kind"] == "arrival"}
         assert {r.request_id: list(r.prompt_token_ids) for r in load_scenario(out).workload.requests} == prompts
+
+
+def test_regression_a_dropped_zero_suggests_the_id_it_dropped_from_first(tmp_path):
+    """New-user trial: ``--requests r00004`` (a dropped zero) offered r000034,
+    r000024 and r000014 (difflib breaks its ties on the larger string), never
+    r000004: the fewest edits come first, then no new character."""
+    code, _, stderr = _run("scenario", "extract", str(GOLDEN / "fcfs-roomy.parquet"), "--requests", "r00004",
+                           "-o", str(tmp_path / "s.toml"))
+    assert code == 2
+    assert stderr.strip().endswith("no request 'r00004' in the trace (60 requests); did you mean 'r000004', "
+                                   "'r000044' or 'r000054'?"), stderr

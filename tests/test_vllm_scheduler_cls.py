@@ -165,6 +165,25 @@ def test_async_scheduler_subclass_on_a_synchronous_scenario_is_refused_in_one_li
     assert not out.exists()
 
 
+
+@vllm
+@needs_vllm
+def test_regression_a_plain_subclass_refused_async_says_how_to_cover_it(classes_env, tmp_path):
+    """New-user trial: a plain Scheduler subclass read "15 ok, 5 skipped, 0 failed" in
+    golden check, the skips saying only that async_scheduling needs an AsyncScheduler
+    subclass; the refusal now says a second run with one covers async scheduling."""
+    out = tmp_path / "a.parquet"
+    result = _invoke("record", str(REPO / "harness/scenarios/async-tight.toml"), "-o", str(out),
+                     "--engine", spec("PlainScheduler"))
+    assert result.exit_code == 2, result.output
+    errors = [ln for ln in result.output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and (
+        "async_scheduling needs an AsyncScheduler subclass; scheduler_cls custom_schedulers.PlainScheduler "
+        "is not one (to cover async scheduling, run again with scheduler_cls= your change on a subclass of "
+        "vllm.v1.core.sched.async_scheduler.AsyncScheduler)") in errors[0], errors
+    assert not out.exists()
+
+
 BAD_CLASSES = {
     "not-a-scheduler": (spec("NotAScheduler"),
                         "scheduler_cls custom_schedulers:NotAScheduler is class "

@@ -20,6 +20,8 @@ from reference.config import ConfigError
 from reference.words import plural
 from reference.workload import WorkloadError
 
+from harness.cli_common import semantics_option
+
 
 def _consoles():
     from harness.cli_common import console, err
@@ -169,8 +171,7 @@ def load_serve_inputs(workload: str, sets: dict[str, str], limit, time_scale, se
                    "SCHED_HARNESS_CPU_ASYNC=1; testing only), ...).")
 @click.option("--time-limit", type=click.FloatRange(min=1), default=900, show_default=True,
               help="Seconds the run may take in all (server start, requests, drain).")
-@click.option("--semantics", default="auto", show_default=True, metavar="auto|safety|VERSION",
-              help="Profile for the final check (auto: vLLM 0.32.0 has no measured profile: safety).")
+@semantics_option("vLLM 0.32.0 has no measured profile: safety", "The final check's profile.")
 @click.option("--candidate-class", "candidate_class", metavar="package.module:Class", default=None,
               help="Your vLLM Scheduler subclass (what vllm serve --scheduler-cls takes), found on "
                    "PYTHONPATH: recorded instead of vLLM's own; checked in the serving env first.")

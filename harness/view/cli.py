@@ -18,6 +18,7 @@ import click
 from rich.console import Console
 
 from harness.check import ProfileError
+from harness.cli_common import AUTO_TRACE, semantics_option
 from harness.progress import every_steps, progress
 from harness.trace import Trace, TraceError, open_trace
 from harness.view.files import write_atomic
@@ -167,8 +168,7 @@ def register(main: click.Group) -> None:
     main.add_command(export)
 
 
-_SEMANTICS_HELP = ("Profile to check the trace under, as for `harness check` (auto, safety or a "
-                   "vLLM version); its violations are marked.")
+_SEMANTICS = semantics_option(AUTO_TRACE, "Its violations are marked.")
 
 
 @click.command()
@@ -177,8 +177,7 @@ _SEMANTICS_HELP = ("Profile to check the trace under, as for `harness check` (au
               help="A second trace of the same workload: overlaid (dashed), first divergence highlighted.")
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
               help="HTML file to write (self-contained, works offline). Temp file + rename.")
-@click.option("--semantics", default="auto", show_default=True, metavar="auto|safety|VERSION",
-              help=_SEMANTICS_HELP)
+@_SEMANTICS
 def report(trace_path: str, against_path: str | None, output: str, semantics: str) -> None:
     """Draw TRACE as one self-contained HTML report: summary table, KV blocks, queues,
     tokens per step, preemptions, prefix hits, draft acceptance, remote loads, a
@@ -208,8 +207,7 @@ def report(trace_path: str, against_path: str | None, output: str, semantics: st
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), help="The --perfetto file.")
 @click.option("--tables", "tables_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Write steps.parquet, scheduled.parquet and requests.parquet into DIR (docs/tables.md).")
-@click.option("--semantics", default="auto", show_default=True, metavar="auto|safety|VERSION",
-              help=_SEMANTICS_HELP)
+@_SEMANTICS
 def export(trace_path: str, perfetto: bool, output: str | None, tables_dir: str | None,
            semantics: str) -> None:
     """Export TRACE for other tools: a Perfetto timeline (--perfetto -o T.json: a track
