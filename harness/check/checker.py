@@ -502,7 +502,7 @@ class TraceChecker(TraceModel):
         if self.enc_active:
             encoder.on_schedule_end(self, ev, st)
         blocks.check_conservation(self, "schedule_end", ev["num_free_blocks"])
-        lifecycle.check_idle_admission(self, st)
+        lifecycle.check_idle_admission(self, ev, st)
         lifecycle.check_progress(self, st)
         progress.check_step(self, ev, st, running, waiting)
         progress.note_running(self, running)
