@@ -249,8 +249,22 @@ def _stale_reasons(scenario: Scenario, trace: Trace | None, entry: dict[str, Any
 
 def candidate_crashed(d: Divergence | None) -> bool:
     """True when ``d`` is the candidate raising where the golden run did not
-    (``Divergence.field == "exception"``, expected ``'no exception'``)."""
-    return d is not None and d.field == "exception" and d.expected == "no exception"
+    (``Divergence.field == "exception"``, as ``harness replay`` reads it):
+    after the golden's last row (expected ``'no exception'``) or in the
+    middle of a step whose golden rows go on (expected: the golden's row
+    there, ``harness.replay._as_crash``; adversarial trial, finding 5: that
+    case read "candidate diverges ... field exception" under the hint to try
+    ``--semantics fork``)."""
+    return d is not None and d.field == "exception"
+
+
+def _describe_crash(d: Divergence) -> str:
+    """A crash divergence (``candidate_crashed``) as one reason: the crash's
+    line, and what the golden did there instead (nothing when it had no more
+    rows or its step ended there)."""
+    instead = ("" if d.expected in ("no exception", "end of step", None)
+               else f": {d.expected} at event #{d.event_index}")
+    return f"the {d.actual} (the golden run did not{instead})"
 
 
 def _describe_divergence(d: Divergence) -> str:
@@ -382,9 +396,9 @@ def _check_one(directory: Path, scenario: Scenario, entry: dict[str, Any] | None
         # Not a decision that differs: no semantics excuses it (adversarial
         # trial: a factory raising on every config read "diverges ... field
         # exception" under a hint to try --semantics fork).
-        result.reasons.append(f"the {divergence.actual} (the golden run did not)")
+        result.reasons.append(_describe_crash(divergence))
         return result
-    if profile is None or compares_decisions(profile) or divergence.field == "exception":
+    if profile is None or compares_decisions(profile):
         result.reasons.append("candidate diverges at " + _describe_divergence(divergence))
         return result
     try:

@@ -108,7 +108,7 @@ def check_prefix_hit(m: TraceModel, req: ReqShadow, hit: int, block_ids: list[in
         m.violate("PREFIX-HIT-LONGEST", rid, f"hit of {hit} tokens but {longest} tokens of its prefix are cached")
     for i, block in enumerate(block_ids[:n_hit]):
         if i < len(req.chain) and block not in m.uncomputed and block not in m.reset_forgotten \
-                and m.content.get(block) != req.chain[i]:
+                and m.content.get(block) != req.chain[i] and m.written.get(block) != req.chain[i]:
             m.violate("PREFIX-HIT-RULES", rid, f"hit block {block} (#{i}) does not hold this request's prefix block")
             break
 

@@ -505,7 +505,7 @@ class TraceChecker(TraceModel):
         if self.enc_active:
             encoder.on_schedule_end(self, ev, st)
         blocks.check_conservation(self, "schedule_end", ev["num_free_blocks"])
-        lifecycle.check_idle_admission(self, st)
+        lifecycle.check_idle_admission(self, ev, st)
         lifecycle.check_progress(self, st)
         progress.check_step(self, ev, st, running, waiting)
         progress.note_running(self, running)
@@ -766,6 +766,13 @@ class TraceChecker(TraceModel):
                      else self.async_scheduling)
         if not stale and req.status == "RUNNING" and at_update:
             self.register_full_blocks(req, req.num_computed_tokens - req.in_flight)
+        if not stale and req.status == "RUNNING":
+            # KV an engine may register now (its own moment: safety judges the
+            # content, not the timing): the known tokens whose KV is computed
+            # or in flight (a batch in flight runs before any later hit's), but
+            # with drafts only what the outputs confirmed (an in-flight step's
+            # draft positions may be rejected).
+            self.note_written(req, req.num_computed_tokens - (req.in_flight if self.num_spec else 0))
         self.note(req, f"sampled {tokens}" + (f" (drafts {drafts})" if drafts else "")
                        + (" [stale, delivered]" if stale else "")
                        + (f" -> must stop ({stop})" if stop else ""))

@@ -25,7 +25,7 @@ INVARIANTS = [
               SAFETY, "The worker runs what the request data describes and the budget counts what num_scheduled_tokens lists: a key without data (or data without a key) runs tokens for a request the worker has no state for, or skips one the scheduler advanced, in every version."),
     Invariant("FINISHED-IDS", "preempted_req_ids and finished_req_ids of a step list exactly the requests preempted in it / finished since the previous schedule().", "3.9, 8 #12, #23",
               SAFETY, "The model runner frees a request's state only when told: preempted_req_ids and finished_req_ids must list exactly those requests, or it leaks or uses freed state."),
-    Invariant("IDLE-ADMISSION", "With nothing running and requests waiting, a step admits at least one (every accepted request fits an empty engine).", "8 (liveness)",
+    Invariant("IDLE-ADMISSION", "With nothing running and requests waiting, a step admits at least one (every accepted request fits an empty engine), unless a waiting request's first chunk may exceed the token budget the step recorded (chunked prefill off and a prompt over it).", "8 (liveness)",
               SAFETY, "Every accepted request fits an empty engine, so with nothing running a step must admit one, or the engine stalls with work waiting."),
     Invariant("NO-PROGRESS", "No two consecutive steps schedule nothing with the same queues and no input in between.", "8 (liveness)",
               SAFETY, "Two identical empty steps with no input between them repeat forever: a livelock in any engine."),
@@ -205,7 +205,7 @@ def check_request_data(m: TraceModel, ev: dict, scheduled: list[str]) -> None:
 
 
 # -- liveness ----------------------------------------------------------------------
-def check_idle_admission(m: TraceModel, st: StepState) -> None:
+def check_idle_admission(m: TraceModel, ev: dict, st: StepState) -> None:
     """IDLE-ADMISSION at ``schedule_end``: with nothing running and requests
     waiting, something is admitted. (Blocks still behind a deferred-free
     fence, or held by the load of a request finished while loading, may
@@ -215,13 +215,52 @@ def check_idle_admission(m: TraceModel, st: StepState) -> None:
     scheduler, built without the engine: vLLM 0.33.0's
     ``test_priority_preemption_bug.py`` runs a 200-token request on 6 blocks of
     16) voids it for a waiting request longer than the pool: not judged then
-    (``_longer_than_the_pool``)."""
+    (``_longer_than_the_pool``).
+
+    The premise is about blocks; the step's tokens are its token budget, read
+    from the step itself (``_idle_budget``): a step whose budget cannot take
+    a waiting request's first chunk may admit nothing (vLLM 0.33.0
+    ``Scheduler.schedule``: with chunked prefill off, a prompt over the budget
+    left ends the waiting loop; a fork may lower its budget on some steps, a
+    trial finding). Raises nothing."""
     if (not st.running_before and st.waiting_before and not st.preempted and not st.admitted
             and not st.skipped and not m.deferred and not m.kv_abandoned
             and not _longer_than_the_pool(m, st.waiting_before)):
+        budget = _idle_budget(m, ev, st)
+        if _over_the_budget(m, budget, st.waiting_before):
+            return  # a waiting request's first chunk may not fit the step's budget: not judged
         m.violate("IDLE-ADMISSION", st.waiting_before[0],
-                  f"nothing running, {len(st.waiting_before)} waiting, and nothing admitted: "
-                  f"a request that fits an empty engine must be admitted")
+                  f"nothing running, {len(st.waiting_before)} waiting, and nothing admitted, although the "
+                  f"step's token budget ({budget}) fits every waiting request: a request that fits an "
+                  f"empty engine must be admitted")
+
+
+def _idle_budget(m: TraceModel, ev: dict, st: StepState) -> int:
+    """The tokens a step could give its admissions: the ``token_budget`` its
+    ``schedule_end`` row says it left (a step that ran nothing left its whole
+    budget, so a fork with a tighter cap on that step says less), never more
+    than the configured cap (``max_num_scheduled_tokens``, else
+    ``max_num_batched_tokens``) less the step's tokens; the configured cap
+    when the row records none (an older trace). Tokens."""
+    cap = m.token_budget - st.total
+    left = ev.get("token_budget")
+    return cap if left is None else min(left, cap)
+
+
+def _over_the_budget(m: TraceModel, budget: int, waiting: list[str]) -> bool:
+    """Whether some waiting request's first chunk may exceed ``budget``
+    tokens, so the engine (whichever request it takes first) may rightly admit
+    nothing: no budget at all; a speculative decode's padding (``1 +
+    num_spec_tokens``, vLLM 0.33.0 pads a resumed request's lone token) over
+    it; or, with chunked prefill off, a request's tokens to compute (bounded
+    from above by ``num_tokens``: a prefix hit only lowers it) over it. The
+    order the engine takes waiting requests in is its policy, so any such
+    request exempts the step. A request not in the shadow is not counted."""
+    if budget <= 0 or (m.num_spec and budget < 1 + m.num_spec):
+        return True
+    if m.chunked_prefill:
+        return False
+    return any((req := m.reqs.get(rid)) is not None and req.num_tokens > budget for rid in waiting)
 
 
 def _longer_than_the_pool(m: TraceModel, waiting: list[str]) -> bool:

@@ -7,7 +7,9 @@ that the event handlers (``harness.check.checker``) update:
   table, chained block hashes, pending drafts, async placeholders and tokens
   in flight, stale output, KV-load flags, encoder inputs, recent history;
 - blocks: owners (ref counts are the owner sets), the free queue in the order
-  the frees imply (spec 5.2), what each full block caches, blocks cached but
+  the frees imply (spec 5.2), what each full block caches (registered at
+  vLLM 0.33.0's moments, ``content``), what KV each full block holds
+  whenever an engine might register it (``written``), blocks cached but
   never computed (PRIORITY give-back), blocks whose content a prefix-cache
   reset forgot;
 - batches in flight (``Batch``, FIFO), deferred-free fences and their FIFO;
@@ -300,6 +302,13 @@ class TraceModel:
         # Full blocks: content chain hash per block, and blocks per content.
         self.content: dict[int, bytes] = {}
         self.cached: dict[bytes, set[int]] = {}
+        # Full blocks whose KV holds a request's prefix block (its chain hash)
+        # although the model has not registered them at a vLLM moment: the
+        # tokens are known and their KV scheduled by a step that ran or runs
+        # before any later one (``note_written``). A hit on such a block is
+        # safe (PREFIX-HIT-RULES); vLLM's registration timing is
+        # PREFIX-HIT-LONGEST's (semantics), which reads ``cached`` only.
+        self.written: dict[int, bytes] = {}
         # Blocks the pool still treats as cached (hashed) although their KV
         # was never computed: cached by a chunk that a PRIORITY give-back
         # withdrew (block -> the withdrawn request).
@@ -374,6 +383,7 @@ class TraceModel:
         if not as_hit:
             self.uncomputed.pop(block, None)
             self.reset_forgotten.pop(block, None)
+            self.written.pop(block, None)
             old = self.content.pop(block, None)
             if old is not None:
                 self.cached[old].discard(block)
@@ -427,6 +437,7 @@ class TraceModel:
         self.content.clear()
         self.cached.clear()
         self.uncomputed.clear()
+        self.written.clear()
 
     def extend_chain(self, req: ReqShadow, n_blocks: int) -> None:
         """Content hashes of the request's first ``n_blocks`` full blocks."""
@@ -456,6 +467,25 @@ class TraceModel:
                 self.cached.setdefault(req.chain[i], set()).add(block)
         req.registered = max(req.registered, n_full)
 
+    def note_written(self, req: ReqShadow, upto_tokens: int) -> None:
+        """Record in ``written`` the KV content (chain hash) of the request's
+        full blocks covered by ``upto_tokens`` (a token count: KV scheduled,
+        not withdrawn) whose tokens are all known, beyond those registered
+        (``req.registered``). The moment an engine registers such a block in
+        its prefix cache is its own (vLLM 0.33.0 caches at allocation and at
+        update, a fork may cache only after the output: adversarial trial,
+        finding 3); any of them is safe, since the block holds that KV until
+        it is allocated afresh. A one-group full-attention model only (a
+        hybrid model's groups register as ``harness.check.hybrid`` says)."""
+        if not self.caching or self.group_windows is not None:
+            return
+        n_full = min(upto_tokens, req.num_tokens, len(req.blocks) * self.bs) // self.bs
+        self.extend_chain(req, n_full)
+        for i in range(req.registered, n_full):
+            block = req.blocks[i]
+            if self.content.get(block) != req.chain[i]:
+                self.written[block] = req.chain[i]
+
     def unregister_withdrawn(self, req: ReqShadow, registered_before: int) -> None:
         """The withdrawn chunk never runs: blocks its scheduling registered
         (eagerly, vLLM caches at allocation) hold no computed KV. Forget their
@@ -473,6 +503,7 @@ class TraceModel:
                 if not self.cached[req.chain[i]]:
                     del self.cached[req.chain[i]]
                 self.uncomputed[block] = req.request_id
+                self.written.pop(block, None)
         req.registered = min(req.registered, registered_before)
 
     def longest_cached_prefix(self, req: ReqShadow) -> int:
