@@ -270,7 +270,7 @@ class TraceChecker(TraceModel):
         blocks.check_conservation(self, "schedule_begin", ev["num_free_blocks"])
         st.eligible = len(running) + len(waiting)
         st.defer = budget.expected_defer(self, ev, running)
-        progress.snapshot(self, st, running)
+        progress.snapshot(self, st, running, ev["num_free_blocks"])
 
     def _on_preempt(self, ev: dict, st: StepState) -> None:
         if st.reset is not None and st.reset_victims:

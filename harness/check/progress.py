@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from harness.check.hybrid import blocks_needed
 from harness.check.model import ReqShadow, StepState, TraceModel, cdiv
+from harness.check.queues import walks_in_queue_order
 from harness.check.result import PROGRESS, Invariant
 
 INVARIANTS = [
@@ -87,6 +88,14 @@ class ProgressStep:
     unscheduled_victims: list[str] = field(default_factory=list)
     #: Every victim of the step not scheduled earlier in it (PROGRESS-AFTER-PREEMPT).
     step_unscheduled_victims: list[str] = field(default_factory=list)
+    #: Blocks the shadow's free queue holds over the ``num_free_blocks`` the
+    #: ``schedule_begin`` row says (0 when it says as many or more): blocks
+    #: the engine never gave back (a leak BLOCK-CONSERVATION reports). The
+    #: engine could not use them, so the free counts a rule reads leave them out.
+    free_excess: int = 0
+    #: Each victim not scheduled earlier in the step: the free blocks before
+    #: the first preemption of its run (``may_have_preempted_itself``).
+    victim_free: dict[str, int] = field(default_factory=dict)
 
 
 def watermark_blocks(m: TraceModel) -> int:
@@ -111,9 +120,44 @@ def async_max_tokens_guard(req: ReqShadow) -> bool:
             and req.num_computed_tokens + 2 - req.placeholders >= req.num_prompt_tokens + req.max_tokens)
 
 
-def snapshot(m: TraceModel, st: StepState, running: list[str]) -> None:
-    """At ``schedule_begin``: what each running request needs this step."""
+def walk_order_known(m: TraceModel) -> bool:
+    """Whether the running loop is known to walk running in the order of the
+    ``schedule_begin`` row: under a release's profile (RUNNING-ORDER
+    checked: vLLM walks its running queue in order and never reorders it).
+    Under ``fork`` the order is the fork's own (decode first, round robin,
+    shortest remaining first: a reorder before vLLM's loop, or one undone
+    after it, shows in no row), so the rules judge only what holds for every
+    walk order the rows allow: the scheduled requests in their ``schedule``
+    rows' order, every other request anywhere; a victim not scheduled
+    earlier may have been the request at hand only if it did not fit
+    (``may_have_preempted_itself``). Regression (two trials): a fork sorting
+    running by remaining tokens failed PROGRESS-RUNNING on ``deferred-frees``
+    step 3 and PROGRESS-PREEMPT-NEEDED on ``priority-tight`` step 39, the
+    start order assumed."""
+    return walks_in_queue_order(m)
+
+
+def may_have_preempted_itself(m: TraceModel, p: ProgressStep, victim: str) -> bool:
+    """Whether ``victim`` (preempted, not scheduled earlier in the step) may
+    have been the running loop's request at hand, preempting itself: only if
+    it did not fit the blocks free when its run of preemptions began
+    (``ProgressStep.victim_free``): the blocks its tokens need, bounded from
+    above (all its tokens to compute, drafts and lookahead), exceed them. A
+    request at hand that fits is allocated, never preempted."""
+    before = p.running.get(victim)
+    free = p.victim_free.get(victim)
+    if before is None or free is None:
+        return True
+    end = min(before.computed + max(before.need, 0) + m.num_spec, m.max_model_len)
+    return blocks_needed(m, before.held, end) > free
+
+
+def snapshot(m: TraceModel, st: StepState, running: list[str], num_free: int | None = None) -> None:
+    """At ``schedule_begin``: what each running request needs this step;
+    ``num_free``: the row's ``num_free_blocks`` (blocks; None: not recorded)."""
     p = st.progress = ProgressStep()
+    if num_free is not None:
+        p.free_excess = max(0, len(m.free_queue) - num_free)
     for rid in running:
         req = m.reqs.get(rid)
         if req is None:
@@ -140,11 +184,15 @@ def on_preempt(m: TraceModel, st: StepState, rid: str, fence: int | None) -> Non
     if p is None:
         return
     if p.free_before_preempt is None:
-        p.free_before_preempt = len(m.free_queue)
+        # The engine's own count, as the rows show it: the shadow's less the
+        # blocks it never gave back. Regression (new-user trial): a fork leaking
+        # a block on abort got "2 were free" at a step whose row said 1 free.
+        p.free_before_preempt = max(0, len(m.free_queue) - p.free_excess)
     p.victims.append(rid)
     if rid not in st.withdrawn and rid not in st.kept_victims:
         p.unscheduled_victims.append(rid)
         p.step_unscheduled_victims.append(rid)
+        p.victim_free[rid] = p.free_before_preempt
     if fence is not None:
         m.violate("PROGRESS-PREEMPT-FREES", rid,
                   f"preempted with its free fenced (fence {fence}): its blocks stay held behind a step "
@@ -161,7 +209,14 @@ def on_running_scheduled(m: TraceModel, st: StepState, rid: str, new_blocks: int
     free, victims, unscheduled = p.free_before_preempt, p.victims, p.unscheduled_victims
     p.free_before_preempt, p.victims, p.unscheduled_victims = None, [], []
     order = list(p.running)
-    if rid not in order or any(v in order and order.index(v) < order.index(rid) for v in unscheduled):
+    if rid not in order:
+        return
+    if not walk_order_known(m):
+        if any(may_have_preempted_itself(m, p, v) for v in unscheduled):
+            # A victim not scheduled yet, which did not fit, may have come before
+            # this request in the fork's walk and been the request at hand.
+            return
+    elif any(v in order and order.index(v) < order.index(rid) for v in unscheduled):
         # A victim the loop met before this request, not scheduled yet: it may
         # have been the request at hand, preempting itself (PRIORITY: then the
         # loop goes on to this one); the trigger is not known.
@@ -210,11 +265,20 @@ def _check_running(m: TraceModel, st: StepState, p: ProgressStep, budget_left: i
     rule = "PROGRESS-AFTER-PREEMPT" if preempted else "PROGRESS-RUNNING"
     scheduled = set(st.scheduled) | set(st.kept_victims)
     order = list(p.running)
+    known = walk_order_known(m)
     # A victim not scheduled earlier in the step may have been the request at
     # hand preempting itself, after which a release may end the running loop
     # (vLLM 0.29.0 breaks there under PRIORITY; 0.33.0 goes on): the requests
-    # after it in running order are not judged.
-    cut = min((order.index(v) for v in p.step_unscheduled_victims if v in order), default=len(order))
+    # after it in running order are not judged (in a fork's own order any
+    # request not scheduled may have come after it: none is judged, unless no
+    # such victim can have been the request at hand: each one fit).
+    if not known and any(may_have_preempted_itself(m, p, v) for v in p.step_unscheduled_victims):
+        return
+    cut = (min((order.index(v) for v in p.step_unscheduled_victims if v in order), default=len(order))
+           if known else len(order))
+    # (request, witness) of the requests skipped with room, reported unless a
+    # request the loop may have met before them stopped it.
+    found: list[tuple[str, str]] = []
     for index, (rid, before) in enumerate(p.running.items()):
         if index > cut:
             break
@@ -235,15 +299,19 @@ def _check_running(m: TraceModel, st: StepState, p: ProgressStep, budget_left: i
         needed = blocks_needed(m, before.held, min(before.computed + tokens + m.num_spec, m.max_model_len))
         if needed > free:
             # KV pressure: from here on the running loop may stop (0.33.0 gives up on a
-            # fenced victim; a self-preempting tail ends it), so later requests are not judged.
-            return
+            # fenced victim; a self-preempting tail ends it), so later requests are not
+            # judged; in a fork's own order any request not scheduled may be later.
+            if not known:
+                return
+            break
         if before.exempt:
             continue
-        m.violate(rule, rid,
-                  f"running with {before.need} token(s) to compute but not scheduled, although the step "
-                  f"left {budget_left} token(s) of budget and {free} free block(s) "
-                  f"(it needed at most {max(needed, 0)})"
-                  + (f"; the step preempted {st.preempted}" if preempted else ""))
+        found.append((rid, f"running with {before.need} token(s) to compute but not scheduled, although the "
+                           f"step left {budget_left} token(s) of budget and {free} free block(s) "
+                           f"(it needed at most {max(needed, 0)})"
+                           + (f"; the step preempted {st.preempted}" if preempted else "")))
+    for rid, witness in found:
+        m.violate(rule, rid, witness)
 
 
 def _check_admission(m: TraceModel, st: StepState, budget_left: int, free: int, deferring: bool,

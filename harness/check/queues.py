@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 INVARIANTS = [
     Invariant("ARRIVAL-ADMISSIBLE", "An accepted request has a non-empty prompt shorter than max_model_len (room for one output token) and encoder inputs that fit the encoder cache and compute budget (and, with disable_chunked_mm_input, one step's tokens); a rejected one does not.", "2.3, engine input processor",
               SEMANTICS, "Which prompts the input processor accepts (the room left for one output token, how encoder inputs must fit) is a front-end design choice that releases change; a wrong admission is caught by SCHEDULED-SPAN when it matters."),
-    Invariant("STATE-CONTINUITY", "Queues and counters seen at step start/end follow from the previous step's state and this step's events (waiting after an FCFS step: the same requests, each once; their order is ADMISSION-ORDER's).", "3.1",
+    Invariant("STATE-CONTINUITY", "Queues and counters seen at step start/end follow from the previous step's state and this step's events (running, and waiting after an FCFS step: the same requests, each once; their order is RUNNING-ORDER's and ADMISSION-ORDER's).", "3.1",
               SAFETY, "A trace's rows describe one scheduler: queues at step start follow from the previous step's end and this step's arrivals and aborts in any engine; otherwise the trace (or the engine's bookkeeping) contradicts itself."),
-    Invariant("RUNNING-ORDER", "Running requests are scheduled in running-queue order.", "3.2, 8 #13",
-              SEMANTICS, "Walking running in queue order is the v1 scheduler's design; another order is still safe."),
+    Invariant("RUNNING-ORDER", "Running requests are scheduled in running-queue order, and the running queue keeps its order: from one step's end to the next step's start, and through schedule() (victims removed, admissions appended).", "3.2, 8 #13",
+              SEMANTICS, "Walking running in queue order, and never reordering that queue, is the v1 scheduler's design; another order (decode first, round robin, shortest remaining first) is still safe."),
     Invariant("SCHEDULED-ONCE", "A request is scheduled at most once per step, and as running only while it is RUNNING in the running queue.", "3.2, 8 #13",
               SAFETY, "A request has one entry in num_scheduled_tokens and is scheduled as running only while it is RUNNING in the running queue: anything else runs tokens for a request whose KV is not in place, in every version."),
     Invariant("ADMISSION-ORDER", "Admissions follow waiting-queue order: the admitted requests are the head of waiting, as new (WAITING) or resumed (PREEMPTED); under FCFS waiting keeps arrival order (the previous end, then this step's arrivals) and, after the step, the order its rows imply (skipped requests back at the head in the order met, the kv-holding queue first).", "3.4, 8 #13-14",
@@ -81,7 +81,7 @@ def check_queues_at_start(m: TraceModel, st: StepState, running: list[str], wait
     the common case without a walk over the backlog."""
     expected_running = [r for r in m.prev_running if r not in st.aborted]
     if running != expected_running:
-        m.violate("STATE-CONTINUITY", None, f"running at step start {running} != previous end {expected_running}")
+        check_running_queue(m, running, expected_running, "running at step start", "previous end")
     if waiting_at_start_follows(m, st, waiting, change):
         return
     # A request may arrive and be aborted before the same step starts.
@@ -243,7 +243,7 @@ def check_reset_running(m: TraceModel, running: list[str], expected: list[str]) 
     """STATE-CONTINUITY on a ``reset_prefix_cache`` row: its running queue is
     the previous step's end less this step's aborts."""
     if running != expected:
-        m.violate("STATE-CONTINUITY", None, f"running at prefix-cache reset {running} != expected {expected}")
+        check_running_queue(m, running, expected, "running at prefix-cache reset", "expected")
 
 
 def check_batches_in_flight(m: TraceModel) -> None:
@@ -254,9 +254,27 @@ def check_batches_in_flight(m: TraceModel) -> None:
 
 
 def check_running_after(m: TraceModel, st: StepState, running: list[str]) -> None:
-    """STATE-CONTINUITY at ``schedule_end``: running is what the rows imply."""
+    """STATE-CONTINUITY and RUNNING-ORDER at ``schedule_end``: running is what
+    the rows imply (``check_running_queue``)."""
     if running != st.sim_running:
-        m.violate("STATE-CONTINUITY", None, f"running after schedule {running} != expected {st.sim_running}")
+        check_running_queue(m, running, st.sim_running, "running after schedule", "expected")
+
+
+def check_running_queue(m: TraceModel, running: list[str], expected: list[str], seen: str, implied: str) -> None:
+    """A running queue a row shows (``seen``: which row) that is not the
+    ``expected`` one (``implied``: what the rows imply, in vLLM's order).
+    STATE-CONTINUITY (safety) when it does not hold the same requests, each
+    once: a request lost or doubled corrupts any engine. RUNNING-ORDER
+    (semantics) when only the order differs: a correct fork may reorder its
+    running queue (decode first, round robin, shortest remaining first).
+    Regression (two trials): a fork sorting ``self.running`` before vLLM
+    0.33.0's ``Scheduler.schedule`` failed the fork gate with
+    STATE-CONTINUITY on 20 of 20 goldens, as the waiting queue's order did
+    before it (``check_waiting_after_fcfs``)."""
+    if sorted(running) != sorted(expected) or len(set(running)) != len(running):
+        m.violate("STATE-CONTINUITY", None, f"{seen} {running} != {implied} {expected}")
+    else:
+        m.violate("RUNNING-ORDER", None, f"{seen} {running} is not in running-queue order: {implied} {expected}")
 
 
 def check_waiting_after_fcfs(m: TraceModel, waiting: list[str], expected: list[str]) -> None:
@@ -299,6 +317,14 @@ def check_update_begin(m: TraceModel, ev: dict) -> bool:
 
 
 # -- order ------------------------------------------------------------------------
+def walks_in_queue_order(m: TraceModel) -> bool:
+    """Whether the profile holds the engine to RUNNING-ORDER: the running loop
+    walks running in the ``schedule_begin`` row's order (every release's
+    profile), which the progress rules may then assume
+    (``harness.check.progress.walk_order_known``)."""
+    return "RUNNING-ORDER" in m.checked
+
+
 def check_scheduled_once(m: TraceModel, st: StepState, rid: str) -> None:
     """SCHEDULED-ONCE: a request is scheduled at most once per step."""
     if rid in st.scheduled:
