@@ -350,7 +350,7 @@ def test_replay_of_a_stalled_trace_matches_the_identical_stall(tmp_path: Path) -
     code, report = run_json("replay", path)
     assert code == 1
     assert report["divergence"] is None
-    assert {v["invariant"] for v in report["violations"]} == {"IDLE-ADMISSION", "LIVENESS"}
+    assert {v["invariant"] for v in report["violations"]} == {"LIVENESS"}  # budget 8 < every prompt, chunked prefill off: IDLE-ADMISSION exempt
 
 
 @pytest.mark.parametrize("setting, fragment", [
