@@ -290,12 +290,12 @@ def check_cover(m: TraceModel, req: ReqShadow, before: tuple[int, ...], end: int
     SLIDING-WINDOW-HELD (no null slot the window of ``processed`` reads)."""
     rid = req.request_id
     # (Bounded replay: the hit's blocks are held while its last window is recomputed.)
-    need_slots = cdiv(max(end, req.replay_end), m.bs)
+    cover_end = max(end, req.replay_end)
     for g, table in enumerate(_ensure(m, req)):
         if g in m.mamba_groups:
             check_mamba_state(m, req, g, table, end)
             continue
-        blocks.check_group_cover(m, req, g, table, max(before[g], need_slots), end)
+        blocks.check_group_cover(m, req, g, table, before[g], cover_end)
         window = m.group_windows[g]
         if window is None:
             continue
@@ -397,7 +397,7 @@ def on_skipped_free(m: TraceModel, req: ReqShadow, ev: dict) -> None:
     # call for all groups predicted the first group's blocks at the head
     # (ALLOC-FROM-HEAD on the reference, two sliding-window groups).
     for part in parts:
-        m.return_blocks(part, rid)
+        m.return_blocks(part, rid, "skipped_free")
     m.note(req, f"skipped_free {freed_all}")
 
 
