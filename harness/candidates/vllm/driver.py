@@ -252,6 +252,8 @@ MAPPED_KEYS = {
     "data_parallel_size",
     # A hybrid model's KV cache (see "Hybrid models" in the module docstring).
     "sliding_window", "layer_types", "swa_bounded_replay",
+    # A drafter's look-ahead KV slots: set on the built Scheduler (_set_lookahead).
+    "num_lookahead_tokens",
 }
 #: Formerly the pipelining fields refused at non-synchronous values; all are
 #: mapped now (kept empty for callers that still add it to the known keys).
