@@ -69,25 +69,40 @@ from reference.workload import Action, RequestSpec, Workload
 def check_config_supported(config: EngineConfig) -> None:
     """Raise ConfigError for a config no workload can be recorded under: a
     hybrid KV cache (``sliding_window``, ``layer_types`` with more than one
-    KV-cache group) together with a KV connector, unless it is a recorded
-    connector none of whose answers offers external tokens (it loads
-    nothing). The scenario loader calls it to name the file and line;
+    KV-cache group) together with the simulated KV connector. A recorded
+    connector (``kv_connector_matches``: vLLM's own answers) is followed on
+    a hybrid KV cache, its loads allocated in every group as vLLM 0.33.0's
+    coordinator does (``reference.kv``); failed loads there are not (vLLM
+    0.33.0's ``_update_requests_with_invalid_blocks`` reads one group), nor
+    loads beside Mamba groups, so a recorded connector reporting invalid
+    blocks, or loading with ``linear_attention`` layers, is refused too. The
+    scenario loader calls it to name the file and line;
     ``check_workload_supported`` too."""
-    loads = config.kv_connector_matches is None or any(
-        external for _, answers in config.kv_connector_matches for external, _ in answers)
-    if config.kv_cache_groups and config.kv_connector and loads:
-        # Trace schema 9 holds one block table per KV-cache group, but the
-        # connector's loads are modelled for one full-attention group.
+    if not (config.kv_cache_groups and config.kv_connector):
+        return
+    if config.kv_connector_matches is None:
+        # The simulated worker's loads and failures are drawn for one group.
         raise ConfigError("sliding_window / layer_types (a hybrid KV cache) with kv_connector is not "
-                          "modelled: the connector's loads fill one full-attention KV-cache group")
+                          "modelled: the simulated connector's loads fill one full-attention KV-cache group")
+    loads = any(external for _, answers in config.kv_connector_matches for external, _ in answers)
+    if loads and "linear_attention" in (config.layer_types or ()):
+        # vLLM schedules a load on the least common multiple of every group's
+        # block size (kv_cache_utils.resolve_kv_cache_block_sizes): a Mamba
+        # group's max_model_len-token blocks change it.
+        raise ConfigError("linear_attention (Mamba) layers with a recorded KV connector that loads are not "
+                          "modelled (vLLM schedules the load on the groups' common block size)")
+    if any(invalid for _, _, invalid in config.kv_connector_outputs or ()):
+        raise ConfigError("sliding_window / layer_types (a hybrid KV cache) with a recorded KV connector "
+                          "that reports invalid blocks is not modelled (vLLM 0.33.0 handles failed loads "
+                          "for one KV-cache group)")
 
 
 def check_workload_supported(config: EngineConfig, workload: Workload) -> None:
     """Raise ConfigError for a workload this engine cannot run under ``config``.
 
-    A hybrid KV cache (``sliding_window``, ``layer_types``) with a KV
-    connector is refused (the connector's loads are modelled for one
-    full-attention group). A forced reset (an action with
+    A hybrid KV cache (``sliding_window``, ``layer_types``) with the
+    simulated KV connector, or a recorded one reporting invalid blocks, is
+    refused (``check_config_supported``). A forced reset (an action with
     ``reset_running_requests``) is modelled for a
     synchronous engine only: vLLM also drops in-flight output there and refuses
     while a remote KV load holds blocks. ``Engine.run`` checks it, so a config

@@ -104,13 +104,17 @@ class RemoteLoad:
     ``num_external_tokens`` the connector will load, and entered
     WAITING_FOR_REMOTE_KVS; nothing is scheduled for it. ``block_ids`` is its
     whole table (hits first); ``reserved_blocks`` the free blocks the
-    allocation had to leave for in-flight prefills."""
+    allocation had to leave for in-flight prefills. ``group_block_ids``: a
+    hybrid model's (several KV-cache groups) whole table of each group, null
+    blocks as 0 (None with one group); ``block_ids`` is then every group's
+    non-null hit blocks, then every group's new blocks, as an admission's."""
 
     request_id: str
     num_prefix_hit_tokens: int
     num_external_tokens: int
     block_ids: list[int]
     reserved_blocks: int
+    group_block_ids: list[list[int]] | None = None
 
 
 @dataclass
@@ -119,24 +123,28 @@ class Promotion:
     loaded blocks are cached and ``num_computed_tokens`` is what the request
     resumes from (num_tokens - 1 for a whole-sequence load; the valid prefix
     after a failed load, whose blocks are all freed, ``freed_block_ids``, if
-    nothing is valid)."""
+    nothing is valid). ``group_block_ids``: a hybrid model's freed blocks
+    per group, each tail first (None with one group)."""
 
     request_id: str
     status: RequestStatus
     num_computed_tokens: int
     load_failed: bool
     freed_block_ids: list[int] = field(default_factory=list)
+    group_block_ids: list[list[int]] | None = None
 
 
 @dataclass
 class KVTransferFree:
     """Blocks of a request that finished while its KV load was in flight,
     freed once the transfer reported done (vLLM ``_free_blocks`` from
-    ``_update_from_kv_xfer_finished``)."""
+    ``_update_from_kv_xfer_finished``). ``group_block_ids``: a hybrid
+    model's freed blocks per group, each tail first (None with one group)."""
 
     request_id: str
     freed_block_ids: list[int]
     fence: int | None = None
+    group_block_ids: list[list[int]] | None = None
 
 
 @dataclass

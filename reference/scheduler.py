@@ -593,8 +593,11 @@ class Scheduler:
                         hit_blocks = tuple([] for _ in hit_blocks) if self.hybrid else []
                         num_hit_tokens, external, num_computed, load_kv_async = 0, 0, 0, False
                 else:
-                    # A finished async load: no new lookup.
-                    hit_blocks, num_hit_tokens = [], 0
+                    # A finished async load: no new lookup (a hybrid model: no
+                    # hit in any group).
+                    hit_blocks = tuple([] for _ in range(self.kv_cache_manager.num_kv_cache_groups)) \
+                        if self.hybrid else []
+                    num_hit_tokens = 0
                     num_computed = request.num_computed_tokens
                 pad_spec_decode = False
                 encoder_ids, encoder_duplicates = [], []
@@ -673,9 +676,11 @@ class Scheduler:
                     request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                     request.num_computed_tokens = num_computed
                     self._inflight_prefills[request.request_id] = request
-                    events.append(RemoteLoad(request.request_id, num_hit_tokens, external,
-                                             self.kv_cache_manager.get_block_ids(request.request_id),
-                                             reserved))
+                    block_ids, group_block_ids = (
+                        self.kv_cache_manager.admission_block_ids(request.request_id, hit_blocks)
+                        if self.hybrid else (self.kv_cache_manager.get_block_ids(request.request_id), None))
+                    events.append(RemoteLoad(request.request_id, num_hit_tokens, external, block_ids,
+                                             reserved, group_block_ids))
                     skip_request(queue, request)
                     continue
 
@@ -868,10 +873,15 @@ class Scheduler:
         last token so the next one can be sampled."""
         req_id = request.request_id
         freed: list[int] = []
+        groups: list[list[int]] | None = (
+            [[] for _ in range(self.kv_cache_manager.num_kv_cache_groups)] if self.hybrid else None)
         load_failed = req_id in self.failed_recving_kv_req_ids
         if load_failed:
             if request.num_computed_tokens:
                 self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            elif self.hybrid:
+                groups = self.kv_cache_manager.free_per_group(request)
+                freed = [b for ids in groups for b in ids]
             else:
                 freed = self.kv_cache_manager.free(request)
             self.failed_recving_kv_req_ids.remove(req_id)
@@ -888,7 +898,7 @@ class Scheduler:
             request.num_computed_tokens = request.num_tokens - 1
         self.finished_recving_kv_req_ids.remove(req_id)
         request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
-        return Promotion(req_id, request.status, request.num_computed_tokens, load_failed, freed)
+        return Promotion(req_id, request.status, request.num_computed_tokens, load_failed, freed, groups)
 
     def _preempt_request(self, request: Request) -> Preemption:
         """Spec 4.3: free blocks, reset progress, back to the head of waiting.
@@ -1116,8 +1126,8 @@ class Scheduler:
                 self.finished_recving_kv_req_ids.add(req_id)
                 continue
             request = self.kv_pending_free.pop(req_id)
-            freed, fence, _ = self._free_request_blocks(request)  # no connector with hybrid models
-            result.kv_freed.append(KVTransferFree(req_id, freed, fence))
+            freed, fence, groups = self._free_request_blocks(request)
+            result.kv_freed.append(KVTransferFree(req_id, freed, fence, groups))
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> dict[str, list[int]]:
         """Store the proposer's drafts for the next step (vLLM

@@ -191,13 +191,13 @@ def test_a_hybrid_config_records_but_not_with_a_kv_connector() -> None:
                           layer_types=(SW, FA))
     check_workload_supported(config, Workload("synthetic", "", {}, ()))  # per-group block ids: schema 9
     with pytest.raises(ConfigError, match=r"^sliding_window / layer_types \(a hybrid KV cache\) with "
-                                          r"kv_connector is not modelled: the connector's loads fill one "
+                                          r"kv_connector is not modelled: the simulated connector's loads fill one "
                                           r"full-attention KV-cache group$"):
         check_workload_supported(config.with_overrides({"kv_connector": "true"}), Workload("synthetic", "", {}, ()))
 
 
 HYBRID_REFUSAL = ("bad config: sliding_window / layer_types (a hybrid KV cache) with kv_connector is not "
-                  "modelled: the connector's loads fill one full-attention KV-cache group")
+                  "modelled: the simulated connector's loads fill one full-attention KV-cache group")
 
 
 def test_regression_hybrid_config_error_in_fuzz_scenario_and_bisect_was_not_the_one_liner(tmp_path: Path) -> None:

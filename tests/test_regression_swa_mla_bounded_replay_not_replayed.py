@@ -212,16 +212,3 @@ def test_vllms_replay_rows_are_the_references(tmp_path: Path) -> None:
     _, trace = _convert(tmp_path, "connector")
     # A recorded connector that never offers external tokens replays on a hybrid KV cache.
     assert trace.meta["config"]["kv_connector_matches"] == [["r000000", [[0, False]]]]
-
-
-def test_a_recorded_connector_that_loads_stays_refused_on_a_hybrid_kv_cache(tmp_path: Path) -> None:
-    records = [json.loads(line) for line in
-               (DATA / "vllm-0.33.0-prefix-replay-connector.jsonl").read_text().splitlines()]
-    for rec in records:
-        for match in rec.get("kv_matches") or ():
-            match[2] = 16  # the connector offers 16 external tokens (synchronously)
-    src = tmp_path / "rec.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in records))
-    summary = rc.convert(src, tmp_path / "rec.parquet")
-    assert "the KV connector's recorded answers are not replayable: a hybrid KV cache (the connector's loads " \
-           "are modelled for one group)" in summary["warnings"]

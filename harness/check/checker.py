@@ -409,9 +409,13 @@ class TraceChecker(TraceModel):
             # A finished async load: no lookup; it keeps its table and grows it.
             blocks.check_no_lookup_with_loaded_kv(self, rid, hit)
             queues.check_computed(self, req, computed, "loaded")
-            blocks.check_loaded_table_kept(self, req, block_ids)
-            for block in block_ids[len(req.blocks):]:
-                self._acquire(req, block, as_hit=False)
+            if self.group_windows is not None:
+                hybrid.check_window_freed(self, req, computed - req.in_flight)
+                hybrid.admit_loaded(self, req, ev)
+            else:
+                blocks.check_loaded_table_kept(self, req, block_ids)
+                for block in block_ids[len(req.blocks):]:
+                    self._acquire(req, block, as_hit=False)
             req.status = "RUNNING"
             return
         if preemption.check_still_holding(self, req):
@@ -574,11 +578,17 @@ class TraceChecker(TraceModel):
         held = len(req.blocks) if block_ids[:len(req.blocks)] == req.blocks else 0
         kv_connector.check_load_size(self, req, hit, ext)
         n_hit = hit // self.bs
-        blocks.check_prefix_hit(self, req, hit, block_ids)
         reserved = kv_connector.expected_reservation(self, ev, rid)
-        for i, block in enumerate(block_ids[held:], held):
-            self._acquire(req, block, as_hit=i < n_hit)
-        blocks.check_load_cover(self, req, hit + ext)
+        if self.group_windows is not None:
+            # Each group's table, as an admission with the connector's tokens
+            # (hybrid.admit: the hit per group, window slots null, the rest new).
+            hybrid.admit(self, req, ev, hit, ext)
+            hybrid.check_load_cover(self, req, hit + ext)
+        else:
+            blocks.check_prefix_hit(self, req, hit, block_ids)
+            for i, block in enumerate(block_ids[held:], held):
+                self._acquire(req, block, as_hit=i < n_hit)
+            blocks.check_load_cover(self, req, hit + ext)
         kv_connector.check_reservation_left_free(self, rid, reserved)
         # Hit blocks keep their content; loaded blocks are cached only at promotion.
         req.registered = n_hit
@@ -603,13 +613,23 @@ class TraceChecker(TraceModel):
         if req.kv_failed and computed == 0:
             # Nothing valid arrived: every block goes back (no fence: vLLM
             # frees through the KV manager directly).
-            blocks.check_free_order(self, req, freed, req.blocks[::-1])
-            self.return_blocks(req.blocks[::-1], rid, "failed KV load")
+            if self.group_windows is not None:
+                hybrid.free_loaded(self, req, ev, rid)
+            else:
+                blocks.check_free_order(self, req, freed, req.blocks[::-1])
+                self.return_blocks(req.blocks[::-1], rid, "failed KV load")
             req.blocks, req.registered = [], 0
         else:
             kv_connector.check_valid_load_keeps_blocks(self, rid, freed)
             self.register_full_blocks(req, computed)
-        if computed == req.num_tokens:
+        # Bounded replay (vLLM 0.33.0 _update_waiting_for_remote_kv, _mark_prefix_replay):
+        # a load that did not restore the window groups, or failed, is replayed over its
+        # last window, which covers the last token.
+        replayed = (min(self.prefix_replay_tokens, computed) if self.prefix_replay_tokens
+                    and (req.kv_failed or rid not in self.window_loaded) else 0)
+        if replayed:
+            computed -= replayed
+        elif computed == req.num_tokens:
             computed = req.num_tokens - 1  # the last token is recomputed to sample the next
         status = "PREEMPTED" if req.num_preemptions else "WAITING"
         kv_connector.check_promotion(self, ev, req, status, computed)
@@ -657,7 +677,7 @@ class TraceChecker(TraceModel):
         if req is None:
             return
         st.kv_free_due.discard(rid)
-        self._release_all(req, list(ev["block_ids"] or []), "finish", ev.get("fence"))
+        self._release_all(req, list(ev["block_ids"] or []), "finish", ev.get("fence"), ev)
 
     # -- update --------------------------------------------------------------------
     def _on_update_begin(self, ev: dict, st: StepState) -> None:

@@ -208,24 +208,100 @@ def admit(m: TraceModel, req: ReqShadow, ev: dict, hit: int, external: int = 0) 
                               f"window of token {hit + external}: 0.33.0 adopts the null block there")
             news.append(table)  # no hit: every real block is new (one kept before the window too)
             continue
-        skipped = skipped_blocks(m, window, hit)
+        # (The window of the token after the local hit and the connector's
+        # tokens: vLLM's add_local_computed_blocks nulls the slots before it,
+        # hit or loaded, and allocate_external_computed_blocks fills the rest.)
+        skipped = skipped_blocks(m, window, hit + external)
         for i, block in enumerate(table[:n_hit]):
             if block == 0 and i >= skipped and window is not None:
                 m.violate("SLIDING-WINDOW-HELD", rid,
-                          f"group {g}: hit slot {i} is the null block, but the window of token {hit} reads it")
+                          f"group {g}: hit slot {i} is the null block, but the window of token "
+                          f"{hit + external} reads it")
             elif block != 0 and i < skipped:
                 m.violate("SLIDING-WINDOW-FREE", rid,
                           f"group {g}: hit slot {i} holds block {block}, wholly before the window of token "
-                          f"{hit}: 0.33.0 adopts the null block there")
+                          f"{hit + external}: 0.33.0 adopts the null block there")
             if block:
                 _take(m, req, block, True)
             req.groups[g].append(block)
-        news.append(table[n_hit:])
+        new = table[n_hit:]
+        for i, block in enumerate(new[:max(skipped - n_hit, 0)], n_hit):  # loaded slots before the window
+            if block != 0:
+                m.violate("SLIDING-WINDOW-FREE", rid,
+                          f"group {g}: loaded slot {i} holds block {block}, wholly before the window of token "
+                          f"{hit + external}: 0.33.0 leaves the null block there")
+                _take(m, req, block, False)
+            req.groups[g].append(block)
+        news.append(new[max(skipped - n_hit, 0):])
     for g, new in enumerate(news):
         for block in new:
             if block or g not in m.replay_groups:
                 _take(m, req, block, False)
             req.groups[g].append(block)
+
+
+def check_load_cover(m: TraceModel, req: ReqShadow, loaded: int) -> None:
+    """BLOCKS-COVER after an async KV load of ``loaded`` tokens (hit +
+    external): each group's table has ``cdiv(loaded, block_size)`` slots,
+    null slots before a window included (vLLM ``add_local_computed_blocks``,
+    ``allocate_external_computed_blocks``, then ``allocate_new_blocks`` for
+    the same slots: nothing more)."""
+    for g, table in enumerate(_ensure(m, req)):
+        need = cdiv(loaded, group_block_size(m, g))
+        if len(table) != need:
+            m.violate("BLOCKS-COVER", req.request_id,
+                      f"group {g}: table has {len(table)} slot(s) for {loaded} loaded tokens, needs {need}")
+
+
+def admit_loaded(m: TraceModel, req: ReqShadow, ev: dict) -> None:
+    """The admission of a request whose async load was promoted (no lookup):
+    each group's table in the row starts with the table the load left
+    (BLOCKS-COVER otherwise), and the slots after it are new blocks, taken
+    group after group (vLLM ``allocate_new_blocks``)."""
+    held = _ensure(m, req)
+    for g, table in enumerate(_group_lists(m, ev, "admission", req)):
+        if table[:len(held[g])] != held[g]:
+            m.violate("BLOCKS-COVER", req.request_id,
+                      f"group {g}: admitted with table {table}, but it held {held[g]}")
+        for block in table[len(held[g]):]:
+            _take(m, req, block, False)
+            held[g].append(block)
+
+
+def free_loaded(m: TraceModel, req: ReqShadow, ev: dict, rid: str) -> None:
+    """A promotion after a load of which nothing was valid: every group's
+    table is freed, one pool call per group, each tail first (vLLM
+    ``KVCacheManager.free``), as ``group_block_ids`` must say."""
+    parts = free_parts(m, req, deferred=False)
+    check_free_groups(m, req, ev, "kv_promote")
+    blocks.check_free_order(m, req, list(ev["block_ids"] or []), [b for part in parts for b in part])
+    for part in parts:
+        m.return_blocks(part, rid, "failed KV load")
+    clear(req)
+
+
+def group_caps_of(config: dict[str, Any]) -> list[int | None]:
+    """Each group's admission cap in blocks (vLLM
+    ``max_admission_blocks_per_request``: a sliding window's; None: no cap),
+    group order; ``[]`` for a one-group model."""
+    groups = _groups_of(config) or ()
+    in_flight = config.get("max_concurrent_batches", 1) * config["max_num_batched_tokens"]
+    return [g.kv_cache_spec.max_admission_blocks_per_request(in_flight, config["max_model_len"])
+            if hasattr(g.kv_cache_spec, "sliding_window") else None for g in groups]
+
+
+def remaining_blocks(m: TraceModel, req: ReqShadow, num_tokens: int) -> int:
+    """Blocks a running request still needs for ``num_tokens`` tokens in all
+    groups, a window's capped at its admission cap (vLLM
+    ``_request_remaining_blocks`` over the coordinator's
+    ``get_num_blocks_to_allocate`` with the cap)."""
+    total = 0
+    for g, table in enumerate(_ensure(m, req)):
+        need = cdiv(num_tokens, group_block_size(m, g))
+        if m.group_caps[g] is not None:
+            need = min(need, m.group_caps[g])
+        total += max(need - len(table), 0)
+    return total
 
 
 def check_prefix_hit(m: TraceModel, req: ReqShadow, hit: int, tables: list[list[int]]) -> None:

@@ -200,6 +200,10 @@ class TraceModel:
 
         self.replay_groups, self.prefix_replay_tokens = (
             replay_groups_of(config) if self.group_windows is not None else (frozenset(), 0))
+        # Each group's admission cap in blocks (a sliding window's; None: none).
+        from harness.check.hybrid import group_caps_of
+
+        self.group_caps: list[int | None] = group_caps_of(config) if self.group_windows is not None else []
         # Requests whose recorded connector's load restored the window groups
         # (config kv_connector_window_loads: some answer True): no replay.
         self.window_loaded: frozenset[str] = frozenset(
@@ -489,5 +493,10 @@ class TraceModel:
     def remaining_blocks(self, req: ReqShadow) -> int:
         """Blocks an in-flight prefill still needs for its whole sequence
         (plus one spec-decode step and its look-ahead): vLLM ``_request_remaining_blocks``."""
-        num_tokens = min(req.num_tokens, self.max_model_len) + (1 + self.num_spec + self.num_lookahead if self.num_spec else 0)
+        num_tokens = min(req.num_tokens, self.max_model_len) + (1 + self.num_spec + self.num_lookahead
+                                                                if self.num_spec else 0)
+        if self.group_windows is not None:  # every group's table, a window's capped
+            from harness.check.hybrid import remaining_blocks
+
+            return remaining_blocks(self, req, num_tokens)
         return max(cdiv(num_tokens, self.bs) - len(req.blocks), 0)

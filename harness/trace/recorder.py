@@ -145,8 +145,9 @@ def _rank_rows(rec: StepRecord) -> list[Row]:
         for req_id in rec.update.finished_recving:
             rows.append({"kind": "kv_finished", "request_id": req_id})
             if req_id in kv_freed:
-                rows.append({"kind": "kv_free", "request_id": req_id,
-                             "block_ids": kv_freed[req_id].freed_block_ids, "fence": kv_freed[req_id].fence})
+                rows.append(_groups({"kind": "kv_free", "request_id": req_id,
+                                     "block_ids": kv_freed[req_id].freed_block_ids,
+                                     "fence": kv_freed[req_id].fence}, kv_freed[req_id].group_block_ids))
         rows += [{"kind": "draft", "request_id": req_id, "spec_token_ids": drafts}
                  for req_id, drafts in rec.drafts.items()]
         if crash is None:
@@ -214,16 +215,17 @@ def _decision_row(event: ScheduledRequest | Withdrawal | Preemption | Skip) -> R
     if isinstance(event, Skip):
         return {"kind": "skip", "request_id": event.request_id, "message": event.reason}
     if isinstance(event, RemoteLoad):
-        return {"kind": "kv_load", "request_id": event.request_id,
-                "num_computed_tokens": event.num_prefix_hit_tokens,
-                "num_prefix_hit_tokens": event.num_prefix_hit_tokens,
-                "num_external_tokens": event.num_external_tokens,
-                "block_ids": event.block_ids, "reserved_blocks": event.reserved_blocks}
+        return _groups({"kind": "kv_load", "request_id": event.request_id,
+                        "num_computed_tokens": event.num_prefix_hit_tokens,
+                        "num_prefix_hit_tokens": event.num_prefix_hit_tokens,
+                        "num_external_tokens": event.num_external_tokens,
+                        "block_ids": event.block_ids, "reserved_blocks": event.reserved_blocks},
+                       event.group_block_ids)
     if isinstance(event, Promotion):
-        return {"kind": "kv_promote", "request_id": event.request_id, "status": event.status.name,
-                "num_computed_tokens": event.num_computed_tokens,
-                "message": "load failed" if event.load_failed else "loaded",
-                "block_ids": event.freed_block_ids}
+        return _groups({"kind": "kv_promote", "request_id": event.request_id, "status": event.status.name,
+                        "num_computed_tokens": event.num_computed_tokens,
+                        "message": "load failed" if event.load_failed else "loaded",
+                        "block_ids": event.freed_block_ids}, event.group_block_ids)
     return _groups({"kind": "schedule", "request_id": event.request_id, "schedule_kind": event.kind,
                     "num_computed_tokens": event.num_computed_tokens,
                     "num_scheduled_tokens": event.num_scheduled_tokens,

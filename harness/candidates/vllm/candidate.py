@@ -424,11 +424,11 @@ def _output(data: dict[str, Any]) -> SchedulerOutput:
         elif kind == "kv_load":
             events.append(RemoteLoad(e["request_id"], e["num_prefix_hit_tokens"],
                                      e["num_external_tokens"], list(e["block_ids"]),
-                                     e["reserved_blocks"]))
+                                     e["reserved_blocks"], e.get("group_block_ids")))
         elif kind == "kv_promote":
             events.append(Promotion(e["request_id"], _status(e["status"]),
                                     e["num_computed_tokens"], bool(e["load_failed"]),
-                                    list(e["freed_block_ids"])))
+                                    list(e["freed_block_ids"]), e.get("group_block_ids")))
         else:
             raise VLLMDriverError(f"unknown event type {kind!r} from the vLLM driver")
     return SchedulerOutput(
@@ -607,8 +607,8 @@ class VLLMCandidate:
                                      for fence, blocks in answer.get("drained", [])],
                             finished_recving=list(answer.get("finished_recving", [])),
                             invalid_block_ids=list(answer.get("invalid_block_ids", [])),
-                            kv_freed=[KVTransferFree(req_id, list(blocks), fence)
-                                      for req_id, blocks, fence in answer.get("kv_freed", [])])
+                            kv_freed=[KVTransferFree(req_id, list(blocks), fence, *groups)
+                                      for req_id, blocks, fence, *groups in answer.get("kv_freed", [])])
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> dict[str, list[int]]:
         answer = self._call("drafts", drafts={k: list(v) for k, v in draft_token_ids.items()})

@@ -1128,7 +1128,7 @@ class Driver:
         if kv_output is not None:
             answer.update(finished_recving=recving,
                           invalid_block_ids=sorted(kv_output.invalid_block_ids or ()),
-                          kv_freed=[[r, blocks, fence] for r, blocks, fence in kv_freed])
+                          kv_freed=[list(item) for item in kv_freed])
         return answer
 
     def drafts(self, drafts: dict[str, list[int]]) -> dict:

@@ -332,11 +332,16 @@ class DecisionHooks:
                     # An async KV load (load_kv_async): blocks for the local
                     # hit and the external tokens, nothing scheduled. The
                     # reservation is the one vLLM passed.
+                    groups = None
+                    if hooks.hybrid:  # each group's whole table and hit length, as an admission's
+                        hits = getattr(arg(args, kwargs, "new_computed_blocks") or None, "blocks", None)
+                        groups = {"table": group_tables(kvm, request.request_id),
+                                  "hits": [len(g) for g in hits] if hits else [0] * hooks.num_groups}
                     hooks.seq.append(("remote_load", request.request_id, status_before,
                                       arg(args, kwargs, "num_new_computed_tokens"),
                                       arg(args, kwargs, "num_external_computed_tokens"),
                                       table_of(kvm, request.request_id),
-                                      arg(args, kwargs, "reserved_blocks"), n_new))
+                                      arg(args, kwargs, "reserved_blocks"), n_new, groups))
                     return result
                 if status_before == "RUNNING":
                     # Drafts a running request gets verified (vLLM picks them right
@@ -509,12 +514,16 @@ class DecisionHooks:
             if not (promoting and hooks.active):
                 return orig_blocked(request, *args, **kwargs)
             hooks.freed.pop(request.request_id, None)
+            hooks.freed_groups.pop(request.request_id, None)
             ready = orig_blocked(request, *args, **kwargs)
             freed = hooks.freed.pop(request.request_id, [])
             hooks.fences.pop(request.request_id, None)
+            # (A hybrid model: each group's freed blocks, tail first; none freed: empty lists.)
+            groups = (hooks.freed_groups.pop(request.request_id, None) or [[] for _ in range(hooks.num_groups)]
+                      if hooks.hybrid else None)
             if hooks.in_schedule:
                 hooks.seq.append(("promote", request.request_id, request.status.name,
-                                  request.num_computed_tokens, load_failed, freed))
+                                  request.num_computed_tokens, load_failed, freed, groups))
             return ready
 
         orig_xfer = getattr(sched, "_update_from_kv_xfer_finished", None)
@@ -531,12 +540,16 @@ class DecisionHooks:
                 if request is not None and request.is_finished():
                     hooks.freed.pop(req_id, None)
                     hooks.fences.pop(req_id, None)
+                    hooks.freed_groups.pop(req_id, None)
                     pending.append(req_id)
             result = orig_xfer(kv_connector_output, *args, **kwargs)
             hooks.recving.extend(ids)
             for req_id in pending:
-                hooks.kv_freed.append((req_id, hooks.freed.pop(req_id, []),
-                                       hooks.fences.pop(req_id, None)))
+                item = (req_id, hooks.freed.pop(req_id, []), hooks.fences.pop(req_id, None))
+                groups = hooks.freed_groups.pop(req_id, None)
+                # (A hybrid model: each group's freed blocks, tail first, as a 4th item.)
+                hooks.kv_freed.append(item + ((groups or [[] for _ in range(hooks.num_groups)],)
+                                              if hooks.hybrid else ()))
             return result
 
         coordinator = getattr(kvm, "coordinator", None)
@@ -1007,15 +1020,24 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
             events.append({"type": "skipped_free", "request_id": req_id,
                            "freed_block_ids": [b for ids in freed for b in ids], "group_block_ids": freed})
         elif item[0] == "remote_load":
-            _, req_id, status, n_hit, n_external, block_ids, reserved, n_new = item
-            events.append({"type": "kv_load", "request_id": req_id,
-                           "num_prefix_hit_tokens": n_hit, "num_external_tokens": n_external,
-                           "block_ids": block_ids, "reserved_blocks": reserved})
+            _, req_id, status, n_hit, n_external, block_ids, reserved, n_new, *rest = item
+            groups = rest[0] if rest and num_groups else None
+            event = {"type": "kv_load", "request_id": req_id,
+                     "num_prefix_hit_tokens": n_hit, "num_external_tokens": n_external,
+                     "block_ids": block_ids, "reserved_blocks": reserved}
+            if groups is not None:  # each group's whole table; block_ids: hits first, as an admission's
+                event["group_block_ids"] = groups["table"]
+                event["block_ids"] = flat_block_ids(groups["table"], groups["hits"])
+            events.append(event)
         elif item[0] == "promote":
-            _, req_id, status, computed, load_failed, freed = item
-            events.append({"type": "kv_promote", "request_id": req_id, "status": status,
-                           "num_computed_tokens": computed, "load_failed": bool(load_failed),
-                           "freed_block_ids": list(freed)})
+            _, req_id, status, computed, load_failed, freed, *rest = item
+            event = {"type": "kv_promote", "request_id": req_id, "status": status,
+                     "num_computed_tokens": computed, "load_failed": bool(load_failed),
+                     "freed_block_ids": list(freed)}
+            if num_groups:
+                event["group_block_ids"] = rest[0] if rest and rest[0] is not None else no_groups
+                event["freed_block_ids"] = [b for ids in event["group_block_ids"] for b in ids]
+            events.append(event)
         elif item[0] == "skip":
             _, req_id, reason = item
             events.append({"type": "skip", "request_id": req_id, "reason": reason})

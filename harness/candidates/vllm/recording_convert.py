@@ -167,6 +167,7 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         Withdrawal,
     )
     from reference.request import RequestStatus
+    from reference.words import plural
     from reference.workload import RequestSpec, Workload, WorkloadError
 
     src = recording_path(jsonl_path)
@@ -269,6 +270,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             raise ConvertError(f"{src}:{where}: request {vllm_id!r} was never added") from None
 
     kv_unanswered: list[str] = []  # "request at line": a connector decision with no answer recorded
+    # A hybrid model's loads: decisions recorded without each group's blocks (a
+    # recorder before it wrote them), and updates reporting failed loads.
+    kv_ungrouped = kv_invalid = 0
     kv_promoted: set[str] = set()
     for step, idle in engine_steps(src, notes, batches):
         # A KV producer's reports count in every update, kept or not (regression: a
@@ -280,6 +284,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             continue
         if step["schedule"] is not None and idle is False:
             kv_unanswered.extend(_unanswered_kv_decisions(step["schedule"], step["line"], kv_promoted))
+            kv_ungrouped += sum(e["type"] in ("kv_load", "kv_promote") and "group_block_ids" not in e
+                                for e in step["schedule"]["output"]["events"])
+        kv_invalid += bool(((step["update"] or {}).get("kv") or {}).get("invalid_block_ids"))
         for kind, a in step["inputs"]:
             if kind != "arrival":
                 continue
@@ -390,10 +397,20 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
     warnings = list(meta_rec.get("warnings", ()))
     recorded_kv = None  # why the connector is not replayed as recorded (None: it is)
     if meta_rec.get("kv_answers"):
-        if config.kv_cache_groups and any(ext for answers in kv_matches.values() for ext, _ in answers):
-            # (A connector that never offers external tokens loads nothing: its
-            # answers replay on a hybrid KV cache, reference.engine.check_config_supported.)
-            recorded_kv = "a hybrid KV cache (the connector's loads are modelled for one group)"
+        hybrid_loads = config.kv_cache_groups and any(ext for answers in kv_matches.values()
+                                                      for ext, _ in answers)
+        if hybrid_loads and kv_ungrouped:
+            # (A load on a hybrid KV cache is followed in every group: its kv_load and
+            # kv_promote rows need each group's blocks, which recorders before them lacked.)
+            recorded_kv = (f"a hybrid KV cache ({plural(kv_ungrouped, 'load decision')} recorded "
+                           f"without each group's blocks)")
+        elif hybrid_loads and "linear_attention" in (config.layer_types or ()):
+            recorded_kv = ("a hybrid KV cache with Mamba groups (vLLM schedules a load on the groups' "
+                           "common block size: not modelled)")
+        elif hybrid_loads and kv_invalid:
+            # (vLLM 0.33.0's _update_requests_with_invalid_blocks reads one group's table.)
+            recorded_kv = (f"a hybrid KV cache ({plural(kv_invalid, 'update')} reporting invalid blocks: "
+                           f"failed loads are modelled for one group)")
         elif kv_sending:
             recorded_kv = f"{kv_sending} finished_sending report(s) (a KV producer's frees are not modelled)"
         elif kv_unanswered:
@@ -537,14 +554,15 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
             return Skip(rid(e["request_id"], where), e["reason"])
         if e["type"] == "kv_load":
             return RemoteLoad(rid(e["request_id"], where), e["num_prefix_hit_tokens"],
-                              e["num_external_tokens"], list(e["block_ids"]), e["reserved_blocks"])
+                              e["num_external_tokens"], list(e["block_ids"]), e["reserved_blocks"],
+                              groups_of(e))
         if e["type"] == "kv_promote":
             if e["status"] not in status_names:
                 raise ConvertError(f"{src}:{where}: request {e['request_id']!r} promoted to status "
                                    f"{e['status']} (the reference has no such status)")
             return Promotion(rid(e["request_id"], where), RequestStatus[e["status"]],
                              e["num_computed_tokens"], bool(e["load_failed"]),
-                             list(e["freed_block_ids"]))
+                             list(e["freed_block_ids"]), groups_of(e))
         raise ConvertError(f"{src}:{where}: unknown decision {e['type']!r}")
 
     # -- pass 3: the rows, through the recorder's own step_rows -------------------
@@ -646,8 +664,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
                         # The worker's KVConnectorOutput, and what the update made of it.
                         rec.update.invalid_block_ids = list(kv["invalid_block_ids"])
                         rec.update.finished_recving = [rid(r, where) for r in kv["finished_recving"]]
-                        rec.update.kv_freed = [KVTransferFree(rid(r, where), list(b), f)
-                                               for r, b, f in kv["kv_freed"]]
+                        rec.update.kv_freed = [KVTransferFree(rid(r, where), list(b), f,
+                                                              groups[0] if hybrid and groups else None)
+                                               for r, b, f, *groups in kv["kv_freed"]]
                     rec.num_free_blocks_after_update = update_rec["num_free_blocks"]
                     rec.drafts = {rid(r, where): list(t) for r, t in step["drafts"]}
                     # ... and after the draft update.

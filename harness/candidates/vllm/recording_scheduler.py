@@ -79,7 +79,10 @@ vLLM 0.33.0's bounded-replay groups also ``kv_window_loads``, one
 ``update`` record ``kv`` when its ``KVConnectorOutput`` reported anything
 (``finished_recving`` in processing order, ``invalid_block_ids``,
 ``finished_sending``, ``kv_freed``: ``[request_id, blocks, fence]`` of requests
-that had finished while loading); both keys are optional, so format 3 is unchanged.
+that had finished while loading, a hybrid model's with each group's blocks as a
+fourth item); both keys are optional, so format 3 is unchanged. A hybrid model's
+``kv_load`` and ``kv_promote`` decisions carry ``group_block_ids`` too (each
+group's whole table; each group's freed blocks).
 ``update`` (the ``batch`` it completes; tokens sampled per scheduled request
 -- under async scheduling also for a request that ended while the batch ran,
 whose token vLLM ignores --, requests finished, free blocks after), ``drafts`` (``update_draft_token_ids``: drafts
@@ -928,7 +931,7 @@ class _Recorder:
             # finished_recving in the order the update processed it; kv_freed: the
             # requests that had finished while loading, freed now.
             record["kv"] = {**kv, "finished_recving": list(self.hooks.recving),
-                            "kv_freed": [[r, b, f] for r, b, f in self.hooks.kv_freed]}
+                            "kv_freed": [list(item) for item in self.hooks.kv_freed]}
         self.hooks.recving, self.hooks.kv_freed = [], []
         self._write(record)
         self.steps += 1
