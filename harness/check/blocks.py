@@ -259,6 +259,20 @@ def check_group_lists(m: TraceModel, req: ReqShadow, groups: list | None, where:
     return True
 
 
+def check_group_loaded_table_kept(m: TraceModel, req: ReqShadow, g: int, table: list[int], held: list[int]) -> None:
+    """BLOCKS-COVER: a hybrid admission with loaded KV keeps group ``g``'s table and grows it."""
+    if table[:len(held)] != held:
+        m.violate("BLOCKS-COVER", req.request_id, f"group {g}: admitted with table {table}, but it held {held}")
+
+
+def check_group_load_cover(m: TraceModel, req: ReqShadow, g: int, have: int, need: int, loaded: int) -> None:
+    """A hybrid async KV load's group ``g``: ``need`` slots for ``loaded``
+    tokens; fewer is BLOCKS-COVER (safety), more BLOCKS-EXACT (semantics)."""
+    if have != need:
+        m.violate("BLOCKS-COVER" if have < need else "BLOCKS-EXACT", req.request_id,
+                  f"group {g}: table has {have} slot(s) for {loaded} loaded tokens, needs {need}")
+
+
 def check_group_cover(m: TraceModel, req: ReqShadow, g: int, table: list[int], before: int, end: int) -> None:
     """BLOCKS-COVER (at least the slots of ``end`` tokens) and BLOCKS-EXACT (at
     most ``before`` or those of ``end`` plus the look-ahead) for group ``g``;

@@ -248,9 +248,7 @@ def check_load_cover(m: TraceModel, req: ReqShadow, loaded: int) -> None:
     the same slots: nothing more)."""
     for g, table in enumerate(_ensure(m, req)):
         need = cdiv(loaded, group_block_size(m, g))
-        if len(table) != need:
-            m.violate("BLOCKS-COVER", req.request_id,
-                      f"group {g}: table has {len(table)} slot(s) for {loaded} loaded tokens, needs {need}")
+        blocks.check_group_load_cover(m, req, g, len(table), need, loaded)
 
 
 def admit_loaded(m: TraceModel, req: ReqShadow, ev: dict) -> None:
@@ -260,9 +258,7 @@ def admit_loaded(m: TraceModel, req: ReqShadow, ev: dict) -> None:
     group after group (vLLM ``allocate_new_blocks``)."""
     held = _ensure(m, req)
     for g, table in enumerate(_group_lists(m, ev, "admission", req)):
-        if table[:len(held[g])] != held[g]:
-            m.violate("BLOCKS-COVER", req.request_id,
-                      f"group {g}: admitted with table {table}, but it held {held[g]}")
+        blocks.check_group_loaded_table_kept(m, req, g, table, held[g])
         for block in table[len(held[g]):]:
             _take(m, req, block, False)
             held[g].append(block)
