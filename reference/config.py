@@ -38,7 +38,7 @@ OMITTED_AT_DEFAULT = ("draft_acceptance_pattern", "kv_connector", "kv_store_frac
                       "kv_connector_matches", "kv_connector_outputs",
                       "max_num_encoder_input_tokens", "encoder_cache_size", "disable_chunked_mm_input",
                       "sliding_window", "layer_types", "mm_identifiers", "max_loras", "lora_int_ids",
-                      "resumable_request_ids", "num_prefill_lookahead",
+                      "resumable_request_ids", "num_prefill_lookahead", "num_lookahead_tokens",
                       "swa_bounded_replay", "kv_connector_window_loads")
 #: Keys serialised by ``to_dict`` that are derived, not fields: accepted by
 #: ``from_dict`` (checked against the fields), refused by ``with_overrides``.
@@ -268,6 +268,15 @@ class EngineConfig:
     # came from its config is not replayed; one a test set by hand after the
     # KV cache manager was built is).
     num_prefill_lookahead: int = 0
+    # KV slots a drafter with its own forward pass (EAGLE, a draft model)
+    # writes past the scheduled tokens, tokens: vLLM 0.33.0's
+    # VllmConfig.num_lookahead_tokens (derived from the speculative config:
+    # num_speculative_tokens for EAGLE and draft models, + 1 for DFlash, 0
+    # for n-gram), read once into Scheduler.num_lookahead_tokens and passed to
+    # every allocate_slots (0 for an async KV load's admission). A recording
+    # carries the value the Scheduler used; the scripted proposer drafts as
+    # an n-gram proposer either way (the slots change allocation only).
+    num_lookahead_tokens: int = 0
     # Recorded encoder-input identifiers (a recording of vLLM: its
     # MultiModalFeatureSpec.identifier of each item, what the encoder cache and
     # the block hashes key on), per request, one per item of its mm_positions:
@@ -501,6 +510,9 @@ class EngineConfig:
                 and len({item[0] for item in self.lora_int_ids}) == len(self.lora_int_ids)):
             raise ConfigError(f"lora_int_ids: each item is [request_id, lora_int_id >= 1] (one item per "
                               f"request), got {self.lora_int_ids!r:.200}")
+        if (not isinstance(self.num_lookahead_tokens, int) or isinstance(self.num_lookahead_tokens, bool)
+                or not 0 <= self.num_lookahead_tokens <= INT32_MAX):
+            raise ConfigError(f"num_lookahead_tokens must be an integer >= 0, got {self.num_lookahead_tokens!r}")
         if (not isinstance(self.num_prefill_lookahead, int) or isinstance(self.num_prefill_lookahead, bool)
                 or not 0 <= self.num_prefill_lookahead <= INT32_MAX):
             raise ConfigError(f"num_prefill_lookahead must be an integer >= 0, got {self.num_prefill_lookahead!r}")

@@ -183,7 +183,16 @@ class Scheduler:
         # an async load must leave the blocks they still need (insertion
         # ordered; only the sum is used).
         self._inflight_prefills: dict[str, Request] = {}
-        self._spec_decode_step_blocks = (-(-(1 + self.num_spec_tokens) // self.block_size)
+        # KV slots a drafter writes past the scheduled tokens, tokens (vLLM
+        # 0.33.0 Scheduler.num_lookahead_tokens: every allocate_slots gets them,
+        # but an async KV load's admission).
+        self.num_lookahead_tokens = config.num_lookahead_tokens
+        # (Passed only when set, so a fork wrapping allocate_slots that
+        # passes its own num_lookahead_tokens keeps working.)
+        self._lookahead_kwargs = ({"num_lookahead_tokens": self.num_lookahead_tokens}
+                                  if self.num_lookahead_tokens else {})
+        self._spec_decode_step_blocks = (-(-(1 + self.num_spec_tokens + self.num_lookahead_tokens)
+                                           // self.block_size)
                                          if self.num_spec_tokens else 0)
         # Encoder inputs (multimodal items): the per-step encoder compute
         # budget and the encoder cache, both in embeds.
@@ -456,7 +465,7 @@ class Scheduler:
 
             num_computed_before = request.num_computed_tokens
             while True:
-                new_blocks = allocate_slots(request, num_new_tokens)
+                new_blocks = allocate_slots(request, num_new_tokens, **self._lookahead_kwargs)
                 if hybrid:
                     events.extend(self._skipped_frees())
                 if new_blocks is not None:
@@ -667,6 +676,9 @@ class Scheduler:
                     num_new_computed_tokens=num_hit_tokens,
                     new_computed_blocks=hit_blocks,
                     num_external_computed_tokens=external,
+                    # (An async load runs no forward pass yet: its look-ahead
+                    # slots come with its first scheduled step.)
+                    **({} if load_kv_async else self._lookahead_kwargs),
                     delay_cache_blocks=load_kv_async,
                     full_sequence_must_fit=self.config.scheduler_reserve_full_isl,
                     reserved_blocks=reserved,
@@ -845,7 +857,7 @@ class Scheduler:
         spec-decode step): vLLM ``_request_remaining_blocks``."""
         num_tokens = min(request.num_tokens, self.max_model_len)
         if self.num_spec_tokens:
-            num_tokens += 1 + self.num_spec_tokens
+            num_tokens += 1 + self.num_spec_tokens + self.num_lookahead_tokens
         return self.kv_cache_manager.get_num_blocks_to_hold(request, num_tokens)
 
     def _inflight_prefill_reserved_blocks(self) -> int:

@@ -135,7 +135,7 @@ def test_a_mamba_recording_the_model_cannot_follow_is_unmodelled_with_its_reason
     assert "layer_types" not in trace.meta["config"]  # the block rules run on no group
     assert trace.meta["schema_version"] == 8
     assert sorted(unjudged_rules(trace.meta)) == [
-        "ALLOC-FROM-HEAD", "BLOCK-CONSERVATION", "BLOCK-EXCLUSIVE", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
+        "ALLOC-FROM-HEAD", "BLOCK-CONSERVATION", "BLOCK-EXCLUSIVE", "BLOCKS-COVER", "BLOCKS-EXACT", "COMPUTED-CONTINUITY",
         "FREE-ORDER", "HIT-UNCOMPUTED-BLOCK", "PREFIX-HIT-RULES"]
     for semantics in ("auto", "safety"):
         assert check_trace(trace, semantics).ok

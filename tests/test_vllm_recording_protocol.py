@@ -204,11 +204,11 @@ def test_rules_a_feature_keeps_the_model_from_judging_are_skipped_with_a_note(tm
     records[0]["unmodelled"] = {"kv_cache_groups": "2 KV-cache groups (group 0's blocks recorded)"}
     _, trace = _convert(tmp_path, records)
     skip = unjudged_rules(trace.meta)
-    assert sorted(skip) == ["ALLOC-FROM-HEAD", "BLOCK-CONSERVATION", "BLOCK-EXCLUSIVE", "BLOCKS-COVER",
+    assert sorted(skip) == ["ALLOC-FROM-HEAD", "BLOCK-CONSERVATION", "BLOCK-EXCLUSIVE", "BLOCKS-COVER", "BLOCKS-EXACT",
                             "COMPUTED-CONTINUITY", "FREE-ORDER", "HIT-UNCOMPUTED-BLOCK", "PREFIX-HIT-RULES"]
     result = check_trace(trace)
     assert result.ok
-    assert ("BLOCK-CONSERVATION, ALLOC-FROM-HEAD, BLOCKS-COVER, COMPUTED-CONTINUITY, BLOCK-EXCLUSIVE, "
+    assert ("BLOCK-CONSERVATION, ALLOC-FROM-HEAD, BLOCKS-COVER, BLOCKS-EXACT, COMPUTED-CONTINUITY, BLOCK-EXCLUSIVE, "
             "FREE-ORDER, PREFIX-HIT-RULES, HIT-UNCOMPUTED-BLOCK: not judged (2 KV-cache groups (group 0's "
             "blocks recorded): the model cannot follow it)") in result.notes
     assert json.loads(json.dumps(unjudged_rules({"vllm_recording": {}}))) == {}

@@ -20,8 +20,10 @@ INVARIANTS = [
               SEMANTICS, "Taking the longest cached prefix, with cached contents as this version registers and evicts them, is design: a shorter hit is still correct."),
     Invariant("HIT-UNCOMPUTED-BLOCK", "A prefix hit never lands on a block whose KV was never computed, such as one cached at allocation by a chunk that a PRIORITY give-back then withdrew.", "4.2, 5.7 step 10",
               SAFETY, "A hit on a block whose KV was never computed reads garbage KV in every version (a finding in vLLM 0.33.0)."),
-    Invariant("BLOCKS-COVER", "After scheduling, a request's table (a hybrid model: each KV-cache group's, null slots counted; a full-attention group's holds no null block) has exactly ceil((computed + scheduled) / block_size) blocks.", "5.7",
-              SAFETY, "The table must cover computed + scheduled tokens or the step writes KV outside the request's blocks; the harness also holds every version to exactly that many (no over-allocation is measured in any release we run)."),
+    Invariant("BLOCKS-COVER", "After scheduling, a request's table (a hybrid model: each KV-cache group's, null slots counted; a full-attention group's holds no null block) has at least ceil((computed + scheduled) / block_size) blocks.", "5.7",
+              SAFETY, "The table must cover computed + scheduled tokens or the step writes KV outside the request's blocks, in every version; more blocks than that corrupt nothing (a drafter's look-ahead slots, an anti-thrash reserve: BLOCKS-EXACT)."),
+    Invariant("BLOCKS-EXACT", "After scheduling, a request's table (a hybrid model: each KV-cache group's) has no more blocks than it held before or ceil(min(computed + scheduled + num_lookahead_tokens, max_model_len) / block_size), whichever is more (an async KV load's admission: no look-ahead).", "5.7",
+              SEMANTICS, "Allocating exactly the blocks the scheduled tokens and the drafter's look-ahead slots need (vLLM 0.33.0 KVCacheManager.allocate_slots with Scheduler.num_lookahead_tokens) is this version's design: a table holding more corrupts nothing, and a leak is BLOCK-CONSERVATION's."),
     Invariant("BLOCK-EXCLUSIVE", "A newly allocated block is held by nobody; a block in two tables is a full, prefix-shared block.", "5.3, 8 #26",
               SAFETY, "A block written by two requests corrupts both unless it is a full, prefix-shared (read-only) block; the null block is never allocated."),
     Invariant("ALLOC-FROM-HEAD", "New blocks are taken from the head of the free queue, whose order follows from the frees: unhashed (or caching off) blocks to the head, hashed ones to the tail, tail block first.", "5.2, 8 #27-28, 10.7",
@@ -41,14 +43,51 @@ INVARIANTS = [
 
 def check_conservation(m: TraceModel, where: str, num_free: int | None) -> None:
     """BLOCK-CONSERVATION at ``where`` (a row carrying ``num_free_blocks``):
-    free + distinct held = num_gpu_blocks - 1, and free = the shadow queue's length."""
+    free + distinct held = num_gpu_blocks - 1, and free = the shadow queue's length.
+    The witness names what changed the free count since the last such row
+    (``conservation_witness``)."""
     if num_free is None:
         return
     usable = m.num_gpu_blocks - 1
     if num_free + m.held() != usable or num_free != len(m.free_queue):
         m.violate("BLOCK-CONSERVATION", None,
                   f"at {where}: {num_free} free + {m.held()} held != {usable} usable blocks "
-                  f"(the trace implies {len(m.free_queue)} free)")
+                  f"(the trace implies {len(m.free_queue)} free)" + conservation_witness(m, num_free))
+        gap = num_free - len(m.free_queue)
+        if m.free_gap is None or m.free_gap[0] != gap:
+            m.free_gap = (gap, f"{where} at step {m.step}")
+    else:
+        m.free_gap = None
+    m.free_seen = (where, m.step, num_free)
+    m.free_changes = {}
+
+
+def conservation_witness(m: TraceModel, num_free: int) -> str:
+    """What a human checks a BLOCK-CONSERVATION violation against: the engine's
+    free count at the last row that carried one, the trace's events since that
+    changed the inferred free queue (each request's take or free: blocks named,
+    change of the free count) and the change they imply against the one
+    observed; "" before the first such row."""
+    if m.free_seen is None:
+        return ""
+    where, step, before = m.free_seen
+    implied = sum(change for _, change in m.free_changes.values())
+    observed = num_free - before
+    parts = []
+    for (what, rid), (named, change) in list(m.free_changes.items())[:8]:
+        if what == "take":
+            parts.append(f"{rid} took {plural(-change, 'free block')} ({change:+d})")
+        else:
+            parts.append(f"{what} {rid} freed {plural(named, 'block')}, {change} back to the free queue ({change:+d})")
+    more = len(m.free_changes) - len(parts)
+    events = "; ".join(parts) + (f"; {more} more" if more > 0 else "") if parts else "no event changed it"
+    gap = observed - implied
+    verdict = (f"{plural(-gap, 'block')} fewer came back than the trace frees" if gap < 0
+               else f"{plural(gap, 'block')} more than the trace frees" if gap > 0
+               else f"as the trace implies; the gap of {num_free - len(m.free_queue):+d} dates from "
+                    f"{m.free_gap[1] if m.free_gap else 'an earlier step'}")
+    return (f"; since {where} at step {step} ({before} free) the engine's count changed by {observed:+d}, "
+            f"the trace's events by {implied:+d} ({events}): {verdict}")
 
 
 def check_acquire(m: TraceModel, req: ReqShadow, block: int, as_hit: bool) -> None:
@@ -149,30 +188,52 @@ def check_loaded_table_kept(m: TraceModel, req: ReqShadow, block_ids: list[int],
         m.violate("BLOCKS-COVER", req.request_id, f"{where}admitted with table {block_ids}, but it held {held}")
 
 
-def check_blocks_cover(m: TraceModel, req: ReqShadow, blocks_before: int, end: int) -> None:
-    """BLOCKS-COVER after a schedule row: ceil(end / block_size) blocks for
-    ``end`` = computed + scheduled tokens (rejected drafts can leave blocks past
-    the need; tables never shrink)."""
-    need = max(blocks_before, cdiv(end, m.bs))
-    if len(req.blocks) != need:
-        m.violate("BLOCKS-COVER", req.request_id, f"table has {plural(len(req.blocks), 'block')} for {plural(end, 'token')}, needs {need}")
+def lookahead_end(m: TraceModel, end: int) -> int:
+    """The last token slot vLLM allocates for a step ending at ``end`` tokens:
+    ``end`` plus the drafter's look-ahead slots, capped at max_model_len (vLLM
+    0.33.0 ``KVCacheManager.allocate_slots``' ``num_tokens_need_slot``)."""
+    return min(end + m.num_lookahead, m.max_model_len) if m.num_lookahead else end
 
 
-def check_load_cover(m: TraceModel, req: ReqShadow, loaded: int,
-                     table: list[int] | None = None, block_size: int | None = None,
-                     group: int | None = None) -> None:
-    """BLOCKS-COVER after an async KV load of ``loaded`` tokens (hit + external):
-    ``cdiv(loaded, block_size)`` slots. ``table``/``block_size``/``group``: one
-    KV-cache group of a hybrid model, null slots before a window counted
-    (default: the request's only table, the trace's block size)."""
-    if group is None:
-        if len(req.blocks) != cdiv(loaded, m.bs):
-            m.violate("BLOCKS-COVER", req.request_id, f"table has {plural(len(req.blocks), 'block')} for {plural(loaded, 'loaded token')}")
+def check_table_size(m: TraceModel, rid: str, have: int, blocks_before: int, end: int,
+                     lookahead: bool = True, group: int | None = None, unit: str = "block") -> None:
+    """BLOCKS-COVER and BLOCKS-EXACT for a table of ``have`` blocks after a
+    step ending at ``end`` (computed + scheduled) tokens, ``blocks_before`` held
+    before it (tables never shrink; rejected drafts can leave blocks past the
+    need). BLOCKS-COVER (safety): at least ceil(end / block_size). BLOCKS-EXACT
+    (semantics): at most the blocks before or those of ``end`` plus the look-ahead
+    (``lookahead`` False: an async load's admission, vLLM allocates none)."""
+    where = f"group {group}: " if group is not None else ""
+    cover = cdiv(end, m.bs)
+    if have < cover:
+        m.violate("BLOCKS-COVER", rid, f"{where}table has {plural(have, unit)} for {plural(end, 'token')}, "
+                                       f"needs {cover}")
         return
-    need = cdiv(loaded, block_size)
-    if len(table) != need:
-        m.violate("BLOCKS-COVER", req.request_id,
-                  f"group {group}: table has {len(table)} slot(s) for {loaded} loaded tokens, needs {need}")
+    slots = lookahead_end(m, end) if lookahead else end
+    exact = max(blocks_before, cdiv(slots, m.bs))
+    if have > exact:
+        ahead = (f" + {m.num_lookahead} look-ahead slot(s) = {min(end + m.num_lookahead, m.max_model_len)}"
+                 if lookahead and m.num_lookahead else "")
+        m.violate("BLOCKS-EXACT", rid, f"{where}table has {plural(have, unit)} for {plural(end, 'token')}{ahead}, "
+                                       f"this version allocates {exact} (it held {blocks_before})")
+
+
+def check_blocks_cover(m: TraceModel, req: ReqShadow, blocks_before: int, end: int) -> None:
+    """BLOCKS-COVER and BLOCKS-EXACT after a schedule row, ``end`` =
+    computed + scheduled tokens (``check_table_size``)."""
+    check_table_size(m, req.request_id, len(req.blocks), blocks_before, end)
+
+
+def check_load_cover(m: TraceModel, req: ReqShadow, loaded: int) -> None:
+    """BLOCKS-COVER (too few) and BLOCKS-EXACT (too many) after an async KV
+    load's admission of ``loaded`` tokens (hit + external; vLLM allocates no
+    look-ahead slots for it)."""
+    have, need = len(req.blocks), cdiv(loaded, m.bs)
+    if have < need:
+        m.violate("BLOCKS-COVER", req.request_id, f"table has {plural(have, 'block')} for {plural(loaded, 'loaded token')}")
+    elif have > need:
+        m.violate("BLOCKS-EXACT", req.request_id, f"table has {plural(have, 'block')} for "
+                                                  f"{plural(loaded, 'loaded token')}, this version allocates {need}")
 
 
 def check_reset(m: TraceModel, succeeded: bool, forced: bool) -> None:
@@ -203,12 +264,25 @@ def check_group_lists(m: TraceModel, req: ReqShadow, groups: list | None, where:
     return True
 
 
-def check_group_cover(m: TraceModel, req: ReqShadow, g: int, table: list[int], need: int, end: int) -> None:
-    """BLOCKS-COVER for group ``g``: ``need`` slots for ``end`` tokens; a
-    full-attention table holds no null block."""
-    if len(table) != need:
-        m.violate("BLOCKS-COVER", req.request_id, f"group {g}: table has {plural(len(table), 'slot')} for "
-                                                  f"{plural(end, 'token')}, needs {need}")
+def check_group_loaded_table_kept(m: TraceModel, req: ReqShadow, g: int, table: list[int], held: list[int]) -> None:
+    """BLOCKS-COVER: a hybrid admission with loaded KV keeps group ``g``'s table and grows it."""
+    if table[:len(held)] != held:
+        m.violate("BLOCKS-COVER", req.request_id, f"group {g}: admitted with table {table}, but it held {held}")
+
+
+def check_group_load_cover(m: TraceModel, req: ReqShadow, g: int, have: int, need: int, loaded: int) -> None:
+    """A hybrid async KV load's group ``g``: ``need`` slots for ``loaded``
+    tokens; fewer is BLOCKS-COVER (safety), more BLOCKS-EXACT (semantics)."""
+    if have != need:
+        m.violate("BLOCKS-COVER" if have < need else "BLOCKS-EXACT", req.request_id,
+                  f"group {g}: table has {have} slot(s) for {loaded} loaded tokens, needs {need}")
+
+
+def check_group_cover(m: TraceModel, req: ReqShadow, g: int, table: list[int], before: int, end: int) -> None:
+    """BLOCKS-COVER (at least the slots of ``end`` tokens) and BLOCKS-EXACT (at
+    most ``before`` or those of ``end`` plus the look-ahead) for group ``g``;
+    a full-attention table holds no null block."""
+    check_table_size(m, req.request_id, len(table), before, end, group=g, unit="slot")
     if m.group_windows[g] is None and 0 in table:
         m.violate("BLOCKS-COVER", req.request_id,
                   f"group {g} (full attention): slot {table.index(0)} is the null block, but a full-attention "

@@ -90,7 +90,7 @@ class TraceChecker(TraceModel):
             self.defer_blocks(req, expected, fence)
         else:
             for part in parts or [expected]:  # a hybrid model: one free per KV-cache group
-                self.return_blocks(part, req.request_id)
+                self.return_blocks(part, req.request_id, kind)
         req.blocks = []
         req.registered = 0
 
@@ -616,7 +616,7 @@ class TraceChecker(TraceModel):
                 hybrid.free_loaded(self, req, ev, rid)
             else:
                 blocks.check_free_order(self, req, freed, req.blocks[::-1])
-                self.return_blocks(req.blocks[::-1], rid)
+                self.return_blocks(req.blocks[::-1], rid, "failed KV load")
             req.blocks, req.registered = [], 0
         else:
             kv_connector.check_valid_load_keeps_blocks(self, rid, freed)
@@ -710,7 +710,7 @@ class TraceChecker(TraceModel):
         st.drains += 1
         self.result.deferred_frees += 1
         fences.check_drain_is_oldest(self, fence, blocks_, head_fence, head_blocks)
-        self.return_blocks(head_blocks, holder)
+        self.return_blocks(head_blocks, holder, "drain")
 
     def _on_output(self, ev: dict, st: StepState) -> None:
         rid = ev["request_id"]

@@ -247,7 +247,8 @@ def check_load_cover(m: TraceModel, req: ReqShadow, loaded: int) -> None:
     ``allocate_external_computed_blocks``, then ``allocate_new_blocks`` for
     the same slots: nothing more)."""
     for g, table in enumerate(_ensure(m, req)):
-        blocks.check_load_cover(m, req, loaded, table, group_block_size(m, g), g)
+        need = cdiv(loaded, group_block_size(m, g))
+        blocks.check_group_load_cover(m, req, g, len(table), need, loaded)
 
 
 def admit_loaded(m: TraceModel, req: ReqShadow, ev: dict) -> None:
@@ -257,7 +258,7 @@ def admit_loaded(m: TraceModel, req: ReqShadow, ev: dict) -> None:
     group after group (vLLM ``allocate_new_blocks``)."""
     held = _ensure(m, req)
     for g, table in enumerate(_group_lists(m, ev, "admission", req)):
-        blocks.check_loaded_table_kept(m, req, table, held[g], g)
+        blocks.check_group_loaded_table_kept(m, req, g, table, held[g])
         for block in table[len(held[g]):]:
             _take(m, req, block, False)
             held[g].append(block)
@@ -271,7 +272,7 @@ def free_loaded(m: TraceModel, req: ReqShadow, ev: dict, rid: str) -> None:
     check_free_groups(m, req, ev, "kv_promote")
     blocks.check_free_order(m, req, list(ev["block_ids"] or []), [b for part in parts for b in part])
     for part in parts:
-        m.return_blocks(part, rid)
+        m.return_blocks(part, rid, "failed KV load")
     clear(req)
 
 
@@ -361,12 +362,12 @@ def check_cover(m: TraceModel, req: ReqShadow, before: tuple[int, ...], end: int
     SLIDING-WINDOW-HELD (no null slot the window of ``processed`` reads)."""
     rid = req.request_id
     # (Bounded replay: the hit's blocks are held while its last window is recomputed.)
-    need_slots = cdiv(max(end, req.replay_end), m.bs)
+    cover_end = max(end, req.replay_end)
     for g, table in enumerate(_ensure(m, req)):
         if g in m.mamba_groups:
             check_mamba_state(m, req, g, table, end)
             continue
-        blocks.check_group_cover(m, req, g, table, max(before[g], need_slots), end)
+        blocks.check_group_cover(m, req, g, table, before[g], cover_end)
         window = m.group_windows[g]
         if window is None:
             continue
@@ -468,7 +469,7 @@ def on_skipped_free(m: TraceModel, req: ReqShadow, ev: dict) -> None:
     # call for all groups predicted the first group's blocks at the head
     # (ALLOC-FROM-HEAD on the reference, two sliding-window groups).
     for part in parts:
-        m.return_blocks(part, rid)
+        m.return_blocks(part, rid, "skipped_free")
     m.note(req, f"skipped_free {freed_all}")
 
 

@@ -123,7 +123,7 @@ def fork_hint(invariant_ids, *, diverged: bool = False, option: str = "--semanti
 #: consequence of any of them).
 CONSEQUENCE_IDS = frozenset({
     "COMPUTED-CONTINUITY", "STATE-CONTINUITY", "BLOCK-CONSERVATION", "SCHEDULED-SPAN", "BLOCKS-COVER",
-    "OUTPUT-ONLY-COMPLETE", "PREFILL-DEFER", "FINISHED-IDS", "SCHEDULED-HAS-DATA", "IDLE-ADMISSION",
+    "BLOCKS-EXACT", "OUTPUT-ONLY-COMPLETE", "PREFILL-DEFER", "FINISHED-IDS", "SCHEDULED-HAS-DATA", "IDLE-ADMISSION",
     "NO-PROGRESS", "LIVENESS",
 })
 
@@ -169,7 +169,7 @@ def _known(invariant_id: str) -> None:
 #: (or a recording made before every group was recorded): a hybrid recording
 #: whose groups it names is schema 9 and every block rule runs per group.
 UNMODELLED_RULES: dict[str, tuple[str, ...]] = {
-    "kv_connector": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
+    "kv_connector": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "BLOCKS-EXACT", "COMPUTED-CONTINUITY",
                      "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK",
                      "REMOTE-KV-LOADING", "REMOTE-KV-RESERVATION", "REMOTE-KV-ABORT-HOLDS"),
     # A KV producer (finished_sending reports): a finished request's blocks stay
@@ -177,9 +177,9 @@ UNMODELLED_RULES: dict[str, tuple[str, ...]] = {
     # skipped with "kv_connector": its answers are then not followed either).
     "kv_connector_sending": ("FREE-WHOLE-TABLE",),
     "streaming_input": ("STOP-RULES", "LIVENESS"),
-    "kv_cache_spec": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
+    "kv_cache_spec": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "BLOCKS-EXACT", "COMPUTED-CONTINUITY",
                       "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK"),
-    "kv_cache_groups": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "COMPUTED-CONTINUITY",
+    "kv_cache_groups": ("BLOCK-CONSERVATION", "ALLOC-FROM-HEAD", "BLOCKS-COVER", "BLOCKS-EXACT", "COMPUTED-CONTINUITY",
                         "BLOCK-EXCLUSIVE", "FREE-ORDER", "PREFIX-HIT-RULES", "HIT-UNCOMPUTED-BLOCK"),
 }
 

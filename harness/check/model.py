@@ -241,6 +241,9 @@ class TraceModel:
         self.caching: bool = config["enable_prefix_caching"]
         self.policy: str = config["policy"]
         self.num_spec: int = config.get("num_speculative_tokens", 0)
+        # A drafter's look-ahead KV slots past each step's tokens (config
+        # num_lookahead_tokens, vLLM 0.33.0 Scheduler.num_lookahead_tokens).
+        self.num_lookahead: int = config.get("num_lookahead_tokens", 0) or 0
         self.async_scheduling: bool = config.get("async_scheduling", False)
         self.depth: int = config.get("max_concurrent_batches", 1)
         self.defer: bool = config.get("defer_block_free", False)
@@ -298,6 +301,13 @@ class TraceModel:
         # The free queue as the trace implies it, head first (spec 5.2).
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, self.num_gpu_blocks))
         self.free_queue_known = True  # false after the first ALLOC-FROM-HEAD violation
+        # BLOCK-CONSERVATION's witness: the last row that carried num_free_blocks
+        # (where, step, count), and what changed the free queue since, in order:
+        # {(what, request id): [blocks named, change of the free count]}.
+        self.free_seen: tuple[str, int, int] | None = None
+        self.free_changes: dict[tuple[str, str], list[int]] = {}
+        # (engine's free count - the inferred one, the row where it appeared) while it lasts.
+        self.free_gap: tuple[int, str] | None = None
         self.zero_step_state: tuple | None = None  # queues of the last zero-token step
         # Full blocks: content chain hash per block, and blocks per content.
         self.content: dict[int, bytes] = {}
@@ -379,7 +389,9 @@ class TraceModel:
         """``req`` takes ``block``: a hit unlinks it from the free queue; a fresh
         allocation also evicts whatever the block cached before."""
         holders = self.owners.setdefault(block, set())
-        self.free_queue.pop(block, None)
+        if block in self.free_queue:
+            del self.free_queue[block]
+            self._free_changed("take", req.request_id, 1, -1)
         if not as_hit:
             self.uncomputed.pop(block, None)
             self.reset_forgotten.pop(block, None)
@@ -403,11 +415,21 @@ class TraceModel:
             holders.add(holder)
         self.deferred.append((fence, ordered, holder))
 
-    def return_blocks(self, ordered: list[int], holder: str) -> None:
+    def _free_changed(self, what: str, rid: str, named: int, change: int) -> None:
+        """Log for BLOCK-CONSERVATION's witness: ``what`` of request ``rid``
+        named ``named`` blocks and changed the free count by ``change``."""
+        entry = self.free_changes.setdefault((what, rid), [0, 0])
+        entry[0] += named
+        entry[1] += change
+
+    def return_blocks(self, ordered: list[int], holder: str, what: str = "free") -> None:
         """Drop ``holder``'s references in ``ordered`` order; blocks reaching
         ref 0 enter the free queue: unhashed (or caching off) to the head, in
         that order; hashed to the tail (spec 5.2). Under a profile without
-        ``free_unhashed_to_head`` (vLLM 0.20.2) every block goes to the tail."""
+        ``free_unhashed_to_head`` (vLLM 0.20.2) every block goes to the tail.
+        ``what`` (finish, abort, preempt, ...) names the free in BLOCK-CONSERVATION's
+        witness."""
+        free_before = len(self.free_queue)
         to_head: list[int] = []
         to_tail: list[int] = []
         for block in ordered:
@@ -424,6 +446,7 @@ class TraceModel:
             self.free_queue.move_to_end(block, last=False)
         for block in to_tail:
             self.free_queue[block] = None
+        self._free_changed(what, holder, len(ordered), len(self.free_queue) - free_before)
 
     def forget_cache(self) -> None:
         """A successful prefix-cache reset (vLLM ``BlockPool.reset_prefix_cache``):
@@ -524,8 +547,9 @@ class TraceModel:
 
     def remaining_blocks(self, req: ReqShadow) -> int:
         """Blocks an in-flight prefill still needs for its whole sequence
-        (plus one spec-decode step): vLLM ``_request_remaining_blocks``."""
-        num_tokens = min(req.num_tokens, self.max_model_len) + (1 + self.num_spec if self.num_spec else 0)
+        (plus one spec-decode step and its look-ahead): vLLM ``_request_remaining_blocks``."""
+        num_tokens = min(req.num_tokens, self.max_model_len) + (1 + self.num_spec + self.num_lookahead
+                                                                if self.num_spec else 0)
         if self.group_windows is not None:  # every group's table, a window's capped
             from harness.check.hybrid import remaining_blocks
 

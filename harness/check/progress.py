@@ -296,7 +296,7 @@ def _check_running(m: TraceModel, st: StepState, p: ProgressStep, budget_left: i
         tokens = min(before.need, budget_left, m.max_model_len - before.computed - 1)
         if tokens <= 0:
             continue
-        needed = blocks_needed(m, before.held, min(before.computed + tokens + m.num_spec, m.max_model_len))
+        needed = blocks_needed(m, before.held, min(before.computed + tokens + m.num_spec + m.num_lookahead, m.max_model_len))
         if needed > free:
             # KV pressure: from here on the running loop may stop (0.33.0 gives up on a
             # fenced victim; a self-preempting tail ends it), so later requests are not
@@ -330,7 +330,7 @@ def _check_admission(m: TraceModel, st: StepState, budget_left: int, free: int, 
         return  # a new decode's padding may not fit
     if not m.chunked_prefill and req.num_tokens > budget_left:
         return
-    tokens = min(req.num_tokens + m.num_spec, m.max_model_len)
+    tokens = min(req.num_tokens + m.num_spec + m.num_lookahead, m.max_model_len)
     # Every group's table at most (a Mamba group: its state blocks).
     needed = sum(m.mamba_groups.get(g, cdiv(tokens, m.bs))
                  for g in range(len(m.group_windows or (None,)))) + watermark_blocks(m)

@@ -57,7 +57,7 @@ MUTANTS_AND_TARGETS: dict[str, tuple[type[Scheduler], str]] = {
     "ignore-threshold": (IgnoreThreshold, "BUDGET-THRESHOLD"),
     "preempt-keeps-block": (PreemptKeepsBlock, "PREEMPT-EFFECTS"),
     "reverse-running-order": (ReverseRunningOrder, "RUNNING-ORDER"),
-    "over-allocate": (OverAllocate, "BLOCKS-COVER"),
+    "over-allocate": (OverAllocate, "BLOCKS-EXACT"),
     "reuse-held-block": (ReuseHeldBlock, "BLOCK-EXCLUSIVE"),
     "forget-finished-ids": (ForgetFinishedIds, "FINISHED-IDS"),
     "admission-preempts": (AdmissionPreempts, "WAITING-NEVER-PREEMPTS"),

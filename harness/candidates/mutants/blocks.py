@@ -168,7 +168,7 @@ class _OverAllocKVCacheManager(KVCacheManager):
 
 
 class OverAllocate(Scheduler):
-    """Admissions get one block more than their tokens need (BLOCKS-COVER)."""
+    """Admissions get one block more than their tokens need (BLOCKS-EXACT: a semantics rule, more blocks corrupt nothing)."""
 
     def __init__(self, config) -> None:
         super().__init__(config)

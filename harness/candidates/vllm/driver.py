@@ -252,6 +252,8 @@ MAPPED_KEYS = {
     "data_parallel_size",
     # A hybrid model's KV cache (see "Hybrid models" in the module docstring).
     "sliding_window", "layer_types", "swa_bounded_replay",
+    # A drafter's look-ahead KV slots: set on the built Scheduler (_set_lookahead).
+    "num_lookahead_tokens",
 }
 #: Formerly the pipelining fields refused at non-synchronous values; all are
 #: mapped now (kept empty for callers that still add it to the known keys).
@@ -705,6 +707,8 @@ class Driver:
             raise SchedulerClassError(
                 f"scheduler_cls {scheduler_cls_name(custom_cls)}: __init__ raised "
                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+        self._set_lookahead(sched, int(config.get("num_lookahead_tokens", 0) or 0),
+                            int(getattr(vllm_config, "num_lookahead_tokens", 0) or 0))
         connector = getattr(sched, "connector", None)
         if self.kv_connector:
             self._check_connector(sched)
@@ -754,6 +758,27 @@ class Driver:
                 "max_concurrent_batches": self.max_in_flight,
                 "kv_cache_groups": self.kv_cache_groups_answer,
                 "num_free_blocks": self.num_free_blocks()}
+
+    def _set_lookahead(self, sched, lookahead: int, derived: int) -> None:
+        """Give vLLM's ``Scheduler`` the config's ``num_lookahead_tokens`` (a
+        drafter's look-ahead KV slots, tokens; vLLM derives it from a drafter
+        with its own forward pass, which the driver does not build). A
+        ``scheduler_cls`` that set its own keeps it. With drafts, the async
+        load reservation ``__init__`` derived from it (``_spec_decode_step_blocks``,
+        one step of ``1 + num_spec_tokens + num_lookahead_tokens`` slots per
+        non-Mamba group) is resized too. DriverError: a vLLM without the knob."""
+        if not lookahead:
+            return
+        if not hasattr(sched, "num_lookahead_tokens"):
+            raise DriverError(f"vLLM {self.version}'s Scheduler has no num_lookahead_tokens")
+        if sched.num_lookahead_tokens != derived:
+            return  # the scheduler class chose its own
+        sched.num_lookahead_tokens = lookahead
+        if self.num_spec and hasattr(sched, "_spec_decode_step_blocks"):
+            managers = sched.kv_cache_manager.coordinator.single_type_managers
+            sched._spec_decode_step_blocks = sum(
+                -(-(1 + self.num_spec + lookahead) // m.block_size) for m in managers
+                if type(m.kv_cache_spec).__name__ != "MambaSpec")
 
     def _hybrid_kv_cache_groups(self, config: dict, vllm_config, spec_kwargs: dict):
         """vLLM's KV-cache groups for the config's ``layer_types`` and

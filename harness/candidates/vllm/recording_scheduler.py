@@ -292,7 +292,12 @@ class _LineWriter:
 #: drafter's prefill look-ahead, which shifts the encoder window and keeps a
 #: prefill chunk from ending within it: 0.33.0's
 #: ``test_drafter_lookahead_encoder_cache_cap_*`` set it by hand).
-_DERIVED_FLAGS = ("need_mamba_block_aligned_split", "num_prefill_lookahead")
+_DERIVED_FLAGS = ("need_mamba_block_aligned_split", "num_prefill_lookahead", "num_lookahead_tokens")
+#: Derived values a unit test (or a subclass after ``__init__``) may set by hand
+#: before the first ``schedule()``: a ``config`` record, the reference models them.
+#: (``num_lookahead_tokens``: the drafter's look-ahead KV slots, which every
+#: ``allocate_slots`` of ``schedule()`` reads.)
+_CONFIG_BY_HAND = ("num_prefill_lookahead", "num_lookahead_tokens")
 
 
 def _mm_features(request) -> list[list] | None:
@@ -435,6 +440,12 @@ class _Recorder:
                                                   "pipeline_parallel_size", 1)),
             "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
             "defer_block_free": bool(getattr(sched, "defer_block_free", False)),
+            # The drafter's look-ahead KV slots the Scheduler passes to every
+            # allocate_slots (vLLM derives VllmConfig.num_lookahead_tokens from
+            # the speculative config: EAGLE and draft models reserve
+            # num_speculative_tokens; a subclass may set its own).
+            "num_lookahead_tokens": int(getattr(sched, "num_lookahead_tokens",
+                                                getattr(vc, "num_lookahead_tokens", 0)) or 0),
         }
         for name in ("watermark", "scheduler_reserve_full_isl", "prefill_schedule_interval"):
             if hasattr(sc, name):
@@ -480,9 +491,6 @@ class _Recorder:
         groups = len(getattr(sched.kv_cache_config, "kv_cache_groups", ()) or ())
         if groups != 1 and not self.hooks.hybrid:
             out.append(f"{groups} KV-cache groups (the trace keeps group 0's block ids only)")
-        if getattr(vc, "num_lookahead_tokens", 0):
-            out.append(f"speculative decoding reserves {vc.num_lookahead_tokens} lookahead slots "
-                       f"(the reference models an n-gram proposer: none)")
         spec = getattr(vc, "speculative_config", None)
         if spec is not None and getattr(spec, "method", "ngram") != "ngram":
             out.append(f"speculative method {spec.method!r} (the reference models n-gram drafts)")
@@ -785,6 +793,16 @@ class _Recorder:
             self._stub_seen = seen = (attrs, cls, set(attrs), names)
         return [name for name in seen[3] if callable(attrs[name])] if seen[3] else []
 
+    def _step_blocks_stale(self, derived: int, now: int) -> bool:
+        """True when vLLM's ``Scheduler.__init__`` sized an async KV load's
+        spec-decode reservation (``_spec_decode_step_blocks``, vLLM 0.33.0:
+        with drafts, ``cdiv(1 + num_spec_tokens + num_lookahead_tokens,
+        block_size)`` per group) from a ``derived`` look-ahead whose blocks
+        differ from ``now``'s: the reference would size it from ``now``."""
+        spec = int(getattr(self.sched, "num_spec_tokens", 0) or 0)
+        bs = int(getattr(self.sched, "block_size", 16) or 16)
+        return bool(spec) and -(-(1 + spec + derived) // bs) != -(-(1 + spec + now) // bs)
+
     def _check_derived(self) -> None:
         """A ``protocol`` record (the converter ends the trace there) when a flag
         ``Scheduler.__init__`` derived from the config has changed since: set by
@@ -797,12 +815,16 @@ class _Recorder:
         ``num_prefill_lookahead`` set before the first ``schedule()`` (vLLM
         0.33.0's ``test_drafter_lookahead_encoder_cache_cap_*``) is a ``config``
         record instead: the reference models the look-ahead's scheduler side
-        (the KV cache manager, built before, kept vLLM's derived value)."""
+        (the KV cache manager, built before, kept vLLM's derived value). So is
+        ``num_lookahead_tokens`` (the look-ahead KV slots every ``allocate_slots``
+        reads), unless ``__init__`` derived a spec-decode reservation from the
+        old value (``_step_blocks_stale``)."""
         for name, value in self.derived.items():
             now = getattr(self.sched, name, value)
-            if now != value and name == "num_prefill_lookahead" and self.batches == 0 \
-                    and isinstance(now, int) and not isinstance(now, bool) and now >= 0:
-                self._write({"t": "config", "config": {"num_prefill_lookahead": now}})
+            if now != value and name in _CONFIG_BY_HAND and self.batches == 0 \
+                    and isinstance(now, int) and not isinstance(now, bool) and now >= 0 \
+                    and not (name == "num_lookahead_tokens" and self._step_blocks_stale(value, now)):
+                self._write({"t": "config", "config": {name: now}})
                 self.derived[name] = now
                 continue
             if now != value:
