@@ -177,15 +177,10 @@ def check_no_lookup_with_loaded_kv(m: TraceModel, rid: str, hit: int) -> None:
         m.violate("PREFIX-HIT-RULES", rid, f"a request holding loaded KV looked up a prefix hit of {hit} tokens")
 
 
-def check_loaded_table_kept(m: TraceModel, req: ReqShadow, block_ids: list[int],
-                            held: list[int] | None = None, group: int | None = None) -> None:
-    """BLOCKS-COVER: a request admitted with loaded KV keeps its table and grows it.
-    ``held``/``group``: one KV-cache group's table of a hybrid model (default:
-    the request's only table)."""
-    held = req.blocks if held is None else held
-    if block_ids[:len(held)] != held:
-        where = "" if group is None else f"group {group}: "
-        m.violate("BLOCKS-COVER", req.request_id, f"{where}admitted with table {block_ids}, but it held {held}")
+def check_loaded_table_kept(m: TraceModel, req: ReqShadow, block_ids: list[int]) -> None:
+    """BLOCKS-COVER: a request admitted with loaded KV keeps its table and grows it."""
+    if block_ids[:len(req.blocks)] != req.blocks:
+        m.violate("BLOCKS-COVER", req.request_id, f"admitted with table {block_ids}, but it held {req.blocks}")
 
 
 def lookahead_end(m: TraceModel, end: int) -> int:
