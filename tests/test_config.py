@@ -138,7 +138,7 @@ def test_old_config_dicts_map_to_the_vllm_keys() -> None:
         EngineConfig.from_dict({"max_concurrent_batches": 3, "pipeline_parallel_size": 2})
     with pytest.raises(ConfigError, match="max_concurrent_batches 1 with async_scheduling"):
         EngineConfig.from_dict({"max_concurrent_batches": 1, "async_scheduling": True})
-    with pytest.raises(ConfigError, match=r"^unknown config key 'batches' \(no key is close; 41 keys: "
+    with pytest.raises(ConfigError, match=r"^unknown config key 'batches' \(no key is close; 42 keys: "
                                           r"EngineConfig in reference/config.py\)$"):
         EngineConfig.from_dict({"batches": 2})
 

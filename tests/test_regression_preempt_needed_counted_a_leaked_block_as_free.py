@@ -30,7 +30,10 @@ def test_the_leak_is_block_conservation_alone() -> None:
     first = run.result.violations[0]
     assert (first.invariant, first.step, first.message) == (
         "BLOCK-CONSERVATION", 19, "at schedule_begin: 21 free + 17 held != 39 usable blocks "
-                                  "(the trace implies 22 free)")
+                                  "(the trace implies 22 free); since update_end at step 18 (11 free) the "
+                                  "engine's count changed by +10, the trace's events by +11 (abort r000004 "
+                                  "freed 11 blocks, 11 back to the free queue (+11)): 1 block fewer came back "
+                                  "than the trace frees")
 
 
 def test_the_step_the_witness_misread(tmp_path: Path, monkeypatch) -> None:

@@ -260,7 +260,7 @@ REQ = '[[requests]]\nrequest_id = "{rid}"\nprompt_len = 8\n{extra}\n'
     (BASE + REQ.format(rid="A", extra="arrival_step = 0\ncolour = 1"), 9, "unknown key 'colour'"),
     ("bogus = 1\n" + BASE + REQ.format(rid="A", extra="arrival_step = 0"), 1, "unknown key 'bogus'"),
     (BASE + "bogus = 1\n" + REQ.format(rid="A", extra="arrival_step = 0"), 5,
-     "unknown config key 'bogus' (no key is close; 41 keys: EngineConfig in reference/config.py)"),
+     "unknown config key 'bogus' (no key is close; 42 keys: EngineConfig in reference/config.py)"),
     (BASE + REQ.format(rid="A", extra="arrival_step = 0") + REQ.format(rid="A", extra="arrival_step = 0"),
      10, "duplicate request_id 'A'"),
     (BASE + REQ.format(rid="A", extra='after = "Z finishes"'), 8, "unknown request 'Z'"),
