@@ -85,13 +85,22 @@ def _finish_row(kind: str, fin: FinishedRequest) -> Row:
 def step_rows(rec: StepRecord) -> list[Row]:
     """All rows of one step (every DP rank's, in rank order), with ``step``,
     ``event_index`` and ``rank`` filled in."""
-    rows: list[Row] = []
+    step = rec.step
+    if not rec.peers:  # one rank (the usual case): one pass over its rows
+        rows = _rank_rows(rec)
+        rank = rec.rank
+        for index, row in enumerate(rows):
+            row["rank"] = rank
+            row["step"] = step
+            row["event_index"] = index
+        return rows
+    rows = []
     for record in [rec, *rec.peers]:
         for row in _rank_rows(record):
             row["rank"] = record.rank
             rows.append(row)
     for index, row in enumerate(rows):
-        row["step"] = rec.step
+        row["step"] = step
         row["event_index"] = index
     return rows
 
@@ -195,6 +204,8 @@ def _action_rows(rec: StepRecord) -> list[Row]:
 
 
 def _decision_row(event: ScheduledRequest | Withdrawal | Preemption | Skip) -> Row:
+    if event.__class__ is ScheduledRequest:  # most rows: no isinstance chain before them
+        return _schedule_row(event)
     if isinstance(event, Withdrawal):
         return _groups({"kind": "withdraw", "request_id": event.request_id,
                         "num_scheduled_tokens": event.num_scheduled_tokens, "block_ids": event.block_ids,
@@ -226,6 +237,11 @@ def _decision_row(event: ScheduledRequest | Withdrawal | Preemption | Skip) -> R
                         "num_computed_tokens": event.num_computed_tokens,
                         "message": "load failed" if event.load_failed else "loaded",
                         "block_ids": event.freed_block_ids}, event.group_block_ids)
+    return _schedule_row(event)
+
+
+def _schedule_row(event: ScheduledRequest) -> Row:
+    """A `schedule` row: the request scheduled, its tokens and new blocks."""
     return _groups({"kind": "schedule", "request_id": event.request_id, "schedule_kind": event.kind,
                     "num_computed_tokens": event.num_computed_tokens,
                     "num_scheduled_tokens": event.num_scheduled_tokens,
@@ -314,7 +330,7 @@ def record(workload: Workload, config: EngineConfig, out_path: str | Path, *, se
                         runner_factory=runner_factory)
     with TraceWriter(out_path, meta) as writer:
         def on_step(rec: StepRecord) -> None:
-            writer.add_step(step_rows(rec))
+            writer.add_step(step_rows(rec), copy=False)  # fresh rows, not kept
             if on_progress is not None:
                 on_progress(rec)
         try:

@@ -46,6 +46,8 @@ SEGMENT_GLOB = "seg-*.parquet"
 #: segment's row group appended as it is cut; footed and renamed by ``close``).
 #: Not ``*.parquet``: a killed run's folder holds no file that reads as a trace.
 JOINED_NAME = "trace.parquet.part"
+# Rows converted to Arrow at a time while a row group fills (``TraceWriter._convert``).
+_CHUNK_ROWS = 1000
 # Parquet options of every file this harness writes (segments and traces).
 _PARQUET_OPTIONS = {"compression": "zstd", "write_page_checksum": True}
 
@@ -158,6 +160,7 @@ class TraceWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = _make_temp_dir(self.path)
         self._buffer: list[dict[str, Any]] = []  # rows as stored (queue changes), in order
+        self._chunks: list[pa.StructArray] = []  # the rows before them, converted (``_convert``)
         self._buffered = 0
         self._buffered_bytes = 0
         self._segments: list[Path] = []
@@ -179,17 +182,34 @@ class TraceWriter:
         """The temporary folder holding the segments written so far."""
         return self._tmp
 
-    def add_step(self, rows: list[dict[str, Any]]) -> None:
-        """Buffer one step's rows; write a segment when the buffer is full."""
+    def add_step(self, rows: list[dict[str, Any]], *, copy: bool = True) -> None:
+        """Buffer one step's rows; write a segment when the buffer is full.
+        ``copy=False``: the caller hands the row dicts over (it neither keeps
+        nor changes them), so a row stored as given is not copied."""
         self._num_steps += 1
         encode = self._queues.encode_row
         stored = [encode(row) for row in rows]
-        # The caller keeps its rows: a row stored as given is copied (C speed).
-        self._buffer += [s if s is not r else dict(r) for s, r in zip(stored, rows)]
+        if copy:  # the caller keeps its rows: a row stored as given is copied (C speed)
+            stored = [s if s is not r else dict(r) for s, r in zip(stored, rows)]
+        self._buffer += stored
         self._buffered_bytes += sum(map(_row_bytes, stored))
         self._buffered += len(rows)
         if self._buffered >= self.rows_per_group or self._buffered_bytes >= self.bytes_per_group:
             self._flush()
+        elif len(self._buffer) >= _CHUNK_ROWS:
+            self._convert()
+
+    def _convert(self) -> None:
+        """Convert the buffered row dicts to one Arrow struct array (at C
+        speed: missing keys read as null, keys outside the schema left out,
+        as pyarrow's ``Table.from_pylist``), kept until the flush. Done every
+        ``_CHUNK_ROWS`` rows, so the dicts die young: held for a whole row
+        group they reached the garbage collector's oldest generation, whose
+        full collections traversed them (0.07 CPU s of the 500-request
+        record, with 0.08 s of younger collections)."""
+        if self._buffer:
+            self._chunks.append(pa.array(self._buffer, type=self._row_type))
+            self._buffer = []
 
     def _flush(self) -> None:
         """Write the buffer as the next segment (``.part``, then renamed), and
@@ -197,11 +217,11 @@ class TraceWriter:
         only adds the footer: no segment is read back)."""
         if not self._buffered:
             return
-        # The rows become one struct array, converted at C speed: missing keys
-        # read as null, keys outside the schema are left out (as pyarrow's
-        # ``Table.from_pylist``, whose Python loop over every column of every
-        # row this replaces; the same values, so the same bytes).
-        rows = pa.array(self._buffer, type=self._row_type)
+        # The rows as one struct array (the chunks joined: the same values as
+        # one conversion of every row, so the same bytes).
+        self._convert()
+        chunks, self._chunks = self._chunks, []
+        rows = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
         table = pa.Table.from_arrays(rows.flatten(), schema=self._schema)
         final = self._tmp / f"seg-{len(self._segments):06d}.parquet"
         part = final.with_suffix(".part")
@@ -212,7 +232,6 @@ class TraceWriter:
             self._joined = pq.ParquetWriter(self._tmp / JOINED_NAME, self._schema, **_PARQUET_OPTIONS)
         self._joined.write_table(table)
         self.num_rows += self._buffered
-        self._buffer = []
         self._buffered = 0
         self._buffered_bytes = 0
 
