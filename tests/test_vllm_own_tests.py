@@ -28,7 +28,7 @@ SKIP = os.environ.get("HARNESS_SKIP_VLLM") == "1"
 
 SCRIPT = r'''
 import json, os, sys
-from harness.candidates.vllm.driver_engine_core import Driver  # the CPU-only vLLM defaults
+from harness.candidates.vllm.driver import Driver  # the CPU-only vLLM defaults
 from harness.candidates.vllm.recording_scheduler import RecordingScheduler
 from harness.candidates.vllm.candidate import driver_config
 from reference.config import EngineConfig
@@ -98,7 +98,7 @@ def test_reset_prefix_cache_mid_step_abort_and_object_new_behave_as_vllm(tmp_pat
 
 DIAMOND = r'''
 import json, os, sys
-from harness.candidates.vllm.driver_engine_core import Driver
+from harness.candidates.vllm.driver import Driver
 from harness.candidates.vllm import recording_scheduler as rs
 from harness.candidates.vllm.candidate import driver_config
 from reference.config import EngineConfig

@@ -48,7 +48,7 @@ HARNESS_ONLY = ("draft_acceptance_rate", "step_fixed_s", "step_per_token_s")
 DRIVE = r'''
 import dataclasses, json, os, sys, time
 t0 = time.time()
-from harness.candidates.vllm.driver_engine_core import Driver  # sets the CPU-only vLLM environment defaults
+from harness.candidates.vllm.driver import Driver  # sets the CPU-only vLLM environment defaults
 from harness.candidates.vllm.recording_scheduler import RecordingScheduler
 from harness.candidates.vllm.candidate import VLLMCandidate, driver_config
 from reference.candidate import CandidateCrash

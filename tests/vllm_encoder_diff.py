@@ -3,7 +3,7 @@
 Run with the vLLM venv's Python from the repository root
 (``.vllm-envs/0.33.0/bin/python tests/vllm_encoder_diff.py N``; used by
 ``tests/test_encoder.py``). Builds vLLM's own ``Scheduler`` the way the vLLM
-candidate does (``harness.candidates.vllm.driver_engine_core.Driver.init``, read-only use), then
+candidate does (``harness.candidates.vllm.driver.Driver.init``, read-only use), then
 gives it what a multimodal model would: the encoder compute budget, an
 ``EncoderCacheManager`` of the configured size, ``disable_chunked_mm_input``
 and requests carrying ``MultiModalFeatureSpec`` items with the reference's
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.candidates.vllm.driver_engine_core import Driver
+from harness.candidates.vllm.driver import Driver
 from reference.config import EngineConfig
 from reference.engine import reject_reason
 from reference.scheduler import Scheduler as RefScheduler
