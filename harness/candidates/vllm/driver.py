@@ -63,11 +63,13 @@ virtual environment (``candidate.py``), where this project's packages are not
 importable. Its siblings are loaded from this folder as the submodules of a
 private package, ``sched_harness_vllm`` (``load_sibling``), so they import
 each other relatively and every name stays private (this folder is not on
-``sys.path``: see below); imported as ``harness.candidates.vllm.driver_*``
-(tests) they are plain modules of this package. ``events.py`` keeps the
-private name it has always been loaded under, ``sched_harness_vllm_events``
-(the recording scheduler's too, when it is loaded by path; every module is
-checked by ``tests/test_vllm.py::test_driver_is_standalone``).
+``sys.path``: see below). Imported as ``harness.candidates.vllm.driver``
+(tests, ``from ... import Driver``) it loads them the same way, so the
+driver's ``events`` stays its own copy, apart from the recording
+scheduler's ``harness.candidates.vllm.events`` (a test patching the
+recorder's ``normalise`` does not reach the driver). ``events.py`` keeps the
+private name it has always been loaded under, ``sched_harness_vllm_events``.
+Every module is checked by ``tests/test_vllm.py::test_driver_is_standalone``.
 """
 
 from __future__ import annotations
