@@ -23,7 +23,7 @@ venv's Python (``harness/candidates/vllm/env.py``; build it with
 
 vLLM side: the subprocess is this same file (``--_vllm-child``, standard
 library only at import). It builds the scheduler exactly as
-``harness/candidates/vllm/driver.py`` does (``Driver.init``: CPU platform, synchronous
+``harness/candidates/vllm/driver_engine_core.py`` does (``Driver.init``: CPU platform, synchronous
 scheduling, no tokenizer, ``log_stats=False``), then removes the driver's
 decision-recording hooks so the real ``KVCacheManager.allocate_slots``/``free``
 and ``Scheduler._preempt_request`` run, and calls ``schedule()`` and
@@ -211,7 +211,7 @@ def run_scenario(backend, scenario: dict, gc_freeze: bool) -> dict:
 # vLLM side: runs under the vLLM venv's Python (--_vllm-child JOB RESULT).
 # ----------------------------------------------------------------------------
 class VLLMBackend:
-    """vLLM's Scheduler built by harness/candidates/vllm/driver.py's Driver, hooks removed."""
+    """vLLM's Scheduler built by harness/candidates/vllm/driver_engine_core.py's Driver, hooks removed."""
 
     def __init__(self, drv, config: dict, seed: int, log_stats: bool = False) -> None:
         self.drv = drv
@@ -304,7 +304,8 @@ def vllm_child(job_path: str, result_path: str) -> int:
     import_s = time.perf_counter() - t0
     import torch
 
-    known = driver_mod.MAPPED_KEYS | driver_mod.HARNESS_ONLY_KEYS | set(driver_mod.SYNC_ONLY)
+    keys = driver_mod.load_sibling("driver_vllm_config")  # the config keys the driver maps
+    known = keys.MAPPED_KEYS | keys.HARNESS_ONLY_KEYS | set(keys.SYNC_ONLY)
     out = {"vllm_version": drv.version, "torch_version": torch.__version__,
            "python": f"{platform.python_implementation()} {platform.python_version()}",
            "import_s": import_s, "dropped_keys": [], "scenarios": {}}
@@ -314,7 +315,7 @@ def vllm_child(job_path: str, result_path: str) -> int:
             # A field the driver does not map yet: harmless at its default value.
             if config[key] != job["defaults"].get(key, object()):
                 raise RuntimeError(f"config key {key}={config[key]!r} has no mapping in "
-                                   f"harness/candidates/vllm/driver.py")
+                                   f"harness/candidates/vllm/driver_vllm_config.py")
             del config[key]
             if key not in out["dropped_keys"]:
                 out["dropped_keys"].append(key)
@@ -582,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{vllm_out['python']} ({env_python(VLLM_VERSION)}); import + driver setup "
               f"{vllm_out['import_s']:.1f} s")
         print("             Scheduler log_stats=" + ("True (--log-stats)" if args.log_stats
-                                                     else "False (as harness/candidates/vllm/driver.py)"))
+                                                     else "False (as harness/candidates/vllm/driver_engine_core.py)"))
         if vllm_out["dropped_keys"]:
             print(f"             config keys at their default, not mapped by the driver, dropped: "
                   f"{', '.join(vllm_out['dropped_keys'])}")

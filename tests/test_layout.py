@@ -7,9 +7,10 @@
   depends on the trace alone, not on which engine made it); ``harness.candidates``
   never imports the checks or the tools. Lazy imports inside functions count
   too: they are dependencies all the same.
-- The modules that run inside a vLLM environment (``driver``, ``events``, and
-  ``recording_scheduler`` at import time) import only the standard library and
-  vLLM, because that environment has none of our dependencies.
+- The modules that run inside a vLLM environment (``driver`` and its
+  ``driver_*`` modules, ``events``, and ``recording_scheduler`` at import
+  time) import only the standard library and vLLM, because that environment
+  has none of our dependencies.
 - Every folder says, in a README.md or its package docstring, what lives there
   and what it may import.
 - Every repository path that README.md, docs/ and the folder READMEs mention exists.
@@ -113,18 +114,26 @@ def test_imports_only_go_downward() -> None:
     assert violations == []
 
 
+#: The driver's modules beside driver.py (loaded by it from their folder: stdlib and vLLM only).
+DRIVER_MODULES = tuple(sorted(p.stem for p in (ROOT / "harness" / "candidates" / "vllm").glob("driver_*.py")))
+
+
 def _outside_stdlib(path: Path, top_level_only: bool) -> list[str]:
     # msgspec: a vLLM dependency (the recording scheduler's encoder, with a json fallback).
     allowed = set(sys.stdlib_module_names) | {"vllm", "torch", "msgspec", "__future__"}
     return sorted({f"{path.name}:{line}: {m}" for line, m in _imports(path, top_level_only)
                    if m.split(".")[0] not in allowed
                    and not _under(m, "harness.candidates.vllm.events")
+                   and not any(_under(m, f"harness.candidates.vllm.{d}") for d in DRIVER_MODULES)
                    and m not in ("harness.candidates.vllm", "harness.candidates", "harness")})
 
 
 def test_modules_run_inside_vllm_import_only_stdlib_and_vllm() -> None:
     vllm_dir = ROOT / "harness" / "candidates" / "vllm"
     assert _outside_stdlib(vllm_dir / "driver.py", top_level_only=False) == []
+    assert len(DRIVER_MODULES) >= 9  # the driver's modules are seen (driver_engine_core, ...)
+    for name in DRIVER_MODULES:
+        assert _outside_stdlib(vllm_dir / f"{name}.py", top_level_only=False) == [], name
     assert _outside_stdlib(vllm_dir / "events.py", top_level_only=False) == []
     # The writing side entirely (its reader, recording_convert.py, runs in the harness).
     assert _outside_stdlib(vllm_dir / "recording_scheduler.py", top_level_only=False) == []

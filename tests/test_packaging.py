@@ -33,11 +33,16 @@ OWN = {"reference", "workloads", "harness"}
 # Optional imports -> the files allowed to import them (lazily for torch: see below).
 OPTIONAL = {
     "torch": {"reference/runners/torch_model.py", "reference/runners/torch_runner.py", "harness/outputs.py",
-              "harness/candidates/vllm/driver.py", "harness/serve/tiny_model_script.py"},
+              "harness/candidates/vllm/driver_engine_core.py", "harness/candidates/vllm/driver_platform.py",
+              "harness/serve/tiny_model_script.py"},
     # The serving env's own libraries, imported only by the scripts that run there (harness/serve/).
     "transformers": {"harness/serve/tiny_model_script.py"},
     "pytest": {"harness/pytest_plugin.py", "harness/conformance.py"},
-    "vllm": {"harness/candidates/vllm/driver.py", "harness/candidates/vllm/events.py",
+    # The driver's modules (driver.py itself imports neither vLLM nor torch).
+    "vllm": {*(f"harness/candidates/vllm/driver_{m}.py" for m in (
+                 "engine_core", "kv_cache_config", "kv_connector", "model_runner_output", "platform",
+                 "scheduler_cls", "vllm_config")),
+             "harness/candidates/vllm/events.py",
              "harness/candidates/vllm/recording_scheduler.py", "harness/serve/offline_runner.py",
              "harness/serve/cpu_async.py",
              # Loaded with -p into vLLM's own test run, in the release's env (harness vllm-tests).

@@ -748,10 +748,11 @@ def test_vllm_env_command_refuses_a_bad_version():
     assert "bad vLLM version" in result.output and len(result.output.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("name", ["driver.py", "events.py"])
+@pytest.mark.parametrize("name", ["driver.py", "events.py", *sorted(
+    p.name for p in (REPO / "harness" / "candidates" / "vllm").glob("driver_*.py"))])
 def test_driver_is_standalone(name):
     """The driver runs under vLLM's venv: only the stdlib, vllm, torch and its
-    sibling events.py (loaded by path)."""
+    sibling modules (events.py, driver_*.py: loaded by path, imported relatively)."""
     tree = ast.parse((REPO / "harness" / "candidates" / "vllm" / name).read_text())
     roots = set()
     for node in ast.walk(tree):

@@ -237,7 +237,7 @@ def offline_hf_models() -> dict[str, dict]:
     """``{HF repo id: config.json}`` of the models vLLM's tests/v1/core name that an
     offline HF cache can serve from a config alone (text models: no weights, no
     tokenizer; the multimodal ones also need a processor and are left out)."""
-    from harness.candidates.vllm.driver import _OPT_CONFIG
+    from harness.candidates.vllm.driver_vllm_config import _OPT_CONFIG
 
     return {"facebook/opt-125m": _OPT_CONFIG, "facebook/opt-350m": OPT_350M_CONFIG}
 

@@ -134,7 +134,7 @@ def hybrid_config(groups: list[list] | None, block_size: int, *, max_model_len: 
     group's block size, ``kv_cache_utils.resolve_kv_cache_block_sizes``,
     which the recorder writes as ``block_size``; in mode "none" without a KV
     connector it reads it nowhere, as the vLLM driver does,
-    ``driver.Driver.init``). ``block_size`` is the recorded one."""
+    ``driver_engine_core.Driver.init``). ``block_size`` is the recorded one."""
     from reference.kv.kv_cache_spec import kv_cache_groups_for
 
     if not groups:
