@@ -22,7 +22,9 @@ not these ratios much):
   replay            steps per CPU second replaying the --small trace against the reference:
                     goal >= 10,000.
   fuzz              examples per CPU second of ``harness fuzz`` on the reference (``fuzz(None)``):
-                    goal >= 1,000.
+                    goal >= 1,000. Where the rest goes is said by part (``FUZZ_PARTS``: drawing the
+                    scenario, setting up the engine and config, running the engine, its rows,
+                    checking, writing to disk, reporting, hypothesis's own search), percent of CPU.
 
 --baseline CHECKOUT also checks the --small trace with another checkout's code (PYTHONPATH, a child
 process) and prints ours over it: the before/after of a change, in one run.
@@ -208,7 +210,7 @@ def main() -> int:
     verdict("replay", steps / replay_s, 10_000, True, " steps/s",
             (lambda: where_it_goes(replay_small)) if profiles else None)
     verdict("fuzz", fuzzed.examples / fuzz_s, 1_000, True, " ex/s",
-            (lambda: where_it_goes(lambda: fuzz(None, max_examples=args.fuzz_examples, seed=SEED)))
+            (lambda: fuzz_parts(lambda: fuzz(None, max_examples=args.fuzz_examples, seed=SEED)))
             if profiles else None)
     return 0
 
@@ -284,6 +286,91 @@ def baseline_check_cpu(checkout: Path, path: Path) -> float:
     if proc.returncode:
         raise SystemExit(f"error: the baseline check failed: {proc.stderr.strip()[-500:]}")
     return float(proc.stdout.split()[-1])
+
+
+#: The parts of a fuzz run, each named by the functions that start it (a path
+#: fragment of the function's file and its name; "" any function of that
+#: file). CPU spent under one of them is its part's, down to the innermost
+#: one: the check a known-finding test runs is checking, the config
+#: validation inside drawing is set-up. The rest is hypothesis's own search
+#: (choosing and mutating choice sequences, its per-example bookkeeping) and
+#: the fuzz loop around the examples.
+FUZZ_PARTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("drawing the scenario", (("hypothesis/control.py", "prep_args_kwargs_from_strategies"),)),
+    ("engine+config set-up", (("harness/fuzz/strategies.py", "engine_config"),
+                              ("harness/fuzz/strategies.py", "workload"),
+                              ("reference/config.py", "from_dict"), ("reference/config.py", "to_dict"),
+                              ("reference/config.py", "__post_init__"), ("reference/engine.py", "__init__"))),
+    ("running the engine", (("reference/engine.py", "run"),)),
+    ("its rows", (("harness/trace/recorder.py", "step_rows"),)),
+    ("checking", (("harness/check/checker.py", "check_steps"), ("harness/fuzz/run.py", "known_reference_finding"),
+                  ("harness/replay.py", "first_difference"))),
+    ("writing to disk", (("harness/fuzz/witness.py", ""), ("harness/trace/writer.py", ""),
+                         ("pyarrow/parquet", ""), ("_io.", "write"), ("posix", "write"))),
+    ("reporting", (("harness/fuzz/report.py", ""), ("harness/fuzz_cli.py", "on_progress"),
+                   ("harness/fuzz/parallel.py", "report"), ("rich/", ""))),
+)
+FUZZ_REST = "hypothesis's search"
+
+
+def _fuzz_part(code: Any) -> str | None:
+    """The part of ``FUZZ_PARTS`` function ``code`` (a code object, or a
+    built-in's name as cProfile gives it) starts, or None."""
+    if isinstance(code, str):  # a built-in: "<method 'write' of '_io.BufferedWriter' objects>"
+        path, name = code, "write" if "'write'" in code or "posix.write" in code else ""
+    else:
+        path, name = code.co_filename.replace("\\", "/"), code.co_name
+    for part, starts in FUZZ_PARTS:
+        if any(fragment in path and (not fname or fname == name) for fragment, fname in starts):
+            return part
+    return None
+
+
+def fuzz_parts(fn: Callable[[], Any]) -> str:
+    """Percent of the CPU of a cProfile of ``fn()`` (a fuzz run) per part of
+    ``FUZZ_PARTS``, one line.
+
+    Each function's own time goes to the part that called it, call edge by
+    call edge (cProfile's per-caller times); a function that starts no part
+    inherits its callers' parts in proportion to the time spent in it from
+    each (so a helper called from several parts is split by the calls, not
+    by a guess). Read from ``Profile.getstats()`` (one entry per code
+    object): pstats merges functions that share file, line and name, such
+    as every dataclass's generated ``__init__``."""
+    profile = cProfile.Profile()
+    profile.runcall(fn)
+    entries = profile.getstats()
+    starts = {e.code: _fuzz_part(e.code) for e in entries}
+    incoming: dict[Any, list[tuple[Any, float, float]]] = {}
+    for e in entries:
+        for sub in e.calls or ():
+            incoming.setdefault(sub.code, []).append((e.code, sub.inlinetime, sub.totaltime))
+    share = {e.code: {starts[e.code] or FUZZ_REST: 1.0} for e in entries}
+    for _ in range(200):  # to a fixed point: a pass settles one more level of the call graph
+        changed = False
+        for code, edges in incoming.items():
+            if starts.get(code):
+                continue
+            mix: dict[str, float] = {}
+            total = sum(t for _, _, t in edges)
+            for caller, _, t in edges:
+                weight = t / total if total else 1.0 / len(edges)
+                for part, x in share.get(caller, {FUZZ_REST: 1.0}).items():
+                    mix[part] = mix.get(part, 0.0) + weight * x
+            if any(abs(mix.get(k, 0.0) - share[code].get(k, 0.0)) > 1e-9 for k in mix.keys() | share[code].keys()):
+                share[code], changed = mix, True
+        if not changed:
+            break
+    cpu_by_part: dict[str, float] = {}
+    for e in entries:
+        edges = incoming.get(e.code)
+        own = [(e.code, e.inlinetime)] if starts[e.code] or not edges else [(c, t) for c, t, _ in edges]
+        for caller, t in own:
+            for part, x in share.get(caller, {FUZZ_REST: 1.0}).items():
+                cpu_by_part[part] = cpu_by_part.get(part, 0.0) + t * x
+    total_cpu = sum(cpu_by_part.values()) or 1.0
+    return "; ".join(f"{part} {cpu_by_part.get(part, 0.0) / total_cpu:.0%}"
+                     for part in [p for p, _ in FUZZ_PARTS] + [FUZZ_REST])
 
 
 def _record_to_temp(workload: Any, config: EngineConfig) -> None:

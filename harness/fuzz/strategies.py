@@ -57,6 +57,7 @@ added later are drawn last, so older draws are unchanged).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -178,8 +179,17 @@ class FuzzCase:
         return f"{len(self.requests)} requests; " + " ".join(flags)
 
 
+#: RequestSpec's fields, in order (``_spec_dict``).
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(RequestSpec))
+
+
 def _spec_dict(spec: RequestSpec) -> dict[str, Any]:
-    d = dataclasses.asdict(spec)
+    """``spec`` as ``dataclasses.asdict`` gives it, its token and position
+    tuples as lists. Read field by field: ``asdict``'s deep copy of every
+    token was most of a fuzz example's set-up (issue 24); the other values
+    are immutable (str, numbers, None, a tuple of ints), so sharing them is
+    copying them."""
+    d = {name: getattr(spec, name) for name in _SPEC_FIELDS}
     d["prompt_token_ids"] = list(spec.prompt_token_ids)
     d["stop_token_ids"] = list(spec.stop_token_ids)
     d["mm_positions"] = [list(p) for p in spec.mm_positions]
@@ -187,6 +197,56 @@ def _spec_dict(spec: RequestSpec) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------- strategies
+
+# The strategies drawn from, built once (issue 24: a strategy built per draw
+# cost hypothesis its validation and label on every draw, about a third of
+# a fuzz run's CPU). Each is the strategy the draw wrote before, so its
+# label, hence hypothesis's choices and shrinking, are unchanged.
+_BLOCK_SIZES = st.sampled_from((1, 2, 4, 8))
+_MODEL_LEN_OFFSETS = st.sampled_from((0, 0, -1, 1))
+_SPARE_BLOCKS = st.sampled_from((0, 0, 1, 2, 3, 5, 8))
+_SPEC_TOKENS = st.sampled_from((0, 0, 0, 1, 2, 3))
+_ASYNC_SPEC_TOKENS = st.sampled_from((1, 2, 3))
+_BATCHES = st.sampled_from((1, 1, 1, 2, 3))
+_BOOLEANS = st.booleans()
+_DRAFT_BEHAVIOURS = st.sampled_from(DRAFT_BEHAVIOURS)
+_POLICIES = st.sampled_from(("fcfs", "priority"))
+_PREFIX_CACHING = st.sampled_from((True, True, True, False))
+_WATERMARKS = st.sampled_from((0.0, 0.0, 0.01, 0.05, 0.1))
+_DATA_PARALLEL_SIZES = st.sampled_from((1, 1, 1, 2))
+_ONE_IN_THREE = st.sampled_from((False, False, True))
+_HYBRID_SHAPES = st.sampled_from(HYBRID_SHAPES)
+_KV_STORE_FRACTIONS = st.sampled_from(KV_STORE_FRACTIONS)
+_KV_POLICIES = st.sampled_from(("recompute", "fail"))
+_KV_FAIL_RATES = st.sampled_from(KV_LOAD_FAILURE_RATES)
+_KV_RECOMPUTE_RATES = st.sampled_from(KV_LOAD_FAILURE_RATES[:-1])
+_ARRIVAL_GAPS = st.sampled_from((0, 0, 0, 1, 2, 5))
+_MAX_TOKENS = st.sampled_from((1, 1, 2, 3, 5, 8))
+_SCRIPTED_EOS = st.sampled_from((None, None, 1, 2, 4))
+_ABORT_QUANTA = st.sampled_from((None, None, None, 0, 1, 3, 8))
+_ITEMS_PER_REQUEST = st.sampled_from((0, 1, 1, 2, 2, 3))
+_ENGINE_SEEDS = st.sampled_from((0, 0, 1))
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _sampled(*elements: Any) -> st.SearchStrategy[Any]:
+    """``st.sampled_from(elements)`` for elements computed per case, built
+    once per distinct tuple (a memo of immutable strategies; ``typed``: 0
+    and False are different elements)."""
+    return st.sampled_from(elements)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _integers(min_value: int, max_value: int) -> st.SearchStrategy[int]:
+    """``st.integers(min_value, max_value)``, built once per range (a memo)."""
+    return st.integers(min_value, max_value)
+
+
+@functools.lru_cache(maxsize=None)
+def _catalogues(block_size: int) -> st.SearchStrategy[list[int]]:
+    """One to four encoder input lengths (``_item_lengths``), built once per block size."""
+    return st.lists(_sampled(*_item_lengths(block_size)), min_size=1, max_size=4)
+
 
 @st.composite
 def engine_configs(draw: st.DrawFn, async_spec: bool = False, hybrid: bool = False) -> dict[str, Any]:
@@ -200,63 +260,63 @@ def engine_configs(draw: st.DrawFn, async_spec: bool = False, hybrid: bool = Fal
     the strategy before async scheduling with drafts was modelled: any new
     draw would shift every example hypothesis generates after it, and with
     them every fuzz figure the tests pin."""
-    block_size = draw(st.sampled_from([1, 2, 4, 8]))
-    max_blocks_per_seq = draw(st.integers(1, max(1, 72 // block_size)))
-    max_model_len = block_size * max_blocks_per_seq + draw(st.sampled_from([0, 0, -1, 1]))
+    block_size = draw(_BLOCK_SIZES)
+    max_blocks_per_seq = draw(_integers(1, max(1, 72 // block_size)))
+    max_model_len = block_size * max_blocks_per_seq + draw(_MODEL_LEN_OFFSETS)
     max_model_len = max(2, min(max_model_len, 72))
     needed = -(-max_model_len // block_size)
     # Tiny pools: just enough blocks for one max_model_len request, plus a few.
-    num_gpu_blocks = needed + 1 + draw(st.sampled_from([0, 0, 1, 2, 3, 5, 8]))
-    max_num_seqs = draw(st.integers(1, 4))
-    spec_tokens = draw(st.sampled_from([1, 2, 3] if async_spec else [0, 0, 0, 1, 2, 3]))
+    num_gpu_blocks = needed + 1 + draw(_SPARE_BLOCKS)
+    max_num_seqs = draw(_integers(1, 4))
+    spec_tokens = draw(_ASYNC_SPEC_TOKENS if async_spec else _SPEC_TOKENS)
     # Speculative decoding with batches in flight: only async_spec.
-    batches = 1 if spec_tokens else draw(st.sampled_from([1, 1, 1, 2, 3]))
-    async_sched = batches >= 2 and spec_tokens == 0 and draw(st.booleans())
-    defer = batches >= 2 and draw(st.booleans())
+    batches = 1 if spec_tokens else draw(_BATCHES)
+    async_sched = batches >= 2 and spec_tokens == 0 and draw(_BOOLEANS)
+    defer = batches >= 2 and draw(_BOOLEANS)
     # The vLLM keys deriving that many batches (async alone gives 2).
     pipeline_parallel_size = pipeline_parallel_size_for(batches, async_sched)
-    chunked = draw(st.booleans()) or max_model_len > 64
+    chunked = draw(_BOOLEANS) or max_model_len > 64
     if chunked:
-        budget = draw(st.integers(max(max_num_seqs, 1 + spec_tokens), 64))
+        budget = draw(_integers(max(max_num_seqs, 1 + spec_tokens), 64))
     else:
-        budget = draw(st.integers(max(max_model_len, max_num_seqs), max(max_model_len, max_num_seqs) + 16))
+        budget = draw(_integers(max(max_model_len, max_num_seqs), max(max_model_len, max_num_seqs) + 16))
     # One draw for both (rate, pattern): rate 0 / 1 are all rejected / all
     # accepted. Without drafts the pattern stays at its default.
-    rate, pattern = draw(st.sampled_from(DRAFT_BEHAVIOURS))
+    rate, pattern = draw(_DRAFT_BEHAVIOURS)
     pattern = pattern if spec_tokens else "random"
     threshold = 0
-    if draw(st.booleans()) and max_model_len >= 1 + spec_tokens:
-        threshold = draw(st.integers(1 + spec_tokens, min(max_model_len, 1 + spec_tokens + 12)))
+    if draw(_BOOLEANS) and max_model_len >= 1 + spec_tokens:
+        threshold = draw(_integers(1 + spec_tokens, min(max_model_len, 1 + spec_tokens + 12)))
     config = {
         "num_gpu_blocks": num_gpu_blocks,
         "block_size": block_size,
         "max_model_len": max_model_len,
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": budget,
-        "policy": draw(st.sampled_from(["fcfs", "priority"])),
-        "enable_prefix_caching": draw(st.sampled_from([True, True, True, False])),
+        "policy": draw(_POLICIES),
+        "enable_prefix_caching": draw(_PREFIX_CACHING),
         "enable_chunked_prefill": chunked,
         "long_prefill_token_threshold": threshold,
-        "watermark": draw(st.sampled_from([0.0, 0.0, 0.01, 0.05, 0.1])),
-        "scheduler_reserve_full_isl": draw(st.booleans()),
+        "watermark": draw(_WATERMARKS),
+        "scheduler_reserve_full_isl": draw(_BOOLEANS),
         "num_speculative_tokens": spec_tokens,
         "draft_acceptance_rate": rate,
         "draft_acceptance_pattern": pattern,
         "pipeline_parallel_size": pipeline_parallel_size,
         "async_scheduling": async_sched,
         "defer_block_free": defer,
-        "prefill_schedule_interval": draw(st.integers(1, 3)),
-        "data_parallel_size": draw(st.sampled_from([1, 1, 1, 2])),
+        "prefill_schedule_interval": draw(_integers(1, 3)),
+        "data_parallel_size": draw(_DATA_PARALLEL_SIZES),
     }
     # Drawn last, so the draws above are those of a config without it (and
     # shrinking turns it off first).
-    if not hybrid and draw(st.sampled_from([False, False, True])):
+    if not hybrid and draw(_ONE_IN_THREE):
         config.update(kv_connector_settings(draw, batches))
     if async_spec:
         # Two batches in flight (reference.async_spec); a KV consumer then
         # defers its frees (vLLM's gate), otherwise either way.
         config.update(async_scheduling=True, pipeline_parallel_size=1,
-                      defer_block_free=bool(config.get("kv_connector")) or draw(st.booleans()))
+                      defer_block_free=bool(config.get("kv_connector")) or draw(_BOOLEANS))
     if hybrid:
         config.update(hybrid_settings(draw, config, num_gpu_blocks - needed - 1))
     return config
@@ -271,12 +331,12 @@ def hybrid_settings(draw: st.DrawFn, config: dict[str, Any], spare_blocks: int) 
     the config was drawn with: tight pools, preemptions."""
     from reference.kv.kv_cache_spec import max_memory_usage_blocks_from_groups
 
-    layer_types = draw(st.sampled_from(HYBRID_SHAPES))
+    layer_types = draw(_HYBRID_SHAPES)
     settings_: dict[str, Any] = {}
     if layer_types is None or "sliding_attention" in layer_types:
         bs = config["block_size"]
         windows = sorted({w for w in (1, 2, bs - 1, bs, bs + 1, 2 * bs, 2 * bs + 1, 12) if w >= 1})
-        settings_["sliding_window"] = draw(st.sampled_from(windows))
+        settings_["sliding_window"] = draw(_sampled(*windows))
     if layer_types is not None:
         settings_["layer_types"] = list(layer_types)
         if "linear_attention" in layer_types:
@@ -294,15 +354,14 @@ def kv_connector_settings(draw: st.DrawFn, max_concurrent_batches: int) -> dict[
     holdings), 1-4 load steps, failure policy and rate (1.0 only under
     "fail", see ``KV_LOAD_FAILURE_RATES``). With more than one batch in flight
     block frees are deferred (EngineConfig's rule, vLLM's gate)."""
-    fraction = draw(st.sampled_from(KV_STORE_FRACTIONS))
-    steps = draw(st.integers(1, 4))
-    policy = draw(st.sampled_from(["recompute", "fail"]))
-    rates = KV_LOAD_FAILURE_RATES if policy == "fail" else KV_LOAD_FAILURE_RATES[:-1]
+    fraction = draw(_KV_STORE_FRACTIONS)
+    steps = draw(_integers(1, 4))
+    policy = draw(_KV_POLICIES)
     settings_ = {
         "kv_connector": True,
         "kv_store_fraction": fraction,
         "kv_load_steps": steps,
-        "kv_load_failure_rate": draw(st.sampled_from(rates)),
+        "kv_load_failure_rate": draw(_KV_FAIL_RATES if policy == "fail" else _KV_RECOMPUTE_RATES),
         "kv_load_failure_policy": policy,
     }
     if max_concurrent_batches >= 2:
@@ -310,7 +369,7 @@ def kv_connector_settings(draw: st.DrawFn, max_concurrent_batches: int) -> dict[
     return settings_
 
 
-def _item_lengths(block_size: int) -> list[int]:
+def _item_lengths(block_size: int) -> tuple[int, ...]:
     """Encoder input lengths drawn: block boundaries +-1, up to two blocks + 1
     (at most 17 tokens)."""
     return _boundary_lengths(block_size, min(2 * block_size + 1, 17))
@@ -324,18 +383,17 @@ def encoder_setups(draw: st.DrawFn, config: dict[str, Any]) -> tuple[dict[str, A
     them. Budget and cache are left at their default (max_num_batched_tokens)
     or sized around the largest item: exactly it, room for two items, or one
     token short (that item is refused at arrival)."""
-    lengths = _item_lengths(config["block_size"])
-    catalogue = tuple(draw(st.lists(st.sampled_from(lengths), min_size=1, max_size=4)))
+    catalogue = tuple(draw(_catalogues(config["block_size"])))
     big, small = max(catalogue), min(catalogue)
     short = [big - 1] if big > 1 else []
     # Budget: one item per step (big), a little more, or the default; cache:
     # room for two items or just one (evictions), or the default.
-    budget = draw(st.sampled_from([None, big, big, big + small, big + 1, 2 * big] + short))
-    cache = draw(st.sampled_from([None, big + small, 2 * big, big, 3 * big] + short))
+    budget = draw(_sampled(None, big, big, big + small, big + 1, 2 * big, *short))
+    cache = draw(_sampled(None, big + small, 2 * big, big, 3 * big, *short))
     return {**config,
             "max_num_encoder_input_tokens": budget,
             "encoder_cache_size": cache,
-            "disable_chunked_mm_input": draw(st.booleans())}, catalogue
+            "disable_chunked_mm_input": draw(_BOOLEANS)}, catalogue
 
 
 def mm_item_tokens(k: int, length: int) -> list[int]:
@@ -343,15 +401,17 @@ def mm_item_tokens(k: int, length: int) -> list[int]:
     return [MM_ITEM_BASE + 1000 * k + j for j in range(length)]
 
 
-def _boundary_lengths(block_size: int, limit: int) -> list[int]:
-    """Prompt lengths at block boundaries +-1, within [1, limit]."""
+@functools.lru_cache(maxsize=1024)
+def _boundary_lengths(block_size: int, limit: int) -> tuple[int, ...]:
+    """Prompt lengths at block boundaries +-1, within [1, limit], ascending
+    (a memo: a tuple, so no caller can change another's)."""
     out = set()
     for k in range(0, limit // block_size + 2):
         for d in (-1, 0, 1):
             n = k * block_size + d
             if 1 <= n <= limit:
                 out.add(n)
-    return sorted(out)
+    return tuple(sorted(out))
 
 
 @st.composite
@@ -364,7 +424,7 @@ def request_specs(draw: st.DrawFn, config: dict[str, Any],
     requests or twice in one, each starting at a block boundary +-1 and
     written over the prompt's tokens there (``mm_positions``)."""
     bs, mml = config["block_size"], config["max_model_len"]
-    n = draw(st.integers(1, MAX_REQUESTS))
+    n = draw(_integers(1, MAX_REQUESTS))
     limit = min(MAX_PROMPT, mml)  # == mml: rejected at arrival
     lengths = _boundary_lengths(bs, limit)
     # One shared base sequence; each request takes a prefix of it (whole or
@@ -373,8 +433,8 @@ def request_specs(draw: st.DrawFn, config: dict[str, Any],
     specs = []
     t = 0
     for i in range(n):
-        length = draw(st.sampled_from(lengths))
-        if length >= mml and draw(st.integers(0, 3)):  # keep rejections rare
+        length = draw(_sampled(*lengths))
+        if length >= mml and draw(_integers(0, 3)):  # keep rejections rare
             length = max(1, mml - 1)
         if length == 1 and bs == 1 and config.get("kv_connector"):
             # Not modelled: the simulated store would offer a held 1-token
@@ -382,15 +442,15 @@ def request_specs(draw: st.DrawFn, config: dict[str, Any],
             # tokens, the last token being recomputed), reloading it forever;
             # a P/D connector offers a prompt once, LMCache never the whole of it.
             length = 2
-        shared = draw(st.sampled_from([0, 0] + [x for x in _boundary_lengths(bs, length)]))
+        shared = draw(_sampled(0, 0, *_boundary_lengths(bs, length)))
         own = [1000 + 100 * i + j for j in range(length - shared)]
         prompt = base[:shared] + own
-        t += draw(st.sampled_from([0, 0, 0, 1, 2, 5]))  # bursts: equal arrival times
+        t += draw(_ARRIVAL_GAPS)  # bursts: equal arrival times
         arrival = t * TIME_QUANTUM
-        max_tokens = draw(st.sampled_from([1, 1, 2, 3, 5, 8]))
-        eos = draw(st.sampled_from([None, None, 1, 2, 4]))
-        abort = draw(st.sampled_from([None, None, None, 0, 1, 3, 8]))
-        priority = draw(st.integers(0, 2)) if config["policy"] == "priority" else 0
+        max_tokens = draw(_MAX_TOKENS)
+        eos = draw(_SCRIPTED_EOS)
+        abort = draw(_ABORT_QUANTA)
+        priority = draw(_integers(0, 2)) if config["policy"] == "priority" else 0
         # Drawn last: without a catalogue the draws are those of a text-only request.
         positions = _place_items(draw, prompt, catalogue, bs) if catalogue else ()
         specs.append(RequestSpec(
@@ -416,14 +476,14 @@ def _place_items(draw: st.DrawFn, prompt: list[int], catalogue: tuple[int, ...],
     Returns the ``mm_positions``."""
     positions: list[tuple[int, int]] = []
     cursor = 0
-    for _ in range(draw(st.sampled_from([0, 1, 1, 2, 2, 3]))):
-        k = draw(st.integers(0, len(catalogue) - 1))
+    for _ in range(draw(_ITEMS_PER_REQUEST)):
+        k = draw(_integers(0, len(catalogue) - 1))
         length = catalogue[k]
-        starts = [s for s in [0] + _boundary_lengths(block_size, len(prompt))
+        starts = [s for s in (0, *_boundary_lengths(block_size, len(prompt)))
                   if s >= cursor and s + length <= len(prompt)]
         if not starts:
             break
-        start = draw(st.sampled_from(starts))
+        start = draw(_sampled(*starts))
         prompt[start:start + length] = mm_item_tokens(k, length)
         positions.append((start, length))
         cursor = start + length
@@ -437,10 +497,10 @@ def fuzz_cases(draw: st.DrawFn, async_spec: bool = False, hybrid: bool = False) 
     ``hybrid``: of ``engine_configs(hybrid=True)`` only (both: both)."""
     config = draw(engine_configs(async_spec, hybrid))
     catalogue: tuple[int, ...] = ()
-    if draw(st.sampled_from([False, False, True])):  # encoder inputs
+    if draw(_ONE_IN_THREE):  # encoder inputs
         config, catalogue = draw(encoder_setups(config))
     EngineConfig(**config)  # the strategy only generates valid configs
-    return FuzzCase(config, draw(request_specs(config, catalogue)), draw(st.sampled_from([0, 0, 1])))
+    return FuzzCase(config, draw(request_specs(config, catalogue)), draw(_ENGINE_SEEDS))
 
 
 def request_subsets(base: FuzzCase) -> st.SearchStrategy[FuzzCase]:
