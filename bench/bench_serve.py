@@ -9,7 +9,8 @@ Needs the serving env (``harness vllm-env --serving``). Two figures:
    (``harness/serve/offline_runner.py``) on the first 64 requests of the Azure code
    trace (``../shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_code.csv``,
    ``--time-scale 20``, 400 blocks of 32, ``max_model_len`` 8192, ``max_num_seqs`` 16)
-   with the recording scheduler. Each step times (a) the scheduler's
+   with the recording scheduler. Each step times, in CPU seconds of the engine's
+   thread (``offline_runner._clock``: waits for a core on a shared machine excluded), (a) the scheduler's
    ``schedule()`` + ``update_from_output()`` calls as the EngineCore makes them
    (recording included) and (b) vLLM's own ``Scheduler.schedule`` +
    ``update_from_output`` inside them (what the recording scheduler's overrides
@@ -97,7 +98,8 @@ def main() -> int:
         a, b, h = sum(rec.sched_s), sum(rec.vllm_s), sum(rec.hooks_s)
         per_a = statistics.median(rec.sched_s) * 1e6
         per_b = statistics.median(rec.vllm_s) * 1e6
-        print(f"recording overhead (offline, {rec.steps} steps, same run): schedule()+update_from_output() "
+        print(f"recording overhead (offline, {rec.steps} steps, same run, thread CPU): "
+              f"schedule()+update_from_output() "
               f"{a * 1e3:.1f} ms with recording, {b * 1e3:.1f} ms of it vLLM's own; added "
               f"{(a - b) / b * 100:.1f} % (per step median {per_a:.0f} us vs {per_b:.0f} us)")
         print(f"  with the decision hooks, which run inside vLLM's own calls ({h * 1e3:.1f} ms, "
