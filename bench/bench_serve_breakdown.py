@@ -52,16 +52,9 @@ def capture_ops(limit: int, ops_path: Path, tmp: Path) -> int:
     import harness.serve.offline as offline
     from harness.serve.cli import default_model, load_serve_inputs
 
-    ops = []
-    call = offline.OfflineEngine.call
-
-    def capturing(self, msg, timeout=300.0):
-        ops.append(msg)
-        return call(self, msg, timeout)
-    offline.OfflineEngine.call = capturing
     config, wl, seed = load_serve_inputs(str(bench_serve.AZURE), bench_serve.SETS, limit, 20.0, None, 1, False)
-    rec = offline.record_offline(wl, config, tmp / "capture.parquet", default_model(), seed=seed)
-    ops_path.write_text("".join(json.dumps(m) + "\n" for m in ops))
+    with bench_serve.capturing_ops(ops_path):
+        rec = offline.record_offline(wl, config, tmp / "capture.parquet", default_model(), seed=seed)
     return rec.steps
 
 
@@ -224,6 +217,22 @@ def profile(ops_path: Path, outdir: Path) -> None:
         print(f"  hook {name}: {(hooked - inner) / steps * 1e6:.1f} us/step (inside vLLM's own time)")
 
 
+def replay_profiled(ops: Path, outdir: Path, top: int, python: Path | None = None) -> subprocess.CompletedProcess:
+    """Replay ``ops`` (captured by ``capture_ops``, or by ``bench_serve.py``'s
+    recorded run) under the serving env's Python (``python``; default: the one
+    ``require_serving_env`` finds) in a child process: with ``top`` > 0 under
+    cProfile (``cprofile``: time by area and the recorder's ``top`` functions),
+    else with timers (``profile``). Returns the child (stdout: its figures)."""
+    if python is None:
+        from harness.serve.env import require_serving_env
+
+        python = require_serving_env()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="ERROR")
+    extra = ["--cprofile", str(top)] if top else []
+    return subprocess.run([str(python), __file__, "--profile", str(ops), str(outdir), *extra],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=64, help="requests of the Azure code trace [64]")
@@ -253,10 +262,7 @@ def main() -> int:
             steps = capture_ops(args.limit, ops, tmp_path)
             print(f"captured {steps} steps; replaying with {'cProfile' if args.cprofile else 'timers'} "
                   f"under {python}", flush=True)
-        env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="ERROR")
-        extra = ["--cprofile", str(args.cprofile)] if args.cprofile else []
-        proc = subprocess.run([str(python), __file__, "--profile", str(ops), tmp, *extra],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = replay_profiled(ops, tmp_path, args.cprofile, python)
         sys.stdout.write(proc.stdout)
         if proc.returncode:
             sys.stderr.write(proc.stderr[-3000:])

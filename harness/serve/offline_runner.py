@@ -29,7 +29,8 @@ Ops (answers carry ``"ok": true``, or ``"ok": false`` and a one-line ``"error"``
   ``finished`` (``[request id, output token ids, finish reason]`` of the requests
   that ended), ``unfinished`` and, per step, the seconds spent in the scheduler:
   ``sched_s`` (the whole ``schedule()`` + ``update_from_output()`` calls, recording
-  included) and ``vllm_s`` (vLLM's own ``Scheduler`` methods, recording excluded)
+  included; CPU seconds of the engine's thread, ``time.thread_time``: on a shared
+  machine the waits for a core are nobody's) and ``vllm_s`` (vLLM's own ``Scheduler`` methods, recording excluded)
   when ``init`` was given ``timing``, and ``hooks_s``: the part of ``vllm_s`` that
   is the recorder's decision hooks (``events.DecisionHooks``: its wrappers of
   ``KVCacheManager.allocate_slots`` and ``free`` and of ``Scheduler._preempt_request``,
@@ -58,6 +59,13 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 RECORDING_CLS = "harness.candidates.vllm.recording_scheduler.RecordingScheduler"
 ASYNC_RECORDING_CLS = "harness.candidates.vllm.recording_scheduler.AsyncRecordingScheduler"
+
+
+#: The clock of the scheduler timers (``timing``): CPU seconds of the calling
+#: thread (the in-process engine core runs the scheduler on this one). Wall time
+#: on a machine shared with other work counts the waits for a core, which made the
+#: recording's share swing 3x with the load (issue 24).
+_clock = time.thread_time
 
 
 class Runner:
@@ -107,11 +115,11 @@ class Runner:
             inner = getattr(Scheduler, name)
 
             def timed(*a, __inner=inner, **k):
-                t = time.perf_counter()
+                t = _clock()
                 try:
                     return __inner(*a, **k)
                 finally:
-                    runner.vllm_s += time.perf_counter() - t
+                    runner.vllm_s += _clock() - t
             setattr(Scheduler, name, timed)
 
     HOOKED = (("vllm.v1.core.kv_cache_manager", "KVCacheManager", "allocate_slots", "kv_cache_manager"),
@@ -133,11 +141,11 @@ class Runner:
             def timed_inner(*a, __inner=inner, **k):
                 if not runner._in_hook:
                     return __inner(*a, **k)
-                t = time.perf_counter()
+                t = _clock()
                 try:
                     return __inner(*a, **k)
                 finally:
-                    runner.hooks_s -= time.perf_counter() - t
+                    runner.hooks_s -= _clock() - t
             setattr(cls, name, timed_inner)
 
     def _time_hooks(self, sched) -> None:
@@ -153,11 +161,11 @@ class Runner:
 
             def timed_outer(*a, __outer=outer, **k):
                 runner._in_hook += 1
-                t = time.perf_counter()
+                t = _clock()
                 try:
                     return __outer(*a, **k)
                 finally:
-                    runner.hooks_s += time.perf_counter() - t
+                    runner.hooks_s += _clock() - t
                     runner._in_hook -= 1
             setattr(owner, name, timed_outer)
 
@@ -168,11 +176,11 @@ class Runner:
             bound = getattr(sched, name)
 
             def timed(*a, __bound=bound, **k):
-                t = time.perf_counter()
+                t = _clock()
                 try:
                     return __bound(*a, **k)
                 finally:
-                    runner.sched_s += time.perf_counter() - t
+                    runner.sched_s += _clock() - t
             setattr(sched, name, timed)
 
     def add(self, msg: dict) -> dict:

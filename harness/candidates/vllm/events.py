@@ -312,6 +312,10 @@ class DecisionHooks:
 
         status_names: dict = {}  # RequestStatus member -> name (Enum.name is a Python-level property)
         i_delay = alloc_pos.get("delay_cache_blocks")
+        # (Where num_new_tokens and num_new_computed_tokens sit positionally: read
+        # inline below, as ``arg`` reads them, for the calls every step makes.)
+        i_new = alloc_pos.get("num_new_tokens")
+        i_hit = alloc_pos.get("num_new_computed_tokens")
 
         @functools.wraps(orig_alloc)  # keeps the signature for whoever wraps us
         def allocate_slots(request, *args, **kwargs):
@@ -323,12 +327,18 @@ class DecisionHooks:
             hooks.skipped = None
             result = orig_alloc(request, *args, **kwargs)
             skipped, hooks.skipped = hooks.skipped, None
-            if skipped is not None and hooks.in_schedule and hooks.active:
+            if not (hooks.in_schedule and hooks.active):
+                return result
+            if skipped is not None:
                 hooks.seq.append(("skipped_free", request.request_id, skipped))
-            if result is not None and hooks.in_schedule and hooks.active:
-                n_new = arg(args, kwargs, "num_new_tokens")
+            if result is not None:
+                n_args = len(args)
+                n_new = (kwargs["num_new_tokens"] if "num_new_tokens" in kwargs
+                         else args[i_new] if i_new is not None and i_new < n_args else 0)
+                n_hit = (kwargs["num_new_computed_tokens"] if "num_new_computed_tokens" in kwargs
+                         else args[i_hit] if i_hit is not None and i_hit < n_args else 0)
                 if kwargs.get("delay_cache_blocks") or (
-                        i_delay is not None and i_delay < len(args) and args[i_delay]):
+                        i_delay is not None and i_delay < n_args and args[i_delay]):
                     # An async KV load (load_kv_async): blocks for the local
                     # hit and the external tokens, nothing scheduled. The
                     # reservation is the one vLLM passed.
@@ -338,8 +348,7 @@ class DecisionHooks:
                         groups = {"table": group_tables(kvm, request.request_id),
                                   "hits": [len(g) for g in hits] if hits else [0] * hooks.num_groups}
                     hooks.seq.append(("remote_load", request.request_id, status_before,
-                                      arg(args, kwargs, "num_new_computed_tokens"),
-                                      arg(args, kwargs, "num_external_computed_tokens"),
+                                      n_hit, arg(args, kwargs, "num_external_computed_tokens"),
                                       table_of(kvm, request.request_id),
                                       arg(args, kwargs, "reserved_blocks"), n_new, groups))
                     return result
@@ -354,9 +363,10 @@ class DecisionHooks:
                             spec = list(request.spec_token_ids[:n_spec])
                     # (normalise reads the whole table of admissions only.)
                     groups = ({"new": group_ids_of(result, hooks.num_groups)} if hooks.hybrid else None)
+                    # (blocks_of, read inline: KVCacheBlocks.get_block_ids()[0].)
+                    ids = result.get_block_ids()
                     hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
-                                      n_new, arg(args, kwargs, "num_new_computed_tokens"),
-                                      blocks_of(result), spec, None, groups))
+                                      n_new, n_hit, list(ids[0]) if ids else [], spec, None, groups))
                 else:
                     groups = None
                     if hooks.hybrid:
@@ -364,8 +374,8 @@ class DecisionHooks:
                         groups = {"table": group_tables(kvm, request.request_id),
                                   "hits": [len(g) for g in hits] if hits else [0] * hooks.num_groups}
                     hooks.seq.append(("alloc", request.request_id, status_before, computed_before,
-                                      n_new, arg(args, kwargs, "num_new_computed_tokens"),
-                                      blocks_of(result), [], table_of(kvm, request.request_id), groups))
+                                      n_new, n_hit, blocks_of(result), [], table_of(kvm, request.request_id),
+                                      groups))
             return result
 
         @functools.wraps(orig_free)  # keeps the signature for whoever wraps us
@@ -997,15 +1007,17 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
     no_groups = [[] for _ in range(num_groups)]
     plans: dict[str, list[int]] = {}  # request id -> input ids of its latest encoder plan
     for item in seq:
-        if item[0] == "encoder_plan":
+        kind = item[0]
+        if kind == "encoder_plan":
             _, req_id, computed, n_tokens, input_ids = item
             plans[req_id] = input_ids
             events.append({"type": "encoder_plan", "request_id": req_id, "num_computed_tokens": computed,
                            "num_scheduled_tokens": n_tokens, "encoder_input_ids": input_ids})
             continue
-        if item[0] == "alloc":
-            _, req_id, status, computed_before, n_new, n_hit, new_blocks, spec, *rest = item
-            groups = rest[1] if len(rest) > 1 and num_groups else None
+        if kind == "alloc":
+            # (Indexed, not unpacked with *rest: this runs per scheduled request.)
+            req_id, status, computed_before, n_new, n_hit, new_blocks, spec = item[1:8]
+            groups = item[9] if num_groups and len(item) > 9 else None
             if status == "RUNNING":
                 kind, hit = "running", 0
                 if groups is not None:
@@ -1014,7 +1026,7 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
                 kind, hit = ("resumed" if status == "PREEMPTED" else "new"), n_hit
                 computed_before += n_hit
                 tables[req_id] = (flat_block_ids(groups["table"], groups["hits"]) if groups is not None
-                                  else list(rest[0]) if rest else list(new_blocks))
+                                  else list(item[8]) if len(item) > 8 else list(new_blocks))
                 new_blocks = None  # the whole table, from the SchedulerOutput
             event = {"type": "schedule", "request_id": req_id, "kind": kind,
                      "num_computed_tokens": computed_before, "num_scheduled_tokens": n_new,
@@ -1023,16 +1035,16 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
             if groups is not None:
                 event["group_block_ids"] = groups.get("new") or groups["table"]
                 event["_hits"] = groups.get("hits")
-            enc = plans.pop(req_id, None)
+            enc = plans.pop(req_id, None) if plans else None
             if enc:  # its plan's inputs (a withdrawn request's row keeps them; vLLM's output drops it)
                 event["encoder_input_ids"] = list(enc)
             live[req_id] = event
             events.append(event)
-        elif item[0] == "skipped_free":
+        elif kind == "skipped_free":
             _, req_id, freed = item
             events.append({"type": "skipped_free", "request_id": req_id,
                            "freed_block_ids": [b for ids in freed for b in ids], "group_block_ids": freed})
-        elif item[0] == "remote_load":
+        elif kind == "remote_load":
             _, req_id, status, n_hit, n_external, block_ids, reserved, n_new, *rest = item
             groups = rest[0] if rest and num_groups else None
             event = {"type": "kv_load", "request_id": req_id,
@@ -1042,7 +1054,7 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
                 event["group_block_ids"] = groups["table"]
                 event["block_ids"] = flat_block_ids(groups["table"], groups["hits"])
             events.append(event)
-        elif item[0] == "promote":
+        elif kind == "promote":
             _, req_id, status, computed, load_failed, freed, *rest = item
             event = {"type": "kv_promote", "request_id": req_id, "status": status,
                      "num_computed_tokens": computed, "load_failed": bool(load_failed),
@@ -1051,7 +1063,7 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
                 event["group_block_ids"] = rest[0] if rest and rest[0] is not None else no_groups
                 event["freed_block_ids"] = [b for ids in event["group_block_ids"] for b in ids]
             events.append(event)
-        elif item[0] == "skip":
+        elif kind == "skip":
             _, req_id, reason = item
             events.append({"type": "skip", "request_id": req_id, "reason": reason})
         else:
@@ -1117,9 +1129,10 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
                  "spec_token_ids": []}
         live[req_id] = event
         events.append(event)
+    no_truth = (None, None, None, None)
     for req_id, event in live.items():
-        source, computed, blocks, groups = truth.get(req_id, (None, None, None, None))
-        hits = event.pop("_hits", None)
+        source, computed, blocks, groups = truth.get(req_id, no_truth)
+        hits = event.pop("_hits", None) if num_groups else None  # (set only with groups)
         if source is not None:
             event["num_computed_tokens"] = computed
             event["new_block_ids"] = blocks
@@ -1131,15 +1144,16 @@ def normalise(so, seq: list[tuple], *, use_v2: bool, max_num_scheduled_tokens: i
         if num_groups and "group_block_ids" not in event:
             event["group_block_ids"] = no_groups
         event["num_scheduled_tokens"] = scheduled[req_id]
-        spec = spec_tokens.get(req_id)
+        spec = spec_tokens.get(req_id) if spec_tokens else None
         event["spec_token_ids"] = [int(t) for t in spec] if spec else []
-        enc = encoder_inputs.get(req_id)
+        enc = encoder_inputs.get(req_id) if encoder_inputs else None
         if enc:  # what the worker is told to encode (vLLM scheduled_encoder_inputs)
             event["encoder_input_ids"] = [int(i) for i in enc]
-        else:
-            event.pop("encoder_input_ids", None)
-    for event in events:
-        event.pop("_hits", None)
+        elif "encoder_input_ids" in event:
+            del event["encoder_input_ids"]
+    if num_groups:  # ("_hits" is set only on events with groups)
+        for event in events:
+            event.pop("_hits", None)
     preempted = (sorted(_ids(so.preempted_req_ids, "preempted_req_ids")) if hasattr(so, "preempted_req_ids")
                  else sorted(e["request_id"] for e in events if e["type"] == "preempt"))
     total = _count(so.total_num_scheduled_tokens, "total_num_scheduled_tokens")

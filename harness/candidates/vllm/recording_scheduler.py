@@ -1153,13 +1153,22 @@ def _recording_layers(cls: type) -> tuple[type, ...]:
 
 
 def _inner_layers_pass_through(cls: type) -> None:
-    """Make every method ``cls`` overrides (but ``__init__``) call the parent's
-    alone when ``cls`` is not the outermost recording layer of the instance's
-    class: one recorder per scheduler, each call recorded once. Regression:
-    with two layers both started a recorder on the same file (torn lines: the
-    recording was refused, "not a JSON object") and recorded every call twice."""
+    """Make every method ``cls`` overrides (but ``__init__`` and
+    ``__init_subclass__``) call the parent's alone when ``cls`` is not the
+    outermost recording layer of the instance's class: one recorder per
+    scheduler, each call recorded once. Regression: with two layers both
+    started a recorder on the same file (torn lines: the recording was
+    refused, "not a JSON object") and recorded every call twice.
+
+    Done once per layer, when a class with more than one layer is first
+    created (the layer's ``__init_subclass__``): a scheduler of a one-layer
+    class (every ``--scheduler-cls`` run) calls the overrides without the
+    wrapper's frame and MRO look-up on every call."""
+    if cls.__dict__.get("_sched_harness_pass_through"):
+        return
+    cls._sched_harness_pass_through = True
     for name, fn in list(vars(cls).items()):
-        if name == "__init__" or not inspect.isfunction(fn):
+        if name in ("__init__", "__init_subclass__") or not inspect.isfunction(fn):
             continue
 
         def method(self, *args, _name=name, _fn=fn, **kwargs):
@@ -1205,6 +1214,13 @@ def _build_recording_scheduler(async_scheduling: bool = False):
         #: do, to call one method) never ran ``__init__`` and every override
         #: raised AttributeError; it now runs as vLLM's own, unrecorded.
         _sched_harness = _NotRecording()
+
+        def __init_subclass__(cls, **kwargs) -> None:
+            super().__init_subclass__(**kwargs)
+            layers = _recording_layers(cls)
+            if len(layers) > 1:  # e.g. DiffusionAsyncScheduler(DiffusionScheduler, AsyncScheduler)
+                for layer in layers:
+                    _inner_layers_pass_through(layer)
 
         def __init__(self, *args, **kwargs) -> None:
             layers = _recording_layers(type(self))
@@ -1307,7 +1323,6 @@ def _build_recording_scheduler(async_scheduling: bool = False):
             finally:
                 self._sched_harness.close("shutdown")
 
-    _inner_layers_pass_through(RecordingScheduler)
     RecordingScheduler.__module__ = __name__
     if async_scheduling:
         RecordingScheduler.__name__ = RecordingScheduler.__qualname__ = "AsyncRecordingScheduler"
