@@ -69,7 +69,7 @@ class KVCacheManager:
         num_evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         return num_new + num_evictable
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, *,
+    def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[KVCacheBlock] | None = None,
                        num_lookahead_tokens: int = 0,
@@ -95,6 +95,12 @@ class KVCacheManager:
 
         Raises ValueError if ``num_new_tokens``, the hit and the external
         tokens are all 0.
+
+        Pass all but the first two by keyword: vLLM's have another order
+        (its ``num_encoder_tokens`` after ``delay_cache_blocks``). They are
+        not keyword-only (``*``) because a function with keyword-only
+        parameters misses CPython 3.11's fast call path, and this one is
+        called per running request per step.
         """
         hits = new_computed_blocks or ()
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:

@@ -481,7 +481,9 @@ class Scheduler:
 
             num_computed_before = num_computed_tokens
             while True:
-                new_blocks = allocate_slots(request, num_new_tokens, **lookahead_kwargs)
+                # (the ** call only when there is something to pass: it is the slow call path)
+                new_blocks = (allocate_slots(request, num_new_tokens, **lookahead_kwargs) if lookahead_kwargs
+                              else allocate_slots(request, num_new_tokens))
                 if hybrid:
                     events.extend(self._skipped_frees())
                 if new_blocks is not None:
