@@ -669,7 +669,7 @@ class Scheduler:
                         break  # no skipping ahead to shorter requests
                     num_new_tokens = min(num_new_tokens, request_budget)
                     assert num_new_tokens > 0
-                    if request.has_encoder_inputs:
+                    if request.mm_positions:  # has_encoder_inputs
                         encoder_ids, num_new_tokens, new_encoder_budget, encoder_duplicates = \
                             self._plan_encoder_inputs(request, num_computed, num_new_tokens,
                                                       encoder_compute_budget, events)
@@ -678,7 +678,8 @@ class Scheduler:
                             skip_request(queue, request)
                             events.append(Skip(request.request_id, ENCODER_INPUT_UNAVAILABLE))
                             continue
-                    num_new_tokens = self._reserve_prefill_lookahead(request, num_computed, num_new_tokens)
+                    if num_prefill_lookahead:  # (without one it changes nothing)
+                        num_new_tokens = self._reserve_prefill_lookahead(request, num_computed, num_new_tokens)
                     if num_new_tokens == 0:
                         skip_request(queue, request)
                         events.append(Skip(request.request_id, PREFILL_LOOKAHEAD_RESERVED))
@@ -703,9 +704,10 @@ class Scheduler:
                     reserved_blocks=reserved,
                     has_scheduled_reqs=bool(self.running),
                 )
-                events.extend(self._skipped_frees())
+                if hybrid:
+                    events.extend(self._skipped_frees())
                 if new_blocks is None:
-                    if request.has_encoder_inputs:
+                    if request.mm_positions:  # has_encoder_inputs
                         # Release the cache references taken while planning.
                         self.encoder_cache_manager.free(request)
                     break  # admission never preempts
