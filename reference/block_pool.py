@@ -67,13 +67,19 @@ class BlockPool:
         the group id appended, as vLLM's ``make_block_hash_with_group_id``, and
         null blocks (a sliding window's skipped prefix) are passed over.
         """
+        cached = self.cached_block_hash_to_block
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.block_hash is not None or block.is_null:  # a prefix hit, already registered
                 continue
-            block.block_hash = (block_hashes[i] if kv_cache_group_id is None
-                                else make_block_hash_with_group_id(block_hashes[i], kv_cache_group_id))
-            self.cached_block_hash_to_block.setdefault(block.block_hash, {})[block.block_id] = block
+            block_hash = block.block_hash = (
+                block_hashes[i] if kv_cache_group_id is None
+                else make_block_hash_with_group_id(block_hashes[i], kv_cache_group_id))
+            bucket = cached.get(block_hash)
+            if bucket is None:
+                cached[block_hash] = {block.block_id: block}
+            else:
+                bucket[block.block_id] = block
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` from the free-queue head, evicting their old hashes.
@@ -82,7 +88,8 @@ class BlockPool:
         """
         blocks = self.free_block_queue.popleft_n(num_blocks)
         for block in blocks:
-            self._maybe_evict_cached_block(block)
+            if block.block_hash is not None:  # (else nothing to evict)
+                self._maybe_evict_cached_block(block)
             assert block.ref_cnt == 0
             block.ref_cnt = 1
         return blocks

@@ -69,7 +69,7 @@ class KVCacheManager:
         num_evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         return num_new + num_evictable
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, *,
+    def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[KVCacheBlock] | None = None,
                        num_lookahead_tokens: int = 0,
@@ -95,23 +95,33 @@ class KVCacheManager:
 
         Raises ValueError if ``num_new_tokens``, the hit and the external
         tokens are all 0.
+
+        Pass all but the first two by keyword: vLLM's have another order
+        (its ``num_encoder_tokens`` after ``delay_cache_blocks``). They are
+        not keyword-only (``*``) because a function with keyword-only
+        parameters misses CPython 3.11's fast call path, and this one is
+        called per running request per step.
         """
-        hits = new_computed_blocks or []
+        hits = new_computed_blocks or ()
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be > 0 when there are no computed tokens to adopt")
         max_model_len = self.max_model_len
-        total_computed = min(request.num_computed_tokens + num_new_computed_tokens
-                             + num_external_computed_tokens, max_model_len)
+        # (min() spelled as comparisons here and below: a decode's every step comes through.)
+        total_computed = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+        if total_computed > max_model_len:
+            total_computed = max_model_len
         watermark = 0
         if has_scheduled_reqs and request.status in _ADMISSION_STATUSES:
             watermark = self.watermark_blocks
-        free = self.block_pool.get_num_free_blocks()
         request_id = request.request_id
         if full_sequence_must_fit:
             full = min(request.num_tokens, max_model_len)
-            if self._num_blocks_to_allocate(request_id, full, hits) + watermark > free:
+            if (self._num_blocks_to_allocate(request_id, full, hits) + watermark
+                    > self.block_pool.get_num_free_blocks()):
                 return None
-        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, max_model_len)
+        num_tokens_need_slot = total_computed + num_new_tokens + num_lookahead_tokens
+        if num_tokens_need_slot > max_model_len:
+            num_tokens_need_slot = max_model_len
         table = self.req_to_blocks.get(request_id)
         num_required = -(-num_tokens_need_slot // self.block_size)
         if hits:
@@ -120,7 +130,10 @@ class KVCacheManager:
             needed = num_required - (len(table) if table is not None else 0)
             if needed < 0:
                 needed = 0
-        if needed + watermark > free - reserved_blocks:
+        # (Nothing to allocate and nothing to keep free always fits: the free
+        # count is read only when it can refuse.)
+        if (needed or watermark or reserved_blocks) \
+                and needed + watermark > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
 
         if table is None:
@@ -131,10 +144,18 @@ class KVCacheManager:
             table.extend(hits)
             self.num_cached_block[request_id] = len(hits)
         num_new_blocks = num_required - len(table)
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
-        table.extend(new_blocks)
-        if not delay_cache_blocks:
-            self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        if num_new_blocks > 0:
+            new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+            table.extend(new_blocks)
+        else:
+            new_blocks = []
+        if not delay_cache_blocks and self.enable_caching:
+            num_tokens = total_computed + num_new_tokens
+            if num_tokens > len(request.all_token_ids):  # min(.., num_tokens)
+                num_tokens = len(request.all_token_ids)
+            # cache_blocks does nothing unless a block filled past those cached.
+            if num_tokens // self.block_size > self.num_cached_block.get(request_id, 0):
+                self.cache_blocks(request, num_tokens)
         return new_blocks
 
     def get_num_blocks_to_hold(self, request: Request, num_tokens: int) -> int:

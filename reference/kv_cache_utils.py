@@ -120,7 +120,8 @@ class FreeKVCacheBlockQueue:
         """Pop ``n`` blocks from the head. Raises ValueError if fewer are free."""
         if n > len(self._queue):
             raise ValueError(f"cannot pop {n} blocks, only {len(self._queue)} free")
-        return [self._queue.popitem(last=False)[1] for _ in range(n)]
+        popitem = self._queue.popitem
+        return [popitem(False)[1] for _ in range(n)]  # (False: last=False, the head)
 
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink a block from wherever it sits (a prefix hit on a free block)."""

@@ -184,8 +184,9 @@ class Request:
 
     def append_output_token_ids(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
-        self.all_token_ids.append(token_id)
-        if len(self.all_token_ids) >= (len(self.block_hashes) + 1) * self.block_size:
+        all_token_ids = self.all_token_ids
+        all_token_ids.append(token_id)
+        if len(all_token_ids) >= (len(self.block_hashes) + 1) * self.block_size:
             self._update_block_hashes()  # a block just filled (else there is nothing to hash)
 
     def _update_block_hashes(self) -> None:

@@ -54,6 +54,7 @@ PREFILL_LOOKAHEAD_RESERVED = "prefill look-ahead reserved"
 _REQUEST_ID = attrgetter("request_id")
 #: ``Request.is_finished()`` is ``status > PREEMPTED`` (the hot loops compare inline).
 _PREEMPTED = RequestStatus.PREEMPTED
+_RUNNING = RequestStatus.RUNNING
 _SPEC_TOKEN_IDS = attrgetter("spec_token_ids")
 
 
@@ -410,13 +411,16 @@ class Scheduler:
         # Prefill gating: on a throttled step, or inside the local cadence
         # interval, defer prefill compute while decodes are running, unless
         # the last release step could not drain the waiting queue.
-        has_decode = any(not r.is_prefill_chunk for r in self.running)
-        defer_prefills = throttle_prefills and not self.prefill_capacity_bound and has_decode
-        if (not defer_prefills and self.local_prefill_interval > 1
-                and not self.prefill_capacity_bound
-                and (self.num_executed_steps + 1) - self.last_prefill_step < self.local_prefill_interval
-                and has_decode):
-            defer_prefills = True
+        # (has_decode is a pass over running: evaluated only when gating can apply.)
+        defer_prefills = False
+        if throttle_prefills or self.local_prefill_interval > 1:
+            has_decode = any(not r.is_prefill_chunk for r in self.running)
+            defer_prefills = throttle_prefills and not self.prefill_capacity_bound and has_decode
+            if (not defer_prefills and self.local_prefill_interval > 1
+                    and not self.prefill_capacity_bound
+                    and (self.num_executed_steps + 1) - self.last_prefill_step < self.local_prefill_interval
+                    and has_decode):
+                defer_prefills = True
 
         # 1. RUNNING requests, in order.
         kv_cache_manager = self.kv_cache_manager
@@ -425,7 +429,12 @@ class Scheduler:
         # The last position a step may schedule to, less the sampled token's.
         last_position = self.max_model_len - self.num_sampled_tokens_per_step
         running = self.running
+        lookahead_kwargs = self._lookahead_kwargs
+        num_prefill_lookahead = self.num_prefill_lookahead
         req_index = 0
+        # (The loop runs once per running request per step: a pure-decode step
+        # of N requests is N passes, so it reads fields rather than calling
+        # the properties and helpers named in the comments.)
         while req_index < len(running) and token_budget > 0:
             request = running[req_index]
             if input_budget <= draft_slots:
@@ -439,33 +448,42 @@ class Scheduler:
                     >= request.num_prompt_tokens + request.max_tokens):
                 req_index += 1
                 continue
-            num_new_tokens = (request.num_tokens_with_spec + num_output_placeholders
-                              - num_computed_tokens)
+            # num_tokens_with_spec + placeholders - computed
+            num_new_tokens = (len(request.all_token_ids) + len(request.spec_token_ids)
+                              + num_output_placeholders - num_computed_tokens)
             if 0 < threshold < num_new_tokens:
                 num_new_tokens = threshold
-            num_new_tokens = min(num_new_tokens, token_budget, input_budget - draft_slots)
+            # min(num_new_tokens, token_budget, input_budget - draft_slots)
+            if num_new_tokens > token_budget:
+                num_new_tokens = token_budget
+            if num_new_tokens > input_budget - draft_slots:
+                num_new_tokens = input_budget - draft_slots
             # Keep the sampled token's position inside max_model_len.
-            num_new_tokens = min(num_new_tokens, last_position - num_computed_tokens)
+            if num_new_tokens > last_position - num_computed_tokens:
+                num_new_tokens = last_position - num_computed_tokens
             if defer_prefills and request.is_prefill_chunk:
                 req_index += 1  # a prefill chunk waits for a cadence-aligned step
                 continue
             # Encoder inputs may cut the window (to 0: skipped this step).
-            encoder_ids, encoder_duplicates = [], []
+            encoder_ids = encoder_duplicates = ()
             new_encoder_budget = encoder_compute_budget
-            if request.has_encoder_inputs and num_new_tokens > 0:
+            if request.mm_positions and num_new_tokens > 0:  # has_encoder_inputs
                 encoder_ids, num_new_tokens, new_encoder_budget, encoder_duplicates = \
-                    self._plan_encoder_inputs(request, request.num_computed_tokens, num_new_tokens,
+                    self._plan_encoder_inputs(request, num_computed_tokens, num_new_tokens,
                                               encoder_compute_budget, events)
-            num_new_tokens = self._reserve_prefill_lookahead(request, request.num_computed_tokens,
-                                                             num_new_tokens)
+            if num_prefill_lookahead:  # (without one it changes nothing: the test below)
+                num_new_tokens = self._reserve_prefill_lookahead(request, num_computed_tokens,
+                                                                 num_new_tokens)
             if num_new_tokens <= 0:
                 # Skip, not break: lower-priority requests may still run.
                 req_index += 1
                 continue
 
-            num_computed_before = request.num_computed_tokens
+            num_computed_before = num_computed_tokens
             while True:
-                new_blocks = allocate_slots(request, num_new_tokens, **self._lookahead_kwargs)
+                # (the ** call only when there is something to pass: it is the slow call path)
+                new_blocks = (allocate_slots(request, num_new_tokens, **lookahead_kwargs) if lookahead_kwargs
+                              else allocate_slots(request, num_new_tokens))
                 if hybrid:
                     events.extend(self._skipped_frees())
                 if new_blocks is not None:
@@ -502,12 +520,13 @@ class Scheduler:
                     continue
                 break
 
+            # (A decode that filled no block got none: no ids to list.)
             record = ScheduledRequest(request.request_id, "running", num_computed_before,
                                       num_new_tokens, 0,
-                                      kv_cache_manager.new_block_ids(new_blocks),
-                                      encoder_input_ids=list(encoder_ids),
-                                      group_block_ids=(kv_cache_manager.new_group_block_ids(new_blocks)
-                                                       if hybrid else None))
+                                      kv_cache_manager.new_block_ids(new_blocks) if new_blocks else [], [],
+                                      list(encoder_ids) if encoder_ids else [],
+                                      (kv_cache_manager.new_group_block_ids(new_blocks)
+                                       if hybrid else None))
             events.append(record)
             scheduled_running[request.request_id] = record
             prefill_scheduled |= request.is_prefill_chunk
@@ -650,7 +669,7 @@ class Scheduler:
                         break  # no skipping ahead to shorter requests
                     num_new_tokens = min(num_new_tokens, request_budget)
                     assert num_new_tokens > 0
-                    if request.has_encoder_inputs:
+                    if request.mm_positions:  # has_encoder_inputs
                         encoder_ids, num_new_tokens, new_encoder_budget, encoder_duplicates = \
                             self._plan_encoder_inputs(request, num_computed, num_new_tokens,
                                                       encoder_compute_budget, events)
@@ -659,7 +678,8 @@ class Scheduler:
                             skip_request(queue, request)
                             events.append(Skip(request.request_id, ENCODER_INPUT_UNAVAILABLE))
                             continue
-                    num_new_tokens = self._reserve_prefill_lookahead(request, num_computed, num_new_tokens)
+                    if num_prefill_lookahead:  # (without one it changes nothing)
+                        num_new_tokens = self._reserve_prefill_lookahead(request, num_computed, num_new_tokens)
                     if num_new_tokens == 0:
                         skip_request(queue, request)
                         events.append(Skip(request.request_id, PREFILL_LOOKAHEAD_RESERVED))
@@ -684,9 +704,10 @@ class Scheduler:
                     reserved_blocks=reserved,
                     has_scheduled_reqs=bool(self.running),
                 )
-                events.extend(self._skipped_frees())
+                if hybrid:
+                    events.extend(self._skipped_frees())
                 if new_blocks is None:
-                    if request.has_encoder_inputs:
+                    if request.mm_positions:  # has_encoder_inputs
                         # Release the cache references taken while planning.
                         self.encoder_cache_manager.free(request)
                     break  # admission never preempts
@@ -948,21 +969,23 @@ class Scheduler:
         defer_block_free, sched_step_seq = self.defer_block_free, self.sched_step_seq
         async_scheduling = self.async_scheduling
         inflight_prefills = self._inflight_prefills
+        spec_tokens = output.scheduled_spec_decode_tokens if async_scheduling else None
         for req_id, n in output.num_scheduled_tokens.items():
             request = requests[req_id]
             request.num_computed_tokens += n
             request.num_in_flight_tokens += n
             if defer_block_free:
                 request.last_sched_seq = sched_step_seq
+            # (len(all_token_ids): num_tokens)
             is_prefill_chunk = request.is_prefill_chunk = request.num_computed_tokens < (
-                request.num_tokens + request.num_output_placeholders)
+                len(request.all_token_ids) + request.num_output_placeholders)
             if not is_prefill_chunk:
-                inflight_prefills.pop(req_id, None)
+                if inflight_prefills:
+                    inflight_prefills.pop(req_id, None)
                 if async_scheduling:
                     # AsyncScheduler: the sampled token (and drafts) are in flight.
                     request.num_output_placeholders += (
-                        self.num_sampled_tokens_per_step
-                        + len(output.scheduled_spec_decode_tokens.get(req_id, ())))
+                        self.num_sampled_tokens_per_step + len(spec_tokens.get(req_id, ())))
                     # Its next drafts are K placeholders -1 (_spec_token_placeholders):
                     # the worker fills them, the scheduler never sees the real ids
                     # (reference.async_spec).
@@ -998,9 +1021,14 @@ class Scheduler:
             # Every write of this and earlier steps has completed.
             self.processed_step_seq += 1
             result.drained = self._drain_deferred_frees()
-        spec_tokens = output.scheduled_spec_decode_tokens
+        # Drafts exist only with speculative decoding or once the proposer
+        # stored some (update_draft_token_ids): otherwise no event holds any.
+        spec_tokens = (output.scheduled_spec_decode_tokens if self.num_spec_tokens or self._drafts_stored
+                       else {})
         requests = self.requests
         max_model_len = self.max_model_len
+        cache_accepted = self.num_spec_tokens > 0
+        appended = result.new_token_ids
         for req_id, n in output.num_scheduled_tokens.items():
             request = requests.get(req_id)
             is_stale = False
@@ -1042,13 +1070,13 @@ class Scheduler:
                 request.num_output_placeholders -= len(sampled_token_ids[req_id])
             # 0.33.0 (spec 10.8): with drafts or placeholders, blocks completed
             # by accepted tokens are cached now, before a stopped request frees.
-            if (not is_stale and status_before == RequestStatus.RUNNING
-                    and (had_placeholders or self.num_spec_tokens > 0)):
+            if (not is_stale and status_before == _RUNNING
+                    and (had_placeholders or cache_accepted)):
                 self.kv_cache_manager.cache_blocks(
                     request, request.num_computed_tokens - request.num_in_flight_tokens)
-            result.new_token_ids[req_id] = new_token_ids
+            appended[req_id] = new_token_ids
             if request.status > _PREEMPTED:  # is_finished()
-                if status_before == RequestStatus.RUNNING:
+                if status_before == _RUNNING:
                     stopped.add(id(request))
                 else:
                     self.waiting.remove_requests([request])
