@@ -5,6 +5,8 @@ engine's draft flow, the stale-spec-output mutant and the restricted fuzz strate
 
 from __future__ import annotations
 
+import functools
+
 from harness.candidates.mutants import MUTANTS_AND_TARGETS
 from harness.check import check_steps
 from harness.fuzz import fuzz
@@ -17,6 +19,10 @@ from reference.engine import Engine
 from reference.output import ScheduledRequest, SchedulerOutput
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.scheduler import Scheduler
+
+# The cases asserted here are hypothesis's shrinks run to their end: no wall-clock bound on
+# shrinking (fuzz's default, SHRINK_BUDGET_S, cut one short on a loaded machine: 8 requests, not 2).
+fuzz = functools.partial(fuzz, shrink_budget_s=None)
 
 CONFIG = EngineConfig(num_gpu_blocks=20, block_size=4, max_model_len=64, async_scheduling=True,
                       num_speculative_tokens=2)

@@ -9,6 +9,7 @@ the vLLM normaliser records an inconsistent SchedulerOutput as it is.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -30,6 +31,10 @@ from harness.scenarios import SCENARIOS
 from harness.trace import open_trace
 from harness.trace.recorder import record, run_to_rows
 from reference.scheduler import Scheduler
+
+# The cases asserted here are hypothesis's shrinks run to their end: no wall-clock bound on
+# shrinking (fuzz's default, SHRINK_BUDGET_S, cut one short on a loaded machine: 8 requests, not 2).
+fuzz = functools.partial(fuzz, shrink_budget_s=None)
 
 SKIP_VLLM = os.environ.get("HARNESS_SKIP_VLLM") == "1"
 SCENARIO_FILES = Path(__file__).resolve().parents[1] / "harness" / "scenarios"
