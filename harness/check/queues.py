@@ -9,15 +9,14 @@ the head of waiting (kv-holding queue first, spec 10.2).
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.check import encoder
 from harness.check.kv_connector import take_answer
 from harness.check.model import ReqShadow, StepState, TraceModel
 from harness.check.result import SAFETY, SEMANTICS, Invariant
 
-if TYPE_CHECKING:
-    from harness.trace.queues import QueueChange
+from harness.trace.queues import QueueChange
 
 INVARIANTS = [
     Invariant("ARRIVAL-ADMISSIBLE", "An accepted request has a non-empty prompt shorter than max_model_len (room for one output token) and encoder inputs that fit the encoder cache and compute budget (and, with disable_chunked_mm_input, one step's tokens); a rejected one does not.", "2.3, engine input processor",
@@ -117,6 +116,10 @@ def follow_waiting(m: TraceModel, waiting: list[str]) -> QueueChange | None:
     if change is not None and change.queue is not waiting:
         change = None  # (not this list: the entry keeps its own list alive, so never)
     counts = m.waiting_counts
+    if change is None and counts is not None and waiting is m.waiting_indexed:
+        # The very list followed last (the reader hands an unchanged queue on
+        # as the same list and records no change for it): nothing to count.
+        return QueueChange(waiting, waiting, 0, len(waiting), (), 0)
     if change is not None and counts is not None and m.waiting_indexed is change.base:
         base = change.base
         end = change.start + change.length
