@@ -159,6 +159,17 @@ def test_arrival_row_requestspec_refuses_is_unusable_for_check_and_replay(tmp_pa
                                                      "(RequestSpec r000000: min_tokens must be an int in")
 
 
+@pytest.mark.parametrize("kind", ["schedule_begin", "schedule_end", "update_end"])
+def test_regression_null_free_count_read_as_free_blocks(tmp_path: Path, kind: str) -> None:
+    """A resealed trace with ``num_free_blocks`` nulled checked as a different
+    engine: a leak mutant's 306 BLOCK-CONSERVATION witnesses became
+    PROGRESS-ADMIT ones judged on the checker's own free count (leaked blocks
+    counted as free). Every engine records the count on these rows."""
+    def edit(rows: Rows) -> None:
+        first(rows, kind)["num_free_blocks"] = None
+    assert_unusable(edited(tmp_path, f"nofree-{kind}", edit), f"{kind} without num_free_blocks")
+
+
 def test_step_without_its_update_end_is_refused(tmp_path: Path) -> None:
     def edit(rows: Rows) -> None:
         end = first(rows, "update_end")

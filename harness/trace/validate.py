@@ -23,6 +23,9 @@ status, finish reason or ``schedule_kind``; a null inside a list (or inside
 one of ``group_block_ids``' lists); a hybrid row whose ``group_block_ids``,
 null blocks left out, are not its ``block_ids``; rows out
 of the step's documented order (docs/trace-format.md "Row order"); a
+``schedule_begin``, ``schedule_end`` or ``update_end`` without
+``num_free_blocks`` (the engine's own free count, which the block and
+progress rules read: without it a leak would read as free blocks); a
 ``schedule_begin`` without its ``schedule_end`` or an ``update_begin``
 without its ``update_end`` (unless the step ends on ``crash``); rows after
 a ``crash``, and steps after a crash step.
@@ -79,6 +82,9 @@ _CONTROL_RE = r"[\x{00}-\x{1f}\x{7f}-\x{9f}]"
 _ALWAYS_CHECKED = frozenset({"reset_prefix_cache", "crash"})
 _FINISH_KINDS = frozenset({"finish", "abort"})
 _STATUS_KINDS = frozenset({"preempt", "kv_promote", "request_state"})
+# Rows that carry the engine's free-block count (docs/trace-format.md): every
+# engine records it; the block and progress rules read it.
+_FREE_COUNT_KINDS = frozenset({"schedule_begin", "schedule_end", "update_end"})
 _VALUE_SETS: dict[frozenset[str], pa.Array] = {}
 
 
@@ -279,6 +285,7 @@ def suspect_rows(batch: pa.RecordBatch) -> list[bool]:
             if lowest is not None and lowest < 0:
                 elements_where(column, lambda flat: pc.less(flat, 0))
     rows_where(pc.and_(pc.equal(kind, "schedule_begin"), pc.is_null(batch.column("clock_s"))))
+    rows_where(pc.and_(kind_in(_FREE_COUNT_KINDS), pc.is_null(batch.column("num_free_blocks"))))
     bad_finish = pc.or_(not_in("status", _FINISHED_STATUSES),
                         pc.and_(pc.is_valid(batch.column("finish_reason")),
                                 not_in("finish_reason", _FINISH_REASONS)))
@@ -398,6 +405,8 @@ def _check_values(where: str, kind: str, row: Row) -> None:
             raise RowError(f"{where}: {column} holds a negative token id ({min(t for t in value if t is not None)})")
     if kind == "schedule_begin" and row.get("clock_s") is None:
         raise RowError(f"{where}: schedule_begin without clock_s")
+    if kind in _FREE_COUNT_KINDS and row.get("num_free_blocks") is None:
+        raise RowError(f"{where}: {kind} without num_free_blocks")
     for column, value in row.items():
         if isinstance(value, list) and (None in value or any(isinstance(v, list) and None in v for v in value)):
             raise RowError(f"{where}: null inside {column}")
