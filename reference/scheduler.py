@@ -523,10 +523,10 @@ class Scheduler:
             # (A decode that filled no block got none: no ids to list.)
             record = ScheduledRequest(request.request_id, "running", num_computed_before,
                                       num_new_tokens, 0,
-                                      kv_cache_manager.new_block_ids(new_blocks) if new_blocks else [], [],
-                                      list(encoder_ids) if encoder_ids else [],
-                                      (kv_cache_manager.new_group_block_ids(new_blocks)
-                                       if hybrid else None))
+                                      kv_cache_manager.new_block_ids(new_blocks) if new_blocks else [],
+                                      encoder_input_ids=list(encoder_ids) if encoder_ids else [],
+                                      group_block_ids=(kv_cache_manager.new_group_block_ids(new_blocks)
+                                                       if hybrid else None))
             events.append(record)
             scheduled_running[request.request_id] = record
             prefill_scheduled |= request.is_prefill_chunk
