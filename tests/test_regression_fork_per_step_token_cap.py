@@ -12,13 +12,15 @@ read the attribute once at build (``driver_engine_core``) and recorded each step
 showed 32 tokens left. It now reads the attribute every step (``driver_step.StepLoop.schedule``),
 as the recording scheduler (``recording_scheduler.py``) already did.
 
-The rule still fires on a fork that leaves budget unused: ``tests/test_fork_gate.py``
-(``PROGRESS_CASES["PROGRESS-ADMIT"]``: mutant admit-one-per-step, 3 witnesses on
-admit-all-that-fit, the reference silent).
+The rule still fires on a fork that leaves budget unused: the vLLM fork
+``SloBudgetLeavesBudgetScheduler`` below (it schedules on a quarter of the cap and leaves the
+step's cap at the half), and the reference mutant admit-one-per-step in
+``tests/test_fork_gate.py`` (``PROGRESS_CASES["PROGRESS-ADMIT"]``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -80,3 +82,18 @@ def test_the_fork_gate_passes_the_fork_on_fcfs_roomy(classes_env) -> None:
         f"own run: {SPEC} re-run on the trace's workload, config and seed from step 0: 373 steps, no violation "
         "(profile fork)",
         "conformant (profile fork); decisions differ from step 9 (information: not held to a version's design)"]
+
+
+def test_the_rule_still_fires_on_a_fork_that_leaves_its_cap_unused(classes_env, tmp_path: Path) -> None:
+    out = tmp_path / "leaves.parquet"
+    r = CliRunner().invoke(main, ["record", str(REPO / "harness/scenarios/fcfs-roomy.toml"), "-o", str(out),
+                                  "--engine", SPEC.replace("SloBudgetScheduler", "SloBudgetLeavesBudgetScheduler")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["check", str(out), "--semantics", "fork", "--json"])
+    assert r.exit_code == 1, r.output[-2000:]
+    payload = json.loads(r.output)
+    assert payload["violations_by_invariant"] == {"PROGRESS-ADMIT": 4}
+    first = payload["violations"][0]
+    assert (first["step"], first["request"], first["message"]) == (
+        22, "r000006", "waiting (20 tokens) and not admitted, although the step left 16 token(s) of budget, "
+        "163 free block(s) (it needed at most 5) and 3 running (it has run 4 at once; max_num_seqs 4)")

@@ -26,3 +26,19 @@ class SloBudgetScheduler(Scheduler):
                                          else self._full_budget)
         return super().schedule(throttle_prefills)
 
+
+
+class SloBudgetLeavesBudgetScheduler(SloBudgetScheduler):
+    """BUG: schedules on a quarter of the full cap but leaves the step's cap
+    (``max_num_scheduled_tokens``, read after ``schedule()``) at the half (or the full cap),
+    so up to a quarter of the full cap (16 of 64 tokens) is left unused while a request
+    that fits it waits: PROGRESS-ADMIT must fire."""
+
+    def schedule(self, throttle_prefills: bool = False):
+        decoding = sum(1 for r in self.running if not r.is_prefill_chunk)
+        cap = max(self._full_budget // 2, 1) if decoding >= 2 else self._full_budget
+        self.max_num_scheduled_tokens = max(cap // 2, 1)
+        try:
+            return Scheduler.schedule(self, throttle_prefills)
+        finally:
+            self.max_num_scheduled_tokens = cap
