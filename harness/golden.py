@@ -319,7 +319,7 @@ def check_goldens(directory: str | os.PathLike[str],
                                   profile))
         if on_result is not None:
             on_result(results[-1])
-    files = {p.name[:-len(SUFFIX)] for p in directory.glob(f"*{SUFFIX}") if not p.name.startswith(".")}
+    files = _golden_files(directory)
     for name in sorted((files | set(entries)) - set(scenarios)):
         where = [w for w, present in (("file", name in files), ("manifest entry", name in entries))
                  if present]
@@ -327,6 +327,20 @@ def check_goldens(directory: str | os.PathLike[str],
                                            f"named {name!r}; remove with 'harness golden update "
                                            f"--prune'"], unused=True))
     return results
+
+
+def _golden_files(directory: Path) -> set[str]:
+    """The scenario names of the golden files in ``directory`` (hidden ones not)."""
+    return {p.name[:-len(SUFFIX)] for p in directory.glob(f"*{SUFFIX}") if not p.name.startswith(".")}
+
+
+def unused_goldens(directory: str | os.PathLike[str], scenarios: Mapping[str, Scenario] | None = None) -> list[str]:
+    """The names ``check_goldens`` reports as unused (a golden file or manifest
+    entry in ``directory`` for no scenario in ``scenarios``, default
+    ``SCENARIOS``), sorted. Raises GoldenError when the manifest is unusable."""
+    directory = Path(directory)
+    scenarios = SCENARIOS if scenarios is None else scenarios
+    return sorted((_golden_files(directory) | set(read_manifest(directory))) - set(scenarios))
 
 
 def _check_one(directory: Path, scenario: Scenario, entry: dict[str, Any] | None,

@@ -96,7 +96,7 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
     from rich.markup import escape
 
     from harness.fuzz.run import fuzz_profile
-    from harness.golden import DEFAULT_DIR, GoldenError, candidate_crashed, check_goldens
+    from harness.golden import DEFAULT_DIR, GoldenError, candidate_crashed, check_goldens, unused_goldens
     from harness.scenarios import HYBRID_SCENARIOS, SCENARIOS
 
     _refuse_unknown_semantics(semantics)
@@ -105,25 +105,25 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
     golden_dir = golden_dir or str(DEFAULT_DIR / "hybrid" if hybrid else DEFAULT_DIR)
     factory = _candidate(candidate, step_timeout)
     try:
-        with progress(f"checking goldens on {candidate}", len(scenarios)) as update:
-            results = check_goldens(golden_dir, factory, on_result=lambda r: update(advance=1),
+        # Each golden's line as soon as it is checked (the bar shows only on a
+        # terminal: a CI log would otherwise see nothing for minutes), in
+        # SCENARIOS order (check_goldens is sequential), padded to a width known
+        # before the first: the scenarios' and any unused golden's names. With
+        # stdout a terminal the bar goes there too (rich prints the lines above
+        # it; on stderr it would be drawn over them).
+        width = max(len(name) for name in (*scenarios, *unused_goldens(golden_dir, scenarios)))
+        with progress(f"checking goldens on {candidate}", len(scenarios),
+                      console=console if console.is_terminal else None) as update:
+            def on_result(r) -> None:
+                console.print(_golden_line(r, width))
+                update(advance=1)
+            results = check_goldens(golden_dir, factory, on_result=on_result,
                                     require_sealed=require_sealed, scenarios=scenarios, profile=profile)
     except GoldenError as exc:
         _fail(str(exc))
-    width = max(len(r.scenario) for r in results)
     for r in results:
-        if not r.ok:
-            console.print(f"[bold red]FAIL[/] {r.scenario:<{width}}  {escape(r.reason)}")
-        elif r.skipped:
-            console.print(f"[yellow]skip[/] {r.scenario:<{width}}  {plural(r.steps, 'step')} checked; not replayed: "
-                          f"{escape(r.skipped)}")
-        elif r.information:
-            console.print(f"[bold green]ok  [/] {r.scenario:<{width}}  {plural(r.steps, 'step')}, decisions "
-                          f"differ from step {r.divergence.step} (information); own run: "
-                          f"{plural(r.own_run.steps, 'step')}, no violation")
-        else:
-            console.print(f"[bold green]ok  [/] {r.scenario:<{width}}  {plural(r.steps, 'step')}, "
-                          f"{r.replayed_steps} replayed identically")
+        if r.unused:  # found after the scenarios (check_goldens does not report them as it goes)
+            console.print(_golden_line(r, width))
     failed = sum(not r.ok for r in results)
     skipped = sum(r.ok and bool(r.skipped) for r in results)
     if results and skipped == len(results):
@@ -141,6 +141,22 @@ def golden_check(golden_dir: str, candidate: str, step_timeout: float, require_s
                   + f"{failed} failed[/] ({golden_dir}, candidate {candidate}"
                   + (f", profile {semantics}" if profile is not None else "") + ")")
     sys.exit(EXIT_FOUND if failed else EXIT_OK)
+
+
+def _golden_line(r, width: int) -> str:
+    """One golden's line of ``golden check`` (rich markup): FAIL, skip or ok, the
+    scenario name padded to ``width`` characters."""
+    if not r.ok:
+        return f"[bold red]FAIL[/] {r.scenario:<{width}}  {escape(r.reason)}"
+    if r.skipped:
+        return (f"[yellow]skip[/] {r.scenario:<{width}}  {plural(r.steps, 'step')} checked; not replayed: "
+                f"{escape(r.skipped)}")
+    if r.information:
+        return (f"[bold green]ok  [/] {r.scenario:<{width}}  {plural(r.steps, 'step')}, decisions "
+                f"differ from step {r.divergence.step} (information); own run: "
+                f"{plural(r.own_run.steps, 'step')}, no violation")
+    return (f"[bold green]ok  [/] {r.scenario:<{width}}  {plural(r.steps, 'step')}, "
+            f"{r.replayed_steps} replayed identically")
 
 
 @golden.command("update")

@@ -96,6 +96,43 @@ def test_committed_goldens_pass_check() -> None:
     assert f"{len(SCENARIOS)} ok, 0 failed" in out
 
 
+def test_check_prints_each_golden_as_it_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (new-user trial): with stdout not a terminal (a CI log; the bar shows on a
+    terminal only) ``golden check`` printed nothing for minutes, then every golden's line at once.
+    Each line now comes as that golden is checked, in scenario order, padded to a width known
+    before the first (an unused golden's longer name counts; its line comes after the scenarios');
+    the verdict stays the last line."""
+    import sys
+
+    import harness.golden as golden_module
+
+    hybrid = tmp_path / "hybrid"
+    shutil.copytree(GOLDEN / "hybrid", hybrid)
+    shutil.copy(hybrid / "hybrid-mamba.parquet", hybrid / "hybrid-retired-longer.parquet")
+    seen: list[str] = []  # stdout so far, each time a golden's check has returned
+    original = golden_module.check_goldens
+
+    def spy(*args, on_result, **kwargs):
+        def observed(result) -> None:
+            on_result(result)
+            sys.stdout.flush()
+            seen.append(sys.stdout.buffer.getvalue().decode())
+        return original(*args, on_result=observed, **kwargs)
+
+    monkeypatch.setattr(golden_module, "check_goldens", spy)
+    code, out = run("golden", "check", "--hybrid", "--dir", hybrid)
+    assert code == 1, out
+    lines = [
+        "ok   hybrid-alternating     192 steps, 192 replayed identically",
+        "ok   hybrid-five-to-one     244 steps, 244 replayed identically",
+        "ok   hybrid-mamba           153 steps, 153 replayed identically",
+        "FAIL hybrid-retired-longer  unused golden (file): no scenario named 'hybrid-retired-longer'; remove "
+        "with 'harness golden update --prune'",
+        f"3 ok, 1 failed ({hybrid}, candidate reference)"]
+    assert seen == ["\n".join(lines[:1]) + "\n", "\n".join(lines[:2]) + "\n", "\n".join(lines[:3]) + "\n"]
+    assert out.splitlines() == lines
+
+
 def test_committed_folder_holds_exactly_the_scenarios() -> None:
     names = sorted(p.name for p in GOLDEN.iterdir())
     # README.md: the folder's paragraph (tests/test_layout.py requires one); nothing else but goldens

@@ -191,7 +191,6 @@ class Driver(VllmConfigMapping, SchedulerClassChoice, KVCacheConfigBuilder, KVCo
             self.use_v2 = bool(self.sched.use_v2_model_runner)
         self.block_hasher = (None if self.get_request_block_hasher is None
                              else self.get_request_block_hasher(block_size, self.sha256))
-        self.max_num_scheduled_tokens = self.sched.max_num_scheduled_tokens
         self._schedule_sig = inspect.signature(self.sched.schedule).parameters
         self._request_params = set(inspect.signature(self.Request).parameters)
         self._request_mm_params = sorted(p for p in self._request_params

@@ -38,7 +38,7 @@ NormalisationError = ev.NormalisationError
 class StepLoop:
     """``Driver``'s half that steps the scheduler (reads ``sched``,
     ``hooks``, ``in_flight``, ``max_in_flight``, ``use_v2``,
-    ``max_num_scheduled_tokens``, ``num_spec``, ``async_scheduling``,
+    ``num_spec``, ``async_scheduling``,
     ``DraftTokenIds``; sets ``last_preempted``)."""
 
     def num_free_blocks(self) -> int:
@@ -65,8 +65,10 @@ class StepLoop:
         finally:
             self.hooks.end()
         self.in_flight.append(so)
+        # Read every step, as the recording scheduler does: a fork may set its
+        # own cap per step (``token_budget`` = this cap - tokens scheduled).
         output = ev.normalise(so, self.hooks.seq, use_v2=self.use_v2,
-                              max_num_scheduled_tokens=self.max_num_scheduled_tokens,
+                              max_num_scheduled_tokens=sched.max_num_scheduled_tokens,
                               requests=sched.requests,
                               num_groups=self.hooks.num_groups if self.hooks.hybrid else 0)
         self.last_preempted = list(output["preempted_req_ids"])
