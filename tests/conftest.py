@@ -176,3 +176,21 @@ def vllm_0_33_0_tests() -> None:
         fetch_sdist("0.33.0")
     except OwnTestsError as exc:  # no index reachable and nothing cached
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def classes_env():
+    """vLLM 0.33.0 built, and tests/vllm_classes on PYTHONPATH (the vLLM driver
+    imports a ``scheduler_cls`` module from there); PYTHONPATH restored after."""
+    import sys
+
+    from harness.candidates.vllm.env import ensure_env
+
+    ensure_env("0.33.0", log=lambda line: print(f"vllm-env: {line}", file=sys.stderr))
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(Path(__file__).resolve().parent / "vllm_classes")
+    yield
+    if old is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old

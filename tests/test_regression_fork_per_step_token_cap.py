@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -37,21 +36,6 @@ SKIP = os.environ.get("HARNESS_SKIP_VLLM") == "1"
 SPEC = "vllm@0.33.0,scheduler_cls=slo_budget:SloBudgetScheduler"
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(SKIP, reason="HARNESS_SKIP_VLLM=1")]
-
-
-@pytest.fixture(scope="module")
-def classes_env():
-    """vLLM 0.33.0 built, and the fork's folder on PYTHONPATH (the driver imports it)."""
-    from harness.candidates.vllm.env import ensure_env
-
-    ensure_env("0.33.0", log=lambda line: print(f"vllm-env: {line}", file=sys.stderr))
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(CLASSES)
-    yield
-    if old is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = old
 
 
 def test_the_recorded_budget_is_the_forks_cap_of_that_step(classes_env, tmp_path: Path) -> None:

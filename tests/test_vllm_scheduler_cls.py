@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,21 +33,6 @@ needs_vllm = pytest.mark.skipif(SKIP, reason="HARNESS_SKIP_VLLM=1")
 
 def spec(cls: str, module: str = "custom_schedulers") -> str:
     return f"vllm@0.33.0,scheduler_cls={module}:{cls}"
-
-
-@pytest.fixture(scope="module")
-def classes_env():
-    """vLLM 0.33.0 built, and the classes' folder on PYTHONPATH for the module."""
-    from harness.candidates.vllm.env import ensure_env
-
-    ensure_env("0.33.0", log=lambda line: print(f"vllm-env: {line}", file=sys.stderr))
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(CLASSES)
-    yield
-    if old is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = old
 
 
 def _invoke(*args: str):
@@ -163,7 +147,6 @@ def test_async_scheduler_subclass_on_a_synchronous_scenario_is_refused_in_one_li
         "scheduler_cls custom_schedulers.AsyncPlainScheduler is an AsyncScheduler subclass: it runs "
         "only with async_scheduling = true, and this config is synchronous (no trace written)"), errors
     assert not out.exists()
-
 
 
 @vllm
