@@ -9,6 +9,7 @@ into place once whole).
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
@@ -53,10 +54,20 @@ def convert_cmd(recording: str, output: str) -> None:
 
     _refuse_overwriting_input(output, recording)
     src = Path(recording)
+    # A long recording takes a while: a transient spinner on a terminal (convert reports
+    # no steps as it goes), nothing in a pipe or a log.
+    status = err.status(f"converting {escape(recording)}") if err.is_terminal else nullcontext()
     try:
-        summary = convert(src, output)
+        with status:
+            summary = convert(src, output)
     except ConvertError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc) + _unfinished_hint(src))}", soft_wrap=True)
+        sys.exit(EXIT_UNUSABLE)
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as exc:
+        # A record without a field the recorder always writes (a log edited, or another
+        # program's JSONL): one line naming the file, never a traceback.
+        err.print(f"[bold red]error:[/] {escape(str(src))}: not a recording this converter reads "
+                  f"({type(exc).__name__}: {escape(str(exc)[:200])})", soft_wrap=True)
         sys.exit(EXIT_UNUSABLE)
     except OSError as exc:
         where = exc.filename or output

@@ -79,6 +79,8 @@ def test_a_bad_recording_is_one_line_and_leaves_the_output_untouched(tmp_path: P
                                               "or gzip-compressed JSON lines named .gz)"),
         "plain.jsonl.gz": (b'{"t":"meta"}\n', "plain.jsonl.gz: named .gz but not gzip-compressed"),
         "nometa.jsonl": (b'{"t":"arrival"}\n', "nometa.jsonl: does not start with a sched-harness meta record"),
+        "fields.jsonl": (b'{"t":"meta","format":3,"config":{}}\n{"t":"schedule"}\n',
+                         "fields.jsonl: not a recording this converter reads (KeyError: 'output')"),
     }
     for name, (data, message) in cases.items():
         (tmp_path / name).write_bytes(data)
