@@ -19,6 +19,7 @@ imports this one.
 - ``harness.golden_cli``: scenario extract, golden check|update, mutants
 - ``harness.fuzz_cli``: fuzz
 - ``harness.vllm_env_cli``: vllm-env
+- ``harness.convert_cli``: convert (a vLLM recording into a trace)
 - ``harness.salvage_cli``, ``harness.sweep_cli``, ``harness.vllm_tests_cli``,
   ``harness.bisect.cli``, ``harness.view.cli`` (report, export),
   ``harness.serve.cli`` (model tiny, serve-record)
@@ -33,6 +34,7 @@ import click
 
 from harness.bisect.cli import bisect
 from harness.check_cli import check, invariants
+from harness.convert_cli import convert_cmd
 from harness.fuzz_cli import fuzz
 from harness.golden_cli import golden, mutants, scenario
 from harness.record_cli import record, verify_outputs_cmd
@@ -65,7 +67,7 @@ def main() -> None:
 
 
 for _command in (record, verify_outputs_cmd, check, invariants, replay, diff, scenario, golden, mutants,
-                 vllm_env, fuzz, salvage_cmd, bisect, sweep, vllm_tests):
+                 vllm_env, fuzz, salvage_cmd, convert_cmd, bisect, sweep, vllm_tests):
     main.add_command(_command)
 register_views(main)  # report, export
 register_serve(main)  # model tiny, serve-record

@@ -81,6 +81,7 @@ def test_the_generated_pages_come_from_the_code(tmp_path: Path) -> None:
         assert f"## {layer.capitalize()} layer" in catalogue
     cli = (tmp_path / "reference" / "cli.md").read_text()
     assert "## `harness golden check`" in cli and "## `harness scenario extract`" in cli
+    assert "## `harness convert`" in cli  # a vLLM recording into a trace (harness/convert_cli.py)
     # Nothing generated is committed under docs/: the build always renders the code's pages.
     for uri in ("cli.md", "invariants.md", "trace-schema.md", "scenario-schema.md"):
         assert not (DOCS / "reference" / uri).exists(), f"docs/reference/{uri} is generated; do not commit it"

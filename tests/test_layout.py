@@ -28,7 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("reference", "workloads", "harness")
 # The tool modules: each is one command or plugin over the layers below it.
-TOOLS = ("harness.cli", "harness.cli_common", "harness.check_cli", "harness.record_cli", "harness.replay_cli",
+TOOLS = ("harness.cli", "harness.cli_common", "harness.check_cli", "harness.convert_cli", "harness.record_cli", "harness.replay_cli",
          "harness.golden_cli", "harness.fuzz_cli", "harness.vllm_env_cli", "harness.fuzz", "harness.golden", "harness.mutation", "harness.replay", "harness.diff",
          "harness.conformance", "harness.pytest_plugin", "harness.outputs", "harness.view", "harness.corpus",
          "harness.corpus_ray", "harness.ray_cluster")

@@ -119,7 +119,7 @@ def test_a_request_added_with_computed_tokens_set_by_hand_is_a_protocol_break(tm
     summary, trace = _convert(tmp_path, _records(computed_recorded=True, async_fact=False))
     assert summary["steps"] == 1
     assert summary["protocol"] == (
-        "the driver left EngineCore's protocol at rec.jsonl:line 5: request 'boundary' added with "
+        "the recorded run left the trace's step protocol at rec.jsonl:line 5: request 'boundary' added with "
         "num_computed_tokens 30 set by hand (EngineCore adds a request with none computed): the driver "
         "left EngineCore's protocol")
     assert protocol_kind(summary["protocol"]) == "computed-set-by-hand"
@@ -131,7 +131,7 @@ def test_an_async_scheduler_under_a_sync_config_ends_on_its_placeholder_drafts(t
     summary, trace = _convert(tmp_path, _records(computed_recorded=False, async_fact=True))
     assert summary["steps"] == 1
     assert summary["protocol"] == (
-        "the driver left EngineCore's protocol at rec.jsonl:line 6: an AsyncScheduler under a synchronous "
+        "the recorded run left the trace's step protocol at rec.jsonl:line 6: an AsyncScheduler under a synchronous "
         "config scheduled placeholder drafts -1 for 'filler' (EngineCore builds an AsyncScheduler only with "
         "async scheduling; here scheduler_config.async_scheduling was off, as vLLM's CPU platform sets it): "
         "the driver left EngineCore's protocol")

@@ -45,7 +45,7 @@ def test_the_recording_converts_to_step_0_and_names_the_hand_made_output(tmp_pat
     summary = rc.convert(src, tmp_path / "rec.parquet")
     assert summary["steps"] == 1
     assert summary["protocol"] == (
-        "the driver left EngineCore's protocol at rec.jsonl:line 7: the model output samples a token for "
+        "the recorded run left the trace's step protocol at rec.jsonl:line 7: the model output samples a token for "
         "request 'A', whose step reached 15 of its 200 tokens (a partial prefill chunk: EngineCore's model "
         "runner samples none there; a hand-made ModelRunnerOutput)")
     assert protocol_kind(summary["protocol"]) == "model-output-partial-prefill-token"

@@ -383,7 +383,7 @@ def test_protocol_kinds_name_every_line_the_converter_writes() -> None:
     from harness.vllm_tests_report import protocol_kind
 
     assert [protocol_kind(line) for line in (
-        "the driver left EngineCore's protocol at a.jsonl:line 9: schedule() called with 1 batch(es) ...",
+        "the recorded run left the trace's step protocol at a.jsonl:line 9: schedule() called with 1 batch(es) ...",
         "... update_from_output() without a schedule(): ...",
         "... given a SchedulerOutput that no schedule() returned (built by hand) ...",
         "... the running queue changed outside schedule() ...",

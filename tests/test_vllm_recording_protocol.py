@@ -47,7 +47,7 @@ def test_schedule_twice_without_update_keeps_the_complete_steps_before_it(tmp_pa
     summary, trace = _convert(tmp_path, records)
     assert summary["steps"] == 10
     line = f"line {i + 1}: schedule() called with 1 batch(es) in flight and no update_from_output()"
-    assert summary["protocol"].startswith(f"the driver left EngineCore's protocol at rec.jsonl:{line}")
+    assert summary["protocol"].startswith(f"the recorded run left the trace's step protocol at rec.jsonl:{line}")
     assert trace.summary["protocol"] == summary["protocol"]
     result = check_trace(trace)
     assert result.ok and result.steps == 10

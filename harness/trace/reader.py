@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import collections
 import functools
+import gzip
 import itertools
 import json
 import operator
 import os
 import re
 import stat
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -374,6 +376,32 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
         raise TraceError(f"{p}: unreadable trace ({type(exc).__name__}: {_one_line(exc)})") from None
 
 
+# The recording scheduler's first record (harness/candidates/vllm/recording_scheduler.py
+# writes compact JSON): ``{"t":"meta",...``; its temporary file ``.NAME.<pid>.tmp``.
+_RECORDING_HEAD = re.compile(rb'\A\{\s*"t"\s*:\s*"meta"\s*,')
+_RECORDING_TMP = re.compile(r"\A\..+\.jsonl\.\d+\.tmp\Z")
+
+
+def vllm_recording_hint(p: Path) -> str | None:
+    """The one-line refusal for a vLLM recording given where a trace is wanted
+    (regression, new-user trial: `check run1.jsonl` said "not a Parquet file"
+    and suggested `harness record`), or None when ``p`` is none: its first
+    bytes are the recording scheduler's meta record (plain, or gzip-compressed),
+    or it is named as the recorder's temporary file. Reads at most 4 KiB."""
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(4096)
+        if head[:2] == b"\x1f\x8b":
+            with gzip.open(p, "rb") as gz:
+                head = gz.read(64)
+    except (OSError, EOFError, zlib.error):
+        head = b""
+    if not (_RECORDING_HEAD.match(head) or _RECORDING_TMP.match(p.name)):
+        return None
+    return (f"a vLLM recording (the recording scheduler's JSON lines), not a trace: convert it "
+            f"first: harness convert {p} -o TRACE.parquet")
+
+
 def _open(p: Path) -> Trace:
     try:
         st = p.stat()
@@ -395,6 +423,9 @@ def _open(p: Path) -> Trace:
     try:
         pf = pq.ParquetFile(arrow_source(p), page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
+        recording = vllm_recording_hint(p)
+        if recording:
+            raise TraceError(f"{p}: {recording}") from None
         hint = ""
         if p.suffix.lower() in (".toml", ".json", ".csv", ".jsonl"):  # a scenario or workload (new-user trial)
             hint = f"; to run it and check the run: harness record {p} -o TRACE.parquet, then harness check TRACE.parquet"

@@ -38,13 +38,15 @@ What ``convert`` does with them (the trace is replayable because of it):
   EOS (the scripted model emits EOS there); null otherwise.
 * ``finish_requests`` calls between ``schedule()`` and ``update_from_output()``
   (vLLM's ``_process_aborts_queue``: a client that disconnected while the
-  model ran) cannot be placed in the trace's step order. By default the
-  recording scheduler applies such an abort right after
-  ``update_from_output()`` (``_defer_mid_step_abort``: as if the disconnect had
-  reached the engine a moment later), so it is recorded before the next
-  ``schedule()``; with ``SCHED_HARNESS_MID_STEP_ABORTS=record`` vLLM's timing is
-  kept, and convert moves those aborts to the next step and counts them in
-  ``vllm_recording.warnings``.
+  model ran) cannot be placed in the trace's step order. By default
+  (``SCHED_HARNESS_MID_STEP_ABORTS`` unset or ``record``) vLLM's timing is kept
+  and the recording's ``abort`` record says ``mid_step``: the trace ends before
+  that step (the footer's ``protocol``; the steps before it are checked). With
+  ``SCHED_HARNESS_MID_STEP_ABORTS=defer`` (what ``harness serve-record`` sets;
+  a server of your own sets it too) the recording scheduler applies such an
+  abort right after ``update_from_output()`` (``_defer_mid_step_abort``: as if
+  the disconnect had reached the engine a moment later), so it is recorded
+  before the next ``schedule()``, where the trace has it.
 """
 
 from __future__ import annotations
@@ -576,7 +578,9 @@ def convert(jsonl_path: str | os.PathLike[str], parquet_path: str | os.PathLike[
         # off; or the recorder stopped early): requests still live at its end are not
         # LIVENESS findings (``harness check`` says why in a note).
         if notes["protocol"]:
-            writer.protocol = f"the driver left EngineCore's protocol at {src.name}:{notes['protocol']}"
+            # Worded for a server's recording and a unit test's driver alike (regression:
+            # "the driver left ..." on a server recording, where there is no driver).
+            writer.protocol = f"the recorded run left the trace's step protocol at {src.name}:{notes['protocol']}"
         if notes["error"]:
             writer.salvaged = f"a vLLM recording stopped early ({notes['error']})"
         elif not notes["complete"]:

@@ -18,13 +18,15 @@ which is what vLLM's ``resolve_obj_by_qualname`` triggers).
 Usage on a GPU server (vLLM 0.33.0)::
 
     PYTHONPATH=/path/to/sched-harness SCHED_HARNESS_TRACE=/tmp/run1.jsonl \\
-      vllm serve MODEL --no-async-scheduling \\
+      SCHED_HARNESS_MID_STEP_ABORTS=defer \\
+      vllm serve MODEL --no-async-scheduling --shutdown-timeout 10 \\
         --scheduler-cls harness.candidates.vllm.recording_scheduler.RecordingScheduler
     # ... send traffic, then stop the server (Ctrl-C): the scheduler's
-    # shutdown() renames the temporary file to /tmp/run1.jsonl
+    # shutdown() renames the temporary file to /tmp/run1.jsonl (vLLM calls it
+    # only with a shutdown timeout: with its default 0 the engine core is
+    # killed first); defer: see "aborts that arrive between" below
 
-    .venv/bin/python -c 'from harness.candidates.vllm.recording_convert import convert; \\
-      print(convert("/tmp/run1.jsonl", "/tmp/run1.parquet"))'
+    .venv/bin/harness convert /tmp/run1.jsonl -o /tmp/run1.parquet
     .venv/bin/harness check /tmp/run1.parquet
 
 With async scheduling (vLLM's default on GPU) name ``AsyncRecordingScheduler``

@@ -13,6 +13,7 @@ log that cannot be read raises ``ConvertError``, naming the file and line.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import deque
 from pathlib import Path
@@ -24,7 +25,8 @@ class ConvertError(ValueError):
 
 
 class ProtocolBreak(Exception):
-    """The recorded driver left EngineCore's protocol here (a unit test calling
+    """The recorded run left the trace's step protocol here: its driver left
+    EngineCore's (a unit test calling
     ``schedule()`` twice, ``update_from_output()`` with a SchedulerOutput that
     no ``schedule()`` returned, editing the queues by hand) or did what the
     model cannot follow (a prefix-cache reset, a streaming-input update, an
@@ -34,26 +36,44 @@ class ProtocolBreak(Exception):
     rule)."""
 
 
+def _lines(path: Path):
+    """The text lines of ``path``, gzip-compressed (``.gz``) or not. A gzip
+    stream cut short (a copy interrupted) ends quietly, as a torn last line
+    does; a file that is not text (or a ``.gz`` that is not gzip) raises
+    ConvertError naming it."""
+    opener = gzip.open if Path(path).suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            yield from fh
+    except EOFError:  # a truncated gzip stream: the lines read so far
+        return
+    except UnicodeDecodeError:
+        raise ConvertError(f"{path}: not a text file (a recording is JSON lines, or gzip-compressed "
+                           f"JSON lines named .gz)") from None
+    except gzip.BadGzipFile:
+        raise ConvertError(f"{path}: named .gz but not gzip-compressed") from None
+
+
 def read_records(path: Path, after: int = 0):
-    """Yield (line number, record) of the lines after line ``after``; stop
-    quietly at a torn last line."""
-    with open(path, encoding="utf-8") as fh:
-        pending = None
-        for number, line in enumerate(fh, 1):
-            if number <= after:
-                continue
-            if pending is not None:
-                raise ConvertError(f"{path}:{pending}: not a JSON object")
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                pending = number  # fine only if it is the (torn) last line
-                continue
-            if not isinstance(record, dict) or "t" not in record:
-                raise ConvertError(f"{path}:{number}: not a sched-harness record")
-            yield number, record
+    """Yield (line number, record) of the lines after line ``after`` of the
+    recording ``path`` (JSON lines; gzip-compressed when named ``.gz``); stop
+    quietly at a torn last line. Raises ConvertError naming the file and line."""
+    pending = None
+    for number, line in enumerate(_lines(path), 1):
+        if number <= after:
+            continue
+        if pending is not None:
+            raise ConvertError(f"{path}:{pending}: not a JSON object")
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            pending = number  # fine only if it is the (torn) last line
+            continue
+        if not isinstance(record, dict) or "t" not in record:
+            raise ConvertError(f"{path}:{number}: not a sched-harness record")
+        yield number, record
 
 
 def raw_steps(path: Path, notes: dict, max_batches: int = 1):
