@@ -15,14 +15,16 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
 
+from reference.config import EngineConfig
 from reference.candidate import CandidateCrash, CandidateError, CandidateFactory, CandidateRefused
 from reference.engine import EngineStalled
 from reference.kv_connector import held_prefix_tokens
 from reference.scheduler import Scheduler
+from reference.workload import Workload
 
 from harness.check import CheckResult, check_steps
 from harness.check.profiles import Profile, reference_profile
@@ -60,14 +62,35 @@ class Failure:
                 "step": self.step, **self.details}
 
 
+class _Prepared(NamedTuple):
+    """What every run of one case shares (``evaluate`` runs the reference
+    and the candidate on it): the validated config, its dict (what the check
+    reads) and the workload (its sha256 is the JSON of the whole case)."""
+
+    config: EngineConfig
+    config_dict: dict[str, Any]
+    workload: Workload
+
+
+def _prepare(case: FuzzCase) -> _Prepared:
+    """``case``'s config (ConfigError if it is not one), its dict and its workload."""
+    config = case.engine_config()
+    return _Prepared(config, config.to_dict(), case.workload())
+
+
 def run_case(factory: CandidateFactory, case: FuzzCase, profile: Profile | None = None) -> Run:
     """Run ``case`` in memory with ``factory``'s scheduler and check the rows
     under ``profile`` (default: the reference's). A stall, a refusal or a
     candidate exception ends the run (``Run.ended``), never raises; a crash
     inside a step is in the rows too (its ``crash`` row: ENGINE-CRASH)."""
+    return _run_prepared(factory, case, _prepare(case), profile)
+
+
+def _run_prepared(factory: CandidateFactory, case: FuzzCase, prepared: _Prepared,
+                  profile: Profile | None = None) -> Run:
+    """``run_case`` of ``case`` with its config and workload already built (``_prepare``)."""
     steps: list[tuple[int, list[Row]]] = []
     ended = ""
-    config = case.engine_config()
     built: list[Any] = []
 
     def build(cfg):
@@ -75,7 +98,7 @@ def run_case(factory: CandidateFactory, case: FuzzCase, profile: Profile | None 
         built.append(candidate)
         return candidate
     try:
-        run_to_rows(case.workload(), config, seed=case.seed,
+        run_to_rows(prepared.workload, prepared.config, seed=case.seed,
                     candidate_factory=factory if isinstance(factory, type) else build,
                     on_step_rows=lambda s, rows: steps.append((s, rows)))
     except EngineStalled as exc:
@@ -89,7 +112,7 @@ def run_case(factory: CandidateFactory, case: FuzzCase, profile: Profile | None 
             ended = f"exception: {exc}"
     finally:
         close_candidates(built)
-    return Run(steps, ended, check_steps(config.to_dict(), steps, profile))
+    return Run(steps, ended, check_steps(prepared.config_dict, steps, profile))
 
 
 def close_candidates(candidates: list[Any]) -> None:
@@ -126,7 +149,8 @@ def evaluate(factory: CandidateFactory | None, case: FuzzCase,
     reference's is the fork's own policy, never a failure (issue 23). A
     candidate that refuses the drawn config gives ``Failure("refused")``,
     which ``fuzz`` counts as a skip."""
-    ref = run_case(Scheduler, case)
+    prepared = _prepare(case)  # once for both runs
+    ref = _run_prepared(Scheduler, case, prepared)
     if not ref.result.ok:
         return _violation_failure("reference-violation", ref.result)
     if ref.ended.startswith("exception"):
@@ -134,7 +158,7 @@ def evaluate(factory: CandidateFactory | None, case: FuzzCase,
     if factory is None or factory is Scheduler:
         return None
     profile = profile if profile is not None else reference_profile()
-    cand = run_case(factory, case, profile)
+    cand = _run_prepared(factory, case, prepared, profile)
     if cand.ended.startswith("refused"):
         return Failure("refused", cand.ended.removeprefix("refused: "))
     if cand.ended.startswith("crashed"):
